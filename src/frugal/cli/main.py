@@ -1,0 +1,93 @@
+"""Entry point of the `frugal` command: the top-level parser, dispatch and exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+import frugal
+from frugal import FrugalError
+from frugal.cli import data as data_command
+
+__all__ = ["build_parser", "cli_surface", "main"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the full `frugal` argument parser."""
+    parser = _Parser(
+        prog="frugal",
+        description=(
+            "frugal: train large models on the infrastructure people actually have "
+            "(disk-backed embeddings, compressed pipelines, geo-distributed placement)."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"frugal {frugal.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+    data_command.register(commands)
+    return parser
+
+
+def cli_surface(parser: argparse.ArgumentParser | None = None) -> dict[str, list[str]]:
+    """Return every subcommand path with its sorted option flags, e.g. {"data list": [...]}.
+
+    A test pins this, so that the command line changes only on purpose.
+    """
+    surface: dict[str, list[str]] = {}
+
+    def walk(node: argparse.ArgumentParser, path: str) -> None:
+        flags = sorted(
+            flag
+            for action in node._actions  # argparse offers no public way to list actions
+            for flag in action.option_strings
+        )
+        positionals = [
+            action.dest.upper()
+            for action in node._actions
+            if not action.option_strings and not isinstance(action, argparse._SubParsersAction)
+        ]
+        surface[path] = flags + positionals
+        for action in node._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    walk(child, f"{path} {name}".strip())
+
+    walk(parser or build_parser(), "")
+    return surface
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit code (0 ok, 1 runtime failure, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except FrugalError as exc:
+        print(f"frugal: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except ValueError as exc:  # bad input (ConfigError is one); other errors are bugs
+        print(f"frugal: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("frugal: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

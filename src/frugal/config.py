@@ -1,0 +1,272 @@
+"""Config dataclasses: strict loading from TOML and dicts, `--set` overrides, TOML/JSON output.
+
+Every frugal component owns a frozen, kw-only dataclass `Config` whose `__post_init__`
+validates its fields (see STYLE.md, section 2.1). This module turns plain data (a TOML file,
+a JSON document, `--set a.b=value` strings) into such Config trees and back. Loading is strict:
+an unknown key, a missing required key or a value of the wrong type raises `ConfigError` naming
+the source, the dotted key and what is allowed.
+
+Supported field types: `bool`, `int`, `float` (an int is accepted), `str`, `Literal[...]`,
+`tuple[X, ...]`, `tuple[X, Y, ...]`, `X | None` and nested Config dataclasses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import tomli_w
+
+__all__ = [
+    "ConfigError",
+    "apply_overrides",
+    "config_from_dict",
+    "config_to_dict",
+    "config_to_json",
+    "config_to_toml",
+    "load_config",
+]
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config source does not match its Config class (unknown key, wrong type, bad value)."""
+
+
+def _is_config_class(tp: object) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _describe(tp: object) -> str:
+    if get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if _is_config_class(tp):
+        return f"a table ({getattr(tp, '__qualname__', tp)})"
+    return str(tp).replace("typing.", "") if not isinstance(tp, type) else tp.__name__
+
+
+def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Check `value` against the annotation `tp`; convert lists to tuples, tables to Configs."""
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        members = get_args(tp)
+        if value is None and type(None) in members:
+            return None
+        errors = []
+        for member in members:
+            if member is type(None):
+                continue
+            try:
+                return _convert(value, member, key, source)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(
+            f"{source}: {key} = {value!r} is not {_describe(tp)}; " + "; ".join(errors)
+        )
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value not in allowed or type(value) is not type(allowed[0]):
+            raise ConfigError(
+                f"{source}: {key} = {value!r} is not allowed; choose one of "
+                + ", ".join(repr(a) for a in allowed)
+            )
+        return value
+    if origin is tuple:
+        args = get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{source}: {key} = {value!r} must be an array ({_describe(tp)})")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(v, args[0], f"{key}[{i}]", source) for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise ConfigError(
+                f"{source}: {key} = {value!r} must have {len(args)} items ({_describe(tp)})"
+            )
+        return tuple(
+            _convert(v, a, f"{key}[{i}]", source)
+            for i, (v, a) in enumerate(zip(args, value, strict=True))
+        )
+    if _is_config_class(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{source}: {key} must be a table ({_describe(tp)}), got {value!r}")
+        return config_from_dict(tp, value, source=source, prefix=key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: {key} = {value!r} must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{source}: {key} = {value!r} must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{source}: {key} = {value!r} must be a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}: {key} = {value!r} must be a string")
+        return value
+    raise TypeError(f"config field {key} has unsupported annotation {tp!r}")
+
+
+def config_from_dict(
+    cls: type[T], data: Mapping[str, Any], *, source: str = "<dict>", prefix: str = ""
+) -> T:
+    """Build a Config of class `cls` from plain data, strictly.
+
+    Args:
+        cls: A dataclass Config class.
+        data: Keys are field names; nested Configs are nested mappings.
+        source: Where the data came from (a file name), used in error messages.
+        prefix: Dotted key of `data` inside the root table, used in error messages.
+
+    Returns:
+        A validated instance of `cls`.
+
+    Raises:
+        ConfigError: On an unknown key, a missing required key, a value of the wrong type, or
+            a value that the Config's own validation rejects.
+        TypeError: If `cls` is not a dataclass or a field has an unsupported annotation.
+    """
+    if not _is_config_class(cls):
+        raise TypeError(f"{cls!r} is not a Config dataclass")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    where = f"{prefix}." if prefix else ""
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown key {where}{unknown[0]}; allowed keys"
+            f"{' in [' + prefix + ']' if prefix else ''}: {', '.join(sorted(fields))}"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, field in fields.items():
+        if name in data:
+            kwargs[name] = _convert(data[name], hints[name], f"{where}{name}", source)
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{source}: missing required key {where}{name}")
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{source}: {f'[{prefix}] ' if prefix else ''}{exc}") from exc
+
+
+def config_to_dict(config: object) -> dict[str, Any]:
+    """Return the Config as plain data (tuples become lists; `None` fields are kept).
+
+    Raises:
+        TypeError: If `config` is not a dataclass instance.
+    """
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"{config!r} is not a Config instance")
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, (tuple, list)):
+            return [plain(v) for v in value]
+        return value
+
+    result: dict[str, Any] = plain(config)
+    return result
+
+
+def config_to_json(config: object) -> str:
+    """Return the Config as a JSON document (sorted keys, 2-space indent)."""
+    return json.dumps(config_to_dict(config), indent=2, sort_keys=True)
+
+
+def config_to_toml(config: object) -> str:
+    """Return the Config as a TOML document; fields that are `None` are left out.
+
+    TOML has no null, so an omitted optional field loads back as its default (None).
+    """
+
+    def drop_none(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: drop_none(v) for k, v in value.items() if v is not None}
+        return value
+
+    return tomli_w.dumps(drop_none(config_to_dict(config)))
+
+
+def _parse_override_value(text: str) -> Any:
+    """Parse the right-hand side of `--set key=value` as a TOML value, else as a bare string."""
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Return a copy of `data` with `a.b=value` overrides applied.
+
+    Values are parsed as TOML (`3`, `0.5`, `true`, `[1, 2]`, `"x"`); anything that does not
+    parse is taken as a string, and `none` clears an optional field.
+
+    Raises:
+        ConfigError: If an override has no `=` or an empty key.
+    """
+    result: dict[str, Any] = json.loads(json.dumps(dict(data)))  # deep copy of plain data
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(
+                f"--set {item!r} must look like key=value or table.key=value, e.g. --set seed=1"
+            )
+        table = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = table.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part} is a value, not a table")
+            table = child
+        table[parts[-1]] = _parse_override_value(raw.strip())
+    return result
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Load a Config from an optional TOML file plus `--set` overrides.
+
+    Args:
+        cls: The Config class to build.
+        path: A TOML file whose tables follow the Config's nesting; None for defaults only.
+        overrides: `a.b=value` strings applied after the file.
+
+    Returns:
+        The validated Config.
+
+    Raises:
+        ConfigError: If the file cannot be read or parsed, or the data does not fit `cls`.
+    """
+    data: dict[str, Any] = {}
+    source = "--set"
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError as exc:
+            raise ConfigError(
+                f"config file {path} does not exist; check the --config path"
+            ) from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    if overrides:
+        data = apply_overrides(data, overrides)
+        if path is not None:
+            source = f"{path} with --set"
+    return config_from_dict(cls, data, source=source)

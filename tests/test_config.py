@@ -1,0 +1,167 @@
+"""Strict Config loading from TOML, dicts and --set overrides."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from frugal.config import (
+    ConfigError,
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    config_to_json,
+    config_to_toml,
+    load_config,
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Inner:
+    """A nested component."""
+
+    bits: int = 4
+    """Bits per value, 1..8."""
+    ratios: tuple[float, ...] = (1.0, 0.25)
+    """Memory ratios."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.bits <= 8:
+            raise ValueError(f"bits={self.bits} must be in [1, 8]")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Root:
+    """A root component with one required field."""
+
+    name: str
+    """Run name (required)."""
+    seed: int = 0
+    """Seed."""
+    lr: float = 0.1
+    """Learning rate."""
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"
+    """Pipeline schedule."""
+    budget_s: float | None = None
+    """Optional time budget."""
+    use_cache: bool = True
+    """Whether to cache."""
+    inner: Inner = field(default_factory=Inner)
+    """Nested settings."""
+
+
+def test_defaults_and_nested_table_load(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('name = "a"\nlr = 1\n[inner]\nbits = 2\nratios = [0.5]\n')
+    cfg = load_config(Root, path)
+    assert cfg == Root(name="a", lr=1.0, inner=Inner(bits=2, ratios=(0.5,)))
+    assert isinstance(cfg.lr, float)  # an int in TOML is accepted for a float field
+    assert isinstance(cfg.inner.ratios, tuple)
+
+
+def test_unknown_key_names_file_dotted_key_and_allowed_keys(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('name = "a"\n[inner]\nbitz = 2\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(Root, path)
+    message = str(info.value)
+    assert str(path) in message
+    assert "inner.bitz" in message
+    assert "bits, ratios" in message
+
+
+def test_missing_required_key_is_named() -> None:
+    with pytest.raises(ConfigError, match="missing required key name"):
+        config_from_dict(Root, {"seed": 1}, source="x.toml")
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        ({"name": "a", "seed": "1"}, "seed = '1' must be an integer"),
+        ({"name": "a", "seed": True}, "seed = True must be an integer"),
+        ({"name": "a", "use_cache": 1}, "use_cache = 1 must be true or false"),
+        ({"name": "a", "schedule": "zb"}, "choose one of 'gpipe', '1f1b'"),
+        ({"name": "a", "inner": 3}, "inner must be a table"),
+        ({"name": "a", "inner": {"ratios": 0.5}}, "inner.ratios = 0.5 must be an array"),
+        ({"name": 5}, "name = 5 must be a string"),
+    ],
+)
+def test_wrong_types_are_rejected_with_the_key(data: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(Root, data, source="x.toml")
+    assert fragment in str(info.value)
+
+
+def test_component_validation_error_is_reported_with_its_table() -> None:
+    with pytest.raises(ConfigError, match=r"x.toml: \[inner\] bits=9 must be in \[1, 8\]"):
+        config_from_dict(Root, {"name": "a", "inner": {"bits": 9}}, source="x.toml")
+
+
+def test_overrides_parse_toml_values_and_fall_back_to_strings() -> None:
+    data = apply_overrides(
+        {"name": "a", "inner": {"bits": 2}},
+        [
+            "seed=3",
+            "lr=0.5",
+            "use_cache=false",
+            "inner.ratios=[1, 0.1]",
+            "name=run/1",
+            "budget_s=none",
+        ],
+    )
+    assert data == {
+        "name": "run/1",
+        "seed": 3,
+        "lr": 0.5,
+        "use_cache": False,
+        "inner": {"bits": 2, "ratios": [1, 0.1]},
+        "budget_s": None,
+    }
+    cfg = config_from_dict(Root, data)
+    assert cfg.inner.ratios == (1.0, 0.1)
+    assert cfg.budget_s is None
+
+
+def test_override_without_equals_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="must look like key=value"):
+        apply_overrides({}, ["seed"])
+    with pytest.raises(ConfigError, match="must look like key=value"):
+        apply_overrides({}, ["a..b=1"])
+
+
+def test_override_on_top_of_file(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('name = "a"\nseed = 1\n')
+    assert load_config(Root, path, ["seed=7"]).seed == 7
+
+
+def test_missing_and_malformed_files_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(Root, tmp_path / "none.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(Root, bad)
+
+
+def test_round_trip_through_toml_and_json() -> None:
+    cfg = Root(name="x", seed=2, budget_s=3.5, inner=Inner(bits=3, ratios=(0.1, 0.05)))
+    assert config_from_dict(Root, tomllib.loads(config_to_toml(cfg))) == cfg
+    assert config_from_dict(Root, json.loads(config_to_json(cfg))) == cfg
+    no_budget = Root(name="x")
+    assert "budget_s" not in config_to_toml(no_budget)  # TOML has no null: omitted
+    assert config_from_dict(Root, tomllib.loads(config_to_toml(no_budget))) == no_budget
+    assert config_to_dict(cfg)["inner"] == {"bits": 3, "ratios": [0.1, 0.05]}
+
+
+def test_non_config_class_is_a_type_error() -> None:
+    with pytest.raises(TypeError):
+        config_from_dict(int, {})
+    with pytest.raises(TypeError):
+        config_to_dict(3)
