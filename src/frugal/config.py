@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class ConfigError(ValueError):
@@ -112,7 +113,10 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{source}: {key} = {value!r} must be a string")
+            raise ConfigError(
+                f"{source}: {key} = {value!r} must be a string (on the command line, quote "
+                f"it: --set '{key}=\"...\"')"
+            )
         return value
     raise TypeError(f"config field {key} has unsupported annotation {tp!r}")
 
@@ -138,6 +142,8 @@ def config_from_dict(
     """
     if not _is_config_class(cls):
         raise TypeError(f"{cls!r} is not a Config dataclass")
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: {prefix or 'the config'} must be a table, got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     where = f"{prefix}." if prefix else ""
@@ -263,8 +269,12 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
             raise ConfigError(
                 f"config file {path} does not exist; check the --config path"
             ) from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            has_bom = Path(path).read_bytes().startswith(_UTF8_BOM)
+            hint = " (it starts with a byte-order mark; save it as UTF-8 without BOM)"
+            raise ConfigError(f"{path}: not valid TOML: {exc}{hint if has_bom else ''}") from exc
+        except IsADirectoryError as exc:
+            raise ConfigError(f"config file {path} is a folder; give a TOML file") from exc
     if overrides:
         data = apply_overrides(data, overrides)
         if path is not None:

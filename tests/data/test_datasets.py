@@ -165,3 +165,37 @@ def test_verify_dataset_hashes_and_checks_counts() -> None:
     stats = verify_dataset("sp_hospital")
     assert stats.num_events == 32_424
     assert stats.class_counts == (("ADM", 8), ("MED", 11), ("NUR", 27), ("PAT", 29))
+
+
+def test_damaged_cache_entry_is_rebuilt(tmp_path: Path) -> None:
+    config = DataConfig(cache_dir=str(tmp_path))
+    load_events("sp_hospital", config)
+    (entry,) = (tmp_path / "parsed").glob("sp_hospital-*.npz")
+    entry.write_bytes(entry.read_bytes()[:1000])  # truncated
+    with pytest.warns(UserWarning, match="ignoring bad cache entry"):
+        events = load_events("sp_hospital", config)
+    assert events.num_events == 32_424
+    assert np.load(entry)["src"].shape == (32_424,)  # rewritten whole
+
+
+def test_foreign_cache_entry_is_not_returned(tmp_path: Path) -> None:
+    config = DataConfig(cache_dir=str(tmp_path))
+    load_events("sp_hospital", config)
+    load_events("sp_highschool", config)
+    (hospital,) = (tmp_path / "parsed").glob("sp_hospital-*.npz")
+    (highschool,) = (tmp_path / "parsed").glob("sp_highschool-*.npz")
+    hospital.write_bytes(highschool.read_bytes())  # readable, but another dataset
+    with pytest.warns(UserWarning, match="num_nodes = 180 but the record pins 75"):
+        events = load_events("sp_hospital", config)
+    assert events.num_nodes == 75
+
+
+def test_unusable_cache_folder_still_loads(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    config = DataConfig(
+        cache_dir=str(blocker / "cache"), verify="always"
+    )  # mkdir fails, even as root
+    with pytest.warns(UserWarning, match="cannot"):
+        events = load_events("sp_hospital", config)
+    assert events.num_events == 32_424

@@ -46,7 +46,13 @@ def test_factorize_rejects_mismatched_lengths() -> None:
         ({"src": np.array([0, 1, 2], dtype=np.int32)}, "int64"),
         ({"msg": np.array([[0.0], [np.nan], [1.0]], dtype=np.float32)}, "msg row 1"),
         ({"msg": np.zeros((2, 1), np.float32)}, r"msg must have shape \(E=3, D\)"),
-        ({"label": _ints(0, 1)}, r"label must have shape \(3,\)"),
+        ({"label": _ints(0, 1)}, r"label must be int64 of shape \(3,\)"),
+        ({"label": np.zeros(3)}, r"label must be int64"),
+        ({"msg": np.zeros((3, 1))}, "msg must be a float32"),
+        (
+            {"t": np.array([0, 5, np.iinfo(np.int64).min])},
+            r"t\[2\] = -9223372036854775808 < t\[1\]",
+        ),
     ],
 )
 def test_invalid_events_are_rejected(kwargs: dict[str, np.ndarray], fragment: str) -> None:

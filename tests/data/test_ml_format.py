@@ -109,3 +109,37 @@ def test_real_dataset_exports_and_reads_back(tmp_path: Path) -> None:
     assert back.num_events == 32_424 and back.num_nodes == 75
     assert np.array_equal(back.src, events.src) and np.array_equal(back.t, events.t)
     assert back.msg is None  # zero features (width 172) are read as "no features"
+
+
+@pytest.mark.parametrize(
+    ("csv", "fragment"),
+    [
+        ("", "empty file"),
+        ("u,i,ts,label,idx\n1,2,99999999999999999999,0,1\n", "at most 18 digits"),
+        ("u,i,ts,label,idx\n1,2,3.5,0,1\n", "row 1, column ts = '3.5'"),
+    ],
+)
+def test_unparseable_values_are_value_errors(tmp_path: Path, csv: str, fragment: str) -> None:
+    (tmp_path / "ml_v.csv").write_text(csv)
+    with pytest.raises(ValueError, match=fragment):
+        read_ml("v", tmp_path)
+
+
+def test_node_labels_round_trip(tmp_path: Path) -> None:
+    write_ml(_events(), "toy", tmp_path, feature_dim=2)
+    back = read_ml("toy", tmp_path)
+    assert back.label_names == ("a", "b")
+    assert back.node_label is not None
+    assert back.node_label.tolist() == [0, 1, 0, -1]
+
+
+def test_nonzero_padding_row_is_rejected(tmp_path: Path) -> None:
+    (tmp_path / "ml_p.csv").write_text("u,i,ts,label,idx\n1,2,5,0,1\n")
+    np.save(tmp_path / "ml_p.npy", np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="row 0 is not zeros"):
+        read_ml("p", tmp_path)
+
+
+def test_exported_files_are_readable_by_others(tmp_path: Path) -> None:
+    paths = write_ml(_events(), "toy", tmp_path)
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in paths)  # not mkstemp's 0600

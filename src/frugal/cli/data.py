@@ -93,10 +93,10 @@ def _status(info: DatasetInfo, verify: bool, config: Any) -> tuple[str, DatasetS
             else:
                 locate_files(info)
                 stats = None
-        except DatasetMissingError as exc:
+        except DatasetMissingError:
             if info.optional:
                 return f"absent (optional: {info.source.install_command()})", None, False
-            return f"MISSING: {exc}", None, True
+            return f"MISSING: {info.source.install_command()}", None, True
     unpinned = any(issubclass(w.category, UnpinnedSourceWarning) for w in caught)
     if unpinned:
         return "installed, other version (checksum not checked)", stats, False
@@ -104,6 +104,7 @@ def _status(info: DatasetInfo, verify: bool, config: Any) -> tuple[str, DatasetS
 
 
 def _list(args: argparse.Namespace) -> int:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
@@ -120,7 +121,7 @@ def _list(args: argparse.Namespace) -> int:
         except FrugalError as exc:
             status, stats, bad = f"FAILED: {exc}", None, True
         if bad:
-            failed.append(info.name)
+            failed.append(f"{info.name}: {status}")
         rows.append((info, status, stats))
 
     if args.json:
@@ -140,13 +141,14 @@ def _list(args: argparse.Namespace) -> int:
         ]
         print(json.dumps(records, indent=2))
     else:
-        console = Console(width=max(Console().width, 140))
+        terminal = Console()
+        console = Console(width=None if terminal.is_terminal else 150)
         title = "frugal bundled datasets" + (
             " (verified: SHA-256 of every file, counts measured on the parsed data)"
             if args.verify
             else ""
         )
-        table = Table(title=title, title_justify="left")
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
         for column in ("name", "kind", "source", "MiB", "counts", "licence", "status"):
             table.add_column(
                 column, overflow="fold", justify="right" if column == "MiB" else "left"
@@ -164,7 +166,7 @@ def _list(args: argparse.Namespace) -> int:
             )
         console.print(table)
     if failed:
-        print(f"frugal: {len(failed)} dataset(s) failed: {', '.join(failed)}", file=sys.stderr)
+        print(f"frugal: {len(failed)} dataset(s) failed: {'; '.join(failed)}", file=sys.stderr)
         return 1
     return 0
 
@@ -181,20 +183,33 @@ def _show(args: argparse.Namespace) -> int:
         f"{f['path']}  sha256={f['sha256']}  {f['size_bytes']:,} bytes"
         for f in record["source"]["files"]
     ]
-    record["measured"] = {k: v for k, v in config_to_dict(stats).items() if v not in (None, [])}
+    measured = {k: v for k, v in config_to_dict(stats).items() if v not in (None, [])}
+    if "class_counts" in measured:
+        measured["class_counts"] = [
+            f"{name}: {count:,}" for name, count in measured["class_counts"]
+        ]
+    record["measured"] = measured
     del record["stats"]
+
+    def text(value: Any) -> str:
+        if isinstance(value, list):
+            return ", ".join(str(v) for v in value)
+        return (
+            f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+        )
+
     for key, value in record.items():
         if isinstance(value, dict):
             print(f"{key}:")
             for sub_key, sub_value in value.items():
-                if isinstance(sub_value, list):
+                if sub_key in ("files", "class_counts"):
                     print(f"  {sub_key}:")
                     for item in sub_value:
                         print(f"    {item}")
                 else:
-                    print(f"  {sub_key}: {sub_value}")
+                    print(f"  {sub_key}: {text(sub_value)}")
         else:
-            print(f"{key}: {value}")
+            print(f"{key}: {text(value)}")
     return 0
 
 
@@ -208,6 +223,8 @@ def _export(args: argparse.Namespace) -> int:
             f"--format ml needs a temporal graph, but {info.name!r} is {info.kind} data; "
             "pick one of the temporal graphs in `frugal data list`"
         )
+    if not args.out.strip():
+        raise ValueError("--out is empty; give the folder to write the ml_NAME files into")
     config = config_from_args(DataConfig, args)
     events = load_events(info, config)
     for path in write_ml(events, info.name, args.out):

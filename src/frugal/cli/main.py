@@ -84,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # bad input (ConfigError is one); other errors are bugs
         print(f"frugal: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # a path that cannot be read or written, a full disk
+        print(f"frugal: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         print("frugal: interrupted", file=sys.stderr)
         return 130

@@ -39,6 +39,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         write(tmp)
         with tmp.open("rb") as fh:
             os.fsync(fh.fileno())
@@ -47,6 +48,12 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -124,6 +124,8 @@ class TemporalEvents:
                 raise ValueError(f"{name} must be a 1-D int64 numpy array, got {_describe(arr)}")
             if len(arr) != num_events:
                 raise ValueError(f"{name} has {len(arr)} events but src has {num_events}")
+        if isinstance(self.num_nodes, bool) or not isinstance(self.num_nodes, (int, np.integer)):
+            raise ValueError(f"num_nodes={self.num_nodes!r} must be an integer")
         if self.num_nodes < 0:
             raise ValueError(f"num_nodes={self.num_nodes} must be >= 0")
         for name in ("src", "dst"):
@@ -134,20 +136,29 @@ class TemporalEvents:
                     f"{name}[{bad}] = {arr[bad]} is outside [0, num_nodes={self.num_nodes}); "
                     "re-index nodes densely (factorize_nodes) or raise num_nodes"
                 )
-        if num_events > 1 and bool(np.any(np.diff(self.t) < 0)):
-            bad = int(np.flatnonzero(np.diff(self.t) < 0)[0]) + 1
+        decreasing = self.t[1:] < self.t[:-1]  # no np.diff: it overflows near int64 limits
+        if decreasing.any():
+            bad = int(np.flatnonzero(decreasing)[0]) + 1
             raise ValueError(
                 f"t must be non-decreasing, but t[{bad}] = {self.t[bad]} < t[{bad - 1}] = "
                 f"{self.t[bad - 1]}; sort the events by t with a stable sort first"
             )
         if self.msg is not None:
+            if not isinstance(self.msg, np.ndarray) or self.msg.dtype != np.float32:
+                raise ValueError(f"msg must be a float32 numpy array, got {_describe(self.msg)}")
             if self.msg.ndim != 2 or len(self.msg) != num_events:
                 raise ValueError(f"msg must have shape (E={num_events}, D), got {self.msg.shape}")
             if not np.isfinite(self.msg).all():
                 row = int(np.flatnonzero(~np.isfinite(self.msg).all(axis=1))[0])
                 raise ValueError(f"msg row {row} holds NaN or inf; edge features must be finite")
-        if self.label is not None and self.label.shape != (num_events,):
-            raise ValueError(f"label must have shape ({num_events},), got {self.label.shape}")
+        if self.label is not None and (
+            not isinstance(self.label, np.ndarray)
+            or self.label.dtype != np.int64
+            or self.label.shape != (num_events,)
+        ):
+            raise ValueError(
+                f"label must be int64 of shape ({num_events},), got {_describe(self.label)}"
+            )
         for name in ("node_ids", "node_label"):
             arr = getattr(self, name)
             if arr is not None and arr.shape != (self.num_nodes,):
@@ -161,6 +172,13 @@ class TemporalEvents:
                 )
         if self.num_src_nodes == -1:
             object.__setattr__(self, "num_src_nodes", self.num_nodes)
+        elif not 0 <= self.num_src_nodes <= self.num_nodes or (
+            not self.bipartite and self.num_src_nodes != self.num_nodes
+        ):
+            raise ValueError(
+                f"num_src_nodes={self.num_src_nodes} must be the number of users (in [0, "
+                f"{self.num_nodes}]) of a bipartite graph, or num_nodes otherwise"
+            )
         if self.bipartite and num_events:
             users = self.num_src_nodes
             if self.src.max() >= users or self.dst.min() < users:
@@ -190,7 +208,7 @@ class TemporalEvents:
             from torch_geometric.data import TemporalData
         except ModuleNotFoundError as exc:
             raise ModuleNotFoundError(
-                "to_temporal_data needs torch-geometric; run: pip install 'frugal[pyg]'"
+                "to_temporal_data needs torch-geometric; run: pip install torch-geometric==2.8.1"
             ) from exc
         import torch
 
@@ -224,9 +242,16 @@ class TemporalEvents:
         Raises:
             ValueError: If the tensors disagree in length or ids are negative.
         """
-        src = data.src.numpy().astype(np.int64)
-        dst = data.dst.numpy().astype(np.int64)
-        t = data.t.numpy().astype(np.int64)
+        src = data.src.numpy()
+        dst = data.dst.numpy()
+        t = data.t.numpy()
+        for name, arr in (("src", src), ("dst", dst), ("t", t)):
+            if not np.issubdtype(arr.dtype, np.integer):
+                raise ValueError(
+                    f"TemporalData.{name} has dtype {arr.dtype}; frugal needs integer ids and "
+                    "timestamps (convert t to integer seconds first)"
+                )
+        src, dst, t = src.astype(np.int64), dst.astype(np.int64), t.astype(np.int64)
         order = np.argsort(t, kind="stable")
         msg = getattr(data, "msg", None)
         msg_np = None if msg is None or msg.shape[-1] == 0 else msg.numpy().astype(np.float32)

@@ -8,14 +8,17 @@ version, so a second load reads one `.npz`/`.parquet`/`.json` file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import re
+import warnings
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -36,6 +39,8 @@ __all__ = [
     "load_text",
     "verify_dataset",
 ]
+
+T = TypeVar("T")
 
 # Bump when a parser's output changes, so stale cache entries are not read.
 PARSER_VERSION = 1
@@ -64,7 +69,11 @@ class DataConfig:
 
 
 def _info(dataset: str | DatasetInfo) -> DatasetInfo:
-    return dataset if isinstance(dataset, DatasetInfo) else get_dataset_info(dataset)
+    if isinstance(dataset, DatasetInfo):
+        return dataset
+    if not isinstance(dataset, str):
+        raise TypeError(f"dataset must be a name or a DatasetInfo, got {type(dataset).__name__}")
+    return get_dataset_info(dataset)
 
 
 def _require_loader(info: DatasetInfo, loader: str) -> None:
@@ -77,12 +86,59 @@ def _require_loader(info: DatasetInfo, loader: str) -> None:
 
 def _prepare(info: DatasetInfo, config: DataConfig) -> tuple[list[LocatedFile], str | None]:
     """Locate and verify the files; return them and the cache key (None = do not cache)."""
+    if not isinstance(config, DataConfig):
+        raise TypeError(f"config must be a DataConfig, got {type(config).__name__}")
     files = locate_files(info)
     verify_files(files, force=config.verify == "always", cache_dir=config.root())
     if not config.use_cache or not all(f.pinned for f in files):
         return files, None
     digest = hashlib.sha256("".join(f.expected.sha256 for f in files).encode()).hexdigest()
     return files, f"{info.name}-{digest[:16]}-p{PARSER_VERSION}"
+
+
+def _load_cached(
+    info: DatasetInfo,
+    config: DataConfig,
+    suffix: str,
+    *,
+    parse: Callable[[list[Path]], T],
+    read: Callable[[Path], T],
+    write: Callable[[Path, T], None],
+    stats: Callable[[T], DatasetStats],
+    names: tuple[str, ...],
+) -> T:
+    """Parse a dataset, or read its cache entry; a bad entry is discarded and rebuilt.
+
+    A cache entry is trusted only if it reads back and reproduces the record's counts, so a
+    truncated, overwritten or foreign file is parsed again instead of returned.
+    """
+    files, key = _prepare(info, config)
+    cached = config.root() / "parsed" / f"{key}{suffix}" if key else None
+    if cached is not None and cached.exists():
+        try:
+            value = read(cached)
+            _check_stats(info, stats(value), names=names)
+            return value
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            EOFError,
+            zipfile.BadZipFile,
+            DatasetStatsError,
+        ) as exc:
+            warnings.warn(f"ignoring bad cache entry {cached} ({exc}); parsing again", stacklevel=3)
+            with contextlib.suppress(OSError):
+                cached.unlink()
+    value = parse([f.path for f in files])
+    if all(f.pinned for f in files):
+        _check_stats(info, stats(value), names=names)
+    if cached is not None:
+        try:
+            write(cached, value)
+        except OSError as exc:  # a read-only or full cache costs a re-parse, nothing more
+            warnings.warn(f"cannot write cache entry {cached}: {exc}", stacklevel=3)
+    return value
 
 
 # --- temporal events -----------------------------------------------------------------------
@@ -204,6 +260,7 @@ _OPTIONAL_ARRAYS = ("msg", "label", "node_ids", "node_label")
 
 
 def _save_events(path: Path, events: TemporalEvents) -> None:
+    """Write events as one uncompressed .npz (atomically)."""
     arrays: dict[str, np.ndarray[Any, Any]] = {
         "src": events.src,
         "dst": events.dst,
@@ -265,17 +322,16 @@ def load_events(dataset: str | DatasetInfo, config: DataConfig | None = None) ->
     """
     info = _info(dataset)
     _require_loader(info, "events")
-    config = config or DataConfig()
-    files, key = _prepare(info, config)
-    cached = config.root() / "parsed" / f"{key}.npz" if key else None
-    if cached is not None and cached.exists():
-        return _read_events(cached)
-    events = _EVENT_PARSERS[info.file_format]([f.path for f in files], info)
-    if all(f.pinned for f in files):
-        _check_stats(info, compute_stats(info, events=events), names=_EVENT_STATS)
-    if cached is not None:
-        _save_events(cached, events)
-    return events
+    return _load_cached(
+        info,
+        config or DataConfig(),
+        ".npz",
+        parse=lambda paths: _EVENT_PARSERS[info.file_format](paths, info),
+        read=_read_events,
+        write=_save_events,
+        stats=lambda events: compute_stats(info, events=events),
+        names=_EVENT_STATS,
+    )
 
 
 # --- tables --------------------------------------------------------------------------------
@@ -321,17 +377,20 @@ def load_table(dataset: str | DatasetInfo, config: DataConfig | None = None) -> 
     """
     info = _info(dataset)
     _require_loader(info, "table")
-    config = config or DataConfig()
-    files, key = _prepare(info, config)
-    cached = config.root() / "parsed" / f"{key}.parquet" if key else None
-    if cached is not None and cached.exists():
-        return pd.read_parquet(cached)
-    table = _TABLE_PARSERS[info.file_format]([f.path for f in files])
-    if all(f.pinned for f in files):
-        _check_stats(info, compute_stats(info, table=table), names=_TABLE_STATS)
-    if cached is not None:
-        atomic_write(cached, lambda tmp: table.to_parquet(tmp, index=False))
-    return table
+
+    def write(path: Path, table: pd.DataFrame) -> None:
+        atomic_write(path, lambda tmp: table.to_parquet(tmp, index=False))
+
+    return _load_cached(
+        info,
+        config or DataConfig(),
+        ".parquet",
+        parse=_TABLE_PARSERS[info.file_format],
+        read=pd.read_parquet,
+        write=write,
+        stats=lambda table: compute_stats(info, table=table),
+        names=_TABLE_STATS,
+    )
 
 
 # --- text ----------------------------------------------------------------------------------
@@ -379,17 +438,26 @@ def load_documents(dataset: str | DatasetInfo, config: DataConfig | None = None)
     """
     info = _info(dataset)
     _require_loader(info, "documents")
-    config = config or DataConfig()
-    files, key = _prepare(info, config)
-    cached = config.root() / "parsed" / f"{key}.json" if key else None
-    if cached is not None and cached.exists():
-        return tuple(json.loads(cached.read_text(encoding="utf-8")))
-    documents = _TEXT_PARSERS[info.file_format]([f.path for f in files])
-    if all(f.pinned for f in files):
-        _check_stats(info, compute_stats(info, documents=documents), names=_TEXT_STATS)
-    if cached is not None:
-        atomic_write_bytes(cached, json.dumps(list(documents)).encode("utf-8"))
-    return documents
+
+    def read(path: Path) -> tuple[str, ...]:
+        documents = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
+            raise ValueError("not a JSON list of strings")
+        return tuple(documents)
+
+    def write(path: Path, documents: tuple[str, ...]) -> None:
+        atomic_write_bytes(path, json.dumps(list(documents)).encode("utf-8"))
+
+    return _load_cached(
+        info,
+        config or DataConfig(),
+        ".json",
+        parse=_TEXT_PARSERS[info.file_format],
+        read=read,
+        write=write,
+        stats=lambda documents: compute_stats(info, documents=documents),
+        names=_TEXT_STATS,
+    )
 
 
 def load_text(dataset: str | DatasetInfo, config: DataConfig | None = None) -> str:
@@ -511,6 +579,8 @@ def verify_dataset(dataset: str | DatasetInfo, config: DataConfig | None = None)
     info = _info(dataset)
     base = config or DataConfig()
     config = DataConfig(cache_dir=base.cache_dir, verify="always", use_cache=base.use_cache)
+    # Cache entries are re-checked against the record's counts when read, so a bad entry
+    # is rebuilt here too.
     forms: dict[str, Any] = {}
     if "events" in info.loaders:
         forms["events"] = load_events(info, config)

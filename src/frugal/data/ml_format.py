@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from frugal.data.cache import atomic_write
@@ -112,8 +113,9 @@ def read_ml(name: str, directory: str | Path, *, time_unit: str = "s") -> Tempor
         time_unit: Unit of `ts`.
 
     Returns:
-        The events: `src = u - 1`, `dst = i - 1`, `t = ts`, `label`, and `msg` from
-        `ml_NAME.npy` (row 0 dropped) when that file exists and is not all zeros.
+        The events: `src = u - 1`, `dst = i - 1`, `t = ts`, `label`, `msg` from `ml_NAME.npy`
+        (row 0 dropped) when that file exists and is not all zeros, and node classes from
+        `ml_NAME_node_label.csv` when it exists.
 
     Raises:
         FileNotFoundError: If `ml_NAME.csv` is missing.
@@ -123,7 +125,12 @@ def read_ml(name: str, directory: str | Path, *, time_unit: str = "s") -> Tempor
     """
     folder = Path(directory)
     csv_path = folder / f"ml_{name}.csv"
-    frame = pd.read_csv(csv_path)
+    try:
+        frame = pd.read_csv(csv_path, dtype=str)
+    except pd.errors.EmptyDataError as exc:
+        raise ValueError(
+            f"{csv_path}: empty file; an ml file needs a header u,i,ts,label,idx"
+        ) from exc
     unnamed = [c for c in frame.columns if str(c).startswith("Unnamed")]
     frame = frame.drop(columns=unnamed)
     missing = [c for c in _COLUMNS if c not in frame.columns]
@@ -131,15 +138,18 @@ def read_ml(name: str, directory: str | Path, *, time_unit: str = "s") -> Tempor
         raise ValueError(
             f"{csv_path}: missing column(s) {missing}; an ml file needs {','.join(_COLUMNS)}"
         )
+    arrays: dict[str, npt.NDArray[np.int64]] = {}
     for column in _COLUMNS:
-        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(np.float64)
-        bad = np.flatnonzero(~np.isfinite(values) | (values != np.round(values)))
-        if len(bad):
+        text = frame[column].fillna("").str.strip()
+        # Integers, optionally written as floats with a zero fraction ("3.0"), within int64.
+        ok = text.str.fullmatch(r"[+-]?\d{1,18}(\.0*)?")
+        if not ok.all():
+            row = int(np.flatnonzero(~ok.to_numpy())[0])
             raise ValueError(
-                f"{csv_path}: row {int(bad[0]) + 1}, column {column} = "
-                f"{frame[column].iloc[bad[0]]!r} is not an integer"
+                f"{csv_path}: row {row + 1}, column {column} = {frame[column].iloc[row]!r} is not "
+                "an integer of at most 18 digits"
             )
-    arrays = {c: frame[c].to_numpy(np.int64) for c in _COLUMNS}
+        arrays[column] = np.asarray(text.str.split(".").str[0].to_numpy(), dtype=np.int64)
     num_events = len(frame)
     for column in ("u", "i"):
         if num_events and arrays[column].min() < 1:
@@ -148,7 +158,7 @@ def read_ml(name: str, directory: str | Path, *, time_unit: str = "s") -> Tempor
                 f"{csv_path}: row {row + 1}, {column} = {arrays[column][row]} < 1; ml node ids "
                 "are 1-based (0 is padding)"
             )
-    decreasing = np.flatnonzero(np.diff(arrays["ts"]) < 0)
+    decreasing = np.flatnonzero(arrays["ts"][1:] < arrays["ts"][:-1])
     if len(decreasing):
         row = int(decreasing[0]) + 1
         raise ValueError(
@@ -164,15 +174,22 @@ def read_ml(name: str, directory: str | Path, *, time_unit: str = "s") -> Tempor
     msg = None
     npy_path = folder / f"ml_{name}.npy"
     if npy_path.exists():
-        features = np.load(npy_path, allow_pickle=False)
+        try:
+            features = np.load(npy_path, allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"{npy_path}: not a numeric .npy array ({exc})") from exc
         if features.ndim != 2 or len(features) != num_events + 1:
             raise ValueError(
                 f"{npy_path}: shape {features.shape} does not match {num_events} events; edge "
                 f"features need shape (E+1, D) = ({num_events + 1}, D) with row 0 zeros"
             )
+        if not np.issubdtype(features.dtype, np.floating):
+            raise ValueError(f"{npy_path}: dtype {features.dtype}; features must be floats")
         if not np.isfinite(features).all():
             row = int(np.flatnonzero(~np.isfinite(features).all(axis=1))[0])
             raise ValueError(f"{npy_path}: row {row} holds NaN or inf; features must be finite")
+        if features[0].any():
+            raise ValueError(f"{npy_path}: row 0 is not zeros; it is the padding row of edge 0")
         if features[1:].any():
             msg = features[1:].astype(np.float32)
     num_nodes = int(max(arrays["u"].max(initial=0), arrays["i"].max(initial=0)))
@@ -185,6 +202,22 @@ def read_ml(name: str, directory: str | Path, *, time_unit: str = "s") -> Tempor
                 f"need at least {num_nodes + 1} rows (row 0 = padding)"
             )
         num_nodes = node_rows - 1
+    node_label = None
+    label_names: tuple[str, ...] = ()
+    label_path = folder / f"ml_{name}_node_label.csv"
+    if label_path.exists():
+        labels = pd.read_csv(label_path, keep_default_na=False)
+        if list(labels.columns) != ["node", "label", "class"] or not np.array_equal(
+            labels["node"].to_numpy(), np.arange(1, num_nodes + 1)
+        ):
+            raise ValueError(
+                f"{label_path}: needs columns node,label,class with one row per node 1..{num_nodes}"
+            )
+        codes = labels["label"].to_numpy(np.int64)
+        names = labels.loc[codes >= 0].drop_duplicates("label").sort_values("label")
+        if not np.array_equal(names["label"].to_numpy(), np.arange(len(names))):
+            raise ValueError(f"{label_path}: class codes must be 0..C-1 (or -1 for unknown)")
+        node_label, label_names = codes, tuple(str(c) for c in names["class"])
     return TemporalEvents(
         src=arrays["u"] - 1,
         dst=arrays["i"] - 1,
@@ -193,4 +226,6 @@ def read_ml(name: str, directory: str | Path, *, time_unit: str = "s") -> Tempor
         time_unit=time_unit,
         msg=msg,
         label=arrays["label"],
+        node_label=node_label,
+        label_names=label_names,
     )

@@ -161,8 +161,8 @@ def sha256_of_path(path: Path) -> tuple[str, int]:
 def _read_stamps(path: Path) -> dict[str, list[object]]:
     try:
         stamps = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}  # an unreadable stamp file only costs a re-hash
     return stamps if isinstance(stamps, dict) else {}
 
 
@@ -205,4 +205,7 @@ def verify_files(
         stamps[key] = [*now, digest]
         changed = True
     if changed:
-        atomic_write_bytes(stamp_path, json.dumps(stamps, indent=1).encode())
+        try:
+            atomic_write_bytes(stamp_path, json.dumps(stamps, indent=1).encode())
+        except OSError as exc:  # a read-only cache only costs a re-hash next time
+            warnings.warn(f"cannot record verified checksums in {stamp_path}: {exc}", stacklevel=2)

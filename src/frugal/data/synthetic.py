@@ -35,6 +35,7 @@ CRITEO_KAGGLE_CARDINALITIES: tuple[int, ...] = (
 Challenge (Kaggle 2014) training set, as used by DLRM and Persia; sum 33,762,577."""
 
 _SMALL_FIELD_ROWS = 1000  # fields below this many ids are kept at full size when scaling
+_MAX_SLICE_ROWS = 1 << 24  # 16.8M rows x 26 fields x 8 B = 3.5 GB per call at most
 
 
 def truncated_zipf_ranks(
@@ -103,6 +104,12 @@ class CriteoZipfStream:
         """Full-size cardinality of each field, each >= 1."""
 
         def __post_init__(self) -> None:
+            for name in ("scale", "alpha"):
+                value = getattr(self, name)
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"{name}={value!r} must be a number")
+            if any(isinstance(c, bool) or not isinstance(c, int) for c in self.cardinalities):
+                raise ValueError(f"cardinalities={self.cardinalities} must be integers")
             if not 0.0 < self.scale <= 1.0:
                 raise ValueError(f"scale={self.scale} must be in (0, 1]; e.g. scale=0.02")
             if not 0.0 < self.alpha <= 4.0:
@@ -162,6 +169,11 @@ class CriteoZipfStream:
         Shapes:
             returns: (B, F) with B = stop - start.
         """
+        if stop - start > _MAX_SLICE_ROWS:
+            raise ValueError(
+                f"rows [{start}, {stop}) is {stop - start:,} rows; read at most "
+                f"{_MAX_SLICE_ROWS:,} at a time (slices of one stream agree however it is cut)"
+            )
         if start < 0 or stop < start:
             raise ValueError(
                 f"rows [{start}, {stop}) are not a valid range; need 0 <= start <= stop"
@@ -199,7 +211,7 @@ class TemporalStreamConfig:
     num_nodes: int = 200
     """Number of nodes, >= 2."""
     num_events: int = 5000
-    """Number of events, >= 1."""
+    """Number of events, in [1, 1e9]."""
     num_communities: int = 4
     """Communities (also the node classes), in [1, num_nodes]."""
     p_within: float = 0.8
@@ -222,7 +234,7 @@ class TemporalStreamConfig:
     def __post_init__(self) -> None:
         checks = [
             (self.num_nodes >= 2, f"num_nodes={self.num_nodes} must be >= 2"),
-            (self.num_events >= 1, f"num_events={self.num_events} must be >= 1"),
+            (1 <= self.num_events <= 10**9, f"num_events={self.num_events} must be in [1, 1e9]"),
             (
                 1 <= self.num_communities <= self.num_nodes,
                 f"num_communities={self.num_communities} must be in [1, {self.num_nodes}]",
@@ -234,8 +246,8 @@ class TemporalStreamConfig:
                 0 <= self.burst_probability <= 1,
                 f"burst_probability={self.burst_probability} must be in [0, 1]",
             ),
-            (self.burst_gap_s > 0, f"burst_gap_s={self.burst_gap_s} must be > 0"),
-            (self.quiet_gap_s > 0, f"quiet_gap_s={self.quiet_gap_s} must be > 0"),
+            (0 < self.burst_gap_s <= 1e6, f"burst_gap_s={self.burst_gap_s} must be in (0, 1e6]"),
+            (0 < self.quiet_gap_s <= 1e6, f"quiet_gap_s={self.quiet_gap_s} must be in (0, 1e6]"),
             (self.activity_alpha > 0, f"activity_alpha={self.activity_alpha} must be > 0"),
             (self.seed >= 0, f"seed={self.seed} must be >= 0"),
         ]
