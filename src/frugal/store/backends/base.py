@@ -1,0 +1,135 @@
+"""The storage-backend interface every `EmbeddingStore` engine implements.
+
+A backend persists fixed-width float32 rows by int64 id. It knows nothing of caching,
+staleness or optimizers: `EmbeddingStore` adds those on top of any backend. Rows never written
+read as absent, and the store initialises them with `init_rows`, so all backends start from
+the same table without writing it first. Shape legend: N rows in a call, W row width.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["StoreBackend", "read_json", "write_json_atomic"]
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+
+
+class StoreBackend(Protocol):
+    """Persistent rows by id, with durable checkpoints.
+
+    Every method is called with sorted, unique, in-range ids; the store validates user input
+    before it reaches a backend. Reads and writes of different ids may run concurrently from
+    several threads; the store never reads an id while a write of that id is in flight.
+    """
+
+    direct_io: bool
+    """Whether reads bypass the OS page cache (O_DIRECT), so the memory budget is honest."""
+    budget_enforced: bool
+    """Whether the backend's own memory use stays within the budget it was given."""
+
+    def read_rows(self, ids: I64, out: F32) -> Mask:
+        """Read rows into `out`; return which ids were ever written (others are untouched).
+
+        Raises:
+            StoreCorruptionError: If a stored row fails its checks.
+            OSError: On an I/O failure.
+
+        Shapes:
+            ids: (N,); out: (N, W); returns (N,).
+        """
+        ...
+
+    def write_rows(self, ids: I64, rows: F32) -> None:
+        """Write rows (visible to later reads; durable only after `sync`).
+
+        Raises:
+            OSError: On an I/O failure (e.g. a full disk).
+
+        Shapes:
+            ids: (N,); rows: (N, W).
+        """
+        ...
+
+    def sync(self) -> None:
+        """Make every completed write durable (fsync)."""
+        ...
+
+    def checkpoint(self, epoch: int) -> dict[str, Any]:
+        """Persist the current state as checkpoint `epoch`; return facts for the MANIFEST.
+
+        Called after `sync`. Until the MANIFEST naming `epoch` is in place, the previous
+        checkpoint must stay recoverable.
+        """
+        ...
+
+    def finish_checkpoint(self, epoch: int) -> None:
+        """Drop what only earlier checkpoints needed, once the MANIFEST names `epoch`."""
+        ...
+
+    def memory_bytes(self) -> int:
+        """Bytes of RAM the backend holds (index, bitmaps, engine caches)."""
+        ...
+
+    def close(self) -> None:
+        """Release files and threads; pending writes are completed first."""
+        ...
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON to `path` through a temporary file, fsync and rename, then fsync the folder.
+
+    Raises:
+        OSError: If the write fails; `path` keeps its previous content.
+    """
+    import json
+    import os
+
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read a JSON object from `path`.
+
+    Raises:
+        FileNotFoundError: If the file is missing.
+        ValueError: If it is not a JSON object.
+    """
+    import json
+
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return data
+
+
+def save_array_atomic(path: Path, array: npt.NDArray[Any]) -> None:
+    """Save a numpy array to `path` (.npy) through a temporary file, fsync and rename.
+
+    Raises:
+        OSError: If the write fails; `path` keeps its previous content.
+    """
+    import os
+
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as fh:
+        np.save(fh, array)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,204 @@
+"""Key-value engine backends: RocksDB (rocksdict) and LMDB.
+
+Keys are 8-byte big-endian ids (so the engine's order is the id order); values are the raw
+float32 row bytes. These are real engines: the same ones the KV-offload baselines use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from frugal.store.backends.base import F32, I64, Mask
+from frugal.store.errors import StoreCorruptionError
+
+__all__ = ["LmdbBackend", "RocksDbBackend", "id_keys"]
+
+_MIN_BLOCK_CACHE_BYTES = 1 << 20
+
+
+def id_keys(ids: I64) -> list[bytes]:
+    """Return the 8-byte big-endian key of every id (0.3 us/key: one tobytes, then slices)."""
+    blob = ids.astype(">u8").tobytes()
+    return [blob[k : k + 8] for k in range(0, len(blob), 8)]
+
+
+def _rows_from_values(values: list[bytes | None], out: F32, row_bytes: int, where: str) -> Mask:
+    present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    found = [v for v in values if v is not None]
+    if found:
+        if any(len(v) != row_bytes for v in found):
+            raise StoreCorruptionError(f"{where}: a stored value is not {row_bytes} bytes")
+        out[present] = np.frombuffer(b"".join(found), dtype=np.float32).reshape(len(found), -1)
+    return present
+
+
+def rocksdb_options(budget_bytes: int, *, use_direct_io: bool = True, use_wal: bool = True) -> Any:
+    """RocksDB options for point lookups of fixed rows within a memory budget.
+
+    No compression, a 10-bit bloom filter, index and filter blocks in a block cache of half
+    the budget, two memtables of a quarter each (so caches + memtables <= budget), direct
+    reads and direct flush/compaction I/O (store.md, section 2.5).
+    """
+    import rocksdict
+
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.set_compression_type(rocksdict.DBCompressionType.none())
+    table = rocksdict.BlockBasedOptions()
+    table.set_block_cache(rocksdict.Cache(max(_MIN_BLOCK_CACHE_BYTES, budget_bytes // 2)))
+    table.set_bloom_filter(10, False)
+    table.set_cache_index_and_filter_blocks(True)
+    options.set_block_based_table_factory(table)
+    options.set_write_buffer_size(max(_MIN_BLOCK_CACHE_BYTES, budget_bytes // 8))
+    options.set_max_write_buffer_number(2)
+    options.set_db_write_buffer_size(max(2 * _MIN_BLOCK_CACHE_BYTES, budget_bytes // 4))
+    options.optimize_for_point_lookup(max(1, budget_bytes // 2 // (1 << 20)))
+    if use_direct_io:
+        options.set_use_direct_reads(True)
+        options.set_use_direct_io_for_flush_and_compaction(True)
+    del use_wal  # the WAL is chosen per write (WriteOptions), see RocksDbBackend
+    return options
+
+
+class RocksDbBackend:
+    """Rows in RocksDB through rocksdict; checkpoints are RocksDB checkpoints (hard links)."""
+
+    direct_io = True
+    budget_enforced = True
+
+    def __init__(
+        self, directory: Path, num_rows: int, width: int, epoch: int | None, budget_bytes: int
+    ) -> None:
+        import rocksdict
+
+        self.directory = directory
+        self.row_bytes = 4 * width
+        self.budget_bytes = budget_bytes
+        live = directory / "rocksdb"
+        if epoch is not None:  # recover: the live DB may hold writes after the checkpoint
+            snapshot = directory / f"rocksdb.ckpt.{epoch}"
+            if not snapshot.is_dir():
+                raise StoreCorruptionError(f"{snapshot}: checkpoint {epoch} is missing")
+            shutil.rmtree(live, ignore_errors=True)
+            shutil.copytree(snapshot, live)
+        self.db = rocksdict.Rdict(str(live), rocksdb_options(budget_bytes))
+        self.write_options = rocksdict.WriteOptions()
+
+    def read_rows(self, ids: I64, out: F32) -> Mask:
+        """Multi-get; see `StoreBackend.read_rows`."""
+        keys: Any = id_keys(ids)  # rocksdict's stub wants list[str | int | ... | bytes]
+        values: list[bytes | None] = self.db.get(keys) or []
+        return _rows_from_values(values, out, self.row_bytes, str(self.directory))
+
+    def write_rows(self, ids: I64, rows: F32) -> None:
+        """One WriteBatch; see `StoreBackend.write_rows`."""
+        import rocksdict
+
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        blob = np.ascontiguousarray(rows, dtype=np.float32).tobytes()
+        for k, key in enumerate(id_keys(ids)):
+            batch.put(key, blob[k * self.row_bytes : (k + 1) * self.row_bytes])
+        self.db.write(batch, self.write_options)
+
+    def sync(self) -> None:
+        """Flush memtables and the WAL to disk."""
+        self.db.flush(wait=True)
+        self.db.flush_wal(sync=True)
+
+    def checkpoint(self, epoch: int) -> dict[str, Any]:
+        """Create `rocksdb.ckpt.<epoch>` with RocksDB's checkpoint (hard-linked SST files)."""
+        import rocksdict
+
+        target = self.directory / f"rocksdb.ckpt.{epoch}"
+        shutil.rmtree(target, ignore_errors=True)
+        rocksdict.Checkpoint(self.db).create_checkpoint(str(target))
+        return {}
+
+    def finish_checkpoint(self, epoch: int) -> None:
+        """Delete older checkpoint folders."""
+        for path in self.directory.glob("rocksdb.ckpt.*"):
+            if path.name != f"rocksdb.ckpt.{epoch}":
+                shutil.rmtree(path, ignore_errors=True)
+
+    def memory_bytes(self) -> int:
+        """The configured block cache and memtables (RocksDB's own accounting)."""
+        return self.budget_bytes
+
+    def close(self) -> None:
+        """Close the database."""
+        with contextlib.suppress(Exception):  # rocksdict raises DbClosedError if closed twice
+            self.db.close()
+
+
+class LmdbBackend:
+    """Rows in LMDB (memory-mapped B+tree); the OS page cache holds it, so no budget."""
+
+    direct_io = False
+    budget_enforced = False
+
+    def __init__(self, directory: Path, num_rows: int, width: int, epoch: int | None) -> None:
+        import lmdb
+
+        self.directory = directory
+        self.row_bytes = 4 * width
+        live = directory / "lmdb"
+        if epoch is not None:
+            snapshot = directory / f"lmdb.ckpt.{epoch}"
+            if not (snapshot / "data.mdb").is_file():
+                raise StoreCorruptionError(f"{snapshot}: checkpoint {epoch} is missing")
+            shutil.rmtree(live, ignore_errors=True)
+            shutil.copytree(snapshot, live)
+        live.mkdir(exist_ok=True)
+        # Room for every row twice over plus B+tree overhead; the map is sparse on disk.
+        map_size = max(1 << 24, 3 * num_rows * (self.row_bytes + 64))
+        self.env = lmdb.open(str(live), map_size=map_size, writemap=True, sync=False)
+
+    def read_rows(self, ids: I64, out: F32) -> Mask:
+        """`getmulti` in one read transaction; see `StoreBackend.read_rows`."""
+        keys = id_keys(ids)
+        with self.env.begin() as txn:
+            found = dict(txn.cursor().getmulti(keys))
+        return _rows_from_values(
+            [found.get(k) for k in keys], out, self.row_bytes, str(self.directory)
+        )
+
+    def write_rows(self, ids: I64, rows: F32) -> None:
+        """`putmulti` in one write transaction; see `StoreBackend.write_rows`."""
+        blob = np.ascontiguousarray(rows, dtype=np.float32).tobytes()
+        items = [
+            (key, blob[k * self.row_bytes : (k + 1) * self.row_bytes])
+            for k, key in enumerate(id_keys(ids))
+        ]
+        with self.env.begin(write=True) as txn:
+            txn.cursor().putmulti(items)
+
+    def sync(self) -> None:
+        """Force the memory map to disk."""
+        self.env.sync(True)
+
+    def checkpoint(self, epoch: int) -> dict[str, Any]:
+        """Copy the environment to `lmdb.ckpt.<epoch>` (`env.copy`, a consistent snapshot)."""
+        target = self.directory / f"lmdb.ckpt.{epoch}"
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir()
+        self.env.copy(str(target))
+        return {}
+
+    def finish_checkpoint(self, epoch: int) -> None:
+        """Delete older checkpoint folders."""
+        for path in self.directory.glob("lmdb.ckpt.*"):
+            if path.name != f"lmdb.ckpt.{epoch}":
+                shutil.rmtree(path, ignore_errors=True)
+
+    def memory_bytes(self) -> int:
+        """Unknown: LMDB lives in the OS page cache."""
+        return 0
+
+    def close(self) -> None:
+        """Close the environment."""
+        self.env.close()

@@ -1,0 +1,488 @@
+"""The row cache between training and a backend: slab, eviction, prefetch, write-back, staleness.
+
+One lock (a condition variable) guards all cache metadata; disk I/O runs outside it. Slots
+hold rows in a float32 slab `[C, W]`; per slot: id, state (free, valid, loading), dirty bit,
+open-read counter r, last access step and next use step.
+
+- Eviction `lookahead` (default, store.md 2.4): rows with no hint go first, least recently used
+  first; then hinted rows, farthest next use first (Belady within the hinted window). Rows
+  with open reads or still loading are never evicted. `lru` ignores hints (ablation).
+- `prefetch(ids, step)` loads missing rows in the background, evicting only rows needed later
+  than `step` (or not at all), and never blocks the caller.
+- Dirty victims go to one background writer (FIFO, so two write-backs of a row land in order);
+  reads of a row whose write-back is still queued are served from the write buffer.
+- Bounded staleness (store.md 2.2): a get of row i is served iff r(i) <= bound, then r(i) += 1;
+  a put/update of the row closes the read (r -= 1). It waits on the condition variable, never
+  spins, and raises `StalenessTimeoutError` after `timeout_s`.
+
+References:
+    MLKV: Efficiently Scaling up Large Embedding Model Training with Disk-based Key-Value
+    Storage, ICDE 2025, arXiv 2504.01506 (lookahead prefetching, staleness counters; here with
+    window-Belady eviction and fixed slots instead of FASTER's FIFO hybrid log).
+
+Shape legend: N ids in a call, C cache slots, W row width.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from frugal.store.backends.base import F32, I64, StoreBackend
+from frugal.store.errors import StalenessTimeoutError, StoreError
+
+__all__ = ["CacheStats", "RowCache", "slot_overhead_bytes"]
+
+FREE, VALID, LOADING = 0, 1, 2
+NEVER = np.int64(1 << 62)  # next_use of a row with no hint
+_MAX_HINTED_STEPS = 64
+Initializer = Callable[[I64], F32]
+
+
+def slot_overhead_bytes() -> int:
+    """Metadata bytes per cache slot: id 8, state 1, dirty 1, r 4, last 8, next 8."""
+    return 8 + 1 + 1 + 4 + 8 + 8
+
+
+@dataclass
+class CacheStats:
+    """Counters of one cache; all byte counts are row bytes moved to or from the backend."""
+
+    gets: int = 0
+    hits: int = 0
+    """Unique ids of gets that were resident (or being prefetched) when asked."""
+    misses: int = 0
+    """Unique ids of gets read synchronously (a data stall)."""
+    prefetched: int = 0
+    evictions: int = 0
+    writebacks: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    stall_s: float = 0.0
+    """Seconds gets spent waiting: for synchronous reads, prefetches in flight, staleness."""
+    staleness_hist: list[int] = field(default_factory=list)
+    """staleness_hist[r] = number of row reads served with r open reads before them."""
+
+
+@dataclass
+class _Pending:
+    ids: I64
+    rows: F32
+    done: bool = False
+
+
+class RowCache:
+    """A bounded cache of rows in front of a backend; see the module docstring."""
+
+    def __init__(
+        self,
+        backend: StoreBackend,
+        *,
+        num_rows: int,
+        width: int,
+        capacity: int,
+        initializer: Initializer,
+        staleness_bound: int | None,
+        eviction: Literal["lookahead", "lru"] = "lookahead",
+        timeout_s: float = 60.0,
+        max_pending_rows: int = 65536,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity={capacity} must be >= 1 slot")
+        self.backend = backend
+        self.num_rows = num_rows
+        self.width = width
+        self.capacity = capacity
+        self.initializer = initializer
+        self.staleness_bound = staleness_bound
+        self.eviction = eviction
+        self.timeout_s = timeout_s
+        self.max_pending_rows = max_pending_rows
+        self.slab = np.zeros((capacity, width), dtype=np.float32)
+        self.slot_ids = np.full(capacity, -1, dtype=np.int64)
+        self.slot_state = np.zeros(capacity, dtype=np.int8)
+        self.dirty = np.zeros(capacity, dtype=bool)
+        self.readers = np.zeros(capacity, dtype=np.int32)
+        self.reader_thread = np.zeros(capacity, dtype=np.int64)  # last thread to open a read
+        self.last_access = np.zeros(capacity, dtype=np.int64)
+        self.next_use = np.full(capacity, NEVER, dtype=np.int64)
+        self.id_to_slot = np.full(num_rows, -1, dtype=np.int32)
+        self.free = list(range(capacity - 1, -1, -1))  # stack of free slot numbers
+        self.hints: dict[int, I64] = {}
+        self.pending: list[_Pending] = []
+        self.pending_rows = 0
+        self.stats = CacheStats()
+        self._staleness_counts = np.zeros(64, dtype=np.int64)
+        self.cond = threading.Condition()
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="frugal-writeback")
+        self.reader = ThreadPoolExecutor(2, thread_name_prefix="frugal-prefetch")
+        self.error: BaseException | None = None
+        self.closed = False
+
+    # --- helpers (lock held) -------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self.closed:
+            raise StoreError("the store is closed")
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise StoreError(f"a background read or write-back failed: {error}") from error
+
+    def _wait(self, deadline: float, what: str) -> None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise StalenessTimeoutError(
+                f"waited {self.timeout_s:.0f} s for {what}; another thread holds reads that are "
+                "never closed (a get without its put?), or timeout_s is too small"
+            )
+        self.cond.wait(min(remaining, 1.0))
+
+    def _evict_keys(self, protect: npt.NDArray[np.bool_] | None) -> npt.NDArray[np.int64]:
+        """Eviction order key per slot (smallest first); unevictable slots get the maximum."""
+        keys = np.where(
+            self.next_use == NEVER,
+            self.last_access - (np.int64(1) << 61),
+            (np.int64(1) << 40) - self.next_use,
+        )
+        if self.eviction == "lru":
+            keys = self.last_access.copy()
+        blocked = (self.slot_state != VALID) | (self.readers > 0)
+        if protect is not None:
+            blocked |= protect
+        keys[blocked] = np.iinfo(np.int64).max
+        result: npt.NDArray[np.int64] = keys
+        return result
+
+    def _allocate(
+        self, count: int, *, protect: npt.NDArray[np.bool_] | None, later_than: int | None
+    ) -> npt.NDArray[np.int64]:
+        """Take `count` slots (fewer if `later_than` limits eviction); evict as needed."""
+        take = min(count, len(self.free))
+        slots = [self.free.pop() for _ in range(take)]
+        need = count - take
+        if need > 0:
+            keys = self._evict_keys(protect)
+            if later_than is not None:  # a prefetch may evict only rows needed after it
+                keys[(self.next_use != NEVER) & (self.next_use <= later_than)] = np.iinfo(
+                    np.int64
+                ).max
+            evictable = int(np.count_nonzero(keys != np.iinfo(np.int64).max))
+            if evictable < need and later_than is None:
+                raise StoreError(
+                    f"cache of {self.capacity} rows cannot hold {count} more rows: every other "
+                    "row is in use by open reads; raise memory_budget_bytes or lower the batch "
+                    "size or staleness bound"
+                )
+            need = min(need, evictable)
+            if need > 0:
+                victims = (
+                    np.argpartition(keys, need - 1)[:need]
+                    if need < len(keys)
+                    else np.arange(len(keys))
+                )
+                self._evict(victims.astype(np.int64))
+                slots.extend(victims.tolist())
+        return np.array(slots, dtype=np.int64)
+
+    def _evict(self, victims: npt.NDArray[np.int64]) -> None:
+        ids = self.slot_ids[victims]
+        dirty = self.dirty[victims]
+        if dirty.any():
+            order = np.argsort(ids[dirty])
+            pending = _Pending(ids=ids[dirty][order], rows=self.slab[victims[dirty]][order])
+            self.pending.append(pending)
+            self.pending_rows += len(pending.ids)
+            self.stats.writebacks += len(pending.ids)
+            self.writer.submit(self._write_back, pending)
+        self.id_to_slot[ids] = -1
+        self.slot_ids[victims] = -1
+        self.slot_state[victims] = FREE
+        self.dirty[victims] = False
+        self.next_use[victims] = NEVER
+        self.stats.evictions += len(victims)
+
+    def _from_pending(self, ids: I64, out: F32) -> npt.NDArray[np.bool_]:
+        """Copy rows of ids whose write-back is still queued; newest buffer wins."""
+        found = np.zeros(len(ids), dtype=bool)
+        for pending in reversed(self.pending):
+            if pending.done:
+                continue
+            pos = np.searchsorted(pending.ids, ids)
+            pos[pos >= len(pending.ids)] = 0
+            hit = (pending.ids[pos] == ids) & ~found
+            if hit.any():
+                out[hit] = pending.rows[pos[hit]]
+                found |= hit
+        return found
+
+    # --- background jobs ---------------------------------------------------------------------
+
+    def _write_back(self, pending: _Pending) -> None:
+        try:
+            self.backend.write_rows(pending.ids, pending.rows)
+        except BaseException as exc:  # surfaces on the next call
+            with self.cond:
+                self.error = exc
+        with self.cond:
+            pending.done = True
+            self.pending = [p for p in self.pending if not p.done]
+            self.pending_rows -= len(pending.ids)
+            self.stats.bytes_written += pending.rows.nbytes
+            self.cond.notify_all()
+
+    def _load(self, ids: I64, slots: npt.NDArray[np.int64], *, background: bool = True) -> None:
+        """Fill loading slots: from queued write-backs, the backend, or the initializer.
+
+        A failure frees the slots; in the background it is kept for the next call, in the
+        foreground it is raised at once.
+        """
+        rows = np.empty((len(ids), self.width), dtype=np.float32)
+        try:
+            with self.cond:
+                from_pending = self._from_pending(ids, rows)
+            rest = ~from_pending
+            if rest.any():
+                sub = np.empty((int(rest.sum()), self.width), dtype=np.float32)
+                present = self.backend.read_rows(ids[rest], sub)
+                if not present.all():
+                    sub[~present] = self.initializer(ids[rest][~present])
+                rows[rest] = sub
+                read_bytes = int(present.sum()) * self.width * 4
+            else:
+                read_bytes = 0
+        except BaseException as exc:
+            with self.cond:  # give the slots back so nobody waits forever
+                if background:
+                    self.error = exc
+                self.id_to_slot[ids] = -1
+                self.slot_ids[slots] = -1
+                self.slot_state[slots] = FREE
+                self.free.extend(slots.tolist())
+                self.cond.notify_all()
+            if background:
+                return
+            raise
+        with self.cond:
+            self.slab[slots] = rows
+            self.slot_state[slots] = VALID
+            self.stats.bytes_read += read_bytes
+            self.cond.notify_all()
+
+    # --- public operations -------------------------------------------------------------------
+
+    def get(self, ids: I64, step: int, *, count_read: bool = True) -> F32:
+        """Return copies of the rows of sorted unique `ids`, loading misses synchronously.
+
+        Args:
+            ids: Sorted unique ids.
+            step: Training step, for recency and hints.
+            count_read: Open a read (staleness counter); False for internal updates.
+
+        Returns:
+            Rows, float32.
+
+        Raises:
+            StalenessTimeoutError: If rows stay beyond the staleness bound for `timeout_s`.
+            StoreError: If the cache is too small or a background job failed.
+
+        Shapes:
+            ids: (N,) -> (N, W).
+        """
+        start = time.perf_counter()
+        deadline = time.monotonic() + self.timeout_s
+        waited = False
+        with self.cond:
+            self._check()
+            if len(ids) > self.capacity:
+                raise StoreError(
+                    f"a batch touches {len(ids)} unique rows but the cache holds "
+                    f"{self.capacity}; raise memory_budget_bytes"
+                )
+            first_pass = True
+            while True:
+                slots = self.id_to_slot[ids].astype(np.int64)
+                missing = slots < 0
+                if first_pass:
+                    self.stats.gets += 1
+                    self.stats.misses += int(missing.sum())
+                    self.stats.hits += len(ids) - int(missing.sum())
+                    first_pass = False
+                if missing.any():
+                    protect = np.zeros(self.capacity, dtype=bool)
+                    protect[slots[~missing]] = True
+                    new = self._allocate(int(missing.sum()), protect=protect, later_than=None)
+                    miss_ids = ids[missing]
+                    self.id_to_slot[miss_ids] = new
+                    self.slot_ids[new] = miss_ids
+                    self.slot_state[new] = LOADING
+                    self.last_access[new] = step
+                    self.cond.release()
+                    try:
+                        self._load(miss_ids, new, background=False)
+                    finally:
+                        self.cond.acquire()
+                    waited = True
+                    self._check()
+                    continue
+                if (self.slot_state[slots] == LOADING).any():
+                    waited = True
+                    self._wait(deadline, "rows being prefetched")
+                    self._check()
+                    continue
+                r = self.readers[slots]
+                if (
+                    count_read
+                    and self.staleness_bound is not None
+                    and (r > self.staleness_bound).any()
+                ):
+                    over = r > self.staleness_bound
+                    if (self.reader_thread[slots[over]] == threading.get_ident()).all():
+                        k = int(np.flatnonzero(over)[0])
+                        raise StalenessTimeoutError(
+                            f"row {int(ids[k])} already has {int(r[k])} open read(s) from this "
+                            f"thread (staleness_bound={self.staleness_bound}); close them with "
+                            "put/apply_gradients before reading it again, or use peek() to read "
+                            "without opening a read"
+                        )
+                    waited = True
+                    self._wait(
+                        deadline, f"rows to come within staleness bound {self.staleness_bound}"
+                    )
+                    continue
+                break
+            if count_read:
+                counts = np.bincount(np.minimum(r, 63), minlength=64)
+                self._staleness_counts += counts
+                self.readers[slots] += 1
+                self.reader_thread[slots] = threading.get_ident()
+            rows = self.slab[slots].copy()
+            self.last_access[slots] = step
+            self._consume_hints(ids, slots, step)
+            if waited:
+                self.stats.stall_s += time.perf_counter() - start
+        return rows
+
+    def _consume_hints(self, ids: I64, slots: npt.NDArray[np.int64], step: int) -> None:
+        """After serving step `step`, point next_use at the next hinted step of each row."""
+        for old in [s for s in self.hints if s <= step]:
+            del self.hints[old]
+        nxt = np.full(len(ids), NEVER, dtype=np.int64)
+        for hinted_step in sorted(self.hints, reverse=True):
+            nxt[np.isin(ids, self.hints[hinted_step], assume_unique=True)] = hinted_step
+        self.next_use[slots] = nxt
+
+    def write(self, ids: I64, rows: F32, step: int) -> None:
+        """Overwrite rows of sorted unique ids (resident or not) and close their open reads."""
+        deadline = time.monotonic() + self.timeout_s
+        with self.cond:
+            self._check()
+            while True:
+                slots = self.id_to_slot[ids].astype(np.int64)
+                resident = slots >= 0
+                if not (self.slot_state[slots[resident]] == LOADING).any():
+                    break
+                self._wait(deadline, "rows being prefetched")  # else the load would overwrite
+                self._check()
+            missing = ~resident
+            if missing.any():
+                protect = np.zeros(self.capacity, dtype=bool)
+                protect[slots[resident]] = True
+                new = self._allocate(int(missing.sum()), protect=protect, later_than=None)
+                self.id_to_slot[ids[missing]] = new
+                self.slot_ids[new] = ids[missing]
+                slots[missing] = new
+                self.last_access[new] = step
+            self._install(slots, rows)
+
+    def update(self, ids: I64, step: int, fn: Callable[[F32], None]) -> None:
+        """Apply `fn` in place to the rows of sorted unique ids and close their open reads."""
+        rows = self.get(ids, step, count_read=False)
+        fn(rows)
+        self.write(ids, rows, step)
+
+    def _install(self, slots: npt.NDArray[np.int64], rows: F32) -> None:
+        self.slab[slots] = rows
+        self.slot_state[slots] = VALID
+        self.dirty[slots] = True
+        self.readers[slots] = np.maximum(self.readers[slots] - 1, 0)
+        self.cond.notify_all()
+
+    def prefetch(self, ids: I64, step: int) -> None:
+        """Hint that sorted unique `ids` are needed at `step`; load misses in the background."""
+        with self.cond:
+            self._check()
+            self.hints[step] = ids
+            while len(self.hints) > _MAX_HINTED_STEPS:  # steps that never came: forget them
+                del self.hints[min(self.hints)]
+            slots = self.id_to_slot[ids].astype(np.int64)
+            resident = slots >= 0
+            self.next_use[slots[resident]] = np.minimum(self.next_use[slots[resident]], step)
+            missing_ids = ids[~resident]
+            if len(missing_ids) == 0 or self.pending_rows > self.max_pending_rows:
+                return  # nothing to load, or the writer is behind: defer to the get
+            new = self._allocate(len(missing_ids), protect=None, later_than=step)
+            if len(new) == 0:
+                return
+            load_ids = missing_ids[: len(new)]
+            self.id_to_slot[load_ids] = new
+            self.slot_ids[new] = load_ids
+            self.slot_state[new] = LOADING
+            self.next_use[new] = step
+            self.last_access[new] = step
+            self.stats.prefetched += len(load_ids)
+        future: Future[None] = self.reader.submit(self._load, load_ids, new)
+        del future
+
+    def flush(self) -> None:
+        """Write every dirty row to the backend and wait for all write-backs and prefetches."""
+        deadline = time.monotonic() + self.timeout_s
+        with self.cond:
+            self._check()
+            while (self.slot_state == LOADING).any():
+                self._wait(deadline, "prefetches to finish")
+            dirty = np.flatnonzero(self.dirty & (self.slot_state == VALID))
+            if len(dirty):
+                ids = self.slot_ids[dirty]
+                order = np.argsort(ids)
+                pending = _Pending(ids=ids[order], rows=self.slab[dirty][order])
+                self.pending.append(pending)
+                self.pending_rows += len(ids)
+                self.dirty[dirty] = False
+                self.writer.submit(self._write_back, pending)
+            while self.pending:
+                self._wait(deadline, "write-backs to finish")
+            self._check()
+
+    def wait_quiescent(self) -> None:
+        """Block until no row has an open read (before a checkpoint)."""
+        deadline = time.monotonic() + self.timeout_s
+        with self.cond:
+            while self.readers.any():
+                open_slots = np.flatnonzero(self.readers)
+                if (self.reader_thread[open_slots] == threading.get_ident()).all():
+                    raise StoreError(
+                        f"{len(open_slots)} rows (e.g. id {int(self.slot_ids[open_slots[0]])}) "
+                        "have open reads from this thread; close them with put/apply_gradients "
+                        "before a checkpoint, or close(checkpoint=False) to drop them"
+                    )
+                self._wait(deadline, "open reads to close before the checkpoint")
+
+    def staleness_histogram(self) -> list[int]:
+        """Counts of reads served with r = 0, 1, ... open reads (trailing zeros cut)."""
+        counts = self._staleness_counts.tolist()
+        while len(counts) > 1 and counts[-1] == 0:
+            counts.pop()
+        return [int(c) for c in counts]
+
+    def close(self) -> None:
+        """Stop the background threads (queued writes complete first)."""
+        self.reader.shutdown(wait=True)
+        self.writer.shutdown(wait=True)
+        self.closed = True

@@ -1,0 +1,31 @@
+"""Domain errors of `frugal.store`."""
+
+from frugal import FrugalError
+
+__all__ = [
+    "NonFiniteError",
+    "StalenessTimeoutError",
+    "StoreCorruptionError",
+    "StoreError",
+    "StoreLockedError",
+]
+
+
+class StoreError(FrugalError):
+    """A store cannot do what was asked (incomplete store, I/O failure, closed store)."""
+
+
+class StoreCorruptionError(StoreError):
+    """Stored bytes fail a check (size, header, per-row checksum or id); nothing is repaired."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store open for writing (the pid is in the message)."""
+
+
+class StalenessTimeoutError(StoreError):
+    """A get waited longer than `timeout_s` for rows to come within the staleness bound."""
+
+
+class NonFiniteError(ValueError):
+    """Rows or gradients passed to the store hold NaN or infinity."""

@@ -1,0 +1,204 @@
+"""Row layout, deterministic initialisation and fused sparse optimizers.
+
+A store row is float32 `[w (embedding_dim) | optimizer state]`; the state travels with the
+vector, so one read and one write serve a whole update. Shape legend: N rows, D embedding_dim,
+W row width (D + state).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "OptimizerConfig",
+    "RowSpec",
+    "apply_optimizer",
+    "init_rows",
+    "splitmix64",
+]
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+
+OptimizerKind = Literal["none", "sgd", "adagrad", "rowwise_adagrad", "adam"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptimizerConfig:
+    """A sparse optimizer applied row by row (the touched rows of each step only)."""
+
+    kind: OptimizerKind = "sgd"
+    """Update rule; "none" stores vectors only (e.g. TGNN node memory)."""
+    lr: float = 0.01
+    """Learning rate, > 0."""
+    momentum: float = 0.0
+    """SGD momentum in [0, 1) (as torch.optim.SGD, dampening 0); > 0 adds D state floats."""
+    weight_decay: float = 0.0
+    """L2 penalty added to the gradient (torch's `weight_decay`), >= 0."""
+    beta1: float = 0.9
+    """Adam's first-moment decay, in [0, 1)."""
+    beta2: float = 0.999
+    """Adam's second-moment decay, in [0, 1)."""
+    eps: float = 1e-8
+    """Denominator epsilon of Adam (1e-8) and Adagrad (torch uses 1e-10), > 0."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"lr={self.lr} must be > 0")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum={self.momentum} must be in [0, 1)")
+        if self.momentum and self.kind != "sgd":
+            raise ValueError(
+                f"momentum={self.momentum} applies to kind='sgd' only, not {self.kind!r}"
+            )
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError(f"beta1={self.beta1}, beta2={self.beta2} must be in [0, 1)")
+        if self.eps <= 0:
+            raise ValueError(f"eps={self.eps} must be > 0")
+
+    def state_width(self, embedding_dim: int) -> int:
+        """Number of float32 state values stored after the vector."""
+        if self.kind == "sgd":
+            return embedding_dim if self.momentum > 0 else 0
+        if self.kind == "adagrad":
+            return embedding_dim
+        if self.kind == "rowwise_adagrad":
+            return 1
+        if self.kind == "adam":
+            return 2 * embedding_dim + 1  # m, v, per-row step t
+        return 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RowSpec:
+    """Layout of one stored row: the embedding and its optimizer state."""
+
+    embedding_dim: int
+    """Length D of the embedding vector, >= 1."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """The optimizer whose state is stored in the row."""
+
+    def __post_init__(self) -> None:
+        if self.embedding_dim < 1:
+            raise ValueError(f"embedding_dim={self.embedding_dim} must be >= 1")
+
+    @property
+    def width(self) -> int:
+        """Row width W in float32 values."""
+        return self.embedding_dim + self.optimizer.state_width(self.embedding_dim)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row (4 * W)."""
+        return 4 * self.width
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def splitmix64(x: U64) -> U64:
+    """SplitMix64 finaliser, vectorised (Steele, Lea, Flood 2014); wraps modulo 2^64."""
+    with np.errstate(over="ignore"):
+        z = x + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _MIX1
+        z = (z ^ (z >> np.uint64(27))) * _MIX2
+        result: U64 = z ^ (z >> np.uint64(31))
+    return result
+
+
+def init_rows(ids: I64, spec: RowSpec, seed: int) -> F32:
+    """Deterministic initial rows: w uniform in [-1/sqrt(D), 1/sqrt(D)), state zeros.
+
+    The value of w[i, j] depends only on (seed, id, j), so every backend, cache size and
+    access order starts from the same table.
+
+    Args:
+        ids: Row ids, int64.
+        spec: The row layout.
+        seed: Table seed.
+
+    Returns:
+        float32 rows.
+
+    Shapes:
+        ids: (N,) -> (N, W).
+    """
+    d = spec.embedding_dim
+    with np.errstate(over="ignore"):
+        base = np.uint64(seed & 0xFFFFFFFFFFFFFFFF) * _GOLDEN
+        cols = np.arange(d, dtype=np.uint64)
+        keys = (base + ids.astype(np.uint64)[:, None] * np.uint64(d) + cols).astype(np.uint64)
+    u = (splitmix64(keys) >> np.uint64(40)).astype(np.float32) / np.float32(2**24)
+    rows = np.zeros((len(ids), spec.width), dtype=np.float32)
+    rows[:, :d] = (u - np.float32(0.5)) * np.float32(2.0 / math.sqrt(d))
+    return rows
+
+
+def apply_optimizer(rows_NW: F32, grads_ND: F32, spec: RowSpec) -> None:
+    """Update unique rows in place with their summed gradients (one fused step).
+
+    Rules (torch.optim semantics restricted to the touched rows):
+    sgd `g += wd*w; m = mu*m + g; w -= lr*m` (no m when mu = 0); adagrad
+    `a += g*g; w -= lr*g/(sqrt(a)+eps)`; rowwise_adagrad as adagrad with one accumulator per
+    row, `a += mean(g*g)` (FBGEMM's row-wise Adagrad); adam with a per-row step t:
+    `t += 1; m = b1*m+(1-b1)*g; v = b2*v+(1-b2)*g*g; w -= lr*(m/(1-b1^t))/(sqrt(v/(1-b2^t))+eps)`.
+
+    Args:
+        rows_NW: Rows to update, float32, modified in place.
+        grads_ND: Gradients of the embedding part, float32, one per row (duplicates summed).
+        spec: The row layout and optimizer.
+
+    Raises:
+        ValueError: If the optimizer is "none" (rows without an optimizer take `put`).
+
+    Shapes:
+        rows_NW: (N, W); grads_ND: (N, D).
+    """
+    opt = spec.optimizer
+    d = spec.embedding_dim
+    w = rows_NW[:, :d]
+    g = grads_ND
+    if opt.weight_decay:
+        g = g + np.float32(opt.weight_decay) * w
+    lr = np.float32(opt.lr)
+    if opt.kind == "sgd":
+        if opt.momentum > 0:
+            m = rows_NW[:, d : 2 * d]
+            m *= np.float32(opt.momentum)
+            m += g
+            w -= lr * m
+        else:
+            w -= lr * g
+    elif opt.kind == "adagrad":
+        a = rows_NW[:, d : 2 * d]
+        a += g * g
+        w -= lr * g / (np.sqrt(a) + np.float32(opt.eps))
+    elif opt.kind == "rowwise_adagrad":
+        a = rows_NW[:, d : d + 1]
+        a += np.mean(g * g, axis=1, keepdims=True, dtype=np.float32)
+        w -= lr * g / (np.sqrt(a) + np.float32(opt.eps))
+    elif opt.kind == "adam":
+        m = rows_NW[:, d : 2 * d]
+        v = rows_NW[:, 2 * d : 3 * d]
+        t = rows_NW[:, 3 * d : 3 * d + 1]
+        t += np.float32(1.0)
+        b1, b2 = np.float32(opt.beta1), np.float32(opt.beta2)
+        m *= b1
+        m += (np.float32(1.0) - b1) * g
+        v *= b2
+        v += (np.float32(1.0) - b2) * g * g
+        bias1 = np.float32(1.0) - np.power(b1, t)
+        bias2 = np.float32(1.0) - np.power(b2, t)
+        w -= lr * (m / bias1) / (np.sqrt(v / bias2) + np.float32(opt.eps))
+    else:
+        raise ValueError("optimizer kind 'none' has no update rule; write rows with put()")

@@ -1,0 +1,570 @@
+"""`EmbeddingStore`: embedding rows on disk, trained through a bounded cache without stalls.
+
+One interface over every backend (`file`, `rocksdb`, `lmdb`, `memory`): batched `get`,
+`put`, `apply_gradients` (fused sparse optimizer), `lookahead` hints for prefetching,
+`flush`, `checkpoint`, `open` (= recover the last checkpoint), `close`, `stats`.
+
+References:
+    MLKV: Efficiently Scaling up Large Embedding Model Training with Disk-based Key-Value
+    Storage, ICDE 2025, arXiv 2504.01506 (sections on lookahead prefetching and bounded
+    staleness; see `frugal.store.cache` for where we depart from it).
+
+Shape legend: N ids in a call, D embedding_dim, W row width.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import numpy as np
+
+import frugal
+from frugal.config import config_from_dict, config_to_dict
+from frugal.store.backends import FileBackend, LmdbBackend, MemoryBackend, RocksDbBackend
+from frugal.store.backends.base import F32, I64, StoreBackend, read_json, write_json_atomic
+from frugal.store.cache import RowCache, slot_overhead_bytes
+from frugal.store.errors import NonFiniteError, StoreError, StoreLockedError
+from frugal.store.rows import RowSpec, apply_optimizer, init_rows
+
+__all__ = ["EmbeddingStore"]
+
+MANIFEST_FORMAT = "frugal-store"
+MANIFEST_VERSION = 1
+_MIB = 1 << 20
+BackendName = Literal["file", "rocksdb", "lmdb", "memory"]
+
+
+def _validate_ids(ids: Any, num_rows: int) -> I64:
+    """Return ids as a flat int64 array, or raise without touching the store."""
+    array = np.asarray(ids)
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(
+            f"ids must be integers, got dtype {array.dtype}; pass an int64 array of row ids"
+        )
+    flat = array.astype(np.int64, copy=False).ravel()
+    bad = (flat < 0) | (flat >= num_rows)
+    if bad.any():
+        offenders = np.unique(flat[bad])[:5].tolist()
+        raise IndexError(
+            f"{int(bad.sum())} ids are outside [0, num_rows={num_rows}), e.g. {offenders}; "
+            "re-index them or create the store with more rows"
+        )
+    return flat
+
+
+def _validate_cols(cols: str) -> None:
+    if cols not in ("emb", "all"):
+        raise ValueError(f"cols={cols!r}; choose 'emb' or 'all'")
+
+
+def _validate_rows(rows: Any, count: int, width: int, what: str) -> F32:
+    if not isinstance(rows, np.ndarray):
+        raise TypeError(f"{what} must be a numpy float32 array, got {type(rows).__name__}")
+    if rows.dtype != np.float32:
+        raise TypeError(
+            f"{what} must be float32, got {rows.dtype}; convert with .astype(np.float32)"
+        )
+    if rows.shape != (count, width):
+        raise ValueError(f"{what} must have shape ({count}, {width}), got {rows.shape}")
+    if not rows.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous; pass np.ascontiguousarray({what})")
+    finite = np.isfinite(rows)
+    if not finite.all():
+        row = int(np.flatnonzero(~finite.all(axis=1))[0])
+        raise NonFiniteError(f"{what} row {row} holds NaN or inf; nothing was written")
+    return rows
+
+
+def _sum_duplicates(ids: I64, values: F32) -> tuple[I64, F32]:
+    """Unique sorted ids and the per-id sum of their value rows."""
+    unique, inverse = np.unique(ids, return_inverse=True)
+    if len(unique) == len(ids):
+        order = np.argsort(ids, kind="stable")
+        return unique, values[order]
+    summed = np.zeros((len(unique), values.shape[1]), dtype=np.float32)
+    np.add.at(summed, inverse, values)
+    return unique, summed
+
+
+class EmbeddingStore:
+    """Rows of an embedding table (vector + optimizer state) on disk behind a bounded cache.
+
+    Create with `EmbeddingStore.create`, reopen with `EmbeddingStore.open` (which recovers the
+    last checkpoint). A store directory holds `MANIFEST`, `LOCK` and the backend's files; one
+    process at a time may open it.
+
+    Example:
+        >>> spec = RowSpec(embedding_dim=16, optimizer=OptimizerConfig(kind="adam"))
+        >>> with EmbeddingStore.create(path, num_rows=1000, spec=spec) as store:  # doctest: +SKIP
+        ...     rows = store.get(ids, step=0)
+        ...     store.apply_gradients(ids, grads, step=0)
+    """
+
+    @dataclass(frozen=True, kw_only=True, slots=True)
+    class Config:
+        """Runtime settings (the table's shape and optimizer live in the MANIFEST)."""
+
+        backend: BackendName = "file"
+        """Storage engine; only used by `create` (`open` reads it from the MANIFEST)."""
+        memory_budget_bytes: int = 256 * _MIB
+        """All RAM the store may use: cache slab, slot metadata, id map, backend, I/O buffers."""
+        staleness_bound: int | None = 0
+        """Updates a read may miss, >= 0 (0 = synchronous); None = unbounded."""
+        eviction: Literal["lookahead", "lru"] = "lookahead"
+        """Cache eviction policy; lru ignores lookahead hints (for ablations)."""
+        io_threads: int = 8
+        """Threads issuing parallel reads/writes in the file backend, in [1, 64]."""
+        use_direct_io: bool = True
+        """Bypass the page cache (O_DIRECT) where the file system allows it."""
+        preallocate: bool = True
+        """file backend: write the whole file at create (2 x N x stride bytes, sequential) so
+        later random writes land in allocated blocks (about 4x faster on ext4)."""
+        timeout_s: float = 60.0
+        """Longest wait for a row (staleness bound, prefetch, write-back), > 0."""
+
+        def __post_init__(self) -> None:
+            if self.memory_budget_bytes < _MIB:
+                raise ValueError(
+                    f"memory_budget_bytes={self.memory_budget_bytes} must be >= {_MIB} (1 MiB)"
+                )
+            if self.staleness_bound is not None and self.staleness_bound < 0:
+                raise ValueError(
+                    f"staleness_bound={self.staleness_bound} must be >= 0, or None for unbounded"
+                )
+            if not 1 <= self.io_threads <= 64:
+                raise ValueError(f"io_threads={self.io_threads} must be in [1, 64]")
+            if self.timeout_s <= 0:
+                raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+
+    def __init__(
+        self,
+        directory: Path,
+        manifest: dict[str, Any],
+        config: Config,
+        lock_fd: int,
+        *,
+        create: bool,
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self.num_rows = int(manifest["num_rows"])
+        self.spec = config_from_dict(RowSpec, manifest["spec"], source=str(directory / "MANIFEST"))
+        self.seed = int(manifest["seed"])
+        self.backend_name: BackendName = manifest["backend"]
+        self.epoch = int(manifest["epoch"])
+        self.step = int(manifest["step"])
+        self.meta: dict[str, Any] = manifest.get("meta", {})
+        self._lock_fd = lock_fd
+        self._closed = False
+        width = self.spec.width
+        budget = config.memory_budget_bytes
+        recover_epoch = None if create else self.epoch
+        io_buffer_bytes = max(64 << 10, min(16 * _MIB, budget // 8))
+        fixed = 4 * self.num_rows + self._backend_memory_bytes(budget) + io_buffer_bytes
+        capacity = (budget - fixed) // (self.spec.row_bytes + slot_overhead_bytes())
+        if capacity < 64:  # checked before any file is written
+            needed = fixed + 64 * (self.spec.row_bytes + slot_overhead_bytes())
+            raise ValueError(
+                f"memory_budget_bytes={budget} leaves room for {max(capacity, 0)} cached rows "
+                f"after the id map, backend and I/O buffers ({fixed} bytes); set it to at least "
+                f"{needed}"
+            )
+        self.backend: StoreBackend = self._open_backend(recover_epoch, width, budget)
+        self.cache = RowCache(
+            self.backend,
+            num_rows=self.num_rows,
+            width=width,
+            capacity=int(capacity),
+            initializer=lambda ids: init_rows(ids, self.spec, self.seed),
+            staleness_bound=config.staleness_bound,
+            eviction=config.eviction,
+            timeout_s=config.timeout_s,
+            max_pending_rows=max(1, io_buffer_bytes // self.spec.row_bytes),
+        )
+
+    def _backend_memory_bytes(self, budget: int) -> int:
+        """RAM the backend will hold, known before it is opened (see each backend)."""
+        if self.backend_name == "file":
+            return 2 * self.num_rows  # two uint8 slot maps
+        if self.backend_name == "rocksdb":
+            return budget // 4  # block cache + memtables, set in rocksdb_options
+        if self.backend_name == "memory":
+            return self.num_rows * (self.spec.row_bytes + 1)
+        return 0  # lmdb: the OS page cache, not counted (budget_enforced = False)
+
+    def _open_backend(self, epoch: int | None, width: int, budget: int) -> StoreBackend:
+        if self.backend_name == "file":
+            return FileBackend(
+                self.directory,
+                self.num_rows,
+                width,
+                epoch,
+                io_threads=self.config.io_threads,
+                use_direct_io=self.config.use_direct_io,
+                preallocate=self.config.preallocate,
+            )
+        if self.backend_name == "rocksdb":
+            return RocksDbBackend(self.directory, self.num_rows, width, epoch, budget // 4)
+        if self.backend_name == "lmdb":
+            return LmdbBackend(self.directory, self.num_rows, width, epoch)
+        return MemoryBackend(self.directory, self.num_rows, width, epoch)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @staticmethod
+    def _lock(directory: Path) -> int:
+        fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreLockedError(
+                f"{directory} is open for writing by process {holder}; close it there first "
+                "(two writers would corrupt it)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return fd
+
+    @classmethod
+    def create(
+        cls,
+        directory: str | Path,
+        *,
+        num_rows: int,
+        spec: RowSpec,
+        config: Config | None = None,
+        seed: int = 0,
+    ) -> EmbeddingStore:
+        """Create an empty store (every row at its seeded initial value) as checkpoint 0.
+
+        Args:
+            directory: A folder that does not exist or is empty.
+            num_rows: Number of rows N; ids are 0..N-1.
+            spec: Row layout: embedding_dim and the optimizer whose state rows carry.
+            config: Runtime settings (backend, memory budget, staleness bound, ...).
+            seed: Seed of the initial values (`init_rows`).
+
+        Returns:
+            The open store.
+
+        Raises:
+            ValueError: If `num_rows` < 1, the folder is not empty, or the budget is too small.
+            StoreLockedError: If another process holds the folder.
+        """
+        config = config or cls.Config()
+        if num_rows < 1:
+            raise ValueError(f"num_rows={num_rows} must be >= 1")
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        if any(p.name != "LOCK" for p in path.iterdir()):
+            raise ValueError(
+                f"{path} is not empty; create a store in a new folder, or EmbeddingStore.open it"
+            )
+        lock_fd = cls._lock(path)
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "format_version": MANIFEST_VERSION,
+            "frugal_version": frugal.__version__,
+            "backend": config.backend,
+            "num_rows": num_rows,
+            "spec": config_to_dict(spec),
+            "seed": seed,
+            "epoch": 0,
+            "step": 0,
+            "meta": {},
+        }
+        try:
+            store = cls(path, manifest, config, lock_fd, create=True)
+            store._write_checkpoint(0, 0, {})  # MANIFEST last: a crash before it = incomplete
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return store
+
+    @classmethod
+    def open(cls, directory: str | Path, config: Config | None = None) -> EmbeddingStore:
+        """Open a store at its last checkpoint (updates after it are discarded).
+
+        Args:
+            directory: The store folder.
+            config: Runtime settings; `backend` is read from the MANIFEST instead.
+
+        Returns:
+            The open store.
+
+        Raises:
+            StoreError: If there is no MANIFEST (an incomplete create) or it is of another
+                format or version.
+            StoreCorruptionError: If the backend's files fail their checks.
+            StoreLockedError: If another process holds the folder.
+        """
+        path = Path(directory)
+        manifest_path = path / "MANIFEST"
+        if not manifest_path.is_file():
+            raise StoreError(
+                f"{path}: incomplete store, no MANIFEST (create was interrupted, or this is "
+                "not a store folder); delete the folder and create the store again"
+            )
+        try:
+            manifest = read_json(manifest_path)
+        except ValueError as exc:
+            raise StoreError(f"{manifest_path}: unreadable MANIFEST: {exc}") from exc
+        if manifest.get("format") != MANIFEST_FORMAT:
+            raise StoreError(f"{manifest_path}: not a frugal store MANIFEST")
+        if manifest.get("format_version") != MANIFEST_VERSION:
+            raise StoreError(
+                f"{manifest_path}: format_version {manifest.get('format_version')} but this "
+                f"frugal reads {MANIFEST_VERSION}; open it with frugal "
+                f"{manifest.get('frugal_version')}"
+            )
+        base = config or cls.Config()
+        config = cls.Config(**(config_to_dict(base) | {"backend": manifest["backend"]}))
+        lock_fd = cls._lock(path)
+        for stale in path.glob("*.tmp"):  # leftovers of an interrupted checkpoint
+            stale.unlink()
+        try:
+            return cls(path, manifest, config, lock_fd, create=False)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    def _write_checkpoint(self, epoch: int, step: int, meta: dict[str, Any]) -> None:
+        self.backend.sync()
+        backend_info = self.backend.checkpoint(epoch)
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "format_version": MANIFEST_VERSION,
+            "frugal_version": frugal.__version__,
+            "backend": self.backend_name,
+            "backend_info": backend_info,
+            "num_rows": self.num_rows,
+            "spec": config_to_dict(self.spec),
+            "seed": self.seed,
+            "epoch": epoch,
+            "step": step,
+            "meta": meta,
+        }
+        write_json_atomic(self.directory / "MANIFEST", manifest)
+        self.backend.finish_checkpoint(epoch)
+        self.epoch, self.step, self.meta = epoch, step, meta
+
+    def close(self, *, checkpoint: bool = True) -> None:
+        """Close the store, first taking a checkpoint unless `checkpoint=False`.
+
+        Without a checkpoint, updates since the last one are discarded on the next `open`.
+        """
+        if self._closed:
+            return
+        try:
+            if checkpoint:
+                self.checkpoint(meta=self.meta)
+        finally:
+            self._closed = True
+            self.cache.close()
+            self.backend.close()
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+
+    def __enter__(self) -> EmbeddingStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(checkpoint=exc_type is None)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self.directory}: the store is closed")
+
+    # --- data path -------------------------------------------------------------------------
+
+    def get(self, ids: Any, step: int = 0, cols: Literal["emb", "all"] = "emb") -> F32:
+        """Read rows by id (duplicates allowed), opening one read per unique row.
+
+        Each unique row read must be closed by a `put` or `apply_gradients` of that row before
+        it can be read more than `staleness_bound` times (bound 0: read, update, read, ...).
+
+        Args:
+            ids: Integer row ids of any shape.
+            step: Training step (for recency and lookahead hints).
+            cols: "emb" for the vectors, "all" for vectors and optimizer state.
+
+        Returns:
+            A float32 copy, shape ids.shape + (D,) or + (W,).
+
+        Raises:
+            TypeError: If ids are not integers.
+            IndexError: If an id is outside [0, num_rows).
+            StalenessTimeoutError: If a row stays beyond the staleness bound for timeout_s.
+            StoreError: If the store is closed or a background job failed.
+        """
+        self._check_open()
+        _validate_cols(cols)
+        flat = _validate_ids(ids, self.num_rows)
+        unique, inverse = np.unique(flat, return_inverse=True)
+        rows = self.cache.get(unique, step)
+        if cols == "emb":
+            rows = rows[:, : self.spec.embedding_dim]
+        out: F32 = rows[inverse].reshape(*np.shape(ids), rows.shape[1])
+        return out
+
+    def peek(self, ids: Any, cols: Literal["emb", "all"] = "all") -> F32:
+        """Read rows without opening reads (for inspection and evaluation, not training).
+
+        A peek is not counted against the staleness bound and needs no put; it may return a
+        row that another thread has read and not yet updated.
+
+        Raises:
+            TypeError: If ids are not integers.
+            IndexError: If an id is outside [0, num_rows).
+
+        Shapes:
+            ids: any -> ids.shape + (W,) for "all", + (D,) for "emb".
+        """
+        self._check_open()
+        _validate_cols(cols)
+        flat = _validate_ids(ids, self.num_rows)
+        unique, inverse = np.unique(flat, return_inverse=True)
+        rows = self.cache.get(unique, self.step, count_read=False)
+        if cols == "emb":
+            rows = rows[:, : self.spec.embedding_dim]
+        out: F32 = rows[inverse].reshape(*np.shape(ids), rows.shape[1])
+        return out
+
+    def put(self, ids: Any, rows: Any, step: int = 0) -> None:
+        """Overwrite whole rows (vector and state) of unique ids, closing their open reads.
+
+        Raises:
+            TypeError: If ids are not integers or rows are not float32.
+            IndexError: If an id is out of range.
+            ValueError: If ids repeat or rows have the wrong shape or layout.
+            NonFiniteError: If rows hold NaN or inf (nothing is written).
+
+        Shapes:
+            ids: (N,); rows: (N, W).
+        """
+        self._check_open()
+        flat = _validate_ids(ids, self.num_rows)
+        checked = _validate_rows(rows, len(flat), self.spec.width, "rows")
+        order = np.argsort(flat, kind="stable")
+        sorted_ids = flat[order]
+        if len(sorted_ids) > 1 and (np.diff(sorted_ids) == 0).any():
+            dup = int(sorted_ids[np.flatnonzero(np.diff(sorted_ids) == 0)[0]])
+            raise ValueError(f"put got id {dup} more than once; each row must be written once")
+        self.cache.write(sorted_ids, checked[order], step)
+
+    def apply_gradients(self, ids: Any, grads: Any, step: int = 0) -> None:
+        """Apply the optimizer to the rows of `ids` (duplicates summed), closing their reads.
+
+        Raises:
+            TypeError: If ids are not integers or grads are not float32.
+            IndexError: If an id is out of range.
+            ValueError: If grads have the wrong shape or the optimizer is "none".
+            NonFiniteError: If grads hold NaN or inf (nothing is written).
+
+        Shapes:
+            ids: (N,); grads: (N, D).
+        """
+        self._check_open()
+        if self.spec.optimizer.kind == "none":
+            raise ValueError("this store's rows have no optimizer (kind='none'); use put()")
+        flat = _validate_ids(ids, self.num_rows)
+        checked = _validate_rows(grads, len(flat), self.spec.embedding_dim, "grads")
+        unique, summed = _sum_duplicates(flat, checked)
+
+        def step_rows(rows: F32) -> None:
+            apply_optimizer(rows, summed, self.spec)
+
+        self.cache.update(unique, step, step_rows)
+
+    def lookahead(self, ids: Any, step: int) -> None:
+        """Hint that `ids` will be read at `step`; missing rows are prefetched in the background.
+
+        Never blocks and never changes values, only residency.
+
+        Raises:
+            TypeError: If ids are not integers.
+            IndexError: If an id is out of range.
+        """
+        self._check_open()
+        unique = np.unique(_validate_ids(ids, self.num_rows))
+        self.cache.prefetch(unique, step)
+
+    def flush(self) -> None:
+        """Write every dirty row to the backend and make it durable (not a checkpoint)."""
+        self._check_open()
+        self.cache.flush()
+        self.backend.sync()
+
+    def checkpoint(self, meta: dict[str, Any] | None = None, step: int | None = None) -> int:
+        """Make the current table a durable checkpoint; return its epoch.
+
+        Waits for open reads to close, flushes, syncs, then atomically replaces the MANIFEST.
+        A crash at any moment leaves either this checkpoint or the previous one.
+
+        Args:
+            meta: JSON-serialisable data stored with it (e.g. a data-loader cursor).
+            step: Training step recorded in the MANIFEST (default: the last one recorded).
+
+        Raises:
+            StalenessTimeoutError: If open reads do not close within timeout_s.
+            StoreError: If the store is closed or a write-back failed.
+        """
+        self._check_open()
+        self.cache.wait_quiescent()
+        self.cache.flush()
+        self._write_checkpoint(self.epoch + 1, self.step if step is None else step, meta or {})
+        return self.epoch
+
+    def table_sha256(self, chunk_rows: int = 65536) -> str:
+        """SHA-256 of all rows (vector and state) in id order, after a flush.
+
+        Equal hashes mean bit-identical tables, whatever backend or cache produced them.
+        """
+        self.flush()
+        digest = hashlib.sha256()
+        for start in range(0, self.num_rows, chunk_rows):
+            ids = np.arange(start, min(start + chunk_rows, self.num_rows), dtype=np.int64)
+            rows = np.empty((len(ids), self.spec.width), dtype=np.float32)
+            present = self.backend.read_rows(ids, rows)
+            if not present.all():
+                rows[~present] = init_rows(ids[~present], self.spec, self.seed)
+            digest.update(rows.tobytes())
+        return digest.hexdigest()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since open: hits, misses, prefetches, bytes moved, stall time, staleness."""
+        s = self.cache.stats
+        hist = self.cache.staleness_histogram()
+        looked_up = s.hits + s.misses
+        return {
+            "capacity_rows": self.cache.capacity,
+            "memory_budget_bytes": self.config.memory_budget_bytes,
+            "direct_io": self.backend.direct_io,
+            "budget_enforced": self.backend.budget_enforced,
+            "gets": s.gets,
+            "hits": s.hits,
+            "misses": s.misses,
+            "hit_ratio": s.hits / looked_up if looked_up else 1.0,
+            "prefetched": s.prefetched,
+            "evictions": s.evictions,
+            "writebacks": s.writebacks,
+            "bytes_read": s.bytes_read,
+            "bytes_written": s.bytes_written,
+            "stall_s": s.stall_s,
+            "staleness_hist": hist,
+            "staleness_max": max((r for r, c in enumerate(hist) if c), default=0),
+        }

@@ -1,0 +1,291 @@
+"""EmbeddingStore: round trips, reference training, durability, bad input, every backend."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from frugal.store import (
+    EmbeddingStore,
+    NonFiniteError,
+    OptimizerConfig,
+    RowSpec,
+    StalenessTimeoutError,
+    StoreCorruptionError,
+    StoreError,
+    StoreLockedError,
+    apply_optimizer,
+    init_rows,
+)
+from frugal.store.lookahead import Batch, LookaheadLoader
+
+BACKENDS = ["file", "memory", "rocksdb", "lmdb"]
+SPEC = RowSpec(embedding_dim=8, optimizer=OptimizerConfig(kind="adam", lr=0.05))
+MIB = 1 << 20
+
+
+def _config(backend: str, budget_mib: int = 5, **kwargs: object) -> EmbeddingStore.Config:
+    return EmbeddingStore.Config(backend=backend, memory_budget_bytes=budget_mib * MIB, **kwargs)  # type: ignore[arg-type]
+
+
+def _train(
+    store: EmbeddingStore | None,
+    table: np.ndarray,
+    steps: range,
+    *,
+    batch: int = 300,
+    spec: RowSpec = SPEC,
+) -> None:
+    """Deterministic steps: get, gradient = 0.1 * row + step-seeded noise, apply.
+
+    The numpy `table` is updated the same way as the reference.
+    """
+    num_rows = len(table)
+    for step in steps:
+        rng = np.random.default_rng(step)
+        ids = rng.integers(0, num_rows, batch)
+        d = spec.embedding_dim
+        unique, inverse = np.unique(ids, return_inverse=True)
+        expected = table[ids, :d]
+        if store is not None:
+            got = store.get(ids, step=step)
+            assert np.array_equal(got, expected), f"step {step}: read differs from reference"
+        grads = (0.1 * expected + rng.standard_normal((batch, d))).astype(np.float32)
+        if store is not None:
+            store.apply_gradients(ids, grads, step=step)
+        summed = np.zeros((len(unique), d), dtype=np.float32)
+        np.add.at(summed, inverse, grads)
+        rows = table[unique]
+        apply_optimizer(rows, summed, spec)
+        table[unique] = rows
+
+
+def _sha(table: np.ndarray) -> str:
+    return hashlib.sha256(table.tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_training_matches_a_numpy_reference_bit_for_bit(backend: str, tmp_path: Path) -> None:
+    # 30,000 rows x 100 B = 3 MB; 1 MiB minus the id map (120 kB), slot maps (60 kB) and I/O
+    # buffers (128 kB) caches about 5,700 rows, and 20 steps x 500 ids touch about 8,500:
+    # rows are evicted, written back and read again.
+    num_rows = 30_000
+    table = init_rows(np.arange(num_rows, dtype=np.int64), SPEC, seed=3)
+    budget = 8 if backend == "memory" else 1  # the memory backend counts the whole table
+    with EmbeddingStore.create(
+        tmp_path / "s", num_rows=num_rows, spec=SPEC, config=_config(backend, budget), seed=3
+    ) as store:
+        _train(store, table, range(20), batch=500)
+        assert store.table_sha256() == _sha(table)
+        stats = store.stats()
+        assert stats["staleness_max"] == 0
+        if backend != "memory":
+            assert stats["evictions"] > 0 and stats["misses"] > 0
+    with EmbeddingStore.open(tmp_path / "s", _config(backend, budget)) as store:
+        assert store.table_sha256() == _sha(table)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reopen_without_checkpoint_returns_the_last_checkpoint(
+    backend: str, tmp_path: Path
+) -> None:
+    num_rows = 5_000
+    table = init_rows(np.arange(num_rows, dtype=np.int64), SPEC, seed=0)
+    store = EmbeddingStore.create(
+        tmp_path / "s", num_rows=num_rows, spec=SPEC, config=_config(backend, 8)
+    )
+    _train(store, table, range(5))
+    assert store.checkpoint(meta={"cursor": 5}, step=5) == 1
+    at_checkpoint = table.copy()
+    _train(store, table, range(5, 10))  # lost: no checkpoint after these
+    store.close(checkpoint=False)
+    with EmbeddingStore.open(tmp_path / "s", _config(backend, 8)) as store:
+        assert store.table_sha256() == _sha(at_checkpoint)
+        assert (store.epoch, store.step, store.meta) == (1, 5, {"cursor": 5})
+
+
+def test_put_and_get_round_trip_whole_rows(tmp_path: Path) -> None:
+    spec = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="rowwise_adagrad"))
+    rows = np.arange(3 * 5, dtype=np.float32).reshape(3, 5)  # width 4 + 1 accumulator
+    with EmbeddingStore.create(tmp_path / "s", num_rows=10, spec=spec) as store:
+        store.put(np.array([7, 2, 9]), rows)
+        got = store.get(np.array([[2, 7], [9, 2]]), cols="all")
+        assert got.shape == (2, 2, 5)
+        assert np.array_equal(got[0, 0], rows[1]) and np.array_equal(got[1, 1], rows[1])
+        assert np.array_equal(got[0, 1], rows[0]) and np.array_equal(got[1, 0], rows[2])
+        assert np.array_equal(store.peek(np.array([9]), cols="emb")[0], rows[2, :4])
+        untouched = store.peek(np.array([0]), cols="all")
+        assert np.array_equal(untouched, init_rows(np.array([0]), spec, 0))
+        with pytest.raises(StalenessTimeoutError, match="row 2 already has 1 open read"):
+            store.get(np.array([2]))  # bound 0: the first get was never closed by a put
+        with pytest.raises(StoreError, match="open reads from this thread"):
+            store.checkpoint()
+        store.put(np.array([2, 7, 9]), rows[[1, 0, 2]])  # closes the open reads
+        store.get(np.array([2]))
+        store.put(np.array([2]), rows[[1]])
+
+
+def test_lookahead_prefetches_without_changing_values(tmp_path: Path) -> None:
+    num_rows = 20_000
+    table = init_rows(np.arange(num_rows, dtype=np.int64), SPEC, seed=1)
+    batches = [
+        Batch(step=s, ids=np.random.default_rng(s).integers(0, num_rows, 300)) for s in range(30)
+    ]
+    with EmbeddingStore.create(
+        tmp_path / "s", num_rows=num_rows, spec=SPEC, config=_config("file"), seed=1
+    ) as store:
+        for batch in LookaheadLoader(batches, store, window=4):
+            _train(store, table, range(batch.step, batch.step + 1))
+        stats = store.stats()
+        assert stats["prefetched"] > 0
+        assert store.table_sha256() == _sha(table)
+
+
+def test_lookahead_loader_hints_w_batches_ahead() -> None:
+    hinted: list[tuple[int, int]] = []  # (step hinted, step being yielded when hinted)
+
+    class Recorder:
+        current = -1
+
+        def lookahead(self, ids: object, step: int) -> None:
+            hinted.append((step, self.current))
+
+    recorder = Recorder()
+    batches = [Batch(step=s, ids=np.array([s])) for s in range(6)]
+    seen = []
+    for batch in LookaheadLoader(batches, recorder, window=2):
+        recorder.current = batch.step
+        seen.append(batch.step)
+        assert {s for s, _ in hinted} >= {s for s in (batch.step + 1, batch.step + 2) if s < 6}
+    assert seen == list(range(6))
+    assert [s for s, _ in hinted] == list(range(6))  # each batch hinted once, in order
+    with pytest.raises(ValueError, match="window=-1"):
+        LookaheadLoader(batches, recorder, window=-1)
+
+
+# --- bad input: clear errors, nothing modified ----------------------------------------------
+
+
+@pytest.fixture
+def small_store(tmp_path: Path) -> EmbeddingStore:
+    store = EmbeddingStore.create(tmp_path / "s", num_rows=100, spec=SPEC)
+    store.put(np.arange(10), init_rows(np.arange(10), SPEC, 0) + np.float32(1))
+    return store
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "fragment"),
+    [
+        (lambda s: s.get(np.array([1.0, 2.0])), TypeError, "ids must be integers"),
+        (
+            lambda s: s.get(np.array([5, 100, -1])),
+            IndexError,
+            r"2 ids are outside \[0, num_rows=100\)",
+        ),
+        (
+            lambda s: s.put(np.array([3, 3]), np.zeros((2, 25), np.float32)),
+            ValueError,
+            "id 3 more than once",
+        ),
+        (lambda s: s.put(np.array([3]), np.zeros((1, 25))), TypeError, "must be float32"),
+        (
+            lambda s: s.put(np.array([3]), np.zeros((1, 24), np.float32)),
+            ValueError,
+            r"shape \(1, 25\)",
+        ),
+        (
+            lambda s: s.put(np.array([3, 4]), np.zeros((25, 2), np.float32).T),
+            ValueError,
+            "C-contiguous",
+        ),
+        (
+            lambda s: s.put(np.array([3]), np.full((1, 25), np.nan, np.float32)),
+            NonFiniteError,
+            "row 0",
+        ),
+        (
+            lambda s: s.apply_gradients(np.array([3]), np.full((1, 8), np.inf, np.float32)),
+            NonFiniteError,
+            "grads",
+        ),
+        (lambda s: s.get(np.array([1]), cols="rows"), ValueError, "cols='rows'"),
+    ],
+)
+def test_bad_input_raises_and_changes_nothing(
+    small_store: EmbeddingStore, call: object, error: type[Exception], fragment: str
+) -> None:
+    before = small_store.table_sha256()
+    with pytest.raises(error, match=fragment):
+        call(small_store)  # type: ignore[operator]
+    assert small_store.table_sha256() == before
+    small_store.close()
+
+
+def test_bad_configs() -> None:
+    with pytest.raises(ValueError, match="staleness_bound=-1"):
+        EmbeddingStore.Config(staleness_bound=-1)
+    with pytest.raises(ValueError, match=r"memory_budget_bytes=1000 must be >= 1048576"):
+        EmbeddingStore.Config(memory_budget_bytes=1000)
+    with pytest.raises(ValueError, match=r"momentum=0\.5 applies to kind='sgd' only"):
+        OptimizerConfig(kind="adam", momentum=0.5)
+
+
+def test_budget_too_small_for_the_id_map_names_the_minimum(tmp_path: Path) -> None:
+    # 4 bytes of id map per row: 10M rows need 40 MB before any cached row.
+    with pytest.raises(ValueError, match="set it to at least"):
+        EmbeddingStore.create(
+            tmp_path / "s", num_rows=10_000_000, spec=SPEC, config=_config("file", 8)
+        )
+
+
+def test_create_refuses_a_non_empty_folder(tmp_path: Path) -> None:
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="is not empty"):
+        EmbeddingStore.create(tmp_path / "s", num_rows=10, spec=SPEC)
+    assert (tmp_path / "s" / "notes.txt").read_text() == "mine"
+
+
+def test_second_writer_is_refused(small_store: EmbeddingStore) -> None:
+    with pytest.raises(StoreLockedError, match="open for writing by process"):
+        EmbeddingStore.open(small_store.directory)
+    small_store.close()
+    EmbeddingStore.open(small_store.directory).close()  # the lock is released on close
+
+
+def test_flipped_byte_on_disk_is_detected(tmp_path: Path) -> None:
+    store = EmbeddingStore.create(tmp_path / "s", num_rows=100, spec=SPEC)
+    store.put(np.array([42]), np.ones((1, 25), np.float32))
+    store.close()
+    data = tmp_path / "s" / "rows.dat"
+    blob = bytearray(data.read_bytes())
+    stride = 512  # roundup(100 + 16, 512)
+    live = np.load(tmp_path / "s" / "live.1.npy")
+    offset = 4096 + ((int(live[42]) - 1) * 100 + 42) * stride
+    blob[offset + 5] ^= 0x01
+    data.write_bytes(bytes(blob))
+    with EmbeddingStore.open(tmp_path / "s") as reopened:
+        with pytest.raises(StoreCorruptionError, match="row id 42 at offset"):
+            reopened.get(np.array([42]))
+        reopened.close(checkpoint=False)
+
+
+def test_truncated_file_and_foreign_manifest_are_refused(tmp_path: Path) -> None:
+    EmbeddingStore.create(tmp_path / "s", num_rows=100, spec=SPEC).close()
+    data = tmp_path / "s" / "rows.dat"
+    full = data.read_bytes()
+    data.write_bytes(full[:-512])
+    with pytest.raises(StoreCorruptionError, match="truncated"):
+        EmbeddingStore.open(tmp_path / "s")
+    data.write_bytes(full)
+    manifest = json.loads((tmp_path / "s" / "MANIFEST").read_text())
+    (tmp_path / "s" / "MANIFEST").write_text(json.dumps(manifest | {"format_version": 99}))
+    with pytest.raises(StoreError, match="format_version 99"):
+        EmbeddingStore.open(tmp_path / "s")
+    (tmp_path / "s" / "MANIFEST").unlink()
+    with pytest.raises(StoreError, match="incomplete store, no MANIFEST"):
+        EmbeddingStore.open(tmp_path / "s")
