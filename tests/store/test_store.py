@@ -111,7 +111,8 @@ def test_reopen_without_checkpoint_returns_the_last_checkpoint(
 def test_put_and_get_round_trip_whole_rows(tmp_path: Path) -> None:
     spec = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="rowwise_adagrad"))
     rows = np.arange(3 * 5, dtype=np.float32).reshape(3, 5)  # width 4 + 1 accumulator
-    with EmbeddingStore.create(tmp_path / "s", num_rows=10, spec=spec) as store:
+    config = EmbeddingStore.Config(timeout_s=2.0)
+    with EmbeddingStore.create(tmp_path / "s", num_rows=10, spec=spec, config=config) as store:
         store.put(np.array([7, 2, 9]), rows)
         got = store.get(np.array([[2, 7], [9, 2]]), cols="all")
         assert got.shape == (2, 2, 5)

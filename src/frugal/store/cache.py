@@ -13,7 +13,9 @@ open-read counter r, last access step and next use step.
   reads of a row whose write-back is still queued are served from the write buffer.
 - Bounded staleness (store.md 2.2): a get of row i is served iff r(i) <= bound, then r(i) += 1;
   a put/update of the row closes the read (r -= 1). It waits on the condition variable, never
-  spins, and raises `StalenessTimeoutError` after `timeout_s`.
+  spins, and raises `StalenessTimeoutError` after `timeout_s`, or after `timeout_s / 4` when
+  only the waiting thread's own reads block it and no read is closed meanwhile (a thread
+  that reads a row twice without updating it would otherwise wait for itself).
 
 References:
     MLKV: Efficiently Scaling up Large Embedding Model Training with Disk-based Key-Value
@@ -111,6 +113,7 @@ class RowCache:
         self.dirty = np.zeros(capacity, dtype=bool)
         self.readers = np.zeros(capacity, dtype=np.int32)
         self.reader_thread = np.zeros(capacity, dtype=np.int64)  # last thread to open a read
+        self.closes = 0  # puts/updates so far: progress that may unblock a waiting get
         self.last_access = np.zeros(capacity, dtype=np.int64)
         self.next_use = np.full(capacity, NEVER, dtype=np.int64)
         self.id_to_slot = np.full(num_rows, -1, dtype=np.int32)
@@ -306,6 +309,8 @@ class RowCache:
                     f"{self.capacity}; raise memory_budget_bytes"
                 )
             first_pass = True
+            closes_before: int | None = None
+            own_since = 0.0
             while True:
                 slots = self.id_to_slot[ids].astype(np.int64)
                 missing = slots < 0
@@ -343,7 +348,17 @@ class RowCache:
                     and (r > self.staleness_bound).any()
                 ):
                     over = r > self.staleness_bound
-                    if (self.reader_thread[slots[over]] == threading.get_ident()).all():
+                    own = (self.reader_thread[slots[over]] == threading.get_ident()).all()
+                    if own and closes_before is None:
+                        closes_before, own_since = self.closes, time.monotonic()
+                    elif not own or self.closes != closes_before:
+                        closes_before = None
+                    if (
+                        closes_before is not None
+                        and time.monotonic() - own_since > self.timeout_s / 4
+                    ):
+                        # Only this thread's reads block it and nobody closed any read for a
+                        # quarter of the timeout: it is waiting for itself.
                         k = int(np.flatnonzero(over)[0])
                         raise StalenessTimeoutError(
                             f"row {int(ids[k])} already has {int(r[k])} open read(s) from this "
@@ -408,6 +423,7 @@ class RowCache:
         self.write(ids, rows, step)
 
     def _install(self, slots: npt.NDArray[np.int64], rows: F32) -> None:
+        self.closes += 1
         self.slab[slots] = rows
         self.slot_state[slots] = VALID
         self.dirty[slots] = True

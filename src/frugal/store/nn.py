@@ -65,7 +65,10 @@ class StoreEmbeddingBag(nn.Module):
             )
         unique_U, inverse = torch.unique(indices, return_inverse=True)
         ids = unique_U.numpy().astype(np.int64)
-        rows_UD = self.store.get(ids, step=self.step, cols="emb")
+        if self.training:  # opens reads that StoreSparseOptimizer.step() closes
+            rows_UD = self.store.get(ids, step=self.step, cols="emb")
+        else:  # evaluation: no update follows, so read without opening reads
+            rows_UD = self.store.peek(ids, cols="emb")
         weight_UD = torch.from_numpy(rows_UD).requires_grad_(self.training)
         if self.training:
             self.pending.append((self.step, ids, weight_UD))
