@@ -15,6 +15,7 @@ SRC = Path(frugal.__file__).parent
 # reproduce -> cli. A module may import its own subpackage and lower layers only.
 LAYERS = {
     "config": 0,
+    "results": 1,
     "data": 1,
     "store": 2,
     "comm": 2,

@@ -244,13 +244,31 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
     return result
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
-    """Load a Config from an optional TOML file plus `--set` overrides.
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(
+    cls: type[T],
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    base: Mapping[str, Any] | None = None,
+) -> T:
+    """Load a Config from a preset, an optional TOML file and `--set` overrides, in that order.
 
     Args:
         cls: The Config class to build.
         path: A TOML file whose tables follow the Config's nesting; None for defaults only.
         overrides: `a.b=value` strings applied after the file.
+        base: Plain data of a preset (e.g. a `--quick` Config) that the file and overrides
+            refine; None starts from the class defaults.
 
     Returns:
         The validated Config.
@@ -258,13 +276,13 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     Raises:
         ConfigError: If the file cannot be read or parsed, or the data does not fit `cls`.
     """
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = dict(base or {})
     source = "--set"
     if path is not None:
         source = str(path)
         try:
             with open(path, "rb") as fh:
-                data = tomllib.load(fh)
+                data = _deep_merge(data, tomllib.load(fh))
         except FileNotFoundError as exc:
             raise ConfigError(
                 f"config file {path} does not exist; check the --config path"

@@ -22,6 +22,8 @@ PINNED_SURFACE = {
     "data list": ["--config", "--help", "--json", "--set", "--verify", "-h"],
     "data show": ["--config", "--help", "--set", "-h", "NAME"],
     "data export": ["--config", "--format", "--help", "--out", "--set", "-h", "NAME"],
+    "store": ["--help", "-h"],
+    "store bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
 }
 
 

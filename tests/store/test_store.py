@@ -229,7 +229,7 @@ def test_bad_input_raises_and_changes_nothing(
 def test_bad_configs() -> None:
     with pytest.raises(ValueError, match="staleness_bound=-1"):
         EmbeddingStore.Config(staleness_bound=-1)
-    with pytest.raises(ValueError, match=r"memory_budget_bytes=1000 must be >= 1048576"):
+    with pytest.raises(ValueError, match=r"memory_budget_bytes=1000 must be >= 131072"):
         EmbeddingStore.Config(memory_budget_bytes=1000)
     with pytest.raises(ValueError, match=r"momentum=0\.5 applies to kind='sgd' only"):
         OptimizerConfig(kind="adam", momentum=0.5)
@@ -262,13 +262,12 @@ def test_flipped_byte_on_disk_is_detected(tmp_path: Path) -> None:
     store = EmbeddingStore.create(tmp_path / "s", num_rows=100, spec=SPEC)
     store.put(np.array([42]), np.ones((1, 25), np.float32))
     store.close()
-    data = tmp_path / "s" / "rows.dat"
-    blob = bytearray(data.read_bytes())
-    stride = 512  # roundup(100 + 16, 512)
-    live = np.load(tmp_path / "s" / "live.1.npy")
-    offset = 4096 + ((int(live[42]) - 1) * 100 + 42) * stride
+    log = tmp_path / "s" / "log.0.dat"
+    blob = bytearray(log.read_bytes())
+    address = int(np.load(tmp_path / "s" / "index.1.npy")[42])
+    offset = 4096 + address * 512  # header, then records of stride roundup(100 + 16, 512)
     blob[offset + 5] ^= 0x01
-    data.write_bytes(bytes(blob))
+    log.write_bytes(bytes(blob))
     with EmbeddingStore.open(tmp_path / "s") as reopened:
         with pytest.raises(StoreCorruptionError, match="row id 42 at offset"):
             reopened.get(np.array([42]))
@@ -276,17 +275,42 @@ def test_flipped_byte_on_disk_is_detected(tmp_path: Path) -> None:
 
 
 def test_truncated_file_and_foreign_manifest_are_refused(tmp_path: Path) -> None:
-    EmbeddingStore.create(tmp_path / "s", num_rows=100, spec=SPEC).close()
-    data = tmp_path / "s" / "rows.dat"
-    full = data.read_bytes()
-    data.write_bytes(full[:-512])
+    store = EmbeddingStore.create(tmp_path / "s", num_rows=100, spec=SPEC)
+    store.put(np.arange(10), np.ones((10, 25), np.float32))
+    store.close()
+    log = tmp_path / "s" / "log.0.dat"
+    full = log.read_bytes()
+    log.write_bytes(full[:-512])
     with pytest.raises(StoreCorruptionError, match="truncated"):
         EmbeddingStore.open(tmp_path / "s")
-    data.write_bytes(full)
+    log.write_bytes(full)
     manifest = json.loads((tmp_path / "s" / "MANIFEST").read_text())
     (tmp_path / "s" / "MANIFEST").write_text(json.dumps(manifest | {"format_version": 99}))
     with pytest.raises(StoreError, match="format_version 99"):
         EmbeddingStore.open(tmp_path / "s")
+    (tmp_path / "s" / "MANIFEST").write_text(json.dumps(manifest))
+    log.unlink()
+    with pytest.raises(StoreCorruptionError, match="is missing"):
+        EmbeddingStore.open(tmp_path / "s")
     (tmp_path / "s" / "MANIFEST").unlink()
     with pytest.raises(StoreError, match="incomplete store, no MANIFEST"):
         EmbeddingStore.open(tmp_path / "s")
+
+
+def test_checkpoint_compacts_a_mostly_garbage_log(tmp_path: Path) -> None:
+    # 70,000 rows written 3 times: 210,000 records for 70,000 live ones -> compaction.
+    spec = RowSpec(embedding_dim=2, optimizer=OptimizerConfig(kind="sgd"))
+    ids = np.arange(70_000)
+    with EmbeddingStore.create(
+        tmp_path / "s", num_rows=70_000, spec=spec, config=_config("file", 4)
+    ) as store:
+        for value in (1.0, 2.0, 3.0):
+            store.put(ids, np.full((70_000, 2), value, np.float32))
+            store.flush()
+        assert store.backend.tail == 210_000  # type: ignore[attr-defined]
+        store.checkpoint()
+        assert store.backend.tail == 70_000  # type: ignore[attr-defined]
+        assert sorted(p.name for p in (tmp_path / "s").glob("log.*.dat")) == ["log.1.dat"]
+        assert np.all(store.peek(np.array([0, 69_999]), cols="all") == 3.0)
+    with EmbeddingStore.open(tmp_path / "s") as store:
+        assert np.all(store.peek(ids[::997], cols="all") == 3.0)

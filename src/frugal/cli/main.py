@@ -10,6 +10,7 @@ from typing import NoReturn
 import frugal
 from frugal import FrugalError
 from frugal.cli import data as data_command
+from frugal.cli import store as store_command
 
 __all__ = ["build_parser", "cli_surface", "main"]
 
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
     data_command.register(commands)
+    store_command.register(commands)
     return parser
 
 

@@ -44,7 +44,6 @@ __all__ = ["CacheStats", "RowCache", "slot_overhead_bytes"]
 
 FREE, VALID, LOADING = 0, 1, 2
 NEVER = np.int64(1 << 62)  # next_use of a row with no hint
-_MAX_HINTED_STEPS = 64
 Initializer = Callable[[I64], F32]
 
 
@@ -116,9 +115,9 @@ class RowCache:
         self.closes = 0  # puts/updates so far: progress that may unblock a waiting get
         self.last_access = np.zeros(capacity, dtype=np.int64)
         self.next_use = np.full(capacity, NEVER, dtype=np.int64)
+        self.next_use2 = np.full(capacity, NEVER, dtype=np.int64)  # second-nearest hinted step
         self.id_to_slot = np.full(num_rows, -1, dtype=np.int32)
         self.free = list(range(capacity - 1, -1, -1))  # stack of free slot numbers
-        self.hints: dict[int, I64] = {}
         self.pending: list[_Pending] = []
         self.pending_rows = 0
         self.stats = CacheStats()
@@ -209,6 +208,7 @@ class RowCache:
         self.slot_state[victims] = FREE
         self.dirty[victims] = False
         self.next_use[victims] = NEVER
+        self.next_use2[victims] = NEVER
         self.stats.evictions += len(victims)
 
     def _from_pending(self, ids: I64, out: F32) -> npt.NDArray[np.bool_]:
@@ -314,10 +314,11 @@ class RowCache:
             while True:
                 slots = self.id_to_slot[ids].astype(np.int64)
                 missing = slots < 0
-                if first_pass:
+                if first_pass and count_read:  # updates re-read their rows: not counted
                     self.stats.gets += 1
                     self.stats.misses += int(missing.sum())
                     self.stats.hits += len(ids) - int(missing.sum())
+                if first_pass:
                     first_pass = False
                 if missing.any():
                     protect = np.zeros(self.capacity, dtype=bool)
@@ -379,19 +380,31 @@ class RowCache:
                 self.reader_thread[slots] = threading.get_ident()
             rows = self.slab[slots].copy()
             self.last_access[slots] = step
-            self._consume_hints(ids, slots, step)
+            self._consume_hints(slots, step)
             if waited:
                 self.stats.stall_s += time.perf_counter() - start
         return rows
 
-    def _consume_hints(self, ids: I64, slots: npt.NDArray[np.int64], step: int) -> None:
-        """After serving step `step`, point next_use at the next hinted step of each row."""
-        for old in [s for s in self.hints if s <= step]:
-            del self.hints[old]
-        nxt = np.full(len(ids), NEVER, dtype=np.int64)
-        for hinted_step in sorted(self.hints, reverse=True):
-            nxt[np.isin(ids, self.hints[hinted_step], assume_unique=True)] = hinted_step
-        self.next_use[slots] = nxt
+    def _consume_hints(self, slots: npt.NDArray[np.int64], step: int) -> None:
+        """After serving `step`, move each served row's next use to its next hinted step.
+
+        Each slot keeps its two nearest hinted steps, so this is O(N) with no set lookups;
+        with a window W > 2 a row's third-nearest hint is forgotten (its next use then comes
+        back when that batch is hinted, or it is treated as unhinted).
+        """
+        used = self.next_use[slots] <= step
+        chosen = slots[used]
+        self.next_use[chosen] = self.next_use2[chosen]
+        self.next_use2[chosen] = NEVER
+
+    def _hint(self, slots: npt.NDArray[np.int64], step: int) -> None:
+        """Record that resident `slots` are needed at `step` (keeps the two nearest steps)."""
+        first, second = self.next_use[slots], self.next_use2[slots]
+        earlier = step < first
+        self.next_use2[slots] = np.where(
+            earlier, first, np.minimum(second, np.where(step > first, step, second))
+        )
+        self.next_use[slots] = np.minimum(first, step)
 
     def write(self, ids: I64, rows: F32, step: int) -> None:
         """Overwrite rows of sorted unique ids (resident or not) and close their open reads."""
@@ -434,12 +447,9 @@ class RowCache:
         """Hint that sorted unique `ids` are needed at `step`; load misses in the background."""
         with self.cond:
             self._check()
-            self.hints[step] = ids
-            while len(self.hints) > _MAX_HINTED_STEPS:  # steps that never came: forget them
-                del self.hints[min(self.hints)]
             slots = self.id_to_slot[ids].astype(np.int64)
             resident = slots >= 0
-            self.next_use[slots[resident]] = np.minimum(self.next_use[slots[resident]], step)
+            self._hint(slots[resident], step)
             missing_ids = ids[~resident]
             if len(missing_ids) == 0 or self.pending_rows > self.max_pending_rows:
                 return  # nothing to load, or the writer is behind: defer to the get
@@ -451,6 +461,7 @@ class RowCache:
             self.slot_ids[new] = load_ids
             self.slot_state[new] = LOADING
             self.next_use[new] = step
+            self.next_use2[new] = NEVER
             self.last_access[new] = step
             self.stats.prefetched += len(load_ids)
         future: Future[None] = self.reader.submit(self._load, load_ids, new)

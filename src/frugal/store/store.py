@@ -30,7 +30,12 @@ from frugal.config import config_from_dict, config_to_dict
 from frugal.store.backends import FileBackend, LmdbBackend, MemoryBackend, RocksDbBackend
 from frugal.store.backends.base import F32, I64, StoreBackend, read_json, write_json_atomic
 from frugal.store.cache import RowCache, slot_overhead_bytes
-from frugal.store.errors import NonFiniteError, StoreError, StoreLockedError
+from frugal.store.errors import (
+    NonFiniteError,
+    StoreCorruptionError,
+    StoreError,
+    StoreLockedError,
+)
 from frugal.store.rows import RowSpec, apply_optimizer, init_rows
 
 __all__ = ["EmbeddingStore"]
@@ -38,6 +43,7 @@ __all__ = ["EmbeddingStore"]
 MANIFEST_FORMAT = "frugal-store"
 MANIFEST_VERSION = 1
 _MIB = 1 << 20
+_MIN_BUDGET_BYTES = 128 << 10
 BackendName = Literal["file", "rocksdb", "lmdb", "memory"]
 
 
@@ -82,8 +88,22 @@ def _validate_rows(rows: Any, count: int, width: int, what: str) -> F32:
     return rows
 
 
+def _is_strictly_increasing(ids: I64) -> bool:
+    return bool(len(ids) < 2 or (ids[1:] > ids[:-1]).all())
+
+
+def _unique(ids: I64) -> tuple[I64, I64 | None]:
+    """np.unique with the inverse, skipping the sort when ids are already sorted and unique."""
+    if _is_strictly_increasing(ids):
+        return ids, None
+    unique, inverse = np.unique(ids, return_inverse=True)
+    return unique, inverse
+
+
 def _sum_duplicates(ids: I64, values: F32) -> tuple[I64, F32]:
     """Unique sorted ids and the per-id sum of their value rows."""
+    if _is_strictly_increasing(ids):
+        return ids, values
     unique, inverse = np.unique(ids, return_inverse=True)
     if len(unique) == len(ids):
         order = np.argsort(ids, kind="stable")
@@ -123,16 +143,14 @@ class EmbeddingStore:
         """Threads issuing parallel reads/writes in the file backend, in [1, 64]."""
         use_direct_io: bool = True
         """Bypass the page cache (O_DIRECT) where the file system allows it."""
-        preallocate: bool = True
-        """file backend: write the whole file at create (2 x N x stride bytes, sequential) so
-        later random writes land in allocated blocks (about 4x faster on ext4)."""
         timeout_s: float = 60.0
         """Longest wait for a row (staleness bound, prefetch, write-back), > 0."""
 
         def __post_init__(self) -> None:
-            if self.memory_budget_bytes < _MIB:
+            if self.memory_budget_bytes < _MIN_BUDGET_BYTES:
                 raise ValueError(
-                    f"memory_budget_bytes={self.memory_budget_bytes} must be >= {_MIB} (1 MiB)"
+                    f"memory_budget_bytes={self.memory_budget_bytes} must be >= "
+                    f"{_MIN_BUDGET_BYTES} (128 KiB)"
                 )
             if self.staleness_bound is not None and self.staleness_bound < 0:
                 raise ValueError(
@@ -166,7 +184,7 @@ class EmbeddingStore:
         width = self.spec.width
         budget = config.memory_budget_bytes
         recover_epoch = None if create else self.epoch
-        io_buffer_bytes = max(64 << 10, min(16 * _MIB, budget // 8))
+        io_buffer_bytes = max(16 << 10, min(16 * _MIB, budget // 8))
         fixed = 4 * self.num_rows + self._backend_memory_bytes(budget) + io_buffer_bytes
         capacity = (budget - fixed) // (self.spec.row_bytes + slot_overhead_bytes())
         if capacity < 64:  # checked before any file is written
@@ -176,7 +194,9 @@ class EmbeddingStore:
                 f"after the id map, backend and I/O buffers ({fixed} bytes); set it to at least "
                 f"{needed}"
             )
-        self.backend: StoreBackend = self._open_backend(recover_epoch, width, budget)
+        self.backend: StoreBackend = self._open_backend(
+            recover_epoch, width, budget, manifest.get("backend_info", {})
+        )
         self.cache = RowCache(
             self.backend,
             num_rows=self.num_rows,
@@ -192,24 +212,31 @@ class EmbeddingStore:
     def _backend_memory_bytes(self, budget: int) -> int:
         """RAM the backend will hold, known before it is opened (see each backend)."""
         if self.backend_name == "file":
-            return 2 * self.num_rows  # two uint8 slot maps
+            return 4 * self.num_rows  # int32 record address per row
         if self.backend_name == "rocksdb":
             return budget // 4  # block cache + memtables, set in rocksdb_options
         if self.backend_name == "memory":
             return self.num_rows * (self.spec.row_bytes + 1)
         return 0  # lmdb: the OS page cache, not counted (budget_enforced = False)
 
-    def _open_backend(self, epoch: int | None, width: int, budget: int) -> StoreBackend:
+    def _open_backend(
+        self, epoch: int | None, width: int, budget: int, info: dict[str, Any]
+    ) -> StoreBackend:
         if self.backend_name == "file":
-            return FileBackend(
-                self.directory,
-                self.num_rows,
-                width,
-                epoch,
-                io_threads=self.config.io_threads,
-                use_direct_io=self.config.use_direct_io,
-                preallocate=self.config.preallocate,
-            )
+            try:
+                return FileBackend(
+                    self.directory,
+                    self.num_rows,
+                    width,
+                    epoch,
+                    io_threads=self.config.io_threads,
+                    use_direct_io=self.config.use_direct_io,
+                    manifest_info=info,
+                )
+            except FileNotFoundError as exc:
+                raise StoreCorruptionError(
+                    f"{self.directory}: a file of checkpoint {epoch} is missing: {exc.filename}"
+                ) from exc
         if self.backend_name == "rocksdb":
             return RocksDbBackend(self.directory, self.num_rows, width, epoch, budget // 4)
         if self.backend_name == "lmdb":
@@ -414,11 +441,13 @@ class EmbeddingStore:
         self._check_open()
         _validate_cols(cols)
         flat = _validate_ids(ids, self.num_rows)
-        unique, inverse = np.unique(flat, return_inverse=True)
+        unique, inverse = _unique(flat)
         rows = self.cache.get(unique, step)
         if cols == "emb":
             rows = rows[:, : self.spec.embedding_dim]
-        out: F32 = rows[inverse].reshape(*np.shape(ids), rows.shape[1])
+        if inverse is not None:
+            rows = rows[inverse]
+        out: F32 = rows.reshape(*np.shape(ids), rows.shape[1])
         return out
 
     def peek(self, ids: Any, cols: Literal["emb", "all"] = "all") -> F32:
@@ -437,11 +466,13 @@ class EmbeddingStore:
         self._check_open()
         _validate_cols(cols)
         flat = _validate_ids(ids, self.num_rows)
-        unique, inverse = np.unique(flat, return_inverse=True)
+        unique, inverse = _unique(flat)
         rows = self.cache.get(unique, self.step, count_read=False)
         if cols == "emb":
             rows = rows[:, : self.spec.embedding_dim]
-        out: F32 = rows[inverse].reshape(*np.shape(ids), rows.shape[1])
+        if inverse is not None:
+            rows = rows[inverse]
+        out: F32 = rows.reshape(*np.shape(ids), rows.shape[1])
         return out
 
     def put(self, ids: Any, rows: Any, step: int = 0) -> None:
@@ -500,7 +531,7 @@ class EmbeddingStore:
             IndexError: If an id is out of range.
         """
         self._check_open()
-        unique = np.unique(_validate_ids(ids, self.num_rows))
+        unique, _ = _unique(_validate_ids(ids, self.num_rows))
         self.cache.prefetch(unique, step)
 
     def flush(self) -> None:

@@ -1,0 +1,52 @@
+"""`frugal store bench [--quick] [--out DIR]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from frugal.cli.options import add_config_arguments
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    """Add the `store` subcommand and its children to the top-level subparsers."""
+    parser = commands.add_parser(
+        "store",
+        help="disk-backed embedding storage (MLKV): benchmark",
+        description="frugal.store: embedding tables on disk behind a lookahead cache.",
+    )
+    children = parser.add_subparsers(dest="store_command", metavar="ACTION")
+    children.required = True
+    bench = children.add_parser(
+        "bench", help="compare ram, KV offloading, hybrid logs, MLKV and frugal side by side"
+    )
+    bench.add_argument(
+        "--quick", action="store_true", help="small preset (Criteo scale 0.02, 300 batches)"
+    )
+    bench.add_argument(
+        "--out", default="reports/store", metavar="DIR", help="folder for results.json"
+    )
+    add_config_arguments(bench)
+    bench.set_defaults(handler=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from frugal.config import config_to_dict, load_config
+    from frugal.store.bench import StoreBenchConfig, run_store_bench
+
+    preset = config_to_dict(StoreBenchConfig.quick()) if args.quick else None
+    config = load_config(StoreBenchConfig, args.config, args.overrides, base=preset)
+    out = Path(args.out)
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    document = run_store_bench(config, out, progress=progress)
+    print(json.dumps(document["summary"], indent=1))
+    print(f"wrote {out / 'results.json'}", file=sys.stderr)
+    return 0

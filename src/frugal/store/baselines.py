@@ -1,0 +1,423 @@
+"""The systems `frugal store bench` compares `EmbeddingStore` with, behind one small interface.
+
+- `RamTable`: the whole table in a numpy array (in-memory frameworks; the upper bound).
+- `KvOffloadTable`: every batch does a multi-get and a batched put on RocksDB or LMDB, with
+  only the engine's own cache (the "offload to a KV store" baseline of MLKV's evaluation).
+- `HybridLogTable`: a FASTER-like hybrid log: an in-memory circular log whose newest 90% is
+  mutable in place, older records read-only, the rest on disk in an append-only O_DIRECT log;
+  FIFO eviction, one I/O per disk record, reads not cached (`hlog`). With `mlkv=True` it adds
+  MLKV's changes: disk reads are copied to the tail, and `lookahead` copies future keys to the
+  tail in the background (`mlkv`).
+
+All start from `init_rows` and use `apply_optimizer`, so at staleness 0 every system must end
+with a bit-identical table. Shape legend: N ids in a call, D embedding_dim, W row width.
+
+References:
+    FASTER: A Concurrent Key-Value Store with In-Place Updates, SIGMOD 2018 (hybrid log).
+    MLKV: Efficiently Scaling up Large Embedding Model Training with Disk-based Key-Value
+    Storage, ICDE 2025, arXiv 2504.01506 (copy-to-tail reads, lookahead).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from frugal.store.backends.kv import id_keys, rocksdb_options
+from frugal.store.rows import RowSpec, apply_optimizer, init_rows
+
+__all__ = ["BenchTable", "HybridLogTable", "KvOffloadTable", "RamTable"]
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+_SECTOR = 512
+
+
+class BenchTable(Protocol):
+    """What the bench loop needs from a system; ids are sorted and unique."""
+
+    def get(self, ids: I64, step: int) -> F32:
+        """Vectors of `ids`, (N, D)."""
+        ...
+
+    def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
+        """One optimizer step on the rows of `ids` with gradients (N, D)."""
+        ...
+
+    def lookahead(self, ids: Any, step: int) -> None:
+        """Hint of future ids (systems without lookahead ignore it)."""
+        ...
+
+    def table_sha256(self) -> str:
+        """SHA-256 of all rows in id order."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for the results row."""
+        ...
+
+    def close(self) -> None:
+        """Release files and threads."""
+        ...
+
+
+def _sha_of_reader(num_rows: int, spec: RowSpec, read: Any, chunk_rows: int = 65536) -> str:
+    digest = hashlib.sha256()
+    for start in range(0, num_rows, chunk_rows):
+        ids = np.arange(start, min(start + chunk_rows, num_rows), dtype=np.int64)
+        digest.update(np.ascontiguousarray(read(ids), dtype=np.float32).tobytes())
+    return digest.hexdigest()
+
+
+class RamTable:
+    """All rows in one numpy array."""
+
+    def __init__(self, num_rows: int, spec: RowSpec, seed: int) -> None:
+        self.spec = spec
+        self.table = init_rows(np.arange(num_rows, dtype=np.int64), spec, seed)
+
+    def get(self, ids: I64, step: int) -> F32:
+        """Fancy-index copy of the vectors."""
+        rows: F32 = self.table[ids, : self.spec.embedding_dim]
+        return rows
+
+    def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
+        """Update rows in the array."""
+        rows = self.table[ids]
+        apply_optimizer(rows, grads, self.spec)
+        self.table[ids] = rows
+
+    def lookahead(self, ids: Any, step: int) -> None:
+        """Nothing to prefetch."""
+
+    def table_sha256(self) -> str:
+        """Hash of the array."""
+        return hashlib.sha256(self.table.tobytes()).hexdigest()
+
+    def stats(self) -> dict[str, Any]:
+        """Everything is a hit."""
+        return {"hit_ratio": 1.0, "bytes_read": 0, "bytes_written": 0, "stall_s": 0.0}
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class KvOffloadTable:
+    """Naive offloading: a multi-get and a batched put per step on a real KV engine."""
+
+    def __init__(
+        self,
+        directory: Path,
+        num_rows: int,
+        spec: RowSpec,
+        seed: int,
+        *,
+        engine: Literal["rocksdb", "lmdb"],
+        memory_budget_bytes: int,
+    ) -> None:
+        self.spec = spec
+        self.seed = seed
+        self.num_rows = num_rows
+        self.engine = engine
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.found = 0
+        self.asked = 0
+        directory.mkdir(parents=True, exist_ok=True)
+        if engine == "rocksdb":
+            import rocksdict
+
+            # Memory budget -> block cache + memtables; WAL off (the baseline's best case).
+            self.db = rocksdict.Rdict(str(directory / "db"), rocksdb_options(memory_budget_bytes))
+            self.write_options = rocksdict.WriteOptions()
+            # A property at run time, typed as a method in rocksdict's stub.
+            setattr(self.write_options, "disable_wal", True)  # noqa: B010
+        else:
+            import lmdb
+
+            self.env = lmdb.open(
+                str(directory / "db"),
+                map_size=max(1 << 24, 3 * num_rows * (spec.row_bytes + 64)),
+                writemap=True,
+                sync=False,
+            )
+
+    def _read(self, ids: I64) -> F32:
+        keys = id_keys(ids)
+        if self.engine == "rocksdb":
+            lookup: Any = keys
+            values: list[bytes | None] = self.db.get(lookup) or []
+        else:
+            with self.env.begin() as txn:
+                found = dict(txn.cursor().getmulti(keys))
+            values = [found.get(k) for k in keys]
+        rows = np.empty((len(ids), self.spec.width), dtype=np.float32)
+        present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+        stored = [v for v in values if v is not None]
+        if stored:
+            rows[present] = np.frombuffer(b"".join(stored), dtype=np.float32).reshape(
+                len(stored), -1
+            )
+        if not present.all():
+            rows[~present] = init_rows(ids[~present], self.spec, self.seed)
+        self.found += len(stored)
+        self.asked += len(ids)
+        self.bytes_read += len(stored) * self.spec.row_bytes
+        return rows
+
+    def _write(self, ids: I64, rows: F32) -> None:
+        blob = rows.tobytes()
+        size = self.spec.row_bytes
+        keys = id_keys(ids)
+        if self.engine == "rocksdb":
+            import rocksdict
+
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for k, key in enumerate(keys):
+                batch.put(key, blob[k * size : (k + 1) * size])
+            self.db.write(batch, self.write_options)
+        else:
+            with self.env.begin(write=True) as txn:
+                txn.cursor().putmulti(
+                    [(key, blob[k * size : (k + 1) * size]) for k, key in enumerate(keys)]
+                )
+        self.bytes_written += len(ids) * size
+
+    def get(self, ids: I64, step: int) -> F32:
+        """Multi-get of whole rows; the vectors are returned, the state is read again later."""
+        self._pending = self._read(ids)
+        self._pending_ids = ids
+        rows: F32 = self._pending[:, : self.spec.embedding_dim]
+        return rows
+
+    def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
+        """Optimizer on the rows fetched by `get` (same ids), then one batched put."""
+        rows = self._pending if getattr(self, "_pending_ids", None) is ids else self._read(ids)
+        apply_optimizer(rows, grads, self.spec)
+        self._write(ids, rows)
+
+    def lookahead(self, ids: Any, step: int) -> None:
+        """A plain KV store has no lookahead."""
+
+    def table_sha256(self) -> str:
+        """Hash of all rows read back through the engine."""
+        return _sha_of_reader(self.num_rows, self.spec, self._read)
+
+    def stats(self) -> dict[str, Any]:
+        """Share of lookups found stored (not served by init) stands in for a hit ratio."""
+        return {
+            "hit_ratio": float("nan"),
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "stall_s": float("nan"),
+        }
+
+    def close(self) -> None:
+        """Close the engine."""
+        if self.engine == "rocksdb":
+            self.db.close()
+        else:
+            self.env.close()
+
+
+class HybridLogTable:
+    """A FASTER-like hybrid log (`hlog`), or with MLKV's changes (`mlkv=True`); see the module."""
+
+    def __init__(
+        self,
+        directory: Path,
+        num_rows: int,
+        spec: RowSpec,
+        seed: int,
+        *,
+        memory_budget_bytes: int,
+        mlkv: bool,
+        io_threads: int = 8,
+        mutable_fraction: float = 0.9,
+    ) -> None:
+        self.spec = spec
+        self.seed = seed
+        self.num_rows = num_rows
+        self.mlkv = mlkv
+        self.stride = -(-spec.row_bytes // _SECTOR) * _SECTOR
+        index_bytes = 8 * num_rows
+        capacity = (memory_budget_bytes - index_bytes) // (spec.row_bytes + 8)
+        if capacity < 1024:
+            raise ValueError(
+                f"memory_budget_bytes={memory_budget_bytes} leaves {capacity} log records after "
+                f"the {index_bytes}-byte index; the hybrid log needs >= 1024"
+            )
+        self.capacity = int(capacity)
+        self.mutable_records = int(mutable_fraction * self.capacity)
+        self.ring_rows = np.zeros((self.capacity, spec.width), dtype=np.float32)
+        self.ring_ids = np.full(self.capacity, -1, dtype=np.int64)
+        self.index = np.full(num_rows, -1, dtype=np.int64)  # address; -1 = never written
+        self.head = 0  # lowest address still in memory
+        self.tail = 0  # next address to allocate
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / "hlog.dat"
+        path.touch()
+        flags = os.O_RDWR | getattr(os, "O_DIRECT", 0)
+        self.fd = os.open(path, flags)
+        self.pool = ThreadPoolExecutor(io_threads, thread_name_prefix="hlog-io")
+        self.io_threads = io_threads
+        self.lock = threading.Lock()
+        self.prefetcher = (
+            ThreadPoolExecutor(1, thread_name_prefix="mlkv-lookahead") if mlkv else None
+        )
+        self.disk_reads = 0
+        self.memory_hits = 0
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.appends = 0
+
+    # --- log mechanics (lock held) -------------------------------------------------------------
+
+    def _read_only_address(self) -> int:
+        return self.tail - self.mutable_records
+
+    def _flush_to(self, new_head: int) -> None:
+        """Write records [head, new_head) to the disk log (sequential) and drop them from RAM."""
+        start = self.head
+        while start < new_head:
+            pos = start % self.capacity
+            count = min(new_head - start, self.capacity - pos)
+            buf = mmap.mmap(-1, count * self.stride)
+            view = np.frombuffer(buf, dtype=np.uint8).reshape(count, self.stride)
+            view[:, : self.spec.row_bytes] = self.ring_rows[pos : pos + count].view(np.uint8)
+            os.pwritev(self.fd, [buf], start * self.stride)
+            self.bytes_written += count * self.spec.row_bytes
+            start += count
+        self.head = new_head
+
+    def _append(self, ids: I64, rows: F32) -> None:
+        """RCU: give `ids` new records at the tail, evicting the oldest records FIFO."""
+        count = len(ids)
+        if count > self.capacity:
+            raise ValueError(f"{count} records do not fit a log of {self.capacity}")
+        if self.tail + count - self.head > self.capacity:
+            self._flush_to(self.tail + count - self.capacity)
+        addresses = np.arange(self.tail, self.tail + count, dtype=np.int64)
+        positions = addresses % self.capacity
+        self.ring_rows[positions] = rows
+        self.ring_ids[positions] = ids
+        self.index[ids] = addresses
+        self.tail += count
+        self.appends += count
+
+    def _disk_read(self, addresses: I64) -> F32:
+        """One O_DIRECT read per record (no coalescing), spread over the I/O threads."""
+        stride = self.stride
+        buf = mmap.mmap(-1, max(1, len(addresses)) * stride)
+        view = memoryview(buf)
+
+        def read(part: npt.NDArray[np.int64]) -> None:
+            for k in part.tolist():
+                os.preadv(
+                    self.fd, [view[k * stride : (k + 1) * stride]], int(addresses[k]) * stride
+                )
+
+        order = np.arange(len(addresses))
+        parts = [order[i :: self.io_threads] for i in range(self.io_threads)]
+        for future in [self.pool.submit(read, p) for p in parts if len(p)]:
+            future.result()
+        slots = np.frombuffer(buf, dtype=np.uint8).reshape(-1, stride)[: len(addresses)]
+        rows: F32 = slots[:, : self.spec.row_bytes].copy().view(np.float32)
+        self.disk_reads += len(addresses)
+        self.bytes_read += len(addresses) * self.spec.row_bytes
+        return rows
+
+    def _read(self, ids: I64, *, copy_to_tail: bool = True) -> F32:
+        """Whole rows of `ids`, from memory, disk or the initializer."""
+        rows = np.empty((len(ids), self.spec.width), dtype=np.float32)
+        with self.lock:
+            addresses = self.index[ids]
+            in_memory = addresses >= self.head
+            rows[in_memory] = self.ring_rows[addresses[in_memory] % self.capacity]
+            never = addresses < 0
+            on_disk = ~in_memory & ~never
+            disk_addresses = addresses[on_disk]
+        self.memory_hits += int(in_memory.sum())
+        if never.any():
+            rows[never] = init_rows(ids[never], self.spec, self.seed)
+        if on_disk.any():
+            disk_rows = self._disk_read(disk_addresses)
+            rows[on_disk] = disk_rows
+            if self.mlkv and copy_to_tail:  # MLKV: a read from disk copies it to the tail
+                with self.lock:
+                    still = self.index[ids[on_disk]] == disk_addresses  # not updated meanwhile
+                    self._append(ids[on_disk][still], disk_rows[still])
+        return rows
+
+    # --- BenchTable ----------------------------------------------------------------------------
+
+    def get(self, ids: I64, step: int) -> F32:
+        """Vectors of `ids`."""
+        self._rows = self._read(ids)
+        self._rows_ids = ids
+        rows: F32 = self._rows[:, : self.spec.embedding_dim]
+        return rows
+
+    def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
+        """Read-modify-write: in place in the mutable region, else append (RCU)."""
+        rows = self._rows if getattr(self, "_rows_ids", None) is ids else self._read(ids)
+        apply_optimizer(rows, grads, self.spec)
+        with self.lock:
+            addresses = self.index[ids]
+            mutable = addresses >= max(self.head, self._read_only_address())
+            self.ring_rows[addresses[mutable] % self.capacity] = rows[mutable]
+            self._append(ids[~mutable], rows[~mutable])
+
+    def lookahead(self, ids: Any, step: int) -> None:
+        """MLKV: copy future keys that are on disk to the tail in the background."""
+        if self.prefetcher is None:
+            return
+        unique = np.unique(np.asarray(ids, dtype=np.int64))
+        self.prefetcher.submit(self._prefetch, unique)
+
+    def _prefetch(self, ids: I64) -> None:
+        with self.lock:
+            addresses = self.index[ids]
+            on_disk = (addresses >= 0) & (addresses < self.head)
+            ids, addresses = ids[on_disk], addresses[on_disk]
+        if len(ids) == 0:
+            return
+        rows = self._disk_read(addresses)
+        with self.lock:
+            still = self.index[ids] == addresses
+            self._append(ids[still], rows[still])
+
+    def table_sha256(self) -> str:
+        """Hash of all rows read back through the log."""
+        if self.prefetcher is not None:
+            self.prefetcher.shutdown(wait=True)
+            self.prefetcher = None
+        return _sha_of_reader(
+            self.num_rows, self.spec, lambda ids: self._read(ids, copy_to_tail=False)
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """Memory hits among records that exist, bytes moved."""
+        looked = self.memory_hits + self.disk_reads
+        return {
+            "hit_ratio": self.memory_hits / looked if looked else 1.0,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "stall_s": float("nan"),
+            "appends": self.appends,
+        }
+
+    def close(self) -> None:
+        """Stop threads and close the log file."""
+        if self.prefetcher is not None:
+            self.prefetcher.shutdown(wait=True)
+        self.pool.shutdown(wait=True)
+        os.close(self.fd)

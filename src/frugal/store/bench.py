@@ -1,0 +1,577 @@
+"""`frugal store bench`: every system on the same trace, side by side, in one run.
+
+Each (system, workload, memory ratio, lookahead, staleness bound) runs in a fresh child process
+(so peak RSS is its own) on the same pre-generated trace, the same initial table, the same
+gradient and optimizer code. Step: unique ids -> get -> planted-teacher logistic gradient ->
+`apply_gradients` -> `compute_ms` of sleep (the dense model's compute, during which background
+I/O may run). Step times are medians after `warmup_batches`.
+
+Results follow ARCHITECTURE.md: `results.json` with `rows` and a `summary` of
+`speedup_vs_rocksdb_offload` and `fraction_of_ram` for `frugal` per memory ratio (lookahead 4,
+staleness 0), plus the checks (bit-identical tables at staleness 0).
+
+References:
+    MLKV: Efficiently Scaling up Large Embedding Model Training with Disk-based Key-Value
+    Storage, ICDE 2025, arXiv 2504.01506 (workload and baselines, section on evaluation).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import queue
+import resource
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from frugal.store.lookahead import Batch, LookaheadLoader
+from frugal.store.rows import OptimizerConfig, RowSpec, splitmix64
+
+__all__ = ["StoreBenchConfig", "run_store_bench"]
+
+SystemName = Literal["ram", "rocksdb_offload", "lmdb_offload", "hlog", "mlkv", "frugal"]
+WorkloadName = Literal["criteo_zipf", "movielens100k", "collegemsg"]
+_LOOKAHEAD_SYSTEMS = ("mlkv", "frugal")
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreBenchConfig:
+    """What `frugal store bench` runs; `quick()` is the small preset."""
+
+    systems: tuple[SystemName, ...] = (
+        "ram",
+        "rocksdb_offload",
+        "lmdb_offload",
+        "hlog",
+        "mlkv",
+        "frugal",
+    )
+    """Systems compared (see `frugal.store.baselines`)."""
+    workloads: tuple[WorkloadName, ...] = ("criteo_zipf", "movielens100k", "collegemsg")
+    """Access traces: the Criteo-shaped Zipf stream and two real streams."""
+    scale: float = 0.25
+    """Criteo cardinality scale (0.25 -> 8,441,945 rows; 0.02 -> 676,951), in (0, 1]."""
+    alpha: float = 1.05
+    """Zipf exponent of the Criteo trace."""
+    batch_size: int = 1024
+    """Samples per Criteo batch (x 26 ids); the real streams use 64 events per batch."""
+    num_batches: int = 4000
+    """Criteo batches per run, including warm-up."""
+    warmup_batches: int = 500
+    """Batches excluded from the step-time medians."""
+    embedding_dim: int = 16
+    """D of the Criteo table (with Adam: 3D + 1 floats = 196 B per row at D = 16)."""
+    memory_ratios: tuple[float, ...] = (1.0, 0.25, 0.10, 0.05)
+    """Memory budget as a fraction of the table's bytes."""
+    lookaheads: tuple[int, ...] = (0, 1, 4, 8)
+    """Lookahead windows W for the systems that use hints (mlkv, frugal); others run W = 0."""
+    staleness_bounds: tuple[int, ...] = (0, 1, 4, 16, -1)
+    """Staleness study for frugal at ratio 0.10, W = 4 (-1 = unbounded)."""
+    compute_ms: float = 10.0
+    """Sleep per step standing in for the dense network's compute, >= 0."""
+    repeats: int = 1
+    """Runs per cell; the row reports the median samples/s."""
+    seed: int = 0
+    """Seed of the trace, the teacher and the initial table."""
+    run_timeout_s: float = 1800.0
+    """Wall-clock limit of one child run."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.scale <= 1:
+            raise ValueError(f"scale={self.scale} must be in (0, 1]")
+        if self.num_batches <= self.warmup_batches:
+            raise ValueError(
+                f"num_batches={self.num_batches} must exceed warmup_batches={self.warmup_batches}"
+            )
+        if any(not 0 < r <= 1 for r in self.memory_ratios):
+            raise ValueError(f"memory_ratios={self.memory_ratios} must lie in (0, 1]")
+        if any(w < 0 for w in self.lookaheads):
+            raise ValueError(f"lookaheads={self.lookaheads} must be >= 0")
+        if self.compute_ms < 0 or self.repeats < 1 or self.batch_size < 1:
+            raise ValueError("compute_ms must be >= 0, repeats and batch_size >= 1")
+
+    @classmethod
+    def quick(cls) -> StoreBenchConfig:
+        """The `--quick` preset: Criteo at scale 0.02, 300 batches, ratios 1.0/0.10, W 0/4.
+
+        16 runs, about 3 minutes on 2 cores; the real streams run in the full bench only.
+        """
+        return cls(
+            systems=("ram", "rocksdb_offload", "hlog", "mlkv", "frugal"),
+            workloads=("criteo_zipf",),
+            scale=0.02,
+            num_batches=300,
+            warmup_batches=50,
+            memory_ratios=(1.0, 0.10),
+            lookaheads=(0, 4),
+            staleness_bounds=(0, 4, -1),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Workload:
+    name: str
+    num_rows: int
+    spec: RowSpec
+    trace_path: str  # (num_batches, ids_per_batch) int64 .npy
+    labels_path: str  # (num_batches, samples_per_batch) float32 .npy
+    fields: int  # ids per sample
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    system: SystemName
+    workload: _Workload
+    memory_ratio: float
+    lookahead: int
+    staleness_bound: int | None
+    compute_ms: float
+    warmup_batches: int
+    seed: int
+    work_dir: str
+    io_threads: int = 8
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --- traces --------------------------------------------------------------------------------
+
+
+def _teacher_labels(ids_BF: npt.NDArray[np.int64], seed: int) -> npt.NDArray[np.float32]:
+    """Planted teacher: y = 1[sum_f w*(id_f) > 0], w* = +-1 from splitmix64(seed, id)."""
+    keys = ids_BF.astype(np.uint64) ^ np.uint64(seed * 0x9E3779B97F4A7C15 % (1 << 64))
+    signs = np.where((splitmix64(keys) >> np.uint64(63)) == 1, 1.0, -1.0)
+    labels: npt.NDArray[np.float32] = (signs.sum(axis=1) > 0).astype(np.float32)
+    return labels
+
+
+def _criteo_workload(config: StoreBenchConfig, folder: Path) -> _Workload:
+    from frugal.data.synthetic import CriteoZipfStream
+
+    stream = CriteoZipfStream(
+        CriteoZipfStream.Config(scale=config.scale, alpha=config.alpha, seed=config.seed)
+    )
+    ids = stream.ids(0, config.num_batches * config.batch_size)
+    labels = _teacher_labels(ids, config.seed).reshape(config.num_batches, config.batch_size)
+    trace_path, labels_path = folder / "criteo_trace.npy", folder / "criteo_labels.npy"
+    np.save(trace_path, ids.reshape(config.num_batches, -1))
+    np.save(labels_path, labels)
+    spec = RowSpec(
+        embedding_dim=config.embedding_dim, optimizer=OptimizerConfig(kind="adam", lr=1e-3)
+    )
+    return _Workload(
+        "criteo_zipf", stream.num_embeddings, spec, str(trace_path), str(labels_path), 26
+    )
+
+
+def _events_workload(name: WorkloadName, folder: Path, events_per_batch: int = 64) -> _Workload:
+    """A real stream: ids = (src, dst) of each event (user, item for MovieLens), in time order.
+
+    MovieLens-100k: D = 64 + Adam, label rating >= 4. CollegeMsg: a 172-float node memory with
+    SGD (lr 1) toward a target, i.e. get -> new memory -> put through the same update path.
+    """
+    from frugal.data import load_events
+
+    events = load_events(name)
+    num_batches = events.num_events // events_per_batch
+    used = num_batches * events_per_batch
+    ids = np.stack([events.src[:used], events.dst[:used]], axis=1)
+    if events.msg is not None:  # MovieLens ratings
+        labels = (events.msg[:used, 0] >= 4).astype(np.float32)
+        spec = RowSpec(embedding_dim=64, optimizer=OptimizerConfig(kind="adam", lr=1e-3))
+    else:
+        labels = (ids[:, 0] % 2).astype(np.float32)
+        spec = RowSpec(embedding_dim=172, optimizer=OptimizerConfig(kind="sgd", lr=1.0))
+    trace_path, labels_path = folder / f"{name}_trace.npy", folder / f"{name}_labels.npy"
+    np.save(trace_path, ids.reshape(num_batches, -1))
+    np.save(labels_path, labels.reshape(num_batches, events_per_batch))
+    return _Workload(name, events.num_nodes, spec, str(trace_path), str(labels_path), 2)
+
+
+# --- one run (in a child process) --------------------------------------------------------------
+
+
+def _build(run: _Run, budget_bytes: int) -> Any:
+    from frugal.store.baselines import HybridLogTable, KvOffloadTable, RamTable
+    from frugal.store.store import EmbeddingStore
+
+    w = run.workload
+    folder = Path(run.work_dir)
+    if run.system == "ram":
+        return RamTable(w.num_rows, w.spec, run.seed)
+    if run.system in ("rocksdb_offload", "lmdb_offload"):
+        engine: Literal["rocksdb", "lmdb"] = (
+            "rocksdb" if run.system == "rocksdb_offload" else "lmdb"
+        )
+        return KvOffloadTable(
+            folder, w.num_rows, w.spec, run.seed, engine=engine, memory_budget_bytes=budget_bytes
+        )
+    if run.system in ("hlog", "mlkv"):
+        return HybridLogTable(
+            folder,
+            w.num_rows,
+            w.spec,
+            run.seed,
+            memory_budget_bytes=budget_bytes,
+            mlkv=run.system == "mlkv",
+            io_threads=run.io_threads,
+        )
+    config = EmbeddingStore.Config(
+        backend="file",
+        memory_budget_bytes=budget_bytes,
+        staleness_bound=run.staleness_bound,
+        io_threads=run.io_threads,
+        timeout_s=120.0,
+    )
+    return EmbeddingStore.create(
+        folder / "store", num_rows=w.num_rows, spec=w.spec, config=config, seed=run.seed
+    )
+
+
+class _StoreAdapter:
+    """EmbeddingStore behind the bench interface (ids already unique and sorted)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def get(self, ids: npt.NDArray[np.int64], step: int) -> npt.NDArray[np.float32]:
+        rows: npt.NDArray[np.float32] = self.store.get(ids, step=step)
+        return rows
+
+    def apply_gradients(
+        self, ids: npt.NDArray[np.int64], grads: npt.NDArray[np.float32], step: int
+    ) -> None:
+        self.store.apply_gradients(ids, grads, step=step)
+
+    def lookahead(self, ids: Any, step: int) -> None:
+        self.store.lookahead(ids, step)
+
+    def table_sha256(self) -> str:
+        sha: str = self.store.table_sha256()
+        return sha
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = self.store.stats()
+        return stats
+
+    def close(self) -> None:
+        self.store.close(checkpoint=False)
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _execute(run: _Run) -> dict[str, Any]:
+    """One measured run; executed in a fresh child process."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    w = run.workload
+    trace = np.load(w.trace_path, mmap_mode="r")
+    labels = np.load(w.labels_path, mmap_mode="r")
+    num_batches, samples = labels.shape
+    table_bytes = w.num_rows * w.spec.row_bytes
+    budget = int(run.memory_ratio * table_bytes)
+    row: dict[str, Any] = {
+        "system": run.system,
+        "workload": w.name,
+        "memory_ratio": run.memory_ratio,
+        "lookahead": run.lookahead,
+        "staleness_bound": "unbounded" if run.staleness_bound is None else run.staleness_bound,
+        "compute_ms": run.compute_ms,
+        "num_rows": w.num_rows,
+        "row_bytes": w.spec.row_bytes,
+        "memory_budget_bytes": budget,
+        # lmdb lives in the OS page cache and ram holds everything: their budget is not binding.
+        "budget_enforced": run.system not in ("ram", "lmdb_offload"),
+    }
+    rss_before = _rss_mib()
+    try:
+        built = _build(run, budget)
+    except ValueError as exc:  # the budget cannot hold the system's fixed structures
+        return row | {"status": "infeasible", "error": str(exc)}
+    system = _StoreAdapter(built) if run.system == "frugal" else built
+    d = w.spec.embedding_dim
+    u_scale = np.float32(1.0 / np.sqrt(d))
+    step_s: list[float] = []
+    get_s = 0.0
+    losses: list[float] = []
+    batches = (Batch(step=t, ids=np.asarray(trace[t])) for t in range(num_batches))
+    source: Iterator[Batch] = iter(LookaheadLoader(batches, system, run.lookahead))
+    reads: Iterator[tuple[Batch, Any, Any, float]]
+    if run.staleness_bound != 0:  # staleness study: reads run ahead in a thread
+        # Unbounded: 8 batches ahead (store.md's 32 pins 32 batches of rows, more than a
+        # 10% cache holds).
+        ahead = 8 if run.staleness_bound is None else run.staleness_bound
+        reads = _reader_thread(source, system, ahead=ahead)
+    else:
+        reads = _inline_reads(source, system)
+    wall_start = time.perf_counter()
+    for batch, unique, (inverse, emb), read_s in reads:
+        t0 = time.perf_counter() - read_s
+        get_s += read_s
+        y = labels[batch.step]
+        # logit_b = sum_f <e_f, u> with u = 1/sqrt(D) in every coordinate.
+        logit = emb.sum(axis=1)[inverse].reshape(samples, -1).sum(axis=1) * u_scale
+        p = 1.0 / (1.0 + np.exp(-logit))
+        eps = 1e-7
+        losses.append(float(-np.mean(y * np.log(p + eps) + (1 - y) * np.log(1 - p + eps))))
+        dlogit = ((p - y) / samples).astype(np.float32)
+        per_id = np.bincount(inverse, weights=np.repeat(dlogit, w.fields), minlength=len(unique))
+        grads = np.repeat((per_id.astype(np.float32) * u_scale)[:, None], d, axis=1)
+        system.apply_gradients(unique, np.ascontiguousarray(grads, dtype=np.float32), batch.step)
+        if run.compute_ms:
+            time.sleep(run.compute_ms / 1000.0)
+        step_s.append(time.perf_counter() - t0)
+    wall_s = time.perf_counter() - wall_start
+    stats = system.stats()
+    sha = system.table_sha256()
+    system.close()
+    measured = (
+        np.array(step_s[run.warmup_batches :])
+        if len(step_s) > run.warmup_batches
+        else np.array(step_s)
+    )
+    median_s = float(np.median(measured))
+    peak_rss = _rss_mib()
+    tail = max(1, len(losses) // 10)
+    return row | {
+        "status": "ok",
+        "samples_per_s": samples / median_s,
+        "stall_fraction": get_s / wall_s,
+        "hit_ratio": stats.get("hit_ratio", float("nan")),
+        "read_bytes_per_batch": stats.get("bytes_read", 0) / num_batches,
+        "written_bytes_per_batch": stats.get("bytes_written", 0) / num_batches,
+        "p50_step_ms": 1000 * median_s,
+        "p99_step_ms": 1000 * float(np.percentile(measured, 99)),
+        "peak_rss_mib": peak_rss,
+        "rss_growth_mib": peak_rss - rss_before,
+        "staleness_max": stats.get("staleness_max", 0),
+        "final_loss": float(np.mean(losses[-tail:])),
+        "table_sha256": sha,
+        "wall_s": wall_s,
+    }
+
+
+def _inline_reads(source: Iterator[Batch], system: Any) -> Iterator[tuple[Batch, Any, Any, float]]:
+    for batch in source:
+        t0 = time.perf_counter()
+        unique, inverse = np.unique(batch.ids, return_inverse=True)
+        emb = system.get(unique, batch.step)
+        yield batch, unique, (inverse, emb), time.perf_counter() - t0
+
+
+def _reader_thread(
+    source: Iterator[Batch], system: Any, ahead: int
+) -> Iterator[tuple[Batch, Any, Any, float]]:
+    """Reads run in a thread up to `ahead` batches before the trainer (staleness study)."""
+    out: queue.Queue[Any] = queue.Queue(maxsize=max(1, ahead))
+    done = object()
+
+    def work() -> None:
+        try:
+            for item in _inline_reads(source, system):
+                out.put(item)
+        except BaseException as exc:  # handed to the trainer
+            out.put(exc)
+        out.put(done)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    while True:
+        t0 = time.perf_counter()
+        item = out.get(timeout=300)
+        waited = time.perf_counter() - t0
+        if item is done:
+            break
+        if isinstance(item, BaseException):
+            raise item
+        batch, unique, payload, _ = item
+        yield batch, unique, payload, waited
+    thread.join(timeout=60)
+
+
+# --- the whole bench -----------------------------------------------------------------------
+
+
+def _plan(config: StoreBenchConfig, workloads: list[_Workload], work_dir: Path) -> list[_Run]:
+    runs: list[_Run] = []
+    for workload in workloads:
+        # The real streams are small tables: store.md runs them at ratios 0.25 and 0.10.
+        ratios = config.memory_ratios if workload.name == "criteo_zipf" else (0.25, 0.10)
+        for ratio in ratios:
+            for system in config.systems:
+                windows = config.lookaheads if system in _LOOKAHEAD_SYSTEMS else (0,)
+                if workload.name != "criteo_zipf":
+                    windows = tuple(w for w in windows if w in (0, 4))
+                for window in windows:
+                    runs.append(
+                        _Run(system, workload, ratio, window, 0, config.compute_ms,
+                             config.warmup_batches if workload.name == "criteo_zipf" else 10,
+                             config.seed, "")
+                    )  # fmt: skip
+        if workload.name == "criteo_zipf" and "frugal" in config.systems:
+            ratio = 0.10 if 0.10 in config.memory_ratios else min(config.memory_ratios)
+            for bound in config.staleness_bounds:
+                if bound == 0:
+                    continue  # the grid above has it
+                runs.append(
+                    _Run("frugal", workload, ratio, 4, None if bound < 0 else bound,
+                         config.compute_ms, config.warmup_batches, config.seed, "")
+                )  # fmt: skip
+    return [replace(run, work_dir=str(work_dir / f"run{i}")) for i, run in enumerate(runs)]
+
+
+def run_store_bench(
+    config: StoreBenchConfig,
+    out_dir: Path,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run every cell of `config` side by side; write and return `results.json`'s content.
+
+    Args:
+        config: The grid and sizes.
+        out_dir: Folder for `results.json` (created).
+        progress: Called with one line per finished run.
+
+    Returns:
+        The results document (ARCHITECTURE.md format).
+
+    Raises:
+        OSError: If the output or scratch folder cannot be written.
+    """
+    from frugal.results import results_document, write_results
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="frugal-store-bench-", dir=out_dir))
+    try:
+        traces = scratch / "traces"
+        traces.mkdir()
+        workloads = []
+        for name in config.workloads:
+            if name == "criteo_zipf":
+                workloads.append(_criteo_workload(config, traces))
+            else:
+                workloads.append(_events_workload(name, traces))
+        runs = _plan(config, workloads, scratch)
+        rows: list[dict[str, Any]] = []
+        context = multiprocessing.get_context("spawn")
+        for index, run in enumerate(runs):
+            repeats = []
+            for _ in range(config.repeats):
+                Path(run.work_dir).mkdir(parents=True, exist_ok=True)
+                with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+                    try:
+                        result = pool.submit(_execute, run).result(timeout=config.run_timeout_s)
+                    except concurrent.futures.TimeoutError:
+                        result = _failed(run, "timeout", f"over {config.run_timeout_s:.0f} s")
+                    except Exception as exc:  # one failed cell must not stop the others
+                        result = _failed(run, "error", f"{type(exc).__name__}: {exc}")
+                shutil.rmtree(run.work_dir, ignore_errors=True)
+                repeats.append(result)
+            ok = [r for r in repeats if r.get("status") == "ok"]
+            row = dict(repeats[0])
+            if ok:
+                row = dict(sorted(ok, key=lambda r: r["samples_per_s"])[len(ok) // 2])
+                row["samples_per_s_runs"] = [r["samples_per_s"] for r in ok]
+            rows.append(row)
+            if progress is not None:
+                progress(_describe(index, len(runs), row))
+        summary = _summary(rows)
+        document = results_document("store", config, rows, summary)
+        write_results(out_dir / "results.json", document)
+        return document
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _failed(run: _Run, status: str, error: str) -> dict[str, Any]:
+    return {
+        "system": run.system,
+        "workload": run.workload.name,
+        "memory_ratio": run.memory_ratio,
+        "lookahead": run.lookahead,
+        "staleness_bound": "unbounded" if run.staleness_bound is None else run.staleness_bound,
+        "status": status,
+        "error": error,
+    }
+
+
+def _describe(index: int, total: int, row: dict[str, Any]) -> str:
+    head = (
+        f"[{index + 1}/{total}] {row.get('workload')} {row.get('system')} "
+        f"ratio={row.get('memory_ratio')} W={row.get('lookahead')} s={row.get('staleness_bound')}"
+    )
+    if row.get("status") != "ok":
+        return f"{head}: {row.get('status')} {row.get('error', '')}"
+    return (
+        f"{head}: {row['samples_per_s']:.0f} samples/s, hit {row['hit_ratio']:.2f}, "
+        f"stall {row['stall_fraction']:.2f}"
+    )
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in rows if r.get("status") == "ok"]
+
+    def pick(system: str, workload: str, ratio: float, lookahead: int) -> dict[str, Any] | None:
+        for r in ok:
+            if (
+                r["system"] == system
+                and r["workload"] == workload
+                and r["memory_ratio"] == ratio
+                and r["lookahead"] == lookahead
+                and r["staleness_bound"] == 0
+            ):
+                return r
+        return None
+
+    summary: dict[str, Any] = {
+        "speedup_vs_rocksdb_offload": {},
+        "speedup_vs_mlkv": {},
+        "fraction_of_ram": {},
+    }
+    ratios = sorted({r["memory_ratio"] for r in ok if r["workload"] == "criteo_zipf"}, reverse=True)
+    for ratio in ratios:
+        ours = pick("frugal", "criteo_zipf", ratio, 4)
+        if ours is None:
+            continue
+        for key, system, window in (
+            ("speedup_vs_rocksdb_offload", "rocksdb_offload", 0),
+            ("speedup_vs_mlkv", "mlkv", 4),
+            ("fraction_of_ram", "ram", 0),
+        ):
+            other = pick(system, "criteo_zipf", ratio, window)
+            if other is not None:
+                summary[key][str(ratio)] = ours["samples_per_s"] / other["samples_per_s"]
+    by_workload: dict[str, set[str]] = {}
+    for r in ok:
+        if r["staleness_bound"] == 0:
+            by_workload.setdefault(r["workload"], set()).add(r["table_sha256"])
+    summary["bit_identical_at_staleness_0"] = {k: len(v) == 1 for k, v in by_workload.items()}
+    staleness = [
+        {
+            "staleness_bound": r["staleness_bound"],
+            "samples_per_s": r["samples_per_s"],
+            "final_loss": r["final_loss"],
+            "staleness_max": r["staleness_max"],
+        }
+        for r in ok
+        if r["system"] == "frugal"
+        and r["workload"] == "criteo_zipf"
+        and r["lookahead"] == 4
+        and r["memory_ratio"]
+        == (0.10 if any(x["memory_ratio"] == 0.10 for x in ok) else r["memory_ratio"])
+    ]
+    summary["staleness_study"] = staleness
+    summary["median_note"] = "samples_per_s = batch samples / median step time after warm-up"
+    return summary
