@@ -77,7 +77,8 @@ class StoreBenchConfig:
     lookaheads: tuple[int, ...] = (0, 1, 4, 8)
     """Lookahead windows W for the systems that use hints (mlkv, frugal); others run W = 0."""
     staleness_bounds: tuple[int, ...] = (0, 1, 4, 16, -1)
-    """Staleness study for frugal at ratio 0.10, W = 4 (-1 = unbounded)."""
+    """Staleness study for frugal at ratio 0.10 and W = 4 (or the nearest in the grid);
+    -1 = unbounded (a reader thread 8 batches ahead)."""
     compute_ms: float = 10.0
     """Sleep per step standing in for the dense network's compute, >= 0."""
     repeats: int = 1
@@ -421,11 +422,12 @@ def _plan(config: StoreBenchConfig, workloads: list[_Workload], work_dir: Path) 
                     )  # fmt: skip
         if workload.name == "criteo_zipf" and "frugal" in config.systems:
             ratio = 0.10 if 0.10 in config.memory_ratios else min(config.memory_ratios)
+            study_window = 4 if 4 in config.lookaheads else max(config.lookaheads)
             for bound in config.staleness_bounds:
                 if bound == 0:
                     continue  # the grid above has it
                 runs.append(
-                    _Run("frugal", workload, ratio, 4, None if bound < 0 else bound,
+                    _Run("frugal", workload, ratio, study_window, None if bound < 0 else bound,
                          config.compute_ms, config.warmup_batches, config.seed, "")
                 )  # fmt: skip
     return [replace(run, work_dir=str(work_dir / f"run{i}")) for i, run in enumerate(runs)]
@@ -487,7 +489,7 @@ def run_store_bench(
             rows.append(row)
             if progress is not None:
                 progress(_describe(index, len(runs), row))
-        summary = _summary(rows)
+        summary = _summary(rows, 4 if 4 in config.lookaheads else max(config.lookaheads))
         document = results_document("store", config, rows, summary)
         write_results(out_dir / "results.json", document)
         return document
@@ -520,7 +522,8 @@ def _describe(index: int, total: int, row: dict[str, Any]) -> str:
     )
 
 
-def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(rows: list[dict[str, Any]], window: int) -> dict[str, Any]:
+    """Headline ratios of frugal at lookahead `window` (4 unless the grid lacks it)."""
     ok = [r for r in rows if r.get("status") == "ok"]
 
     def pick(system: str, workload: str, ratio: float, lookahead: int) -> dict[str, Any] | None:
@@ -542,15 +545,15 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
     ratios = sorted({r["memory_ratio"] for r in ok if r["workload"] == "criteo_zipf"}, reverse=True)
     for ratio in ratios:
-        ours = pick("frugal", "criteo_zipf", ratio, 4)
+        ours = pick("frugal", "criteo_zipf", ratio, window)
         if ours is None:
             continue
-        for key, system, window in (
+        for key, system, other_window in (
             ("speedup_vs_rocksdb_offload", "rocksdb_offload", 0),
-            ("speedup_vs_mlkv", "mlkv", 4),
+            ("speedup_vs_mlkv", "mlkv", window),
             ("fraction_of_ram", "ram", 0),
         ):
-            other = pick(system, "criteo_zipf", ratio, window)
+            other = pick(system, "criteo_zipf", ratio, other_window)
             if other is not None:
                 summary[key][str(ratio)] = ours["samples_per_s"] / other["samples_per_s"]
     by_workload: dict[str, set[str]] = {}
@@ -573,5 +576,6 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         == (0.10 if any(x["memory_ratio"] == 0.10 for x in ok) else r["memory_ratio"])
     ]
     summary["staleness_study"] = staleness
+    summary["lookahead"] = window
     summary["median_note"] = "samples_per_s = batch samples / median step time after warm-up"
     return summary

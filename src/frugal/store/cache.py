@@ -475,14 +475,19 @@ class RowCache:
             while (self.slot_state == LOADING).any():
                 self._wait(deadline, "prefetches to finish")
             dirty = np.flatnonzero(self.dirty & (self.slot_state == VALID))
-            if len(dirty):
-                ids = self.slot_ids[dirty]
+            # In pieces of the I/O buffer's size, so a flush never copies the whole slab.
+            piece = max(1, self.max_pending_rows)
+            for first in range(0, len(dirty), piece):
+                part = dirty[first : first + piece]
+                ids = self.slot_ids[part]
                 order = np.argsort(ids)
-                pending = _Pending(ids=ids[order], rows=self.slab[dirty][order])
+                pending = _Pending(ids=ids[order], rows=self.slab[part[order]])
                 self.pending.append(pending)
                 self.pending_rows += len(ids)
-                self.dirty[dirty] = False
+                self.dirty[part] = False
                 self.writer.submit(self._write_back, pending)
+                while self.pending_rows > self.max_pending_rows:
+                    self._wait(deadline, "write-backs to finish")
             while self.pending:
                 self._wait(deadline, "write-backs to finish")
             self._check()
