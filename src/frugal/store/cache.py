@@ -72,6 +72,10 @@ class CacheStats:
     """staleness_hist[r] = number of row reads served with r open reads before them."""
 
 
+class _CacheFullError(Exception):
+    """Not enough evictable slots right now (rows are pinned by open reads or loading)."""
+
+
 @dataclass
 class _Pending:
     ids: I64
@@ -146,6 +150,23 @@ class RowCache:
             )
         self.cond.wait(min(remaining, 1.0))
 
+    def _wait_for_room(self, deadline: float, wanted: int) -> None:
+        """Wait until open reads close and free slots (lock held), or raise if none can."""
+        open_slots = np.flatnonzero(self.readers)
+        loading = bool((self.slot_state == LOADING).any())
+        if len(open_slots) == 0 and not loading:
+            raise StoreError(
+                f"a call needs {wanted} rows but the cache holds {self.capacity}; raise "
+                "memory_budget_bytes or lower the batch size"
+            )
+        if not loading and (self.reader_thread[open_slots] == threading.get_ident()).all():
+            raise StoreError(
+                f"the cache of {self.capacity} rows is full of rows this thread read and did "
+                "not update; close reads with put/apply_gradients, raise memory_budget_bytes, "
+                "or lower the batch size or staleness bound"
+            )
+        self._wait(deadline, "open reads to free cache slots")
+
     def _evict_keys(self, protect: npt.NDArray[np.bool_] | None) -> npt.NDArray[np.int64]:
         """Eviction order key per slot (smallest first); unevictable slots get the maximum."""
         keys = np.where(
@@ -177,11 +198,8 @@ class RowCache:
                 ).max
             evictable = int(np.count_nonzero(keys != np.iinfo(np.int64).max))
             if evictable < need and later_than is None:
-                raise StoreError(
-                    f"cache of {self.capacity} rows cannot hold {count} more rows: every other "
-                    "row is in use by open reads; raise memory_budget_bytes or lower the batch "
-                    "size or staleness bound"
-                )
+                self.free.extend(slots)  # give back what was taken; the caller may wait
+                raise _CacheFullError(count)
             need = min(need, evictable)
             if need > 0:
                 victims = (
@@ -323,7 +341,12 @@ class RowCache:
                 if missing.any():
                     protect = np.zeros(self.capacity, dtype=bool)
                     protect[slots[~missing]] = True
-                    new = self._allocate(int(missing.sum()), protect=protect, later_than=None)
+                    try:
+                        new = self._allocate(int(missing.sum()), protect=protect, later_than=None)
+                    except _CacheFullError:
+                        self._wait_for_room(deadline, len(ids))
+                        waited = True
+                        continue
                     miss_ids = ids[missing]
                     self.id_to_slot[miss_ids] = new
                     self.slot_ids[new] = miss_ids
@@ -419,14 +442,22 @@ class RowCache:
                 self._wait(deadline, "rows being prefetched")  # else the load would overwrite
                 self._check()
             missing = ~resident
-            if missing.any():
+            while missing.any():
                 protect = np.zeros(self.capacity, dtype=bool)
                 protect[slots[resident]] = True
-                new = self._allocate(int(missing.sum()), protect=protect, later_than=None)
+                try:
+                    new = self._allocate(int(missing.sum()), protect=protect, later_than=None)
+                except _CacheFullError:
+                    self._wait_for_room(deadline, len(ids))
+                    slots = self.id_to_slot[ids].astype(np.int64)
+                    resident = slots >= 0
+                    missing = ~resident
+                    continue
                 self.id_to_slot[ids[missing]] = new
                 self.slot_ids[new] = ids[missing]
                 slots[missing] = new
                 self.last_access[new] = step
+                break
             self._install(slots, rows)
 
     def update(self, ids: I64, step: int, fn: Callable[[F32], None]) -> None:
