@@ -48,3 +48,25 @@ def test_smallest_bench_writes_complete_results(tmp_path: Path) -> None:
     assert stale and stale[0]["staleness_max"] <= 2
     assert set(document["summary"]["speedup_vs_rocksdb_offload"]) == {"0.25"}
     assert not list(tmp_path.glob("frugal-store-bench-*"))  # scratch removed
+
+
+@pytest.mark.slow
+def test_a_second_invocation_resumes_finished_cells(tmp_path: Path) -> None:
+    config = StoreBenchConfig(
+        systems=("ram", "frugal"),
+        workloads=("criteo_zipf",),
+        scale=0.001,
+        batch_size=32,
+        num_batches=6,
+        warmup_batches=1,
+        memory_ratios=(0.5,),
+        lookaheads=(1,),
+        staleness_bounds=(0,),
+        compute_ms=0.0,
+    )
+    first = run_store_bench(config, tmp_path)
+    second = run_store_bench(config, tmp_path)
+    assert [r.get("resumed") for r in first["rows"]] == [None, None]
+    assert [r.get("resumed") for r in second["rows"]] == [True, True]
+    assert [r["table_sha256"] for r in second["rows"]] == [r["table_sha256"] for r in first["rows"]]
+    assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == 2

@@ -89,3 +89,24 @@ def test_killed_during_create_reports_an_incomplete_store(tmp_path: Path) -> Non
 
     with pytest.raises(StoreError, match="incomplete store, no MANIFEST"):
         EmbeddingStore.open(tmp_path / "s")
+
+
+def test_full_disk_raises_a_clear_error_and_keeps_the_checkpoint(tmp_path: Path) -> None:
+    # RLIMIT_FSIZE makes appends fail with EFBIG, as a full disk fails them with ENOSPC.
+    from frugal.store import OptimizerConfig, RowSpec
+
+    spec = RowSpec(embedding_dim=8, optimizer=OptimizerConfig(kind="sgd"))
+    directory = tmp_path / "store"
+    with EmbeddingStore.create(directory, num_rows=2000, spec=spec) as store:
+        store.put(np.arange(2000), np.full((2000, 8), 7.0, np.float32))  # checkpointed on close
+    log_bytes = (directory / "log.0.dat").stat().st_size
+    child = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "fsize_child.py"), str(directory),
+         str(log_bytes + 512 * 3000)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert "error: StoreError: a background read or write-back failed" in child.stdout
+    assert "File too large" in child.stdout
+    with EmbeddingStore.open(directory) as store:
+        assert np.all(store.peek(np.arange(2000)) == 7.0)  # the checkpoint is intact

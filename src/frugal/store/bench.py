@@ -17,7 +17,9 @@ References:
 
 from __future__ import annotations
 
-import concurrent.futures
+import datetime
+import hashlib
+import json
 import multiprocessing
 import os
 import queue
@@ -441,6 +443,10 @@ def run_store_bench(
 ) -> dict[str, Any]:
     """Run every cell of `config` side by side; write and return `results.json`'s content.
 
+    Each finished cell is appended to `out_dir/runs.jsonl`; a later call with the same config
+    reuses those rows (marked `resumed`) and measures only the rest, so a long full bench
+    survives interruption. Use a new `out_dir` to measure everything again.
+
     Args:
         config: The grid and sizes.
         out_dir: Folder for `results.json` (created).
@@ -468,24 +474,29 @@ def run_store_bench(
         runs = _plan(config, workloads, scratch)
         rows: list[dict[str, Any]] = []
         context = multiprocessing.get_context("spawn")
+        journal = out_dir / "runs.jsonl"
+        key = _config_key(config)
+        finished = _finished_cells(journal, key)
         for index, run in enumerate(runs):
-            repeats = []
-            for _ in range(config.repeats):
-                Path(run.work_dir).mkdir(parents=True, exist_ok=True)
-                with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-                    try:
-                        result = pool.submit(_execute, run).result(timeout=config.run_timeout_s)
-                    except concurrent.futures.TimeoutError:
-                        result = _failed(run, "timeout", f"over {config.run_timeout_s:.0f} s")
-                    except Exception as exc:  # one failed cell must not stop the others
-                        result = _failed(run, "error", f"{type(exc).__name__}: {exc}")
-                shutil.rmtree(run.work_dir, ignore_errors=True)
-                repeats.append(result)
-            ok = [r for r in repeats if r.get("status") == "ok"]
-            row = dict(repeats[0])
-            if ok:
-                row = dict(sorted(ok, key=lambda r: r["samples_per_s"])[len(ok) // 2])
-                row["samples_per_s_runs"] = [r["samples_per_s"] for r in ok]
+            cell = _cell(run)
+            if cell in finished:  # measured by an earlier, interrupted invocation
+                row = finished[cell] | {"resumed": True}
+            else:
+                repeats = []
+                for _ in range(config.repeats):
+                    Path(run.work_dir).mkdir(parents=True, exist_ok=True)
+                    repeats.append(_run_in_child(context, run, config.run_timeout_s))
+                    shutil.rmtree(run.work_dir, ignore_errors=True)
+                ok = [r for r in repeats if r.get("status") == "ok"]
+                row = dict(repeats[0])
+                if ok:
+                    row = dict(sorted(ok, key=lambda r: r["samples_per_s"])[len(ok) // 2])
+                    row["samples_per_s_runs"] = [r["samples_per_s"] for r in ok]
+                row["measured_at"] = datetime.datetime.now(datetime.UTC).isoformat(
+                    timespec="seconds"
+                )
+                with journal.open("a") as fh:
+                    fh.write(json.dumps({"config": key, "cell": cell, "row": row}) + "\n")
             rows.append(row)
             if progress is not None:
                 progress(_describe(index, len(runs), row))
@@ -495,6 +506,67 @@ def run_store_bench(
         return document
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _config_key(config: StoreBenchConfig) -> str:
+    from frugal.config import config_to_json
+
+    return hashlib.sha256(config_to_json(config).encode()).hexdigest()[:16]
+
+
+def _cell(run: _Run) -> str:
+    return (
+        f"{run.workload.name}/{run.system}/ratio={run.memory_ratio}/W={run.lookahead}/"
+        f"s={run.staleness_bound}"
+    )
+
+
+def _finished_cells(journal: Path, key: str) -> dict[str, dict[str, Any]]:
+    """Rows already measured with this exact config (so an interrupted bench resumes)."""
+    finished: dict[str, dict[str, Any]] = {}
+    if not journal.exists():
+        return finished
+    for line in journal.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash
+        if entry.get("config") == key and entry.get("row", {}).get("status") == "ok":
+            finished[entry["cell"]] = entry["row"]
+    return finished
+
+
+def _child_main(run: _Run, connection: Any) -> None:
+    try:
+        result = _execute(run)
+    except BaseException as exc:  # reported as the cell's error, the bench goes on
+        result = _failed(run, "error", f"{type(exc).__name__}: {exc}")
+    connection.send(result)
+    connection.close()
+
+
+def _run_in_child(context: Any, run: _Run, timeout_s: float) -> dict[str, Any]:
+    """Run one cell in a fresh process; kill it if it exceeds `timeout_s`."""
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_child_main, args=(run, sender), daemon=True)
+    process.start()
+    sender.close()
+    try:
+        if receiver.poll(timeout_s):
+            result: dict[str, Any] = receiver.recv()
+        else:
+            result = _failed(run, "timeout", f"over {timeout_s:.0f} s; killed")
+    except EOFError:
+        result = _failed(run, "error", f"the child process died (exit code {process.exitcode})")
+    finally:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=10)
+        receiver.close()
+    if process.exitcode not in (0, None) and result.get("status") == "ok":
+        result["status"] = "error"
+    return result
 
 
 def _failed(run: _Run, status: str, error: str) -> dict[str, Any]:

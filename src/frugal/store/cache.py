@@ -139,7 +139,11 @@ class RowCache:
             raise StoreError("the store is closed")
         if self.error is not None:
             error, self.error = self.error, None
-            raise StoreError(f"a background read or write-back failed: {error}") from error
+            raise StoreError(
+                f"a background read or write-back failed: {error}. Rows since the last "
+                "checkpoint may be lost; the checkpoint itself is intact (fix the cause, e.g. "
+                "free disk space, then reopen the store)"
+            ) from error
 
     def _wait(self, deadline: float, what: str) -> None:
         remaining = deadline - time.monotonic()

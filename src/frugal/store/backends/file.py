@@ -305,8 +305,12 @@ class FileBackend:
         offset = HEADER_BYTES + start * self.stride
         for pos in range(0, len(buf), chunk):
             part = view[pos : pos + chunk]
-            if os.pwritev(fd, [part], offset + pos) != len(part):
-                raise OSError(errno.EIO, f"short write at offset {offset + pos}")
+            done = os.pwritev(fd, [part], offset + pos)
+            while done < len(part):  # a short write: retry the rest, which raises the cause
+                more = os.pwritev(fd, [part[done:]], offset + pos + done)  # (ENOSPC, EFBIG)
+                if more <= 0:
+                    raise OSError(errno.ENOSPC, f"no space to append at offset {offset + pos}")
+                done += more
 
     def write_rows(self, ids: I64, rows: F32) -> None:
         """Append records at the tail, then point `location` at them; see `StoreBackend`.
