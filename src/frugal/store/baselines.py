@@ -250,10 +250,10 @@ class HybridLogTable:
         self.stride = -(-spec.row_bytes // _SECTOR) * _SECTOR
         index_bytes = 8 * num_rows
         capacity = (memory_budget_bytes - index_bytes) // (spec.row_bytes + 8)
-        if capacity < 1024:
+        if capacity < 128:
             raise ValueError(
                 f"memory_budget_bytes={memory_budget_bytes} leaves {capacity} log records after "
-                f"the {index_bytes}-byte index; the hybrid log needs >= 1024"
+                f"the {index_bytes}-byte index; the hybrid log needs >= 128"
             )
         self.capacity = int(capacity)
         self.mutable_records = int(mutable_fraction * self.capacity)
