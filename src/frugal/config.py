@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 import types
 import typing
@@ -26,6 +27,7 @@ import tomli_w
 __all__ = [
     "ConfigError",
     "apply_overrides",
+    "check_types",
     "config_from_dict",
     "config_to_dict",
     "config_to_json",
@@ -165,6 +167,24 @@ def config_from_dict(
         raise
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{source}: {f'[{prefix}] ' if prefix else ''}{exc}") from exc
+
+
+def check_types(config: object) -> None:
+    """Check every field of a Config instance against its annotation (call in __post_init__).
+
+    Catches what a type checker cannot see at run time: a Literal given another string, a
+    float where an int is declared, a string where a number is, NaN or infinity in a float.
+
+    Raises:
+        ConfigError: Naming the class, the field, the value and what is allowed.
+    """
+    cls = type(config)
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, field.name)
+        _convert(value, hints[field.name], field.name, cls.__qualname__)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{cls.__qualname__}: {field.name} = {value} must be finite")
 
 
 def config_to_dict(config: object) -> dict[str, Any]:

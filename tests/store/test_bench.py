@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,17 @@ def test_a_second_invocation_resumes_finished_cells(tmp_path: Path) -> None:
     assert [r.get("resumed") for r in second["rows"]] == [True, True]
     assert [r["table_sha256"] for r in second["rows"]] == [r["table_sha256"] for r in first["rows"]]
     assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"staleness_bounds": (-2,)}, "staleness_bounds=(-2,)"),
+        ({"systems": ()}, "systems is empty"),
+        ({"memory_ratios": (0.0,)}, "memory_ratios=(0.0,)"),
+        ({"systems": ("fast",)}, "choose one of"),
+    ],
+)
+def test_bad_bench_configs(kwargs: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        StoreBenchConfig(**kwargs)  # type: ignore[arg-type]

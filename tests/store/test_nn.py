@@ -137,3 +137,20 @@ def test_adam_step_counts_are_per_row(tmp_path: Path) -> None:
     # = 0.1 * 1 / (1 + 1e-8).
     w0 = init_rows(np.array([2]), spec, 0)[0, :DIM]
     np.testing.assert_allclose(rows[1, :DIM], w0 - 0.1 / (1 + 1e-8), rtol=1e-6)
+
+
+def test_float_indices_and_a_step_without_backward_are_refused(tmp_path: Path) -> None:
+    spec = RowSpec(embedding_dim=DIM)
+    with EmbeddingStore.create(tmp_path / "s", num_rows=NUM_ROWS, spec=spec) as store:
+        bag = StoreEmbeddingBag(store)
+        with pytest.raises(TypeError, match="integer tensor"):
+            bag(torch.tensor([[1.0, 2.0]]))
+        opt = StoreSparseOptimizer(bag)
+        out = bag(torch.tensor([[1, 2]]))
+        with pytest.raises(RuntimeError, match="has no gradient"):
+            opt.step()
+        assert len(bag.pending) == 1  # kept: backward, then step again
+        out.sum().backward()
+        opt.step()
+        assert bag.pending == []
+        assert store.cache.readers.sum() == 0

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -252,10 +256,73 @@ def test_create_refuses_a_non_empty_folder(tmp_path: Path) -> None:
 
 
 def test_second_writer_is_refused(small_store: EmbeddingStore) -> None:
-    with pytest.raises(StoreLockedError, match="open for writing by process"):
+    with pytest.raises(StoreLockedError, match="already open in this process"):
         EmbeddingStore.open(small_store.directory)
+    code = (
+        "import sys; from frugal.store import EmbeddingStore, StoreLockedError\n"
+        "try:\n    EmbeddingStore.open(sys.argv[1])\n"
+        "except StoreLockedError as exc:\n    print(exc)\n"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code, str(small_store.directory)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert f"open for writing by process {os.getpid()}" in other.stdout
     small_store.close()
     EmbeddingStore.open(small_store.directory).close()  # the lock is released on close
+
+
+def test_more_bad_input_is_refused_before_anything_changes(small_store: EmbeddingStore) -> None:
+    before = small_store.table_sha256()
+    with pytest.raises(TypeError, match="step='x' must be an integer"):
+        small_store.checkpoint(step="x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="meta must be JSON-serialisable"):
+        small_store.checkpoint(meta={"cursor": object()})
+    assert not list(small_store.directory.glob("*.tmp"))
+    with pytest.raises(TypeError, match="step=-1"):
+        small_store.get(np.array([1]), step=-1)
+    with pytest.raises(IndexError, match="ids reach"):
+        small_store.get(np.array([2**63 + 5], dtype=np.uint64))
+    assert small_store.table_sha256() == before
+    small_store.close()
+    with pytest.raises(StoreError, match="closed"):
+        small_store.stats()
+
+
+def test_non_finite_optimizer_output_writes_nothing(tmp_path: Path) -> None:
+    spec = RowSpec(embedding_dim=2, optimizer=OptimizerConfig(kind="adagrad"))
+    with EmbeddingStore.create(tmp_path / "s", num_rows=4, spec=spec) as store:
+        before = store.peek(np.array([1]))
+        store.get(np.array([1]))
+        with pytest.raises(NonFiniteError, match="update of row 1 is not finite"):
+            store.apply_gradients(np.array([1]), np.full((1, 2), 3e38, np.float32))
+        assert np.array_equal(store.peek(np.array([1])), before)
+        store.put(np.array([1]), before)  # close the read
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (lambda: EmbeddingStore.Config(backend="bad"), "choose one of 'file'"),  # type: ignore[arg-type]
+        (lambda: EmbeddingStore.Config(staleness_bound=1.5), "staleness_bound = 1.5"),  # type: ignore[arg-type]
+        (lambda: EmbeddingStore.Config(memory_budget_bytes=4e6), "must be an integer"),  # type: ignore[arg-type]
+        (lambda: EmbeddingStore.Config(timeout_s=float("inf")), "must be finite"),
+        (lambda: OptimizerConfig(lr=float("nan")), "must be finite"),
+        (lambda: OptimizerConfig(kind="rmsprop"), "choose one of"),  # type: ignore[arg-type]
+    ],
+)
+def test_configs_check_their_types(make: object, fragment: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        make()  # type: ignore[operator]
+
+
+def test_peek_streams_more_rows_than_the_cache_holds(tmp_path: Path) -> None:
+    spec = RowSpec(embedding_dim=8)
+    config = _config("file", 1)
+    with EmbeddingStore.create(tmp_path / "s", num_rows=50_000, spec=spec, config=config) as store:
+        assert store.cache.capacity < 50_000
+        rows = store.peek(np.arange(50_000), cols="emb")
+        assert np.array_equal(rows, init_rows(np.arange(50_000), spec, 0))
 
 
 def test_flipped_byte_on_disk_is_detected(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from frugal.config import check_types
 from frugal.store.lookahead import Batch, LookaheadLoader
 from frugal.store.rows import OptimizerConfig, RowSpec, splitmix64
 
@@ -91,6 +92,14 @@ class StoreBenchConfig:
     """Wall-clock limit of one child run."""
 
     def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("systems", "workloads", "memory_ratios", "lookaheads", "staleness_bounds"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} is empty; list at least one value")
+        if any(b < -1 for b in self.staleness_bounds):
+            raise ValueError(
+                f"staleness_bounds={self.staleness_bounds} must be >= 0, or -1 for unbounded"
+            )
         if not 0 < self.scale <= 1:
             raise ValueError(f"scale={self.scale} must be in (0, 1]")
         if self.num_batches <= self.warmup_batches:

@@ -59,6 +59,10 @@ class StoreEmbeddingBag(nn.Module):
         Raises:
             ValueError: If `indices` is 1-D without offsets or 2-D with offsets.
         """
+        if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+            raise TypeError(
+                f"indices must be an integer tensor, got {indices.dtype}; pass torch.long ids"
+            )
         if (indices.dim() == 1) != (offsets is not None):
             raise ValueError(
                 f"indices of shape {tuple(indices.shape)} need offsets iff they are 1-D"
@@ -90,13 +94,18 @@ class StoreSparseOptimizer:
         """Send each pending forward's gradient to `apply_gradients`, oldest first.
 
         Raises:
-            RuntimeError: If a pending forward has no gradient (backward was not called).
+            RuntimeError: If a pending forward has no gradient (backward was not called); then
+                nothing is applied and the forwards stay pending.
         """
-        pending, self.module.pending = self.module.pending, []
-        for step, ids, weight in pending:
+        pending = self.module.pending
+        for step, _, weight in pending:  # check all before applying any: nothing half-done
             if weight.grad is None:
                 raise RuntimeError(
-                    f"the forward of step {step} has no gradient; call loss.backward() first"
+                    f"the forward of step {step} has no gradient; call loss.backward() first "
+                    "(its rows stay read until a step() with gradients)"
                 )
+        self.module.pending = []
+        for step, ids, weight in pending:
+            assert weight.grad is not None  # checked above
             grads = weight.grad.detach().numpy().astype(np.float32, copy=False)
             self.module.store.apply_gradients(ids, np.ascontiguousarray(grads), step=step)

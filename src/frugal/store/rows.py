@@ -14,6 +14,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from frugal.config import check_types
+
 __all__ = [
     "OptimizerConfig",
     "RowSpec",
@@ -49,6 +51,7 @@ class OptimizerConfig:
     """Denominator epsilon of Adam (1e-8) and Adagrad (torch uses 1e-10), > 0."""
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.lr <= 0:
             raise ValueError(f"lr={self.lr} must be > 0")
         if not 0 <= self.momentum < 1:
@@ -87,6 +90,7 @@ class RowSpec:
     """The optimizer whose state is stored in the row."""
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.embedding_dim < 1:
             raise ValueError(f"embedding_dim={self.embedding_dim} must be >= 1")
 

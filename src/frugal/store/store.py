@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -26,7 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 import frugal
-from frugal.config import config_from_dict, config_to_dict
+from frugal.config import check_types, config_from_dict, config_to_dict
 from frugal.store.backends import FileBackend, LmdbBackend, MemoryBackend, RocksDbBackend
 from frugal.store.backends.base import F32, I64, StoreBackend, read_json, write_json_atomic
 from frugal.store.cache import RowCache, slot_overhead_bytes
@@ -45,6 +47,7 @@ MANIFEST_VERSION = 1
 _MIB = 1 << 20
 _MIN_BUDGET_BYTES = 128 << 10
 BackendName = Literal["file", "rocksdb", "lmdb", "memory"]
+_OPEN_HERE: set[Path] = set()  # store folders this process holds the lock of
 
 
 def _validate_ids(ids: Any, num_rows: int) -> I64:
@@ -53,6 +56,10 @@ def _validate_ids(ids: Any, num_rows: int) -> I64:
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(
             f"ids must be integers, got dtype {array.dtype}; pass an int64 array of row ids"
+        )
+    if array.dtype == np.uint64 and array.size and int(array.max()) >= num_rows:
+        raise IndexError(
+            f"ids reach {int(array.max())}, outside [0, num_rows={num_rows}); re-index them"
         )
     flat = array.astype(np.int64, copy=False).ravel()
     bad = (flat < 0) | (flat >= num_rows)
@@ -63,6 +70,18 @@ def _validate_ids(ids: Any, num_rows: int) -> I64:
             "re-index them or create the store with more rows"
         )
     return flat
+
+
+def _unlock(directory: Path, lock_fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(lock_fd)
+    _OPEN_HERE.discard(directory.resolve())
+
+
+def _validate_step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise TypeError(f"step={step!r} must be an integer >= 0 (the training step)")
+    return int(step)
 
 
 def _validate_cols(cols: str) -> None:
@@ -147,6 +166,7 @@ class EmbeddingStore:
         """Longest wait for a row (staleness bound, prefetch, write-back), > 0."""
 
         def __post_init__(self) -> None:
+            check_types(self)
             if self.memory_budget_bytes < _MIN_BUDGET_BYTES:
                 raise ValueError(
                     f"memory_budget_bytes={self.memory_budget_bytes} must be >= "
@@ -247,6 +267,11 @@ class EmbeddingStore:
 
     @staticmethod
     def _lock(directory: Path) -> int:
+        if directory.resolve() in _OPEN_HERE:
+            raise StoreLockedError(
+                f"{directory} is already open in this process; use that EmbeddingStore or "
+                "close it first"
+            )
         fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -259,6 +284,7 @@ class EmbeddingStore:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _OPEN_HERE.add(directory.resolve())
         return fd
 
     @classmethod
@@ -288,9 +314,17 @@ class EmbeddingStore:
             StoreLockedError: If another process holds the folder.
         """
         config = config or cls.Config()
-        if num_rows < 1:
-            raise ValueError(f"num_rows={num_rows} must be >= 1")
+        if (
+            isinstance(num_rows, bool)
+            or not isinstance(num_rows, (int, np.integer))
+            or num_rows < 1
+        ):
+            raise ValueError(f"num_rows={num_rows!r} must be an integer >= 1")
+        if not isinstance(spec, RowSpec):
+            raise TypeError(f"spec must be a RowSpec, got {type(spec).__name__}")
         path = Path(directory)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{path} is a file; give a folder for the store")
         path.mkdir(parents=True, exist_ok=True)
         if any(p.name != "LOCK" for p in path.iterdir()):
             raise ValueError(
@@ -313,7 +347,7 @@ class EmbeddingStore:
             store = cls(path, manifest, config, lock_fd, create=True)
             store._write_checkpoint(0, 0, {})  # MANIFEST last: a crash before it = incomplete
         except BaseException:
-            os.close(lock_fd)
+            _unlock(path, lock_fd)
             raise
         return store
 
@@ -335,6 +369,8 @@ class EmbeddingStore:
             StoreLockedError: If another process holds the folder.
         """
         path = Path(directory)
+        if not path.is_dir():
+            raise StoreError(f"{path} does not exist or is not a folder; check the store path")
         manifest_path = path / "MANIFEST"
         if not manifest_path.is_file():
             raise StoreError(
@@ -357,11 +393,14 @@ class EmbeddingStore:
         config = cls.Config(**(config_to_dict(base) | {"backend": manifest["backend"]}))
         lock_fd = cls._lock(path)
         for stale in path.glob("*.tmp"):  # leftovers of an interrupted checkpoint
-            stale.unlink()
+            if stale.is_dir():  # e.g. RocksDB's own checkpoint folder, cut by a crash
+                shutil.rmtree(stale)
+            else:
+                stale.unlink()
         try:
             return cls(path, manifest, config, lock_fd, create=False)
         except BaseException:
-            os.close(lock_fd)
+            _unlock(path, lock_fd)
             raise
 
     def _write_checkpoint(self, epoch: int, step: int, meta: dict[str, Any]) -> None:
@@ -398,8 +437,7 @@ class EmbeddingStore:
             self._closed = True
             self.cache.close()
             self.backend.close()
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
+            _unlock(self.directory, self._lock_fd)
 
     def __enter__(self) -> EmbeddingStore:
         return self
@@ -440,6 +478,7 @@ class EmbeddingStore:
         """
         self._check_open()
         _validate_cols(cols)
+        step = _validate_step(step)
         flat = _validate_ids(ids, self.num_rows)
         unique, inverse = _unique(flat)
         rows = self.cache.get(unique, step)
@@ -467,7 +506,14 @@ class EmbeddingStore:
         _validate_cols(cols)
         flat = _validate_ids(ids, self.num_rows)
         unique, inverse = _unique(flat)
-        rows = self.cache.get(unique, self.step, count_read=False)
+        chunk = max(1, self.cache.capacity // 2)  # larger reads stream through the cache
+        rows = np.concatenate(
+            [
+                self.cache.get(unique[i : i + chunk], self.step, count_read=False)
+                for i in range(0, len(unique), chunk)
+            ]
+            or [np.empty((0, self.spec.width), dtype=np.float32)]
+        )
         if cols == "emb":
             rows = rows[:, : self.spec.embedding_dim]
         if inverse is not None:
@@ -488,6 +534,7 @@ class EmbeddingStore:
             ids: (N,); rows: (N, W).
         """
         self._check_open()
+        step = _validate_step(step)
         flat = _validate_ids(ids, self.num_rows)
         checked = _validate_rows(rows, len(flat), self.spec.width, "rows")
         order = np.argsort(flat, kind="stable")
@@ -512,12 +559,20 @@ class EmbeddingStore:
         self._check_open()
         if self.spec.optimizer.kind == "none":
             raise ValueError("this store's rows have no optimizer (kind='none'); use put()")
+        step = _validate_step(step)
         flat = _validate_ids(ids, self.num_rows)
         checked = _validate_rows(grads, len(flat), self.spec.embedding_dim, "grads")
         unique, summed = _sum_duplicates(flat, checked)
 
         def step_rows(rows: F32) -> None:
-            apply_optimizer(rows, summed, self.spec)
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                apply_optimizer(rows, summed, self.spec)
+            if not np.isfinite(rows).all():
+                row = int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+                raise NonFiniteError(
+                    f"the {self.spec.optimizer.kind} update of row {int(unique[row])} is not "
+                    "finite (gradient too large for float32?); nothing was written"
+                )
 
         self.cache.update(unique, step, step_rows)
 
@@ -531,6 +586,7 @@ class EmbeddingStore:
             IndexError: If an id is out of range.
         """
         self._check_open()
+        step = _validate_step(step)
         unique, _ = _unique(_validate_ids(ids, self.num_rows))
         self.cache.prefetch(unique, step)
 
@@ -555,9 +611,18 @@ class EmbeddingStore:
             StoreError: If the store is closed or a write-back failed.
         """
         self._check_open()
+        step = self.step if step is None else _validate_step(step)
+        meta = meta or {}
+        try:
+            json.dumps(meta)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"checkpoint meta must be JSON-serialisable (dict of str, int, float, list...): "
+                f"{exc}; convert numpy values with int()/float()"
+            ) from exc
         self.cache.wait_quiescent()
         self.cache.flush()
-        self._write_checkpoint(self.epoch + 1, self.step if step is None else step, meta or {})
+        self._write_checkpoint(self.epoch + 1, step, meta)
         return self.epoch
 
     def table_sha256(self, chunk_rows: int = 65536) -> str:
@@ -578,6 +643,7 @@ class EmbeddingStore:
 
     def stats(self) -> dict[str, Any]:
         """Counters since open: hits, misses, prefetches, bytes moved, stall time, staleness."""
+        self._check_open()
         s = self.cache.stats
         hist = self.cache.staleness_histogram()
         looked_up = s.hits + s.misses

@@ -17,7 +17,7 @@ __all__ = ["MemoryBackend"]
 class MemoryBackend:
     """All rows in one float32 array; `written` marks rows that hold stored values."""
 
-    direct_io = True  # no page cache involved: every byte is counted
+    direct_io = False  # no disk I/O at all
     budget_enforced = False  # the whole table lives in RAM by definition
 
     def __init__(self, directory: Path, num_rows: int, width: int, epoch: int | None) -> None:
