@@ -10,6 +10,7 @@ from typing import NoReturn
 import frugal
 from frugal import FrugalError
 from frugal.cli import data as data_command
+from frugal.cli import plan as plan_command
 from frugal.cli import store as store_command
 
 __all__ = ["build_parser", "cli_surface", "main"]
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.required = True
     data_command.register(commands)
     store_command.register(commands)
+    plan_command.register(commands)
     return parser
 
 

@@ -1,0 +1,245 @@
+"""`Plan`: a placement as data (JSON), and `build_plan`, the planner's one entry point.
+
+A plan names, for every pipeline j and stage i, the physical rank `mesh[j][i]` that runs it,
+the layers of each stage, and what the cost model predicts. It round-trips through JSON
+(`Plan.from_json(p.to_json()) == p`), hashes canonically, prints as a table and validates
+against a topology; `frugal.pipeline` executes it and never calls the planner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from frugal import FrugalError
+from frugal.config import check_types
+from frugal.planner.topology import Topology
+
+__all__ = ["PLAN_FORMAT_VERSION", "Plan", "PlannerConfig", "PlannerError", "build_plan"]
+
+PLAN_FORMAT_VERSION = 1
+
+
+class PlannerError(FrugalError):
+    """The planner cannot place the job on the cluster."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlannerConfig:
+    """What to plan and how hard to search."""
+
+    num_stages: int = 8
+    """D_pp, pipeline stages, >= 1."""
+    num_replicas: int = 8
+    """D_dp, data-parallel replicas; num_stages x num_replicas must equal the device count."""
+    num_layers: int = 24
+    """Transformer layers to split over the stages (GPT3-XL: 24), >= num_stages."""
+    objective: Literal["paper"] = "paper"
+    """Cost model: the DT-FM paper's communication cost (the iteration model comes later)."""
+    method: Literal["ours", "megatron_default", "random"] = "ours"
+    """Search: ours (seeded swaps), Megatron's default order, or best random partition."""
+    budget: int = 2000
+    """Candidate placements scored at most, >= 1."""
+    time_limit_s: float = 30.0
+    """Wall-clock limit of the search, > 0."""
+    seed: int = 0
+    """Seed of every random choice; same inputs and seed give the same plan bytes."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.num_stages < 1 or self.num_replicas < 1:
+            raise ValueError(
+                f"num_stages={self.num_stages}, num_replicas={self.num_replicas} must be >= 1"
+            )
+        if self.num_layers < self.num_stages:
+            raise ValueError(
+                f"num_stages={self.num_stages} but num_layers={self.num_layers}; each stage "
+                f"needs a layer, so set num_stages <= {self.num_layers}"
+            )
+        if self.budget < 1 or self.time_limit_s <= 0:
+            raise ValueError(f"budget={self.budget} must be >= 1 and time_limit_s > 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """A placement of D_dp pipelines of D_pp stages on physical ranks.
+
+    Attributes:
+        world_size: Number of ranks N.
+        num_stages: D_pp.
+        num_replicas: D_dp.
+        num_layers_per_stage: Layers of each stage (sum = num_layers, each >= 1).
+        mesh: mesh[j][i] = rank running stage i of pipeline j; a permutation of 0..N-1.
+        stage_order: Group id along the pipeline path for each stage (paper's plan).
+        devices: Per rank: name, host, site.
+        objective: Cost model used.
+        method: Search that produced the plan.
+        predicted_cost_s: The objective's value in seconds.
+        breakdown: Parts of the prediction (e.g. dp_s, pp_s) in seconds.
+        seed: Seed of the search.
+        cluster: Name of the topology (scenario or file).
+        cluster_sha256: Digest of the topology it was made for.
+        format_version: Plan format version.
+    """
+
+    world_size: int
+    num_stages: int
+    num_replicas: int
+    num_layers_per_stage: tuple[int, ...]
+    mesh: tuple[tuple[int, ...], ...]
+    stage_order: tuple[int, ...]
+    devices: tuple[tuple[str, str, str], ...]
+    objective: str
+    method: str
+    predicted_cost_s: float
+    breakdown: tuple[tuple[str, float], ...]
+    seed: int
+    cluster: str
+    cluster_sha256: str
+    format_version: int = PLAN_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.format_version != PLAN_FORMAT_VERSION:
+            raise ValueError(
+                f"plan format_version {self.format_version}; this frugal reads "
+                f"{PLAN_FORMAT_VERSION}: make the plan again with this version"
+            )
+        flat = sorted(r for row in self.mesh for r in row)
+        if flat != list(range(self.world_size)):
+            raise ValueError(f"mesh must be a permutation of ranks 0..{self.world_size - 1}")
+        if len(self.mesh) != self.num_replicas or any(
+            len(row) != self.num_stages for row in self.mesh
+        ):
+            raise ValueError(
+                f"mesh must be num_replicas x num_stages = {self.num_replicas} x {self.num_stages}"
+            )
+        if len(self.num_layers_per_stage) != self.num_stages or min(self.num_layers_per_stage) < 1:
+            raise ValueError(
+                f"num_layers_per_stage={self.num_layers_per_stage} needs {self.num_stages} "
+                "entries, each >= 1"
+            )
+
+    def to_json(self) -> str:
+        """Canonical JSON: sorted keys, no timestamps (so equal plans have equal bytes)."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        """Parse a plan written by `to_json`.
+
+        Raises:
+            ValueError: If the JSON is malformed, a field is missing or unknown, or the plan
+                breaks a rule (see the class).
+        """
+        try:
+            data: dict[str, Any] = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a plan: invalid JSON ({exc})") from exc
+        fields = set(cls.__dataclass_fields__)
+        unknown, missing = set(data) - fields, fields - set(data) - {"format_version"}
+        if unknown or missing:
+            raise ValueError(f"plan fields: unknown {sorted(unknown)}, missing {sorted(missing)}")
+
+        def tuples(value: Any) -> Any:
+            return tuple(tuples(v) for v in value) if isinstance(value, list) else value
+
+        return cls(**{k: tuples(v) for k, v in data.items()})
+
+    @property
+    def sha256(self) -> str:
+        """Digest of the canonical JSON; every rank checks it before training."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    def validate(self, topology: Topology) -> None:
+        """Check the plan was made for `topology`.
+
+        Raises:
+            ValueError: If the world size or the topology digest differs.
+        """
+        if topology.num_devices != self.world_size:
+            raise ValueError(
+                f"the plan is for world_size={self.world_size} but the cluster has "
+                f"{topology.num_devices} devices"
+            )
+        if topology.sha256() != self.cluster_sha256:
+            raise ValueError(
+                "the plan was made for another cluster (topology digest differs); plan again"
+            )
+
+    def table(self) -> str:
+        """A text table: one row per pipeline, the device (site) of each stage."""
+        head = f"{'pipeline':>8} | " + " | ".join(
+            f"stage {i} ({self.num_layers_per_stage[i]} l)" for i in range(self.num_stages)
+        )
+        lines = [head, "-" * len(head)]
+        for j, row in enumerate(self.mesh):
+            cells = [f"{self.devices[r][0]} [{self.devices[r][2]}]" for r in row]
+            lines.append(f"{j:>8} | " + " | ".join(cells))
+        parts = ", ".join(f"{k} {v:.3f} s" for k, v in self.breakdown)
+        lines.append(
+            f"{self.objective} cost {self.predicted_cost_s:.3f} s ({parts}); method "
+            f"{self.method}; cluster {self.cluster}; plan sha256 {self.sha256[:12]}"
+        )
+        return "\n".join(lines)
+
+
+def _split_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    base, extra = divmod(num_layers, num_stages)
+    return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
+
+
+def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
+    """Search a placement for `topology` and return it as a `Plan`.
+
+    Args:
+        topology: Devices and links.
+        config: Grid, objective, search method and budget.
+
+    Returns:
+        The plan (deterministic for the same inputs and seed).
+
+    Raises:
+        ValueError: If the grid does not match the device count or links are asymmetric.
+    """
+    from frugal.planner.cost import paper_cost
+    from frugal.planner.search import (
+        check_grid,
+        megatron_default_groups,
+        random_search,
+        swap_search,
+    )
+
+    check_grid(topology, config.num_stages, config.num_replicas)
+    if config.method == "ours":
+        cost = swap_search(
+            topology,
+            config.num_stages,
+            config.num_replicas,
+            budget=config.budget,
+            seed=config.seed,
+            time_limit_s=config.time_limit_s,
+        ).cost
+    elif config.method == "random":
+        cost = random_search(
+            topology, config.num_stages, config.num_replicas, budget=config.budget, seed=config.seed
+        ).cost
+    else:
+        cost = paper_cost(topology, megatron_default_groups(config.num_stages, config.num_replicas))
+    return Plan(
+        world_size=topology.num_devices,
+        num_stages=config.num_stages,
+        num_replicas=config.num_replicas,
+        num_layers_per_stage=_split_layers(config.num_layers, config.num_stages),
+        mesh=cost.mesh,
+        stage_order=cost.stage_order,
+        devices=tuple((d.name, d.host, d.site) for d in topology.devices),
+        objective=config.objective,
+        method=config.method,
+        predicted_cost_s=cost.total_s,
+        breakdown=(("dp_s", cost.dp_s), ("pp_s", cost.pp_s)),
+        seed=config.seed,
+        cluster=topology.name,
+        cluster_sha256=topology.sha256(),
+    )

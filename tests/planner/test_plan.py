@@ -1,0 +1,83 @@
+"""Plan as data: JSON round trip, canonical hash, validation, the CLI."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from frugal.cli.main import main
+from frugal.planner import build_scenario
+from frugal.planner.plan import Plan, PlannerConfig, build_plan
+
+
+@pytest.fixture(scope="module")
+def world_plan() -> Plan:
+    return build_plan(build_scenario("world"), PlannerConfig(budget=10, seed=3))
+
+
+def test_json_round_trip_and_canonical_bytes(world_plan: Plan) -> None:
+    text = world_plan.to_json()
+    assert Plan.from_json(text) == world_plan
+    assert Plan.from_json(text).to_json() == text
+    assert json.loads(text)["format_version"] == 1
+    again = build_plan(build_scenario("world"), PlannerConfig(budget=10, seed=3))
+    assert again.sha256 == world_plan.sha256  # same inputs and seed, same plan bytes
+
+
+def test_plan_fields(world_plan: Plan) -> None:
+    assert (world_plan.world_size, world_plan.num_stages, world_plan.num_replicas) == (64, 8, 8)
+    assert world_plan.num_layers_per_stage == (3,) * 8
+    assert sorted(r for row in world_plan.mesh for r in row) == list(range(64))
+    world_plan.validate(build_scenario("world"))
+    with pytest.raises(ValueError, match="another cluster"):
+        world_plan.validate(build_scenario("regional"))
+
+
+def test_layers_split_unevenly_keep_every_stage_non_empty() -> None:
+    plan = build_plan(
+        build_scenario("two_sites"),
+        PlannerConfig(num_stages=8, num_replicas=8, num_layers=26, method="megatron_default"),
+    )
+    assert plan.num_layers_per_stage == (4, 4, 3, 3, 3, 3, 3, 3)
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"mesh": ((0, 0),) * 32}, "permutation of ranks"),
+        ({"num_layers_per_stage": (0,) + (3,) * 7}, "each >= 1"),
+        ({"format_version": 2}, "format_version 2"),
+    ],
+)
+def test_bad_plans_are_refused(world_plan: Plan, change: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        replace(world_plan, **change)  # type: ignore[arg-type]
+
+
+def test_from_json_names_unknown_and_missing_fields(world_plan: Plan) -> None:
+    data = json.loads(world_plan.to_json())
+    data["extra"] = 1
+    del data["seed"]
+    with pytest.raises(ValueError, match=r"unknown \['extra'\], missing \['seed'\]"):
+        Plan.from_json(json.dumps(data))
+    with pytest.raises(ValueError, match="invalid JSON"):
+        Plan.from_json("{")
+
+
+def test_config_rules() -> None:
+    with pytest.raises(ValueError, match="set num_stages <= 6"):
+        PlannerConfig(num_stages=8, num_layers=6)
+
+
+def test_cli_writes_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    code = main(["plan", "--scenario", "two_sites", "--set", "budget=5", "--out", str(out)])
+    assert code == 0
+    plan = Plan.from_json(out.read_text())
+    assert plan.cluster == "two_sites"
+    assert "paper cost" in capsys.readouterr().out
+    assert main(["plan", "--scenario", "two_sites", "--set", "num_replicas=3"]) == 2
+    assert "3 = 24 but world_size = 64" in capsys.readouterr().err
