@@ -10,6 +10,7 @@ import pytest
 
 from frugal.cli.main import main
 from frugal.planner import build_scenario
+from frugal.planner.iteration import WorkloadConfig
 from frugal.planner.plan import Plan, PlannerConfig, build_plan
 
 
@@ -39,7 +40,12 @@ def test_plan_fields(world_plan: Plan) -> None:
 def test_layers_split_unevenly_keep_every_stage_non_empty() -> None:
     plan = build_plan(
         build_scenario("two_sites"),
-        PlannerConfig(num_stages=8, num_replicas=8, num_layers=26, method="megatron_default"),
+        PlannerConfig(
+            num_stages=8,
+            num_replicas=8,
+            method="megatron_default",
+            workload=WorkloadConfig(num_layers=26),
+        ),
     )
     assert plan.num_layers_per_stage == (4, 4, 3, 3, 3, 3, 3, 3)
 
@@ -69,7 +75,7 @@ def test_from_json_names_unknown_and_missing_fields(world_plan: Plan) -> None:
 
 def test_config_rules() -> None:
     with pytest.raises(ValueError, match="set num_stages <= 6"):
-        PlannerConfig(num_stages=8, num_layers=6)
+        PlannerConfig(num_stages=8, workload=WorkloadConfig(num_layers=6))
 
 
 def test_cli_writes_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -78,6 +84,6 @@ def test_cli_writes_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert code == 0
     plan = Plan.from_json(out.read_text())
     assert plan.cluster == "two_sites"
-    assert "paper cost" in capsys.readouterr().out
+    assert "iteration cost" in capsys.readouterr().out
     assert main(["plan", "--scenario", "two_sites", "--set", "num_replicas=3"]) == 2
     assert "3 = 24 but world_size = 64" in capsys.readouterr().err

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from frugal import FrugalError
 from frugal.config import check_types
+from frugal.planner.iteration import WorkloadConfig
 from frugal.planner.topology import Topology
 
 __all__ = ["PLAN_FORMAT_VERSION", "Plan", "PlannerConfig", "PlannerError", "build_plan"]
@@ -34,12 +35,14 @@ class PlannerConfig:
     """D_pp, pipeline stages, >= 1."""
     num_replicas: int = 8
     """D_dp, data-parallel replicas; num_stages x num_replicas must equal the device count."""
-    num_layers: int = 24
-    """Transformer layers to split over the stages (GPT3-XL: 24), >= num_stages."""
-    objective: Literal["paper"] = "paper"
-    """Cost model: the DT-FM paper's communication cost (the iteration model comes later)."""
-    method: Literal["ours", "megatron_default", "random"] = "ours"
-    """Search: ours (seeded swaps), Megatron's default order, or best random partition."""
+    objective: Literal["iteration", "paper"] = "iteration"
+    """Cost model: seconds per iteration (compute, pipeline, overlapped DP; analytic), or the
+    DT-FM paper's communication cost."""
+    method: Literal["ours", "megatron_default", "megatron_random", "random"] = "ours"
+    """Search: ours (seeds + swaps), Megatron's default order, Megatron's order on a seeded
+    random rank permutation, or the best of `budget` random placements."""
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    """The training job the iteration objective prices."""
     budget: int = 2000
     """Candidate placements scored at most, >= 1."""
     time_limit_s: float = 30.0
@@ -53,10 +56,11 @@ class PlannerConfig:
             raise ValueError(
                 f"num_stages={self.num_stages}, num_replicas={self.num_replicas} must be >= 1"
             )
-        if self.num_layers < self.num_stages:
+        layers = self.workload.num_layers
+        if layers < self.num_stages:
             raise ValueError(
-                f"num_stages={self.num_stages} but num_layers={self.num_layers}; each stage "
-                f"needs a layer, so set num_stages <= {self.num_layers}"
+                f"num_stages={self.num_stages} but workload.num_layers={layers}; each stage "
+                f"needs a layer, so set num_stages <= {layers}"
             )
         if self.budget < 1 or self.time_limit_s <= 0:
             raise ValueError(f"budget={self.budget} must be >= 1 and time_limit_s > 0")
@@ -203,42 +207,66 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
     Raises:
         ValueError: If the grid does not match the device count or links are asymmetric.
     """
+    import numpy as np
+
     from frugal.planner.cost import paper_cost
+    from frugal.planner.iteration import iteration_cost
     from frugal.planner.search import (
         check_grid,
+        iteration_search,
         megatron_default_groups,
         random_search,
         swap_search,
     )
 
     check_grid(topology, config.num_stages, config.num_replicas)
-    if config.method == "ours":
-        cost = swap_search(
-            topology,
-            config.num_stages,
-            config.num_replicas,
-            budget=config.budget,
-            seed=config.seed,
-            time_limit_s=config.time_limit_s,
-        ).cost
-    elif config.method == "random":
-        cost = random_search(
-            topology, config.num_stages, config.num_replicas, budget=config.budget, seed=config.seed
-        ).cost
+    layers = _split_layers(config.workload.num_layers, config.num_stages)
+    d_pp, d_dp, n = config.num_stages, config.num_replicas, topology.num_devices
+    stage_order: tuple[int, ...] = tuple(range(d_pp))
+    if config.method in ("megatron_default", "megatron_random"):
+        ranks = np.arange(n, dtype=np.int64)
+        if config.method == "megatron_random":  # rank 0 stays, the rest are shuffled
+            ranks[1:] = np.random.default_rng(config.seed).permutation(np.arange(1, n))
+        mesh = ranks[np.ascontiguousarray(megatron_default_groups(d_pp, d_dp).T)]
+    elif config.objective == "paper":
+        if config.method == "ours":
+            paper = swap_search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed,
+                                time_limit_s=config.time_limit_s).cost  # fmt: skip
+        else:
+            paper = random_search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed).cost
+        mesh, stage_order = np.array(paper.mesh, dtype=np.int64), paper.stage_order
+    elif config.method == "ours":
+        mesh = iteration_search(topology, d_pp, d_dp, layers, config.workload,
+                                budget=config.budget, seed=config.seed,
+                                time_limit_s=config.time_limit_s).mesh  # fmt: skip
     else:
-        cost = paper_cost(topology, megatron_default_groups(config.num_stages, config.num_replicas))
+        rng = np.random.default_rng(config.seed)
+        candidates = [rng.permutation(n).reshape(d_dp, d_pp) for _ in range(config.budget)]
+        mesh = min(
+            candidates,
+            key=lambda m: iteration_cost(topology, m, layers, config.workload).total_s,
+        )
+    breakdown: tuple[tuple[str, float], ...]
+    if config.objective == "paper":
+        scored = paper_cost(topology, np.ascontiguousarray(mesh.T))
+        predicted = scored.total_s
+        breakdown = (("dp_s", scored.dp_s), ("pp_s", scored.pp_s))
+    else:
+        it = iteration_cost(topology, mesh, layers, config.workload)
+        predicted = it.total_s
+        breakdown = (("pipeline_s", it.pipeline_s), ("dp_exposed_s", it.dp_exposed_s))
     return Plan(
         world_size=topology.num_devices,
         num_stages=config.num_stages,
         num_replicas=config.num_replicas,
-        num_layers_per_stage=_split_layers(config.num_layers, config.num_stages),
-        mesh=cost.mesh,
-        stage_order=cost.stage_order,
+        num_layers_per_stage=layers,
+        mesh=tuple(tuple(int(r) for r in row) for row in mesh),
+        stage_order=stage_order,
         devices=tuple((d.name, d.host, d.site) for d in topology.devices),
         objective=config.objective,
         method=config.method,
-        predicted_cost_s=cost.total_s,
-        breakdown=(("dp_s", cost.dp_s), ("pp_s", cost.pp_s)),
+        predicted_cost_s=predicted,
+        breakdown=breakdown,
         seed=config.seed,
         cluster=topology.name,
         cluster_sha256=topology.sha256(),

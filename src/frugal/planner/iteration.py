@@ -1,0 +1,246 @@
+"""The `iteration` objective: seconds per training iteration of a placement (analytic).
+
+Better than the paper's communication-only cost: it adds compute, pipeline fill and drain, the
+overlap of data-parallel gradient exchange with the backward pass, and the cheapest collective
+per stage group. For pipeline j with stages i (device d = mesh[j][i], l_i layers):
+
+- f_i = l_i tau_f(d), g_i = l_i tau_b(d), tau(d) = tau_ref / speed(d) (forward : backward
+  incl. recompute = 1 : 3);
+- x_i = alpha(d_i, d_{i+1}) + w / beta(d_i, d_{i+1}): one micro-batch's activation message of
+  w bytes (the wire size of the codec);
+- T_fwd(j) = sum_i (f_i + x_i) + (M - 1) max_i max(f_i, x_i); T_bwd alike with g;
+  T_pp(j) = A (T_fwd + T_bwd) for A accumulation steps of M micro-batches (GPipe);
+- T_coll(i): the cheapest of the paper's sequential peer exchange, a ring all-reduce along the
+  best ring of the group (bottleneck-optimal cycle) and a central parameter server;
+- stage i's gradients are ready slack_i = sum_{k < i} (g_k + x_k) before stage 0 finishes, so
+  T_iter = max_j T_pp(j) + max(0, max_i (T_coll(i) - slack_i)).
+
+Not modelled yet (the brief's full `iteration` model): NIC sharing between flows of one host,
+1F1B, the event simulator, memory limits, uneven layers. Units: seconds, bytes, Gbit/s, ms.
+
+References:
+    Decentralized Training of Foundation Models in Heterogeneous Environments, NeurIPS 2022,
+    arXiv 2206.01288 (scenarios, GPT3-XL workload; the runtime this model predicts).
+    GPipe: Efficient Training of Giant Neural Networks using Pipeline Parallelism, NeurIPS 2019,
+    arXiv 1811.06965 (fill/drain of a micro-batched pipeline).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from frugal.config import check_types
+from frugal.planner.topology import Topology
+
+__all__ = ["IterationCost", "WorkloadConfig", "iteration_cost"]
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+TAU_REF_S = 0.0206
+"""Seconds per layer per micro-batch on a V100, forward + backward + recompute (fp16); fitted to
+the DT-FM authors' data-center log through a GPipe model (planner.md, section 6)."""
+_BITS_PER_BYTE = 8.0
+_GBIT = 1e9
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkloadConfig:
+    """The training job: GPT3-XL-shaped by default (h 2048, seq 2048, fp16)."""
+
+    num_layers: int = 24
+    """Transformer layers L, >= 1."""
+    hidden_size: int = 2048
+    """h, >= 1."""
+    seq_len: int = 2048
+    """Tokens per sequence, >= 1."""
+    global_batch_size: int = 1024
+    """Sequences per iteration over all replicas, >= 1."""
+    microbatch_size: int = 1
+    """Sequences per micro-batch, >= 1."""
+    microbatches_per_step: int = 64
+    """Micro-batches per pipeline between two accumulation boundaries (M), >= 1."""
+    activation_bytes_per_value: float = 2.0
+    """Wire bytes per activation value (fp16: 2; a 4-bit codec: 0.5), > 0."""
+    gradient_bytes_per_value: float = 2.0
+    """Wire bytes per gradient value in the DP exchange, > 0."""
+    tau_ref_s: float = TAU_REF_S
+    """Seconds per layer per micro-batch on a speed-1.0 device, > 0."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("num_layers", "hidden_size", "seq_len", "global_batch_size",
+                     "microbatch_size", "microbatches_per_step"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if min(self.activation_bytes_per_value, self.gradient_bytes_per_value, self.tau_ref_s) <= 0:
+            raise ValueError("bytes per value and tau_ref_s must be > 0")
+
+    @property
+    def params_per_layer(self) -> float:
+        """12 h^2 (attention 4 h^2 + MLP 8 h^2)."""
+        return 12.0 * self.hidden_size**2
+
+    @property
+    def activation_bytes(self) -> float:
+        """One micro-batch's activations crossing a stage boundary: b s h x bytes per value."""
+        return (
+            self.microbatch_size * self.seq_len * self.hidden_size * self.activation_bytes_per_value
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class IterationCost:
+    """Predicted seconds per iteration and its parts."""
+
+    total_s: float
+    pipeline_s: float
+    """max_j T_pp(j)."""
+    dp_exposed_s: float
+    """Gradient exchange not hidden behind the backward pass."""
+    collective: tuple[str, ...]
+    """Chosen collective per stage: seq_peer, ring or central_ps."""
+
+
+_RINGS: dict[int, I64] = {}
+
+
+def _rings(k: int) -> I64:
+    """All rings through K members starting at member 0, as (R, K) member positions."""
+    if k not in _RINGS:
+        perms = np.array(list(itertools.permutations(range(1, k))), dtype=np.int64).reshape(
+            -1, k - 1
+        )
+        _RINGS[k] = np.concatenate([np.zeros((len(perms), 1), dtype=np.int64), perms], axis=1)
+    return _RINGS[k]
+
+
+def _ring_seconds(members: I64, topology: Topology, size_bytes: float) -> float:
+    """Ring all-reduce on the best ring: 2 (K-1)/K size over the slowest edge + 2 (K-1) delays.
+
+    Every ring is scored (vectorised; (K-1)! rings, K <= 8); larger groups keep their order.
+    """
+    k = len(members)
+    if k == 1:
+        return 0.0
+    rings = _rings(k) if k <= 8 else np.arange(k, dtype=np.int64)[None, :]
+    nodes = members[rings]  # (R, K) device ids
+    nxt = np.roll(nodes, -1, axis=1)
+    bandwidth = topology.bandwidth_gbps[nodes, nxt].min(axis=1)
+    delay = topology.delay_ms[nodes, nxt].max(axis=1) / 1000.0
+    seconds = 2 * (k - 1) * (size_bytes / k * _BITS_PER_BYTE / (bandwidth * _GBIT) + delay)
+    return float(seconds.min())
+
+
+def _seq_peer_seconds(members: I64, topology: Topology, size_bytes: float) -> float:
+    """The paper's exchange: each member sends its 1/K slice to every peer in turn, twice."""
+    k = len(members)
+    sub_delay = topology.delay_ms[np.ix_(members, members)] / 1000.0
+    sub_bw = topology.bandwidth_gbps[np.ix_(members, members)]
+    with np.errstate(divide="ignore"):
+        pair = 2.0 * (sub_delay + size_bytes / k * _BITS_PER_BYTE / (sub_bw * _GBIT))
+    np.fill_diagonal(pair, 0.0)
+    return float(pair.sum(axis=1).max())
+
+
+def _central_ps_seconds(members: I64, topology: Topology, size_bytes: float) -> float:
+    """A parameter server on the best member: everyone sends and receives the full gradient."""
+    k = len(members)
+    if k == 1:
+        return 0.0
+    best = np.inf
+    for server in members:
+        others = [m for m in members if m != server]
+        slowest = max(
+            topology.delay_ms[m, server] / 1000.0
+            + size_bytes * _BITS_PER_BYTE / (topology.bandwidth_gbps[m, server] * _GBIT)
+            for m in others
+        )
+        # The server's link is shared by K-1 uploads and K-1 downloads.
+        incoming = (
+            (k - 1)
+            * size_bytes
+            * _BITS_PER_BYTE
+            / (min(topology.bandwidth_gbps[m, server] for m in others) * _GBIT)
+        )
+        best = min(best, 2 * max(slowest, incoming))
+    return float(best)
+
+
+def iteration_cost(
+    topology: Topology,
+    mesh_JI: I64,
+    layers_per_stage: tuple[int, ...],
+    workload: WorkloadConfig,
+) -> IterationCost:
+    """Predict seconds per iteration of a placement (see the module docstring).
+
+    Args:
+        topology: Devices and links.
+        mesh_JI: mesh[j][i] = device of pipeline j at stage i.
+        layers_per_stage: l_i per stage (sum = num_layers).
+        workload: The training job.
+
+    Returns:
+        The prediction and its parts.
+
+    Raises:
+        ValueError: If the mesh and layers disagree in length or the batch does not split.
+
+    Shapes:
+        mesh_JI: (J replicas, I stages).
+    """
+    num_replicas, num_stages = mesh_JI.shape
+    if len(layers_per_stage) != num_stages or sum(layers_per_stage) != workload.num_layers:
+        raise ValueError(
+            f"layers_per_stage={layers_per_stage} must have {num_stages} entries summing to "
+            f"num_layers={workload.num_layers}"
+        )
+    per_replica = workload.global_batch_size // num_replicas
+    step = workload.microbatch_size * workload.microbatches_per_step
+    if per_replica * num_replicas != workload.global_batch_size or per_replica % step:
+        raise ValueError(
+            f"global_batch_size={workload.global_batch_size} must split into {num_replicas} "
+            f"replicas of whole steps of {step} sequences"
+        )
+    accumulation = per_replica // step
+    m = workload.microbatches_per_step
+    layers = np.array(layers_per_stage, dtype=np.float64)
+    speed = np.array([d.speed for d in topology.devices])
+    tau = workload.tau_ref_s / speed[mesh_JI]  # (J, I)
+    f = layers * tau / 4.0  # forward : backward (with recompute) = 1 : 3
+    g = layers * tau * 3.0 / 4.0
+    send, recv = mesh_JI[:, :-1], mesh_JI[:, 1:]
+    bits = workload.activation_bytes * _BITS_PER_BYTE
+    x = np.zeros_like(f)
+    if num_stages > 1:
+        x[:, :-1] = topology.delay_ms[send, recv] / 1000.0 + bits / (
+            topology.bandwidth_gbps[send, recv] * _GBIT
+        )
+    t_fwd = (f + x).sum(axis=1) + (m - 1) * np.maximum(f, x).max(axis=1)
+    t_bwd = (g + x).sum(axis=1) + (m - 1) * np.maximum(g, x).max(axis=1)
+    pipeline = float((accumulation * (t_fwd + t_bwd)).max())
+    exposed = 0.0
+    choices = []
+    for i in range(num_stages):
+        size = layers[i] * workload.params_per_layer * workload.gradient_bytes_per_value
+        members = mesh_JI[:, i]
+        options = {
+            "seq_peer": _seq_peer_seconds(members, topology, size),
+            "ring": _ring_seconds(members, topology, size),
+            "central_ps": _central_ps_seconds(members, topology, size),
+        }
+        name = min(options, key=lambda key: options[key])
+        choices.append(name)
+        slack = float((g[:, :i] + x[:, :i]).sum(axis=1).min()) if i else 0.0
+        exposed = max(exposed, options[name] - slack)
+    return IterationCost(
+        total_s=pipeline + exposed,
+        pipeline_s=pipeline,
+        dp_exposed_s=exposed,
+        collective=tuple(choices),
+    )
