@@ -25,6 +25,7 @@ PINNED_SURFACE = {
     "store": ["--help", "-h"],
     "store bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
     "plan": ["--config", "--help", "--out", "--scenario", "--set", "-h"],
+    "plan bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
 }
 
 

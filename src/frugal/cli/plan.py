@@ -1,4 +1,4 @@
-"""`frugal plan --scenario NAME [--out plan.json]`."""
+"""`frugal plan --scenario NAME [--out plan.json]` and `frugal plan bench [--quick]`."""
 
 from __future__ import annotations
 
@@ -24,19 +24,28 @@ def register(commands: Any) -> None:
     )
     parser.add_argument(
         "--scenario",
-        required=True,
         metavar="NAME",
         help="datacenter, spot, two_sites, regional, world or fluidstack_3region",
     )
     parser.add_argument("--out", metavar="FILE", default=None, help="write the plan as JSON")
     add_config_arguments(parser)
     parser.set_defaults(handler=_plan)
+    children = parser.add_subparsers(dest="plan_command", metavar="ACTION")
+    bench = children.add_parser(
+        "bench", help="every scenario x model size x method side by side; writes results.json"
+    )
+    bench.add_argument("--quick", action="store_true", help="24 layers, batch 1024, budget 300")
+    bench.add_argument("--out", default="reports/plan", metavar="DIR", help="results folder")
+    add_config_arguments(bench)
+    bench.set_defaults(handler=_bench)
 
 
 def _plan(args: argparse.Namespace) -> int:
     from frugal.planner.plan import PlannerConfig, build_plan
     from frugal.planner.scenarios import build_scenario
 
+    if not args.scenario:
+        raise ValueError("give --scenario NAME (or use `frugal plan bench`)")
     config = config_from_args(PlannerConfig, args)
     topology = build_scenario(args.scenario)
     plan = build_plan(topology, config)
@@ -46,4 +55,19 @@ def _plan(args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(plan.to_json() + "\n")
         print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import json
+
+    from frugal.config import config_to_dict, load_config
+    from frugal.planner.bench import PlanBenchConfig, run_plan_bench
+
+    preset = config_to_dict(PlanBenchConfig.quick()) if args.quick else None
+    config = load_config(PlanBenchConfig, args.config, args.overrides, base=preset)
+    out = Path(args.out)
+    document = run_plan_bench(config, out, progress=lambda line: print(line, file=sys.stderr))
+    print(json.dumps(document["summary"], indent=1))
+    print(f"wrote {out / 'results.json'}", file=sys.stderr)
     return 0

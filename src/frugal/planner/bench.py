@@ -1,0 +1,160 @@
+"""`frugal plan bench`: every scenario x model size x method, side by side, in one run.
+
+Rows: `scenario, num_layers, global_batch, method, seed, predicted_iteration_s,
+paper_cost_s, search_s`. Summary: `world_speedup_vs_megatron_random` (mean over the random
+seeds), `world_speedup_vs_megatron_default`, `search_s_world`, and per scenario the speed-up of
+ours over each baseline. The iteration times are predictions of the `iteration` model; the
+validation against measured emulated runs needs `frugal.pipeline` and is not part of this
+bench yet (`sim_vs_measured_max_error` is null).
+
+References:
+    Decentralized Training of Foundation Models in Heterogeneous Environments, NeurIPS 2022,
+    arXiv 2206.01288 (section 4: scenarios, GPT3-XL at 24/32/40 layers, batch 1024-4096).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from frugal.config import check_types
+from frugal.planner.cost import paper_cost
+from frugal.planner.iteration import WorkloadConfig
+from frugal.planner.plan import PlannerConfig, build_plan
+from frugal.planner.scenarios import build_scenario
+
+__all__ = ["PlanBenchConfig", "run_plan_bench"]
+
+Method = Literal["ours", "megatron_default", "megatron_random", "random"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanBenchConfig:
+    """What `frugal plan bench` runs; `quick()` is the small preset."""
+
+    scenarios: tuple[str, ...] = ("datacenter", "spot", "two_sites", "regional", "world")
+    """Scenario presets (see `frugal.planner.scenarios`)."""
+    num_layers: tuple[int, ...] = (24, 32, 40)
+    """Model depths (GPT3-XL shape)."""
+    global_batches: tuple[int, ...] = (1024, 2048, 4096)
+    """Sequences per iteration."""
+    methods: tuple[Method, ...] = ("ours", "megatron_default", "megatron_random", "random")
+    """Placement methods compared."""
+    random_seeds: tuple[int, ...] = (2022, 2023, 2024)
+    """Seeds of `megatron_random` (the paper's)."""
+    budget: int = 2000
+    """Candidates scored by ours and by random, >= 1."""
+    seed: int = 0
+    """Seed of ours and of random."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("scenarios", "num_layers", "global_batches", "methods", "random_seeds"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} is empty; list at least one value")
+        for name in self.scenarios:
+            build_scenario(name)  # unknown names fail here, before any work
+        if self.budget < 1:
+            raise ValueError(f"budget={self.budget} must be >= 1")
+
+    @classmethod
+    def quick(cls) -> PlanBenchConfig:
+        """Every scenario at 24 layers and batch 1024, budget 300 (about a minute)."""
+        return cls(num_layers=(24,), global_batches=(1024,), budget=300)
+
+
+def run_plan_bench(
+    config: PlanBenchConfig,
+    out_dir: Path,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Plan every cell, score it under both objectives, write and return `results.json`.
+
+    Raises:
+        OSError: If `out_dir` cannot be written.
+    """
+    from frugal.results import results_document, write_results
+
+    rows: list[dict[str, Any]] = []
+    for scenario in config.scenarios:
+        topology = build_scenario(scenario)
+        for layers in config.num_layers:
+            for batch in config.global_batches:
+                workload = WorkloadConfig(num_layers=layers, global_batch_size=batch)
+                base = PlannerConfig(workload=workload, budget=config.budget, seed=config.seed)
+                for method in config.methods:
+                    seeds = config.random_seeds if method == "megatron_random" else (config.seed,)
+                    for seed in seeds:
+                        start = time.perf_counter()
+                        plan = build_plan(topology, replace(base, method=method, seed=seed))
+                        search_s = time.perf_counter() - start
+                        mesh = np.array(plan.mesh, dtype=np.int64)
+                        paper = (
+                            paper_cost(topology, np.ascontiguousarray(mesh.T)).total_s
+                            if topology.is_symmetric()
+                            else None
+                        )
+                        row = {
+                            "scenario": scenario,
+                            "num_layers": layers,
+                            "global_batch": batch,
+                            "method": method,
+                            "seed": seed,
+                            "predicted_iteration_s": plan.predicted_cost_s,
+                            "paper_cost_s": paper,
+                            "search_s": search_s,
+                            "plan_sha256": plan.sha256,
+                        }
+                        rows.append(row)
+                        if progress is not None:
+                            progress(
+                                f"{scenario} L={layers} B={batch} {method} seed={seed}: "
+                                f"{plan.predicted_cost_s:.2f} s/iter ({search_s:.1f} s search)"
+                            )
+    summary = _summary(rows)
+    document = results_document("plan", config, rows, summary)
+    write_results(out_dir / "results.json", document)
+    return document
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def mean_time(scenario: str, method: str, layers: int, batch: int) -> float | None:
+        times = [
+            r["predicted_iteration_s"]
+            for r in rows
+            if (r["scenario"], r["method"], r["num_layers"], r["global_batch"])
+            == (scenario, method, layers, batch)
+        ]
+        return float(np.mean(times)) if times else None
+
+    summary: dict[str, Any] = {"speedup_of_ours": {}}
+    cells = sorted({(r["scenario"], r["num_layers"], r["global_batch"]) for r in rows})
+    for scenario, layers, batch in cells:
+        ours = mean_time(scenario, "ours", layers, batch)
+        if ours is None:
+            continue
+        for baseline in ("megatron_default", "megatron_random", "random"):
+            other = mean_time(scenario, baseline, layers, batch)
+            if other is not None:
+                key = f"{scenario}/L{layers}/B{batch}/vs_{baseline}"
+                summary["speedup_of_ours"][key] = other / ours
+    first = [c for c in cells if c[0] == "world"]
+    if first:
+        _, layers, batch = first[0]
+        ours = mean_time("world", "ours", layers, batch)
+        for baseline in ("megatron_random", "megatron_default"):
+            other = mean_time("world", baseline, layers, batch)
+            if ours and other:
+                summary[f"world_speedup_vs_{baseline}"] = other / ours
+        summary["search_s_world"] = max(
+            r["search_s"] for r in rows if r["scenario"] == "world" and r["method"] == "ours"
+        )
+    summary["sim_vs_measured_max_error"] = None  # needs frugal.pipeline (emulated runs)
+    summary["objective"] = "iteration (analytic GPipe model; see frugal.planner.iteration)"
+    return summary

@@ -1,0 +1,35 @@
+"""The plan bench at its smallest setting writes complete results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from frugal.planner.bench import PlanBenchConfig, run_plan_bench
+
+
+@pytest.mark.slow
+def test_smallest_plan_bench(tmp_path: Path) -> None:
+    config = PlanBenchConfig(
+        scenarios=("world",), num_layers=(24,), global_batches=(1024,), budget=5,
+        random_seeds=(2022,),
+    )  # fmt: skip
+    document = run_plan_bench(config, tmp_path)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["benchmark"] == "plan"
+    assert [r["method"] for r in saved["rows"]] == [
+        "ours", "megatron_default", "megatron_random", "random",
+    ]  # fmt: skip
+    keys = {"scenario", "num_layers", "global_batch", "method", "predicted_iteration_s",
+            "paper_cost_s", "search_s"}  # fmt: skip
+    assert all(keys <= set(r) for r in saved["rows"])
+    assert document["summary"]["world_speedup_vs_megatron_random"] > 1.0
+
+
+def test_bad_bench_config() -> None:
+    with pytest.raises(ValueError, match="unknown scenario 'mars'"):
+        PlanBenchConfig(scenarios=("mars",))
+    with pytest.raises(ValueError, match="methods is empty"):
+        PlanBenchConfig(methods=())
