@@ -24,7 +24,7 @@ PINNED_SURFACE = {
     "data export": ["--config", "--format", "--help", "--out", "--set", "-h", "NAME"],
     "store": ["--help", "-h"],
     "store bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
-    "plan": ["--config", "--help", "--out", "--scenario", "--set", "-h"],
+    "plan": ["--cluster", "--config", "--help", "--out", "--scenario", "--set", "-h"],
     "plan bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
 }
 

@@ -1,4 +1,4 @@
-"""`frugal plan --scenario NAME [--out plan.json]` and `frugal plan bench [--quick]`."""
+"""`frugal plan --scenario NAME | --cluster FILE [--out plan.json]`, `frugal plan bench`."""
 
 from __future__ import annotations
 
@@ -22,10 +22,14 @@ def register(commands: Any) -> None:
             "num_stages, num_replicas, method, budget and seed go through --set."
         ),
     )
-    parser.add_argument(
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
         "--scenario",
         metavar="NAME",
         help="datacenter, spot, two_sites, regional, world or fluidstack_3region",
+    )
+    where.add_argument(
+        "--cluster", metavar="FILE", help="a cluster TOML file (sites, hosts, links)"
     )
     parser.add_argument("--out", metavar="FILE", default=None, help="write the plan as JSON")
     add_config_arguments(parser)
@@ -41,13 +45,19 @@ def register(commands: Any) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from frugal.config import load_config
+    from frugal.planner.cluster import load_cluster
     from frugal.planner.plan import PlannerConfig, build_plan
     from frugal.planner.scenarios import build_scenario
 
-    if not args.scenario:
-        raise ValueError("give --scenario NAME (or use `frugal plan bench`)")
-    config = config_from_args(PlannerConfig, args)
-    topology = build_scenario(args.scenario)
+    if args.cluster:
+        topology, settings = load_cluster(args.cluster)
+        config = load_config(PlannerConfig, args.config, args.overrides, base=settings)
+    elif args.scenario:
+        topology = build_scenario(args.scenario)
+        config = config_from_args(PlannerConfig, args)
+    else:
+        raise ValueError("give --scenario NAME or --cluster FILE (or use `frugal plan bench`)")
     plan = build_plan(topology, config)
     print(plan.table())
     if args.out:

@@ -1,0 +1,88 @@
+"""Cluster TOML files: topology built as described, strict errors naming file, key and rule."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from frugal.cli.main import main
+from frugal.config import ConfigError
+from frugal.planner.cluster import load_cluster
+from frugal.planner.plan import Plan
+
+GOOD = """
+planner = {num_stages = 2, num_replicas = 3, budget = 5}
+model = {num_layers = 4, global_batch_size = 192}
+sites = [{name = "Oregon", delay_ms = 5, bandwidth_gbps = 2},
+         {name = "Virginia", delay_ms = 5, bandwidth_gbps = 2}]
+hosts = [{name = "or0", site = "Oregon", num_gpus = 4, intra_gbps = 100},
+         {name = "va0", site = "Virginia", speed = 0.5, memory_gib = 8},
+         {name = "va1", site = "Virginia"}]
+links = [{a = "Oregon", b = "Virginia", delay_ms = 67, bandwidth_gbps = 0.79}]
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cluster.toml"
+    path.write_text(text)
+    return path
+
+
+def test_cluster_file_builds_the_described_topology(tmp_path: Path) -> None:
+    topology, settings = load_cluster(_write(tmp_path, GOOD))
+    names = [d.name for d in topology.devices]
+    assert names == ["or0-0", "or0-1", "or0-2", "or0-3", "va0", "va1"]
+    assert topology.bandwidth_gbps[0, 1] == 100.0  # same host
+    assert topology.bandwidth_gbps[4, 5] == 2.0  # same site
+    assert (topology.delay_ms[0, 4], topology.bandwidth_gbps[4, 0]) == (67.0, 0.79)
+    assert topology.devices[4].speed == 0.5
+    assert topology.devices[4].memory_gib == 8
+    assert settings == {
+        "num_stages": 2, "num_replicas": 3, "budget": 5,
+        "workload": {"num_layers": 4, "global_batch_size": 192},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (GOOD + "\nextra = 1\n", "unknown key extra"),
+        (
+            GOOD.replace('site = "Oregon", num_gpus', 'site = "Ohio", num_gpus'),
+            "unknown site 'Ohio'",
+        ),
+        (
+            GOOD.replace("bandwidth_gbps = 0.79", "bandwidth_gbps = 0"),
+            "bandwidth_gbps = 0.0 must be > 0",
+        ),
+        (
+            GOOD.replace("links = [", "links_ = [").split("links_")[0],
+            "no link for Oregon->Virginia",
+        ),
+        (
+            GOOD.replace('{name = "va1", site = "Virginia"}', '{name = "va0", site = "Virginia"}'),
+            "host 'va0' appears twice",
+        ),
+        (GOOD.replace("num_gpus = 4,", "num_gpus = 4, colour = 1,"), "unknown key hosts[0].colour"),
+        (GOOD.replace("num_layers = 4", "num_layer = 4"), "unknown key model.num_layer"),
+        ("sites = [", "not valid TOML"),
+    ],
+)
+def test_bad_cluster_files(tmp_path: Path, text: str, fragment: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError, match=re.escape(fragment)) as error:
+        load_cluster(path)
+    assert str(path) in str(error.value)
+
+
+def test_cli_plans_a_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--cluster", str(_write(tmp_path, GOOD)), "--out", str(out)]) == 0
+    plan = Plan.from_json(out.read_text())
+    assert (plan.world_size, plan.num_stages, plan.num_replicas) == (6, 2, 3)
+    assert plan.num_layers_per_stage == (2, 2)
+    assert main(["plan", "--cluster", str(tmp_path / "none.toml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["plan"]) == 2
