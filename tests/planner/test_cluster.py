@@ -86,3 +86,34 @@ def test_cli_plans_a_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["plan", "--cluster", str(tmp_path / "none.toml")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["plan"]) == 2
+
+
+MIXED = """
+model = {num_layers = 5, global_batch_size = 128}
+planner = {num_stages = 2, num_replicas = 2, budget = 50}
+sites = [{name = "s"}]
+hosts = [{name = "small0", site = "s", memory_gib = 2.45},
+         {name = "small1", site = "s", memory_gib = 2.45},
+         {name = "big0", site = "s", memory_gib = 16},
+         {name = "big1", site = "s", memory_gib = 16}]
+"""
+
+
+def test_stages_go_where_they_fit(tmp_path: Path) -> None:
+    # 5 layers -> stages of 3 and 2. Stage memory (GiB) = l * 12 * 2048^2 * 4 B / 2^30 + 64
+    # micro-batches * 4 buffers * 8 MiB / 2^30: 3 layers 2.5625, 2 layers 2.375. The small
+    # devices (2.45 GiB) can only host stage 1.
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--cluster", str(_write(tmp_path, MIXED)), "--out", str(out)]) == 0
+    plan = Plan.from_json(out.read_text())
+    assert plan.num_layers_per_stage == (3, 2)
+    assert sorted(plan.devices[row[0]][0] for row in plan.mesh) == ["big0", "big1"]
+
+
+def test_nothing_fits_is_an_infeasible_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny = MIXED.replace("memory_gib = 16", "memory_gib = 1")
+    assert main(["plan", "--cluster", str(_write(tmp_path, tiny))]) == 1
+    err = capsys.readouterr().err
+    assert "needs 2.56 GiB but device" in err

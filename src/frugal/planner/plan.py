@@ -18,13 +18,29 @@ from frugal.config import check_types
 from frugal.planner.iteration import WorkloadConfig
 from frugal.planner.topology import Topology
 
-__all__ = ["PLAN_FORMAT_VERSION", "Plan", "PlannerConfig", "PlannerError", "build_plan"]
+__all__ = [
+    "PLAN_FORMAT_VERSION",
+    "InfeasiblePlanError",
+    "Plan",
+    "PlannerConfig",
+    "PlannerError",
+    "build_plan",
+    "check_memory",
+]
 
 PLAN_FORMAT_VERSION = 1
 
 
 class PlannerError(FrugalError):
     """The planner cannot place the job on the cluster."""
+
+
+class InfeasiblePlanError(PlannerError):
+    """No placement fits: `constraint` names the rule ("memory", "connectivity")."""
+
+    def __init__(self, message: str, *, constraint: str) -> None:
+        super().__init__(message)
+        self.constraint = constraint
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -194,6 +210,30 @@ def _split_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
     return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
 
 
+def check_memory(
+    topology: Topology, mesh: tuple[tuple[int, ...], ...], layers: tuple[int, ...],
+    workload: WorkloadConfig,
+) -> None:  # fmt: skip
+    """Check every device can hold its stage.
+
+    Raises:
+        InfeasiblePlanError: constraint "memory", naming the stage, device, need and have.
+    """
+    from frugal.planner.iteration import stage_memory_gib
+
+    for row in mesh:
+        for stage, rank in enumerate(row):
+            need = stage_memory_gib(workload, layers[stage])
+            device = topology.devices[rank]
+            if need > device.memory_gib:
+                raise InfeasiblePlanError(
+                    f"stage {stage} ({layers[stage]} layers) needs {need:.2f} GiB but device "
+                    f"{device.name} has {device.memory_gib:.2f} GiB; use more stages, fewer "
+                    "micro-batches per step, or larger devices",
+                    constraint="memory",
+                )
+
+
 def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
     """Search a placement for `topology` and return it as a `Plan`.
 
@@ -206,6 +246,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
 
     Raises:
         ValueError: If the grid does not match the device count or links are asymmetric.
+        InfeasiblePlanError: If a stage does not fit its device's memory.
     """
     import numpy as np
 
@@ -246,6 +287,8 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
             candidates,
             key=lambda m: iteration_cost(topology, m, layers, config.workload).total_s,
         )
+    mesh_rows = tuple(tuple(int(r) for r in row) for row in mesh)
+    check_memory(topology, mesh_rows, layers, config.workload)
     breakdown: tuple[tuple[str, float], ...]
     if config.objective == "paper":
         scored = paper_cost(topology, np.ascontiguousarray(mesh.T))
@@ -260,7 +303,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         num_stages=config.num_stages,
         num_replicas=config.num_replicas,
         num_layers_per_stage=layers,
-        mesh=tuple(tuple(int(r) for r in row) for row in mesh),
+        mesh=mesh_rows,
         stage_order=stage_order,
         devices=tuple((d.name, d.host, d.site) for d in topology.devices),
         objective=config.objective,

@@ -32,7 +32,12 @@ from frugal.planner.cost import (
     open_path,
     paper_cost,
 )
-from frugal.planner.iteration import IterationCost, WorkloadConfig, iteration_cost
+from frugal.planner.iteration import (
+    IterationCost,
+    WorkloadConfig,
+    iteration_cost,
+    stage_memory_gib,
+)
 from frugal.planner.topology import Topology
 
 __all__ = [
@@ -309,13 +314,26 @@ def iteration_search(
     candidates = 0
     best_mesh, best = seeds[0], None
     history: list[tuple[int, float]] = []
+    need = np.array([stage_memory_gib(workload, layer) for layer in layers_per_stage])
+    memory = np.array([d.memory_gib for d in topology.devices])
+
+    def fits(mesh: I64) -> bool:
+        return bool((memory[mesh] >= need[None, :]).all())
+
     for mesh in seeds:
         cost = iteration_cost(topology, mesh, layers_per_stage, workload)
         candidates += 1
-        if best is None or cost.total_s < best.total_s:
+        if fits(mesh) and (best is None or cost.total_s < best.total_s):
             best_mesh, best = mesh, cost
             history.append((candidates, cost.total_s))
-    assert best is not None
+    if best is None:  # no seed fits: place the largest stages on the largest devices
+        by_memory = np.argsort(-memory, kind="stable")
+        stage_rank = np.argsort(-need, kind="stable")
+        mesh = np.empty((num_replicas, num_stages), dtype=np.int64)
+        for position, stage in enumerate(stage_rank):
+            mesh[:, stage] = by_memory[position * num_replicas : (position + 1) * num_replicas]
+        best_mesh, best = mesh, iteration_cost(topology, mesh, layers_per_stage, workload)
+        history.append((candidates, best.total_s))
     n = topology.num_devices
     while candidates < budget and n > 1 and time.perf_counter() - start < time_limit_s:
         a, b = rng.choice(n, size=2, replace=False)
@@ -324,7 +342,7 @@ def iteration_search(
         flat[a], flat[b] = flat[b], flat[a]
         cost = iteration_cost(topology, mesh, layers_per_stage, workload)
         candidates += 1
-        if cost.total_s < best.total_s - 1e-12:
+        if cost.total_s < best.total_s - 1e-12 and fits(mesh):
             best_mesh, best = mesh, cost
             history.append((candidates, cost.total_s))
     return MeshSearchResult(
