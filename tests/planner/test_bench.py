@@ -14,17 +14,22 @@ from frugal.planner.bench import PlanBenchConfig, run_plan_bench
 def test_smallest_plan_bench(tmp_path: Path) -> None:
     config = PlanBenchConfig(
         scenarios=("world",), num_layers=(24,), global_batches=(1024,), budget=5,
-        random_seeds=(2022,),
+        random_seeds=(2022,), convergence_budget=5,
     )  # fmt: skip
     document = run_plan_bench(config, tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["benchmark"] == "plan"
-    assert [r["method"] for r in saved["rows"]] == [
+    iteration_rows = [r for r in saved["rows"] if r.get("objective") != "paper"]
+    assert [r["method"] for r in iteration_rows] == [
         "ours", "megatron_default", "megatron_random", "random",
     ]  # fmt: skip
+    curves = [r for r in saved["rows"] if r.get("objective") == "paper"]
+    assert [r["method"] for r in curves] == ["random", "dtfm_ga", "ours"]
+    assert all(r["candidates"] == 5 and r["curve"] for r in curves)
+    assert (tmp_path / "convergence.png").stat().st_size > 1000
     keys = {"scenario", "num_layers", "global_batch", "method", "predicted_iteration_s",
             "paper_cost_s", "search_s"}  # fmt: skip
-    assert all(keys <= set(r) for r in saved["rows"])
+    assert all(keys <= set(r) for r in iteration_rows)
     assert document["summary"]["world_speedup_vs_megatron_random"] > 1.0
 
 

@@ -49,6 +49,9 @@ class PlanBenchConfig:
     """Seeds of `megatron_random` (the paper's)."""
     budget: int = 2000
     """Candidates scored by ours and by random, >= 1."""
+    convergence_budget: int = 5000
+    """Candidates per search in the convergence study under the paper's cost (the paper's GA
+    scores 5,000), >= 1."""
     seed: int = 0
     """Seed of ours and of random."""
 
@@ -65,7 +68,7 @@ class PlanBenchConfig:
     @classmethod
     def quick(cls) -> PlanBenchConfig:
         """Every scenario at 24 layers and batch 1024, budget 300 (about a minute)."""
-        return cls(num_layers=(24,), global_batches=(1024,), budget=300)
+        return cls(num_layers=(24,), global_batches=(1024,), budget=300, convergence_budget=300)
 
 
 def run_plan_bench(
@@ -117,13 +120,87 @@ def run_plan_bench(
                                 f"{scenario} L={layers} B={batch} {method} seed={seed}: "
                                 f"{plan.predicted_cost_s:.2f} s/iter ({search_s:.1f} s search)"
                             )
+    curves = _convergence(config, progress)
+    rows.extend(curves)
     summary = _summary(rows)
+    summary["convergence_paper_cost"] = {
+        f"{r['scenario']}/{r['method']}": r["paper_cost_s"] for r in curves
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _plot_convergence(curves, out_dir / "convergence.png")
     document = results_document("plan", config, rows, summary)
     write_results(out_dir / "results.json", document)
     return document
 
 
-def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _convergence(
+    config: PlanBenchConfig, progress: Callable[[str], None] | None
+) -> list[dict[str, Any]]:
+    """Best paper cost vs candidates scored for random, the DT-FM GA and ours, per scenario."""
+    from frugal.planner.search import SearchResult, dtfm_ga, random_search, swap_search
+
+    rows = []
+    for scenario in config.scenarios:
+        topology = build_scenario(scenario)
+        if not topology.is_symmetric():
+            continue  # the paper's cost needs symmetric links
+        if topology.num_devices != 64:
+            continue  # the study uses the paper's 8 x 8 grid
+        searches: dict[str, Callable[..., SearchResult]] = {
+            "random": random_search,
+            "dtfm_ga": dtfm_ga,
+            "ours": swap_search,
+        }
+        for method, search in searches.items():
+            result = search(topology, 8, 8, budget=config.convergence_budget, seed=config.seed)
+            rows.append(
+                {
+                    "scenario": scenario,
+                    "method": method,
+                    "objective": "paper",
+                    "paper_cost_s": result.cost.total_s,
+                    "search_s": result.search_s,
+                    "candidates": result.candidates,
+                    "curve": [list(point) for point in result.history],
+                }
+            )
+            if progress is not None:
+                progress(
+                    f"convergence {scenario} {method}: paper cost {result.cost.total_s:.2f} s "
+                    f"after {result.candidates} candidates ({result.search_s:.1f} s)"
+                )
+    return rows
+
+
+def _plot_convergence(curves: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = sorted({r["scenario"] for r in curves})
+    if not scenarios:
+        return
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(4 * len(scenarios), 3.2), squeeze=False)
+    for ax, scenario in zip(axes[0], scenarios, strict=True):
+        for r in curves:
+            if r["scenario"] != scenario:
+                continue
+            xs = [c for c, _ in r["curve"]] + [r["candidates"]]
+            ys = [v for _, v in r["curve"]] + [r["curve"][-1][1]]
+            ax.step(xs, ys, where="post", label=r["method"])
+        ax.set_title(scenario)
+        ax.set_xlabel("candidates scored")
+        ax.set_ylabel("best paper cost (s)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = [r for r in all_rows if r.get("objective") != "paper"]  # the iteration table only
+
     def mean_time(scenario: str, method: str, layers: int, batch: int) -> float | None:
         times = [
             r["predicted_iteration_s"]
@@ -134,7 +211,9 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return float(np.mean(times)) if times else None
 
     summary: dict[str, Any] = {"speedup_of_ours": {}}
-    cells = sorted({(r["scenario"], r["num_layers"], r["global_batch"]) for r in rows})
+    cells = sorted(
+        {(r["scenario"], r["num_layers"], r["global_batch"]) for r in rows if "num_layers" in r}
+    )
     for scenario, layers, batch in cells:
         ours = mean_time(scenario, "ours", layers, batch)
         if ours is None:
