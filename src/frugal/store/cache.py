@@ -465,7 +465,21 @@ class RowCache:
             self._install(slots, rows)
 
     def update(self, ids: I64, step: int, fn: Callable[[F32], None]) -> None:
-        """Apply `fn` in place to the rows of sorted unique ids and close their open reads."""
+        """Apply `fn` in place to the rows of sorted unique ids and close their open reads.
+
+        Fast path (the training loop's case: the rows were just read and are pinned): one
+        pass under the lock. Otherwise the rows are loaded first. If `fn` raises, nothing is
+        written.
+        """
+        with self.cond:
+            self._check()
+            slots = self.id_to_slot[ids].astype(np.int64)
+            if (slots >= 0).all() and (self.slot_state[slots] == VALID).all():
+                rows = self.slab[slots]
+                fn(rows)
+                self._install(slots, rows)
+                self.last_access[slots] = step
+                return
         rows = self.get(ids, step, count_read=False)
         fn(rows)
         self.write(ids, rows, step)
