@@ -63,39 +63,40 @@ def region_links() -> dict[frozenset[str], tuple[float, float]]:
     }
 
 
-def _grouped(
-    name: str,
-    groups: list[tuple[str, str, int]],
-    inside: tuple[float, float],
-    between: Callable[[str, str], tuple[float, float]],
+def _build(
+    name: str, devices: list[Device], link: Callable[[Device, Device], tuple[float, float]]
 ) -> Topology:
-    """Devices in (site, host, count) groups; links by same host / same site / pair function."""
-    devices = [
-        Device(name=f"{host}-{k}", host=host, site=site)
-        for site, host, count in groups
-        for k in range(count)
-    ]
+    """Fill the delay and bandwidth matrices from a per-pair link function."""
     n = len(devices)
     delay = np.zeros((n, n))
     bandwidth = np.zeros((n, n))
     for a, da in enumerate(devices):
         for b, db in enumerate(devices):
-            if a == b:
-                continue
-            link = inside if da.host == db.host else between(da.site, db.site)
-            delay[a, b], bandwidth[a, b] = link
+            if a != b:
+                delay[a, b], bandwidth[a, b] = link(da, db)
     return Topology(devices=tuple(devices), delay_ms=delay, bandwidth_gbps=bandwidth, name=name)
 
 
+def _instances(
+    name: str, hosts: list[tuple[str, int]], inside: tuple[float, float], between_gbps: float
+) -> Topology:
+    """Cloud instances (host, GPUs): fast inside an instance, one rate between instances."""
+    devices = [
+        Device(name=f"{host}-{k}", host=host, site=host)
+        for host, count in hosts
+        for k in range(count)
+    ]
+    return _build(name, devices, lambda a, b: inside if a.host == b.host else (0.0, between_gbps))
+
+
 def _datacenter() -> Topology:
-    groups = [(f"dc-{h}", f"p3-16x-{h}", 8) for h in range(8)]
-    return _grouped("datacenter", groups, (0.0, 100.0), lambda a, b: (0.0, 25.0 / 8))
+    hosts = [(f"p3-16x-{h}", 8) for h in range(8)]
+    return _instances("datacenter", hosts, (0.0, 100.0), 25.0 / 8)
 
 
 def _spot() -> Topology:
-    groups = [(f"p3-8x-{h}", f"p3-8x-{h}", 4) for h in range(8)]
-    groups += [(f"p3-2x-{h}", f"p3-2x-{h}", 1) for h in range(32)]
-    return _grouped("spot", groups, (0.0, 100.0), lambda a, b: (0.0, 10.0 / 8))
+    hosts = [(f"p3-8x-{h}", 4) for h in range(8)] + [(f"p3-2x-{h}", 1) for h in range(32)]
+    return _instances("spot", hosts, (0.0, 100.0), 10.0 / 8)
 
 
 def _sites(name: str, sites: tuple[str, ...], per_site: int, intra: tuple[float, float],
@@ -106,15 +107,9 @@ def _sites(name: str, sites: tuple[str, ...], per_site: int, intra: tuple[float,
         for site in sites
         for k in range(per_site)
     ]
-    n = len(devices)
-    delay = np.zeros((n, n))
-    bandwidth = np.zeros((n, n))
-    for a, da in enumerate(devices):
-        for b, db in enumerate(devices):
-            if a != b:
-                link = intra if da.site == db.site else between(da.site, db.site)
-                delay[a, b], bandwidth[a, b] = link
-    return Topology(devices=tuple(devices), delay_ms=delay, bandwidth_gbps=bandwidth, name=name)
+    return _build(
+        name, devices, lambda a, b: intra if a.site == b.site else between(a.site, b.site)
+    )
 
 
 def _two_sites() -> Topology:
@@ -149,19 +144,13 @@ def _fluidstack() -> Topology:
         for s in sites
         for k in range(8)
     ]
-    n = len(devices)
-    d = np.zeros((n, n))
-    b = np.zeros((n, n))
-    for i, di in enumerate(devices):
-        for j, dj in enumerate(devices):
-            if i == j:
-                continue
-            if di.site == dj.site:  # assumed inside a FluidStack region (not measured)
-                d[i, j], b[i, j] = 0.5, 10.0
-            else:
-                d[i, j] = delay[frozenset((di.site, dj.site))]
-                b[i, j] = bandwidth[(di.site, dj.site)]
-    return Topology(devices=tuple(devices), delay_ms=d, bandwidth_gbps=b, name="fluidstack_3region")
+
+    def link(a: Device, b: Device) -> tuple[float, float]:
+        if a.site == b.site:  # assumed inside a FluidStack region (not measured)
+            return 0.5, 10.0
+        return delay[frozenset((a.site, b.site))], bandwidth[(a.site, b.site)]
+
+    return _build("fluidstack_3region", devices, link)
 
 
 SCENARIOS: dict[str, Callable[[], Topology]] = {
