@@ -87,3 +87,14 @@ def test_cli_writes_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "iteration cost" in capsys.readouterr().out
     assert main(["plan", "--scenario", "two_sites", "--set", "num_replicas=3"]) == 2
     assert "3 = 24 but world_size = 64" in capsys.readouterr().err
+
+
+def test_auto_grid_picks_the_fastest_factor_pair() -> None:
+    top = build_scenario("two_sites")
+    auto = build_plan(top, PlannerConfig(num_stages=0, num_replicas=0, budget=30))
+    # 64 devices, 24 layers, batch 1024 in steps of 64: D_pp in {1, 2, 4, 8, 16}.
+    assert auto.num_stages * auto.num_replicas == 64
+    fixed = build_plan(top, PlannerConfig(num_stages=8, num_replicas=8, budget=30))
+    assert auto.predicted_cost_s <= fixed.predicted_cost_s + 1e-9
+    derived = build_plan(top, PlannerConfig(num_stages=4, num_replicas=0, budget=5))
+    assert (derived.num_stages, derived.num_replicas) == (4, 16)

@@ -48,9 +48,10 @@ class PlannerConfig:
     """What to plan and how hard to search."""
 
     num_stages: int = 8
-    """D_pp, pipeline stages, >= 1."""
+    """D_pp, pipeline stages, >= 1; 0 = choose (with num_replicas = 0: try every factor pair)."""
     num_replicas: int = 8
-    """D_dp, data-parallel replicas; num_stages x num_replicas must equal the device count."""
+    """D_dp, data-parallel replicas; num_stages x num_replicas must equal the device count;
+    0 = derive from num_stages (or choose)."""
     objective: Literal["iteration", "paper"] = "iteration"
     """Cost model: seconds per iteration (compute, pipeline, overlapped DP; analytic), or the
     DT-FM paper's communication cost."""
@@ -68,9 +69,10 @@ class PlannerConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        if self.num_stages < 1 or self.num_replicas < 1:
+        if self.num_stages < 0 or self.num_replicas < 0:
             raise ValueError(
-                f"num_stages={self.num_stages}, num_replicas={self.num_replicas} must be >= 1"
+                f"num_stages={self.num_stages}, num_replicas={self.num_replicas} must be >= 1, "
+                "or 0 to let the planner choose"
             )
         layers = self.workload.num_layers
         if layers < self.num_stages:
@@ -234,8 +236,56 @@ def check_memory(
                 )
 
 
+def _grids(topology: Topology, config: PlannerConfig) -> list[tuple[int, int]]:
+    """The (D_pp, D_dp) pairs to plan: the configured one, or every feasible factor pair."""
+    n = topology.num_devices
+    if config.num_stages and config.num_replicas:
+        return [(config.num_stages, config.num_replicas)]
+    if config.num_stages:
+        return [(config.num_stages, n // config.num_stages if n % config.num_stages == 0 else 0)]
+    if config.num_replicas:
+        return [
+            (n // config.num_replicas if n % config.num_replicas == 0 else 0, config.num_replicas)
+        ]
+    w = config.workload
+    step = w.microbatch_size * w.microbatches_per_step
+    return [
+        (d_pp, n // d_pp)
+        for d_pp in range(1, min(n, w.num_layers) + 1)
+        if n % d_pp == 0 and w.global_batch_size % ((n // d_pp) * step) == 0
+    ]
+
+
+def _balance_layers(
+    topology: Topology, mesh: tuple[tuple[int, ...], ...], num_layers: int
+) -> tuple[int, ...]:
+    """Layers per stage minimising the slowest stage, when device speeds differ.
+
+    Stage i costs l_i c_i with c_i = 1 / (slowest speed among its replicas); every stage gets
+    one layer, then each further layer goes to the stage whose cost grows least (optimal for
+    the max, by an exchange argument).
+    """
+    import heapq
+
+    num_stages = len(mesh[0])
+    c = [max(1.0 / topology.devices[row[i]].speed for row in mesh) for i in range(num_stages)]
+    layers = [1] * num_stages
+    heap = [(2 * c[i], i) for i in range(num_stages)]
+    heapq.heapify(heap)
+    for _ in range(num_layers - num_stages):
+        _, i = heapq.heappop(heap)
+        layers[i] += 1
+        heapq.heappush(heap, ((layers[i] + 1) * c[i], i))
+    return tuple(layers)
+
+
 def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
     """Search a placement for `topology` and return it as a `Plan`.
+
+    With num_stages = num_replicas = 0 every factor pair (D_pp <= num_layers, batch split into
+    whole steps) is planned with an equal share of the budget and the fastest plan is kept.
+    With devices of different speeds (iteration objective), layers per stage are balanced to
+    the slowest device of each stage.
 
     Args:
         topology: Devices and links.
@@ -260,7 +310,33 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         swap_search,
     )
 
-    check_grid(topology, config.num_stages, config.num_replicas)
+    grids = _grids(topology, config)
+    if len(grids) != 1:
+        if not grids:
+            raise ValueError(
+                f"no (num_stages, num_replicas) factor pair of {topology.num_devices} devices "
+                "splits the batch into whole steps; set both explicitly"
+            )
+        from dataclasses import replace
+
+        plans: list[Plan] = []
+        failures: list[str] = []
+        share = max(1, config.budget // len(grids))
+        for d_pp, d_dp in grids:
+            grid = replace(config, num_stages=d_pp, num_replicas=d_dp, budget=share)
+            try:
+                plans.append(build_plan(topology, grid))
+            except (InfeasiblePlanError, ValueError) as exc:
+                failures.append(f"{d_pp}x{d_dp}: {exc}")
+        if not plans:
+            raise InfeasiblePlanError("no grid fits: " + "; ".join(failures), constraint="memory")
+        return min(plans, key=lambda p: p.predicted_cost_s)
+    config_grid = grids[0]
+    check_grid(topology, *config_grid)
+    if (config.num_stages, config.num_replicas) != config_grid:
+        from dataclasses import replace
+
+        config = replace(config, num_stages=config_grid[0], num_replicas=config_grid[1])
     layers = _split_layers(config.workload.num_layers, config.num_stages)
     d_pp, d_dp, n = config.num_stages, config.num_replicas, topology.num_devices
     stage_order: tuple[int, ...] = tuple(range(d_pp))
@@ -288,6 +364,9 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
             key=lambda m: iteration_cost(topology, m, layers, config.workload).total_s,
         )
     mesh_rows = tuple(tuple(int(r) for r in row) for row in mesh)
+    speeds = {d.speed for d in topology.devices}
+    if config.objective == "iteration" and len(speeds) > 1:
+        layers = _balance_layers(topology, mesh_rows, config.workload.num_layers)
     check_memory(topology, mesh_rows, layers, config.workload)
     breakdown: tuple[tuple[str, float], ...]
     if config.objective == "paper":
