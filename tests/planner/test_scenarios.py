@@ -119,3 +119,22 @@ def test_dtfm_ga_is_seeded_and_keeps_its_best() -> None:
     initial_best = first.history[0][1]
     assert first.cost.total_s <= initial_best
     assert [c for c, _ in first.history] == sorted(c for c, _ in first.history)
+
+
+def test_generated_clusters() -> None:
+    from frugal.planner.scenarios import city_cluster, mixed_generations
+
+    uneven = build_scenario("world_uneven")
+    counts = {}
+    for d in uneven.devices:
+        counts[d.site] = counts.get(d.site, 0) + 1
+    assert counts == {"London": 13, "Oregon": 13, "Ohio": 9, "Virginia": 7, "Tokyo": 7,
+                      "Frankfurt": 6, "Seoul": 5, "Ireland": 4}  # fmt: skip
+    mixed = mixed_generations(build_scenario("world"), fraction_slow=0.5, factor=0.5, seed=1)
+    assert sorted({d.speed for d in mixed.devices}) == [0.5, 1.0]
+    assert sum(d.speed == 0.5 for d in mixed.devices) == 32
+    assert all(d.memory_gib == 8.0 for d in mixed.devices if d.speed == 0.5)
+    with pytest.raises(ValueError, match="unknown city 'Paris'"):
+        city_cluster({"Paris": 2})
+    two = city_cluster({"Tokyo": 1, "Seoul": 1})
+    assert (two.delay_ms[0, 1], two.bandwidth_gbps[0, 1]) == (34.0, 1.1)

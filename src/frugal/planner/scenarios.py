@@ -11,8 +11,11 @@ ping delays and shaping bandwidths re-tabulated from the authors' public reposit
 | `regional` | 16 each Virginia, Oregon, California, Ohio | 2 Gbps, 5 ms | case-4 pairs |
 | `world` | 8 each of 8 cities | 2 Gbps, 5 ms | city pairs |
 | `fluidstack_3region` | 8 each East, Mid, West | 10 Gbps, 0.5 ms (assumed) | measured, asymmetric |
+| `world_uneven` | 64 in 8 cities, 4 to 13 each | as `world` | city pairs |
+| `world_mixed` | `world` with a seeded half at 0.5x speed and memory | as `world` | city pairs |
 
-Device ids are site-sorted as listed (the Megatron default order). Delays are the ping times
+Device ids are site-sorted as listed (the Megatron default order). `world_uneven`: London 13,
+Oregon 13, Ohio 9, Virginia 7, Tokyo 7, Frankfurt 6, Seoul 5, Ireland 4 (planner.md, 9.3). Delays are the ping times
 the authors applied as one-way delays (`delay_semantics = "as_emulated"` in the brief).
 
 References:
@@ -30,13 +33,23 @@ import numpy as np
 
 from frugal.planner.topology import Device, Topology
 
-__all__ = ["SCENARIOS", "build_scenario", "city_links", "region_links"]
+__all__ = [
+    "SCENARIOS",
+    "build_scenario",
+    "city_cluster",
+    "city_links",
+    "mixed_generations",
+    "region_links",
+]
 
 # Inside one region: the DT-FM scheduler's 5 ms / 2 Gbps (its tc scripts used 10 ms).
 _INTRA_REGION_DELAY_MS = 5.0
 _INTRA_REGION_BANDWIDTH_GBPS = 2.0
 _WORLD_CITIES = ("Oregon", "Virginia", "Ohio", "Tokyo", "Seoul", "London", "Frankfurt", "Ireland")
 _REGIONAL = ("Virginia", "Oregon", "California", "Ohio")
+# planner.md, section 9.3: the unbalanced worldwide cluster (64 GPUs).
+_UNEVEN_WORLD = {"London": 13, "Oregon": 13, "Ohio": 9, "Virginia": 7, "Tokyo": 7,
+                 "Frankfurt": 6, "Seoul": 5, "Ireland": 4}  # fmt: skip
 
 
 def _rows(name: str) -> list[dict[str, str]]:
@@ -128,6 +141,63 @@ def _world() -> Topology:
     return _sites("world", _WORLD_CITIES, 8, intra, lambda a, b: links[frozenset((a, b))])
 
 
+def city_cluster(counts: dict[str, int], *, name: str = "cities") -> Topology:
+    """A cluster with `counts[city]` single-GPU hosts in each city of the bundled table.
+
+    Cities: Oregon, Virginia, Ohio, Tokyo, Seoul, Singapore, Sydney, London, Frankfurt,
+    Ireland; links from `city_pairs.csv`, 5 ms / 2 Gbps inside a city.
+
+    Raises:
+        ValueError: If a city is unknown or a count is < 1.
+    """
+    links = city_links()
+    known = sorted({c for pair in links for c in pair})
+    for city, count in counts.items():
+        if city not in known:
+            raise ValueError(f"unknown city {city!r}; the table has {', '.join(known)}")
+        if count < 1:
+            raise ValueError(f"{city}: count = {count} must be >= 1")
+    devices = [
+        Device(name=f"{city.lower()}-{k}", host=f"{city.lower()}-{k}", site=city)
+        for city, count in counts.items()
+        for k in range(count)
+    ]
+    intra = (_INTRA_REGION_DELAY_MS, _INTRA_REGION_BANDWIDTH_GBPS)
+    return _build(
+        name,
+        devices,
+        lambda a, b: intra if a.site == b.site else links[frozenset((a.site, b.site))],
+    )
+
+
+def mixed_generations(
+    topology: Topology, *, fraction_slow: float = 0.5, factor: float = 0.5, seed: int = 0
+) -> Topology:
+    """A copy in which a seeded `fraction_slow` of devices has `factor` x speed and memory.
+
+    Raises:
+        ValueError: If fraction_slow is not in [0, 1] or factor not in (0, 1].
+    """
+    import dataclasses
+
+    if not 0 <= fraction_slow <= 1 or not 0 < factor <= 1:
+        raise ValueError(f"fraction_slow={fraction_slow} in [0, 1], factor={factor} in (0, 1]")
+    n = topology.num_devices
+    slow = set(np.random.default_rng(seed).permutation(n)[: round(fraction_slow * n)].tolist())
+    devices = tuple(
+        dataclasses.replace(d, speed=d.speed * factor, memory_gib=d.memory_gib * factor)
+        if i in slow
+        else d
+        for i, d in enumerate(topology.devices)
+    )
+    return Topology(
+        devices=devices,
+        delay_ms=topology.delay_ms.copy(),
+        bandwidth_gbps=topology.bandwidth_gbps.copy(),
+        name=f"{topology.name}_mixed",
+    )
+
+
 def _fluidstack() -> Topology:
     delay: dict[frozenset[str], float] = {}
     bandwidth: dict[tuple[str, str], float] = {}  # (sender, receiver) -> Gbps
@@ -160,6 +230,8 @@ SCENARIOS: dict[str, Callable[[], Topology]] = {
     "regional": _regional,
     "world": _world,
     "fluidstack_3region": _fluidstack,
+    "world_uneven": lambda: city_cluster(_UNEVEN_WORLD, name="world_uneven"),
+    "world_mixed": lambda: mixed_generations(_world()),
 }
 
 

@@ -92,7 +92,19 @@ def site_transversal_groups(topology: Topology, num_stages: int, num_replicas: i
     Shapes:
         returns (G, K).
     """
-    order = sorted(range(topology.num_devices), key=lambda d: (topology.devices[d].site, d))
+    sites = sorted({d.site for d in topology.devices})
+    site_order = sites
+    if 2 < len(sites) <= 16:
+        # Sites whose size is not a multiple of the pipeline length make pipelines cross
+        # sites: concatenate the sites along the cheapest open path of site-to-site hops.
+        first = {s: next(i for i, d in enumerate(topology.devices) if d.site == s) for s in sites}
+        hop = hop_seconds(topology)
+        weight = np.array([[max(hop[first[a], first[b]], hop[first[b], first[a]]) if a != b else 0.0
+                            for b in sites] for a in sites])  # fmt: skip
+        _, path = open_path(weight)
+        site_order = [sites[int(i)] for i in path]
+    rank = {s: k for k, s in enumerate(site_order)}
+    order = sorted(range(topology.num_devices), key=lambda d: (rank[topology.devices[d].site], d))
     mesh = np.array(order, dtype=np.int64).reshape(num_replicas, num_stages)
     groups: I64 = np.ascontiguousarray(mesh.T)
     return groups
