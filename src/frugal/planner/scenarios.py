@@ -15,8 +15,9 @@ ping delays and shaping bandwidths re-tabulated from the authors' public reposit
 | `world_mixed` | `world` with a seeded half at 0.5x speed and memory | as `world` | city pairs |
 
 Device ids are site-sorted as listed (the Megatron default order). `world_uneven`: London 13,
-Oregon 13, Ohio 9, Virginia 7, Tokyo 7, Frankfurt 6, Seoul 5, Ireland 4 (planner.md, 9.3). Delays are the ping times
-the authors applied as one-way delays (`delay_semantics = "as_emulated"` in the brief).
+Oregon 13, Ohio 9, Virginia 7, Tokyo 7, Frankfurt 6, Seoul 5, Ireland 4 (planner.md, 9.3).
+Delays are the ping times the authors applied as one-way delays (`delay_semantics =
+"as_emulated"` in the brief).
 
 References:
     Decentralized Training of Foundation Models in Heterogeneous Environments, NeurIPS 2022,
