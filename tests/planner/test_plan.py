@@ -84,6 +84,7 @@ def test_cli_writes_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert code == 0
     plan = Plan.from_json(out.read_text())
     assert plan.cluster == "two_sites"
+    assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
     assert "iteration cost" in capsys.readouterr().out
     assert main(["plan", "--scenario", "two_sites", "--set", "num_replicas=3"]) == 2
     assert "3 = 24 but world_size = 64" in capsys.readouterr().err

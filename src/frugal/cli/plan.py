@@ -31,7 +31,9 @@ def register(commands: Any) -> None:
     where.add_argument(
         "--cluster", metavar="FILE", help="a cluster TOML file (sites, hosts, links)"
     )
-    parser.add_argument("--out", metavar="FILE", default=None, help="write the plan as JSON")
+    parser.add_argument(
+        "--out", metavar="FILE", default=None, help="write the plan as JSON (and a PNG beside it)"
+    )
     add_config_arguments(parser)
     parser.set_defaults(handler=_plan)
     children = parser.add_subparsers(dest="plan_command", metavar="ACTION")
@@ -64,7 +66,10 @@ def _plan(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(plan.to_json() + "\n")
-        print(f"wrote {out}", file=sys.stderr)
+        from frugal.planner.figure import draw_plan
+
+        draw_plan(plan, out.with_suffix(".png"))
+        print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)
     return 0
 
 
