@@ -13,6 +13,7 @@ from frugal.planner.cost import (
     hop_seconds,
     open_path,
     paper_cost,
+    paper_lower_bound,
 )
 from frugal.planner.topology import Device, Topology
 
@@ -71,6 +72,11 @@ def test_paper_cost_by_hand() -> None:
     # The other way round: DP inside sites 2 (0.001 + 8*0.5/(2*8)) = 0.502; PP hops cross: 8.01.
     other = paper_cost(top, np.array([[0, 1], [2, 3]]), c_pp_gb=1.0, c_dp_gb=0.5)
     assert other.total_s == pytest.approx(0.502 + 2 * 8.01)
+    # Lower bound: every device's cheapest peer term is 0.502 (inside its site) and the
+    # smallest hop is 1.001, so bound = 0.502 + 2 * 1.001 = 2.504 <= both costs.
+    bound = paper_lower_bound(top, 2, 2, c_pp_gb=1.0, c_dp_gb=0.5)
+    assert bound == pytest.approx(2.504)
+    assert bound <= cost.total_s <= other.total_s
 
 
 def test_dp_costs_take_the_slowest_member() -> None:

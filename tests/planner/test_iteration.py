@@ -61,3 +61,6 @@ def test_world_plan_beats_megatron_orders() -> None:
     assert ours.predicted_cost_s < default.predicted_cost_s
     assert ours.predicted_cost_s < shuffled.predicted_cost_s
     assert shuffled.mesh[0][0] == 0  # Megatron's random order keeps rank 0
+    # A valid lower bound, the same for every method on one grid.
+    assert {p.lower_bound_s for p in (ours, default, shuffled)} == {ours.lower_bound_s}
+    assert all(0 <= p.gap for p in (ours, default, shuffled))

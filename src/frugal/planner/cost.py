@@ -41,6 +41,7 @@ __all__ = [
     "hop_seconds",
     "open_path",
     "paper_cost",
+    "paper_lower_bound",
 ]
 
 F64 = npt.NDArray[np.float64]
@@ -248,3 +249,27 @@ def paper_cost(
         stage_order=tuple(int(x) for x in order),
         mesh=tuple(tuple(int(x) for x in row) for row in mesh),
     )
+
+
+def paper_lower_bound(
+    topology: Topology,
+    num_stages: int,
+    num_replicas: int,
+    *,
+    c_pp_gb: float = PAPER_C_PP_GB,
+    c_dp_gb: float = PAPER_C_DP_GB,
+) -> float:
+    """A lower bound on the paper cost of any partition (planner.md, section 4).
+
+    DP_cost >= max over devices d of the sum of d's K-1 cheapest pair terms (d is in some
+    group); PP_cost >= (G-1) x the smallest hop between two devices.
+    """
+    k = num_replicas
+    with np.errstate(divide="ignore"):
+        pair = 2.0 * (topology.delay_ms / 1000.0 + 8.0 * c_dp_gb / (k * topology.bandwidth_gbps))
+    np.fill_diagonal(pair, np.inf)
+    dp = float(np.sort(pair, axis=1)[:, : k - 1].sum(axis=1).max()) if k > 1 else 0.0
+    hop = hop_seconds(topology, c_pp_gb)
+    np.fill_diagonal(hop, np.inf)
+    pp = (num_stages - 1) * float(hop.min()) if num_stages > 1 else 0.0
+    return dp + 2.0 * pp

@@ -100,6 +100,8 @@ class Plan:
         method: Search that produced the plan.
         predicted_cost_s: The objective's value in seconds.
         breakdown: Parts of the prediction (e.g. dp_s, pp_s) in seconds.
+        lower_bound_s: A lower bound on the objective over all placements, seconds.
+        gap: predicted_cost_s / lower_bound_s - 1 (how far from provably optimal, at most).
         seed: Seed of the search.
         cluster: Name of the topology (scenario or file).
         cluster_sha256: Digest of the topology it was made for.
@@ -117,6 +119,8 @@ class Plan:
     method: str
     predicted_cost_s: float
     breakdown: tuple[tuple[str, float], ...]
+    lower_bound_s: float
+    gap: float
     seed: int
     cluster: str
     cluster_sha256: str
@@ -201,8 +205,9 @@ class Plan:
             lines.append(f"{j:>8} | " + " | ".join(cells))
         parts = ", ".join(f"{k} {v:.3f} s" for k, v in self.breakdown)
         lines.append(
-            f"{self.objective} cost {self.predicted_cost_s:.3f} s ({parts}); method "
-            f"{self.method}; cluster {self.cluster}; plan sha256 {self.sha256[:12]}"
+            f"{self.objective} cost {self.predicted_cost_s:.3f} s ({parts}); lower bound "
+            f"{self.lower_bound_s:.3f} s (gap {self.gap:.1%}); method {self.method}; cluster "
+            f"{self.cluster}; plan sha256 {self.sha256[:12]}"
         )
         return "\n".join(lines)
 
@@ -256,6 +261,20 @@ def _grids(topology: Topology, config: PlannerConfig) -> list[tuple[int, int]]:
     ]
 
 
+def _compute_lower_bound(topology: Topology, config: PlannerConfig) -> float:
+    """Compute-only bound on seconds per iteration for any placement on this grid.
+
+    Every pipeline pushes all A x M micro-batches through its slowest stage; a stage has at
+    least L / D_pp layers' worth of work on average, and no device is faster than the fastest:
+    T >= A M (L / D_pp) tau_ref / max speed.
+    """
+    w = config.workload
+    per_replica = w.global_batch_size // config.num_replicas
+    microbatches = per_replica // w.microbatch_size  # A x M
+    fastest = max(d.speed for d in topology.devices)
+    return microbatches * (w.num_layers / config.num_stages) * w.tau_ref_s / fastest
+
+
 def _balance_layers(
     topology: Topology, mesh: tuple[tuple[int, ...], ...], num_layers: int
 ) -> tuple[int, ...]:
@@ -300,7 +319,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
     """
     import numpy as np
 
-    from frugal.planner.cost import paper_cost
+    from frugal.planner.cost import paper_cost, paper_lower_bound
     from frugal.planner.iteration import iteration_cost
     from frugal.planner.search import (
         check_grid,
@@ -373,10 +392,12 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         scored = paper_cost(topology, np.ascontiguousarray(mesh.T))
         predicted = scored.total_s
         breakdown = (("dp_s", scored.dp_s), ("pp_s", scored.pp_s))
+        bound = paper_lower_bound(topology, d_pp, d_dp)
     else:
         it = iteration_cost(topology, mesh, layers, config.workload)
         predicted = it.total_s
         breakdown = (("pipeline_s", it.pipeline_s), ("dp_exposed_s", it.dp_exposed_s))
+        bound = _compute_lower_bound(topology, config)
     return Plan(
         world_size=topology.num_devices,
         num_stages=config.num_stages,
@@ -389,6 +410,8 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         method=config.method,
         predicted_cost_s=predicted,
         breakdown=breakdown,
+        lower_bound_s=bound,
+        gap=predicted / bound - 1.0 if bound > 0 else float("inf"),
         seed=config.seed,
         cluster=topology.name,
         cluster_sha256=topology.sha256(),
