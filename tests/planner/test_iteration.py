@@ -64,3 +64,21 @@ def test_world_plan_beats_megatron_orders() -> None:
     # A valid lower bound, the same for every method on one grid.
     assert {p.lower_bound_s for p in (ours, default, shuffled)} == {ours.lower_bound_s}
     assert all(p.gap >= 0 for p in (ours, default, shuffled))
+
+
+def test_microbatch_balancing_by_hand() -> None:
+    from frugal.planner.iteration import _balance
+
+    # fill = [1, 1], slope = [1, 2], 6 micro-batches: (4, 2) finishes both by 4 s, which is
+    # optimal ((3, 3) -> 5 s, (5, 1) -> 5 s).
+    assert _balance(np.array([1.0, 1.0]), np.array([1.0, 2.0]), 6).tolist() == [4, 2]
+
+
+def test_balancing_helps_an_uneven_cluster() -> None:
+    top = build_scenario("world_uneven")
+    ours = build_plan(top, PlannerConfig(budget=30))
+    assert sum(ours.num_microbatches_per_replica) == 8 * 64
+    assert len(set(ours.num_microbatches_per_replica)) > 1  # slower pipelines take fewer
+    default = build_plan(top, PlannerConfig(method="megatron_default"))
+    assert default.num_microbatches_per_replica == (64,) * 8
+    assert ours.predicted_cost_s < default.predicted_cost_s

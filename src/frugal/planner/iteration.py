@@ -122,6 +122,8 @@ class IterationCost:
     """Gradient exchange not hidden behind the backward pass."""
     collective: tuple[str, ...]
     """Chosen collective per stage: seq_peer, ring or central_ps."""
+    microbatches: tuple[int, ...] = ()
+    """Micro-batches per accumulation step of each pipeline."""
 
 
 _RINGS: dict[int, I64] = {}
@@ -189,19 +191,44 @@ def _central_ps_seconds(members: I64, topology: Topology, size_bytes: float) -> 
     return float(best)
 
 
+def _balance(fill: F64, slope: F64, total: int) -> I64:
+    """Integer micro-batch counts (>= 1, summing to `total`) minimising max fill + (m-1) slope.
+
+    Greedy: each next micro-batch goes to the pipeline that would finish it earliest, which is
+    optimal for this max of increasing linear functions.
+    """
+    import heapq
+
+    counts = np.ones(len(fill), dtype=np.int64)
+    heap = [(float(fill[j] + slope[j]), j) for j in range(len(fill))]
+    heapq.heapify(heap)
+    for _ in range(total - len(fill)):
+        _, j = heapq.heappop(heap)
+        counts[j] += 1
+        heapq.heappush(heap, (float(fill[j] + counts[j] * slope[j]), j))
+    return counts
+
+
 def iteration_cost(
     topology: Topology,
     mesh_JI: I64,
     layers_per_stage: tuple[int, ...],
     workload: WorkloadConfig,
+    *,
+    balance_microbatches: bool = False,
 ) -> IterationCost:
     """Predict seconds per iteration of a placement (see the module docstring).
+
+    With `balance_microbatches`, the J x M micro-batches of a step are shared between the
+    pipelines so that the slowest finishes first possible (faster pipelines take more; the
+    runtime then weights each replica's gradient by its share), else each takes M.
 
     Args:
         topology: Devices and links.
         mesh_JI: mesh[j][i] = device of pipeline j at stage i.
         layers_per_stage: l_i per stage (sum = num_layers).
         workload: The training job.
+        balance_microbatches: Share micro-batches in proportion to pipeline speed.
 
     Returns:
         The prediction and its parts.
@@ -239,9 +266,13 @@ def iteration_cost(
         x[:, :-1] = topology.delay_ms[send, recv] / 1000.0 + bits / (
             topology.bandwidth_gbps[send, recv] * _GBIT
         )
-    t_fwd = (f + x).sum(axis=1) + (m - 1) * np.maximum(f, x).max(axis=1)
-    t_bwd = (g + x).sum(axis=1) + (m - 1) * np.maximum(g, x).max(axis=1)
-    pipeline = float((accumulation * (t_fwd + t_bwd)).max())
+    fill = (f + x).sum(axis=1) + (g + x).sum(axis=1)  # one micro-batch through and back
+    slope = np.maximum(f, x).max(axis=1) + np.maximum(g, x).max(axis=1)  # each further one
+    if balance_microbatches:
+        counts = _balance(fill, slope, num_replicas * m)
+    else:
+        counts = np.full(num_replicas, m, dtype=np.int64)
+    pipeline = float((accumulation * (fill + (counts - 1) * slope)).max())
     exposed = 0.0
     choices = []
     for i in range(num_stages):
@@ -260,5 +291,6 @@ def iteration_cost(
         total_s=pipeline + exposed,
         pipeline_s=pipeline,
         dp_exposed_s=exposed,
+        microbatches=tuple(int(c) for c in counts),
         collective=tuple(choices),
     )

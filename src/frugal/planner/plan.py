@@ -93,6 +93,8 @@ class Plan:
         num_stages: D_pp.
         num_replicas: D_dp.
         num_layers_per_stage: Layers of each stage (sum = num_layers, each >= 1).
+        num_microbatches_per_replica: Micro-batches per accumulation step of each pipeline
+            (uneven when faster pipelines take more; gradients are then weighted by it).
         mesh: mesh[j][i] = rank running stage i of pipeline j; a permutation of 0..N-1.
         stage_order: Group id along the pipeline path for each stage (paper's plan).
         devices: Per rank: name, host, site.
@@ -112,6 +114,7 @@ class Plan:
     num_stages: int
     num_replicas: int
     num_layers_per_stage: tuple[int, ...]
+    num_microbatches_per_replica: tuple[int, ...]
     mesh: tuple[tuple[int, ...], ...]
     stage_order: tuple[int, ...]
     devices: tuple[tuple[str, str, str], ...]
@@ -140,6 +143,14 @@ class Plan:
         ):
             raise ValueError(
                 f"mesh must be num_replicas x num_stages = {self.num_replicas} x {self.num_stages}"
+            )
+        if (
+            len(self.num_microbatches_per_replica) != self.num_replicas
+            or min(self.num_microbatches_per_replica) < 1
+        ):
+            raise ValueError(
+                f"num_microbatches_per_replica={self.num_microbatches_per_replica} needs "
+                f"{self.num_replicas} entries, each >= 1"
             )
         if len(self.num_layers_per_stage) != self.num_stages or min(self.num_layers_per_stage) < 1:
             raise ValueError(
@@ -388,13 +399,16 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         layers = _balance_layers(topology, mesh_rows, config.workload.num_layers)
     check_memory(topology, mesh_rows, layers, config.workload)
     breakdown: tuple[tuple[str, float], ...]
+    microbatches = (config.workload.microbatches_per_step,) * d_dp
     if config.objective == "paper":
         scored = paper_cost(topology, np.ascontiguousarray(mesh.T))
         predicted = scored.total_s
         breakdown = (("dp_s", scored.dp_s), ("pp_s", scored.pp_s))
         bound = paper_lower_bound(topology, d_pp, d_dp)
     else:
-        it = iteration_cost(topology, mesh, layers, config.workload)
+        it = iteration_cost(topology, mesh, layers, config.workload,
+                            balance_microbatches=config.method == "ours")  # fmt: skip
+        microbatches = it.microbatches
         predicted = it.total_s
         breakdown = (("pipeline_s", it.pipeline_s), ("dp_exposed_s", it.dp_exposed_s))
         bound = _compute_lower_bound(topology, config)
@@ -403,6 +417,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         num_stages=config.num_stages,
         num_replicas=config.num_replicas,
         num_layers_per_stage=layers,
+        num_microbatches_per_replica=microbatches,
         mesh=mesh_rows,
         stage_order=stage_order,
         devices=tuple((d.name, d.host, d.site) for d in topology.devices),

@@ -304,18 +304,22 @@ def iteration_search(
     budget: int = 2000,
     seed: int = 0,
     time_limit_s: float = 30.0,
+    balance_microbatches: bool = True,
 ) -> MeshSearchResult:
     """Our search under the iteration objective: structured seeds, then exact-scored swaps.
 
     Seeds: pipelines inside sites with DP across them (site transversal), Megatron's default,
     the paper-cost optimum's mesh, and a random mesh; the best is improved by swapping two
     devices of the mesh (first improvement, seeded draws). Deterministic for a seed and budget.
+    Micro-batches are shared in proportion to pipeline speed unless `balance_microbatches` is
+    False.
 
     Raises:
         ValueError: If num_stages x num_replicas != number of devices.
     """
     check_grid(topology, num_stages, num_replicas)
     start = time.perf_counter()
+    balance = balance_microbatches
     rng = np.random.default_rng(seed)
     seeds: list[I64] = [
         np.ascontiguousarray(site_transversal_groups(topology, num_stages, num_replicas).T),
@@ -335,7 +339,9 @@ def iteration_search(
         return bool((memory[mesh] >= need[None, :]).all())
 
     for mesh in seeds:
-        cost = iteration_cost(topology, mesh, layers_per_stage, workload)
+        cost = iteration_cost(
+            topology, mesh, layers_per_stage, workload, balance_microbatches=balance
+        )
         candidates += 1
         if fits(mesh) and (best is None or cost.total_s < best.total_s):
             best_mesh, best = mesh, cost
@@ -346,7 +352,10 @@ def iteration_search(
         mesh = np.empty((num_replicas, num_stages), dtype=np.int64)
         for position, stage in enumerate(stage_rank):
             mesh[:, stage] = by_memory[position * num_replicas : (position + 1) * num_replicas]
-        best_mesh, best = mesh, iteration_cost(topology, mesh, layers_per_stage, workload)
+        best_mesh = mesh
+        best = iteration_cost(
+            topology, mesh, layers_per_stage, workload, balance_microbatches=balance
+        )
         history.append((candidates, best.total_s))
     n = topology.num_devices
     while candidates < budget and n > 1 and time.perf_counter() - start < time_limit_s:
@@ -354,7 +363,9 @@ def iteration_search(
         mesh = best_mesh.copy()
         flat = mesh.reshape(-1)
         flat[a], flat[b] = flat[b], flat[a]
-        cost = iteration_cost(topology, mesh, layers_per_stage, workload)
+        cost = iteration_cost(
+            topology, mesh, layers_per_stage, workload, balance_microbatches=balance
+        )
         candidates += 1
         if cost.total_s < best.total_s - 1e-12 and fits(mesh):
             best_mesh, best = mesh, cost
