@@ -93,7 +93,7 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
             )
         return tuple(
             _convert(v, a, f"{key}[{i}]", source)
-            for i, (v, a) in enumerate(zip(args, value, strict=True))
+            for i, (a, v) in enumerate(zip(args, value, strict=True))
         )
     if _is_config_class(tp):
         if isinstance(value, tp):
@@ -163,10 +163,11 @@ def config_from_dict(
             raise ConfigError(f"{source}: missing required key {where}{name}")
     try:
         return cls(**kwargs)
-    except ConfigError:
-        raise
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{source}: {f'[{prefix}] ' if prefix else ''}{exc}") from exc
+        message = str(exc)
+        if message.startswith(f"{source}:"):  # already names its source (a nested table)
+            raise
+        raise ConfigError(f"{source}: {f'[{prefix}] ' if prefix else ''}{message}") from exc
 
 
 def check_types(config: object) -> None:
@@ -280,6 +281,7 @@ def load_config(
     overrides: Sequence[str] = (),
     *,
     base: Mapping[str, Any] | None = None,
+    base_source: str = "preset",
 ) -> T:
     """Load a Config from a preset, an optional TOML file and `--set` overrides, in that order.
 
@@ -289,6 +291,7 @@ def load_config(
         overrides: `a.b=value` strings applied after the file.
         base: Plain data of a preset (e.g. a `--quick` Config) that the file and overrides
             refine; None starts from the class defaults.
+        base_source: What `base` came from (a file name), for error messages.
 
     Returns:
         The validated Config.
@@ -297,7 +300,7 @@ def load_config(
         ConfigError: If the file cannot be read or parsed, or the data does not fit `cls`.
     """
     data: dict[str, Any] = dict(base or {})
-    source = "--set"
+    source = base_source if base else "--set"
     if path is not None:
         source = str(path)
         try:
@@ -315,6 +318,5 @@ def load_config(
             raise ConfigError(f"config file {path} is a folder; give a TOML file") from exc
     if overrides:
         data = apply_overrides(data, overrides)
-        if path is not None:
-            source = f"{path} with --set"
+        source = f"{source} with --set" if (path is not None or base) else "--set"
     return config_from_dict(cls, data, source=source)

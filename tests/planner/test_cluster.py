@@ -55,7 +55,7 @@ def test_cluster_file_builds_the_described_topology(tmp_path: Path) -> None:
         ),
         (
             GOOD.replace("bandwidth_gbps = 0.79", "bandwidth_gbps = 0"),
-            "bandwidth_gbps = 0.0 must be > 0",
+            "bandwidth_gbps = 0.0 must lie in [1e-06, 1e+06]",
         ),
         (
             GOOD.replace("links = [", "links_ = [").split("links_")[0],
@@ -68,6 +68,23 @@ def test_cluster_file_builds_the_described_topology(tmp_path: Path) -> None:
         (GOOD.replace("num_gpus = 4,", "num_gpus = 4, colour = 1,"), "unknown key hosts[0].colour"),
         (GOOD.replace("num_layers = 4", "num_layer = 4"), "unknown key model.num_layer"),
         ("sites = [", "not valid TOML"),
+        (
+            GOOD.replace(
+                "links = [",
+                'links = [{a = "Oregon", b = "Oregon", delay_ms = 1, bandwidth_gbps = 1}, ',
+            ),
+            "joins a site to itself",
+        ),
+        (
+            GOOD.replace(
+                "links = [",
+                'links = [{a = "Virginia", b = "Oregon", delay_ms = 1, bandwidth_gbps = 1}, ',
+            ),
+            "gives Oregon->Virginia again",
+        ),
+        (GOOD.replace("speed = 0.5", "speed = 1e-300"), "speed = 1e-300 must lie in"),
+        (GOOD.replace("num_gpus = 4,", "num_gpus = 100000000,"), "num_gpus = 100000000 must lie"),
+        (GOOD.replace("bandwidth_gbps = 0.79", "bandwidth_gbps = inf"), "must be finite"),
     ],
 )
 def test_bad_cluster_files(tmp_path: Path, text: str, fragment: str) -> None:

@@ -76,9 +76,27 @@ def test_microbatch_balancing_by_hand() -> None:
 
 def test_balancing_helps_an_uneven_cluster() -> None:
     top = build_scenario("world_uneven")
-    ours = build_plan(top, PlannerConfig(budget=30))
+    ours = build_plan(top, PlannerConfig(num_stages=8, num_replicas=8, budget=30))
     assert sum(ours.num_microbatches_per_replica) == 8 * 64
     assert len(set(ours.num_microbatches_per_replica)) > 1  # slower pipelines take fewer
-    default = build_plan(top, PlannerConfig(method="megatron_default"))
+    default = build_plan(
+        top, PlannerConfig(num_stages=8, num_replicas=8, method="megatron_default")
+    )
     assert default.num_microbatches_per_replica == (64,) * 8
     assert ours.predicted_cost_s < default.predicted_cost_s
+
+
+def test_backward_messages_use_the_reverse_link() -> None:
+    # Same forward link, backward link 10x slower: the prediction must grow.
+    workload = WorkloadConfig(
+        num_layers=2, hidden_size=1000, seq_len=1, global_batch_size=4,
+        microbatches_per_step=4, tau_ref_s=0.04,
+    )  # fmt: skip
+    fast = _pair(10.0, 0.0016)
+    slow_back = _pair(10.0, 0.0016)
+    slow_back.bandwidth_gbps[1, 0] = 0.00016
+    a = iteration_cost(fast, np.array([[0, 1]]), (1, 1), workload).total_s
+    b = iteration_cost(slow_back, np.array([[0, 1]]), (1, 1), workload).total_s
+    # Backward message 0.01 + 0.1 = 0.11 s: T_bwd = (0.03 + 0.11) + 0.03 + 3 * 0.11 = 0.50.
+    assert a == pytest.approx(0.27)
+    assert b == pytest.approx(0.10 + 0.50)

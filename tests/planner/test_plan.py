@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -87,7 +88,9 @@ def test_cli_writes_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
     assert "iteration cost" in capsys.readouterr().out
     assert main(["plan", "--scenario", "two_sites", "--set", "num_replicas=3"]) == 2
-    assert "3 = 24 but world_size = 64" in capsys.readouterr().err
+    assert "num_replicas=3 does not divide world_size=64" in capsys.readouterr().err
+    assert main(["plan", "--scenario", "two_sites", "--out", str(tmp_path / "p.png")]) == 2
+    assert "give the .json path" in capsys.readouterr().err
 
 
 def test_auto_grid_picks_the_fastest_factor_pair() -> None:
@@ -99,3 +102,27 @@ def test_auto_grid_picks_the_fastest_factor_pair() -> None:
     assert auto.predicted_cost_s <= fixed.predicted_cost_s + 1e-9
     derived = build_plan(top, PlannerConfig(num_stages=4, num_replicas=0, budget=5))
     assert (derived.num_stages, derived.num_replicas) == (4, 16)
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragment"),
+    [
+        (lambda d: d.update(world_size="64"), "world_size = '64' must be an integer"),
+        (lambda d: d.update(mesh=[["a"] * 8] * 8), "must be an integer"),
+        (lambda d: d.update(objective="magic"), "choose one of 'iteration', 'paper'"),
+        (lambda d: d.update(devices=d["devices"][:3]), "devices lists 3 ranks"),
+        (lambda d: d.update(predicted_cost_s=float("nan")), "must be finite"),
+    ],
+)
+def test_tampered_plans_are_value_errors(world_plan: Plan, edit: object, fragment: str) -> None:
+    data = json.loads(world_plan.to_json())
+    edit(data)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        Plan.from_json(json.dumps(data))
+    with pytest.raises(ValueError, match="not an object"):
+        Plan.from_json("3")
+
+
+def test_seed_must_be_non_negative() -> None:
+    with pytest.raises(ValueError, match="seed=-1 must be >= 0"):
+        PlannerConfig(seed=-1)

@@ -23,11 +23,9 @@ def register(commands: Any) -> None:
         ),
     )
     where = parser.add_mutually_exclusive_group()
-    where.add_argument(
-        "--scenario",
-        metavar="NAME",
-        help="datacenter, spot, two_sites, regional, world or fluidstack_3region",
-    )
+    from frugal.planner.scenarios import SCENARIOS
+
+    where.add_argument("--scenario", metavar="NAME", help=", ".join(SCENARIOS))
     where.add_argument(
         "--cluster", metavar="FILE", help="a cluster TOML file (sites, hosts, links)"
     )
@@ -52,9 +50,17 @@ def _plan(args: argparse.Namespace) -> int:
     from frugal.planner.plan import PlannerConfig, build_plan
     from frugal.planner.scenarios import build_scenario
 
+    out = Path(args.out) if args.out else None
+    if out is not None:  # refuse a bad output path before the search, not after it
+        if out.is_dir():
+            raise ValueError(f"--out {out} is a folder; give a file name such as plan.json")
+        if out.suffix == ".png":
+            raise ValueError(f"--out {out}: give the .json path; the .png is written beside it")
     if args.cluster:
         topology, settings = load_cluster(args.cluster)
-        config = load_config(PlannerConfig, args.config, args.overrides, base=settings)
+        config = load_config(
+            PlannerConfig, args.config, args.overrides, base=settings, base_source=args.cluster
+        )
     elif args.scenario:
         topology = build_scenario(args.scenario)
         config = config_from_args(PlannerConfig, args)
@@ -62,8 +68,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise ValueError("give --scenario NAME or --cluster FILE (or use `frugal plan bench`)")
     plan = build_plan(topology, config)
     print(plan.table())
-    if args.out:
-        out = Path(args.out)
+    if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(plan.to_json() + "\n")
         from frugal.planner.figure import draw_plan

@@ -62,8 +62,13 @@ class PlanBenchConfig:
                 raise ValueError(f"{name} is empty; list at least one value")
         for name in self.scenarios:
             build_scenario(name)  # unknown names fail here, before any work
-        if self.budget < 1:
-            raise ValueError(f"budget={self.budget} must be >= 1")
+        if self.budget < 1 or self.convergence_budget < 1:
+            raise ValueError(
+                f"budget={self.budget} and convergence_budget={self.convergence_budget} must "
+                "be >= 1"
+            )
+        if self.seed < 0 or min(self.random_seeds) < 0:
+            raise ValueError(f"seed={self.seed} and random_seeds={self.random_seeds} must be >= 0")
 
     @classmethod
     def quick(cls) -> PlanBenchConfig:
@@ -90,7 +95,8 @@ def run_plan_bench(
         for layers in config.num_layers:
             for batch in config.global_batches:
                 workload = WorkloadConfig(num_layers=layers, global_batch_size=batch)
-                base = PlannerConfig(workload=workload, budget=config.budget, seed=config.seed)
+                base = PlannerConfig(num_stages=8, num_replicas=8, workload=workload,
+                                     budget=config.budget, seed=config.seed)  # fmt: skip
                 for method in config.methods:
                     seeds = config.random_seeds if method == "megatron_random" else (config.seed,)
                     for seed in seeds:

@@ -32,10 +32,28 @@ from frugal.planner.topology import Device, Topology
 __all__ = ["ClusterFile", "load_cluster"]
 
 
-def _positive(owner: str, **values: float) -> None:
+MAX_DEVICES = 1024
+_RANGES = {  # sane physical ranges: outside them a value is a typo, not a cluster
+    "bandwidth_gbps": (1e-6, 1e6),
+    "intra_gbps": (1e-6, 1e6),
+    "nic_gbps": (1e-6, 1e6),
+    "delay_ms": (0.0, 1e6),
+    "intra_delay_ms": (0.0, 1e6),
+    "speed": (1e-3, 1e3),
+    "memory_gib": (1e-2, 1e5),
+}
+
+
+def _in_range(owner: str, **values: float) -> None:
     for name, value in values.items():
-        if not value > 0:
-            raise ValueError(f"{owner}: {name} = {value} must be > 0")
+        low, high = _RANGES[name]
+        if not low <= value <= high:
+            raise ValueError(f"{owner}: {name} = {value} must lie in [{low:g}, {high:g}]")
+
+
+def _named(kind: str, name: str) -> None:
+    if not name.strip():
+        raise ValueError(f"a {kind} needs a non-empty name")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,9 +69,8 @@ class SiteSpec:
 
     def __post_init__(self) -> None:
         check_types(self)
-        _positive(f"site {self.name}", bandwidth_gbps=self.bandwidth_gbps)
-        if self.delay_ms < 0:
-            raise ValueError(f"site {self.name}: delay_ms = {self.delay_ms} must be >= 0")
+        _named("site", self.name)
+        _in_range(f"site {self.name}", bandwidth_gbps=self.bandwidth_gbps, delay_ms=self.delay_ms)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,14 +98,18 @@ class HostSpec:
 
     def __post_init__(self) -> None:
         check_types(self)
-        if self.num_gpus < 1:
-            raise ValueError(f"host {self.name}: num_gpus = {self.num_gpus} must be >= 1")
-        _positive(
+        _named("host", self.name)
+        if not 1 <= self.num_gpus <= MAX_DEVICES:
+            raise ValueError(
+                f"host {self.name}: num_gpus = {self.num_gpus} must lie in [1, {MAX_DEVICES}]"
+            )
+        _in_range(
             f"host {self.name}",
             memory_gib=self.memory_gib,
             speed=self.speed,
             nic_gbps=self.nic_gbps,
             intra_gbps=self.intra_gbps,
+            intra_delay_ms=self.intra_delay_ms,
         )
 
 
@@ -109,9 +130,12 @@ class LinkSpec:
 
     def __post_init__(self) -> None:
         check_types(self)
-        _positive(f"link {self.a}-{self.b}", bandwidth_gbps=self.bandwidth_gbps)
-        if self.delay_ms < 0:
-            raise ValueError(f"link {self.a}-{self.b}: delay_ms = {self.delay_ms} must be >= 0")
+        if self.a == self.b:
+            raise ValueError(f"link {self.a}-{self.b} joins a site to itself; set the site's own "
+                             "delay_ms and bandwidth_gbps instead")  # fmt: skip
+        _in_range(
+            f"link {self.a}-{self.b}", bandwidth_gbps=self.bandwidth_gbps, delay_ms=self.delay_ms
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -191,14 +215,22 @@ def _build(spec: ClusterFile, source: str, name: str) -> Topology:
                 f"{source}: host {host.name} is in unknown site {host.site!r}; known sites: "
                 f"{', '.join(sites)}"
             )
+    total = sum(h.num_gpus for h in spec.hosts)
+    if total > MAX_DEVICES:
+        raise ConfigError(f"{source}: {total} devices; the planner handles up to {MAX_DEVICES}")
     pair: dict[tuple[str, str], tuple[float, float]] = {}
-    for link in spec.links:
+    for k, link in enumerate(spec.links):
         for end in (link.a, link.b):
             if end not in sites:
                 raise ConfigError(f"{source}: link {link.a}-{link.b} names unknown site {end!r}")
-        pair[(link.a, link.b)] = (link.delay_ms, link.bandwidth_gbps)
-        if link.direction == "both":
-            pair.setdefault((link.b, link.a), (link.delay_ms, link.bandwidth_gbps))
+        directions = [(link.a, link.b)] + ([(link.b, link.a)] if link.direction == "both" else [])
+        for direction in directions:
+            if direction in pair:
+                raise ConfigError(
+                    f"{source}: links[{k}] gives {direction[0]}->{direction[1]} again; each "
+                    "direction of a site pair may be given once"
+                )
+            pair[direction] = (link.delay_ms, link.bandwidth_gbps)
     devices = [
         Device(
             name=f"{h.name}-{k}" if h.num_gpus > 1 else h.name,

@@ -261,13 +261,17 @@ def iteration_cost(
     g = layers * tau * 3.0 / 4.0
     send, recv = mesh_JI[:, :-1], mesh_JI[:, 1:]
     bits = workload.activation_bytes * _BITS_PER_BYTE
-    x = np.zeros_like(f)
+    x = np.zeros_like(f)  # forward: activations stage i -> i+1
+    xb = np.zeros_like(f)  # backward: gradients stage i+1 -> i (the reverse link)
     if num_stages > 1:
         x[:, :-1] = topology.delay_ms[send, recv] / 1000.0 + bits / (
             topology.bandwidth_gbps[send, recv] * _GBIT
         )
-    fill = (f + x).sum(axis=1) + (g + x).sum(axis=1)  # one micro-batch through and back
-    slope = np.maximum(f, x).max(axis=1) + np.maximum(g, x).max(axis=1)  # each further one
+        xb[:, :-1] = topology.delay_ms[recv, send] / 1000.0 + bits / (
+            topology.bandwidth_gbps[recv, send] * _GBIT
+        )
+    fill = (f + x).sum(axis=1) + (g + xb).sum(axis=1)  # one micro-batch through and back
+    slope = np.maximum(f, x).max(axis=1) + np.maximum(g, xb).max(axis=1)  # each further one
     if balance_microbatches:
         counts = _balance(fill, slope, num_replicas * m)
     else:
@@ -285,7 +289,7 @@ def iteration_cost(
         }
         name = min(options, key=lambda key: options[key])
         choices.append(name)
-        slack = float((g[:, :i] + x[:, :i]).sum(axis=1).min()) if i else 0.0
+        slack = float((g[:, :i] + xb[:, :i]).sum(axis=1).min()) if i else 0.0
         exposed = max(exposed, options[name] - slack)
     return IterationCost(
         total_s=pipeline + exposed,

@@ -47,9 +47,9 @@ class InfeasiblePlanError(PlannerError):
 class PlannerConfig:
     """What to plan and how hard to search."""
 
-    num_stages: int = 8
+    num_stages: int = 0
     """D_pp, pipeline stages, >= 1; 0 = choose (with num_replicas = 0: try every factor pair)."""
-    num_replicas: int = 8
+    num_replicas: int = 0
     """D_dp, data-parallel replicas; num_stages x num_replicas must equal the device count;
     0 = derive from num_stages (or choose)."""
     objective: Literal["iteration", "paper"] = "iteration"
@@ -80,6 +80,8 @@ class PlannerConfig:
                 f"num_stages={self.num_stages} but workload.num_layers={layers}; each stage "
                 f"needs a layer, so set num_stages <= {layers}"
             )
+        if self.seed < 0:
+            raise ValueError(f"seed={self.seed} must be >= 0")
         if self.budget < 1 or self.time_limit_s <= 0:
             raise ValueError(f"budget={self.budget} must be >= 1 and time_limit_s > 0")
 
@@ -118,8 +120,8 @@ class Plan:
     mesh: tuple[tuple[int, ...], ...]
     stage_order: tuple[int, ...]
     devices: tuple[tuple[str, str, str], ...]
-    objective: str
-    method: str
+    objective: Literal["iteration", "paper"]
+    method: Literal["ours", "megatron_default", "megatron_random", "random"]
     predicted_cost_s: float
     breakdown: tuple[tuple[str, float], ...]
     lower_bound_s: float
@@ -130,10 +132,15 @@ class Plan:
     format_version: int = PLAN_FORMAT_VERSION
 
     def __post_init__(self) -> None:
+        check_types(self)  # a hand-edited or foreign JSON fails here, naming the field
         if self.format_version != PLAN_FORMAT_VERSION:
             raise ValueError(
                 f"plan format_version {self.format_version}; this frugal reads "
                 f"{PLAN_FORMAT_VERSION}: make the plan again with this version"
+            )
+        if len(self.devices) != self.world_size:
+            raise ValueError(
+                f"devices lists {len(self.devices)} ranks but world_size = {self.world_size}"
             )
         flat = sorted(r for row in self.mesh for r in row)
         if flat != list(range(self.world_size)):
@@ -172,8 +179,10 @@ class Plan:
         """
         try:
             data: dict[str, Any] = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
             raise ValueError(f"not a plan: invalid JSON ({exc})") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"not a plan: the JSON is a {type(data).__name__}, not an object")
         fields = set(cls.__dataclass_fields__)
         unknown, missing = set(data) - fields, fields - set(data) - {"format_version"}
         if unknown or missing:
@@ -193,8 +202,11 @@ class Plan:
         """Check the plan was made for `topology`.
 
         Raises:
+            TypeError: If `topology` is not a Topology.
             ValueError: If the world size or the topology digest differs.
         """
+        if not isinstance(topology, Topology):
+            raise TypeError(f"validate needs a Topology, got {type(topology).__name__}")
         if topology.num_devices != self.world_size:
             raise ValueError(
                 f"the plan is for world_size={self.world_size} but the cluster has "
@@ -257,12 +269,16 @@ def _grids(topology: Topology, config: PlannerConfig) -> list[tuple[int, int]]:
     n = topology.num_devices
     if config.num_stages and config.num_replicas:
         return [(config.num_stages, config.num_replicas)]
+    for name, value in (("num_stages", config.num_stages), ("num_replicas", config.num_replicas)):
+        if value and n % value:
+            raise ValueError(
+                f"{name}={value} does not divide world_size={n}; choose a divisor of {n} (or 0 "
+                "to let the planner choose)"
+            )
     if config.num_stages:
-        return [(config.num_stages, n // config.num_stages if n % config.num_stages == 0 else 0)]
+        return [(config.num_stages, n // config.num_stages)]
     if config.num_replicas:
-        return [
-            (n // config.num_replicas if n % config.num_replicas == 0 else 0, config.num_replicas)
-        ]
+        return [(n // config.num_replicas, config.num_replicas)]
     w = config.workload
     step = w.microbatch_size * w.microbatches_per_step
     return [
@@ -343,17 +359,22 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
     grids = _grids(topology, config)
     if len(grids) != 1:
         if not grids:
+            w = config.workload
             raise ValueError(
                 f"no (num_stages, num_replicas) factor pair of {topology.num_devices} devices "
-                "splits the batch into whole steps; set both explicitly"
+                f"splits global_batch_size={w.global_batch_size} into whole steps of "
+                f"microbatches_per_step={w.microbatches_per_step} x microbatch_size="
+                f"{w.microbatch_size}; change those or set num_stages and num_replicas"
             )
         from dataclasses import replace
 
         plans: list[Plan] = []
         failures: list[str] = []
         share = max(1, config.budget // len(grids))
+        time_share = config.time_limit_s / len(grids)
         for d_pp, d_dp in grids:
-            grid = replace(config, num_stages=d_pp, num_replicas=d_dp, budget=share)
+            grid = replace(config, num_stages=d_pp, num_replicas=d_dp, budget=share,
+                           time_limit_s=time_share)  # fmt: skip
             try:
                 plans.append(build_plan(topology, grid))
             except (InfeasiblePlanError, ValueError) as exc:
@@ -380,19 +401,26 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
             paper = swap_search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed,
                                 time_limit_s=config.time_limit_s).cost  # fmt: skip
         else:
-            paper = random_search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed).cost
+            paper = random_search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed,
+                                  time_limit_s=config.time_limit_s).cost  # fmt: skip
         mesh, stage_order = np.array(paper.mesh, dtype=np.int64), paper.stage_order
     elif config.method == "ours":
         mesh = iteration_search(topology, d_pp, d_dp, layers, config.workload,
                                 budget=config.budget, seed=config.seed,
                                 time_limit_s=config.time_limit_s).mesh  # fmt: skip
     else:
+        import time
+
         rng = np.random.default_rng(config.seed)
-        candidates = [rng.permutation(n).reshape(d_dp, d_pp) for _ in range(config.budget)]
-        mesh = min(
-            candidates,
-            key=lambda m: iteration_cost(topology, m, layers, config.workload).total_s,
-        )
+        deadline = time.perf_counter() + config.time_limit_s
+        mesh, best_s = rng.permutation(n).reshape(d_dp, d_pp), float("inf")
+        for _ in range(config.budget):
+            candidate = rng.permutation(n).reshape(d_dp, d_pp)
+            cost_s = iteration_cost(topology, candidate, layers, config.workload).total_s
+            if cost_s < best_s:
+                mesh, best_s = candidate, cost_s
+            if time.perf_counter() > deadline:
+                break
     mesh_rows = tuple(tuple(int(r) for r in row) for row in mesh)
     speeds = {d.speed for d in topology.devices}
     if config.objective == "iteration" and len(speeds) > 1:

@@ -252,8 +252,11 @@ def random_search(
     seed: int = 0,
     c_pp_gb: float = PAPER_C_PP_GB,
     c_dp_gb: float = PAPER_C_DP_GB,
+    time_limit_s: float = float("inf"),
 ) -> SearchResult:
     """Baseline: the best of `budget` uniformly random partitions (the paper's random baseline).
+
+    Stops early after `time_limit_s` seconds.
 
     Raises:
         ValueError: If num_stages x num_replicas != number of devices.
@@ -271,6 +274,9 @@ def random_search(
         if best is None or cost.total_s < best.total_s:
             best, best_groups = cost, groups
             history.append((candidate, cost.total_s))
+        if time.perf_counter() - start > time_limit_s:
+            budget = candidate
+            break
     assert best is not None
     assert best_groups is not None
     return SearchResult(
