@@ -77,6 +77,31 @@ def _sha_of_reader(num_rows: int, spec: RowSpec, read: Any, chunk_rows: int = 65
     return digest.hexdigest()
 
 
+class _RowsOfLastGet:
+    """get() reads whole rows once and keeps them for the apply_gradients that follows."""
+
+    spec: RowSpec
+    _last: tuple[I64, F32] | None = None
+
+    def _read(self, ids: I64) -> F32:
+        raise NotImplementedError
+
+    def get(self, ids: I64, step: int) -> F32:
+        """Vectors of `ids`; the whole rows are kept for the update of the same ids."""
+        rows = self._read(ids)
+        self._last = (ids, rows)
+        vectors: F32 = rows[:, : self.spec.embedding_dim]
+        return vectors
+
+    def _rows_for_update(self, ids: I64) -> F32:
+        """The rows `get` just read for these ids, else a fresh read."""
+        if self._last is not None and self._last[0] is ids:
+            rows = self._last[1]
+            self._last = None
+            return rows
+        return self._read(ids)
+
+
 class RamTable:
     """All rows in one numpy array."""
 
@@ -110,7 +135,7 @@ class RamTable:
         """Nothing to release."""
 
 
-class KvOffloadTable:
+class KvOffloadTable(_RowsOfLastGet):
     """Naive offloading: a multi-get and a batched put per step on a real KV engine."""
 
     def __init__(
@@ -191,16 +216,9 @@ class KvOffloadTable:
                 )
         self.bytes_written += len(ids) * size
 
-    def get(self, ids: I64, step: int) -> F32:
-        """Multi-get of whole rows; the vectors are returned, the state is read again later."""
-        self._pending = self._read(ids)
-        self._pending_ids = ids
-        rows: F32 = self._pending[:, : self.spec.embedding_dim]
-        return rows
-
     def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
         """Optimizer on the rows fetched by `get` (same ids), then one batched put."""
-        rows = self._pending if getattr(self, "_pending_ids", None) is ids else self._read(ids)
+        rows = self._rows_for_update(ids)
         apply_optimizer(rows, grads, self.spec)
         self._write(ids, rows)
 
@@ -228,7 +246,7 @@ class KvOffloadTable:
             self.env.close()
 
 
-class HybridLogTable:
+class HybridLogTable(_RowsOfLastGet):
     """A FASTER-like hybrid log (`hlog`), or with MLKV's changes (`mlkv=True`); see the module."""
 
     def __init__(
@@ -359,16 +377,9 @@ class HybridLogTable:
 
     # --- BenchTable ----------------------------------------------------------------------------
 
-    def get(self, ids: I64, step: int) -> F32:
-        """Vectors of `ids`."""
-        self._rows = self._read(ids)
-        self._rows_ids = ids
-        rows: F32 = self._rows[:, : self.spec.embedding_dim]
-        return rows
-
     def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
         """Read-modify-write: in place in the mutable region, else append (RCU)."""
-        rows = self._rows if getattr(self, "_rows_ids", None) is ids else self._read(ids)
+        rows = self._rows_for_update(ids)
         apply_optimizer(rows, grads, self.spec)
         with self.lock:
             addresses = self.index[ids]
