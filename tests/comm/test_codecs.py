@@ -1,0 +1,113 @@
+"""Codecs: round trips, error bounds, exact wire sizes, AQ-SGD buffer agreement."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from frugal.comm import (
+    DeltaCodec,
+    HalfCodec,
+    IdentityCodec,
+    QuantizeCodec,
+    pack_bits,
+    unpack_bits,
+)
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_bit_packing_round_trips(bits: int) -> None:
+    gen = torch.Generator().manual_seed(bits)
+    codes = torch.randint(0, 1 << bits, (3, 13), generator=gen, dtype=torch.uint8)
+    packed = pack_bits(codes, bits)
+    assert packed.dtype == torch.uint8
+    assert packed.shape == (3, math.ceil(13 * bits / 8))
+    assert torch.equal(unpack_bits(packed, bits, 13), codes)
+
+
+def test_packing_by_hand() -> None:
+    # 2-bit codes [1, 2, 3, 0] little-endian: bits 1,0 | 0,1 | 1,1 | 0,0 -> 0b00111001 = 57.
+    packed = pack_bits(torch.tensor([[1, 2, 3, 0]], dtype=torch.uint8), 2)
+    assert packed.tolist() == [[57]]
+
+
+def test_identity_is_lossless_and_half_halves_the_bytes() -> None:
+    x = torch.randn(4, 6)
+    for codec, per_value in (
+        (IdentityCodec(), 4),
+        (HalfCodec(), 2),
+        (HalfCodec(torch.bfloat16), 2),
+    ):
+        encoded = codec.encode(x)
+        assert encoded.nbytes == codec.wire_bytes((4, 6)) == per_value * 24
+        out = codec.decode(encoded)
+        assert out.shape == x.shape
+        assert out.dtype == torch.float32
+    assert torch.equal(IdentityCodec().decode(IdentityCodec().encode(x)), x)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_quantizer_error_is_at_most_half_a_step(bits: int) -> None:
+    x = torch.randn(5, 2, 17, generator=torch.Generator().manual_seed(0))
+    codec = QuantizeCodec(bits)
+    encoded = codec.encode(x)
+    # Per row: 8 header bytes + ceil(17 k / 8) code bytes; 10 rows.
+    assert encoded.nbytes == codec.wire_bytes((5, 2, 17)) == 10 * (8 + math.ceil(17 * bits / 8))
+    out = codec.decode(encoded)
+    rows = x.reshape(10, 17)
+    step = (rows.max(dim=1).values - rows.min(dim=1).values) / ((1 << bits) - 1)
+    error = (out.reshape(10, 17) - rows).abs().max(dim=1).values
+    assert torch.all(error <= step / 2 + 1e-6)
+
+
+def test_quantizer_by_hand_and_constant_rows() -> None:
+    # Row [0, 1, 2, 3] at 2 bits: min 0, step 1 -> exact. A constant row decodes exactly.
+    codec = QuantizeCodec(2)
+    x = torch.tensor([[0.0, 1.0, 2.0, 3.0], [5.0, 5.0, 5.0, 5.0]])
+    assert torch.equal(codec.decode(codec.encode(x)), x)
+    with pytest.raises(ValueError, match="bits=9"):
+        QuantizeCodec(9)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        codec.encode(torch.tensor([[float("nan"), 1.0]]))
+    with pytest.raises(TypeError, match="float32"):
+        codec.encode(torch.zeros(2, 2, dtype=torch.float64))
+
+
+def test_aqsgd_sender_and_receiver_buffers_agree() -> None:
+    sender, receiver = DeltaCodec(2), DeltaCodec(2)
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(6, 8, generator=gen)
+    ids = torch.arange(6)
+    first = sender.encode(base, ids)
+    assert first.nbytes == sender.wire_bytes((6, 8), num_new=6) == 6 * 8 * 4  # all new: fp32
+    assert torch.equal(receiver.decode(first, ids), base)
+    for epoch in range(1, 6):
+        x = base + 0.01 * epoch * torch.randn(6, 8, generator=gen)  # activations drift slowly
+        delta = x - torch.stack([sender.buffers[i] for i in range(6)])
+        step = (delta.max(dim=1).values - delta.min(dim=1).values) / 3  # 2 bits: 3 steps
+        encoded = sender.encode(x, ids)
+        # All seen: 6 rows x (8 header + ceil(8 * 2 / 8) = 2 code bytes) = 60 bytes.
+        assert encoded.nbytes == sender.wire_bytes((6, 8)) == 60
+        out = receiver.decode(encoded, ids)
+        error = (out - x).abs().max(dim=1).values
+        assert torch.all(error <= step / 2 + 1e-6)  # the bound applies to the change
+        direct_step = (x.max(dim=1).values - x.min(dim=1).values) / 3
+        assert torch.all(error < direct_step / 4)  # far below quantizing x itself
+        for i in range(6):
+            assert torch.equal(sender.buffers[i], receiver.buffers[i])  # never drift apart
+
+
+def test_aqsgd_mixed_new_and_seen_examples() -> None:
+    sender, receiver = DeltaCodec(4), DeltaCodec(4)
+    x = torch.randn(3, 5)
+    receiver.decode(sender.encode(x, torch.tensor([0, 1, 2])), torch.tensor([0, 1, 2]))
+    y = torch.randn(3, 5)
+    ids = torch.tensor([2, 7, 0])  # 7 is new
+    encoded = sender.encode(y, ids)
+    assert encoded.nbytes == sender.wire_bytes((3, 5), num_new=1)
+    out = receiver.decode(encoded, ids)
+    assert torch.equal(out[1], y[1])  # the new example travels exactly
+    with pytest.raises(ValueError, match="repeat"):
+        sender.encode(y, torch.tensor([1, 1, 2]))
