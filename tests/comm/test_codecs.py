@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from frugal.comm import (
+from frugal.comm.codecs import (
     DeltaCodec,
     HalfCodec,
     IdentityCodec,
@@ -111,3 +111,13 @@ def test_aqsgd_mixed_new_and_seen_examples() -> None:
     assert torch.equal(out[1], y[1])  # the new example travels exactly
     with pytest.raises(ValueError, match="repeat"):
         sender.encode(y, torch.tensor([1, 1, 2]))
+
+
+def test_wire_sizes_without_torch_agree_with_the_codecs() -> None:
+    from frugal.comm import wire_bytes
+
+    for name, codec in (("fp32", IdentityCodec()), ("fp16", HalfCodec()), ("q3", QuantizeCodec(3))):
+        x = torch.randn(2, 3, 10)
+        assert wire_bytes(name, (2, 3, 10)) == codec.encode(x).nbytes
+    with pytest.raises(ValueError, match="unknown codec 'q9'"):
+        wire_bytes("q9", (1, 1))

@@ -100,3 +100,18 @@ def test_backward_messages_use_the_reverse_link() -> None:
     # Backward message 0.01 + 0.1 = 0.11 s: T_bwd = (0.03 + 0.11) + 0.03 + 3 * 0.11 = 0.50.
     assert a == pytest.approx(0.27)
     assert b == pytest.approx(0.10 + 0.50)
+
+
+def test_the_codec_wire_size_prices_pipeline_messages() -> None:
+    # A 2-bit codec sends 2048 x (8 + 512) bytes per micro-batch instead of 2048 x 4096 (fp16),
+    # so a communication-bound placement gets much faster; compute is unchanged.
+    top = build_scenario("world")
+    fp16 = build_plan(top, PlannerConfig(num_stages=8, num_replicas=8, method="megatron_random",
+                                         seed=2022))  # fmt: skip
+    q2 = build_plan(top, PlannerConfig(num_stages=8, num_replicas=8, method="megatron_random",
+                                       seed=2022, workload=WorkloadConfig(codec="q2")))  # fmt: skip
+    assert WorkloadConfig(codec="q2").activation_bytes == 2048 * (8 + 512)
+    assert WorkloadConfig().activation_bytes == 2048 * 2048 * 2
+    assert q2.predicted_cost_s < 0.5 * fp16.predicted_cost_s
+    with pytest.raises(ValueError, match="choose one of"):
+        WorkloadConfig(codec="q9")  # type: ignore[arg-type]

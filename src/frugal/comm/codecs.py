@@ -29,6 +29,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from frugal.comm.wire import wire_bytes
+
 __all__ = [
     "Codec",
     "DeltaCodec",
@@ -88,7 +90,7 @@ class IdentityCodec:
 
     def wire_bytes(self, shape: tuple[int, ...]) -> int:
         """4 x numel."""
-        return 4 * math.prod(shape)
+        return wire_bytes("fp32", shape)
 
     def encode(self, x: Tensor) -> Encoded:
         """Send the tensor itself.
@@ -115,7 +117,7 @@ class HalfCodec:
 
     def wire_bytes(self, shape: tuple[int, ...]) -> int:
         """2 x numel."""
-        return 2 * math.prod(shape)
+        return wire_bytes(self.name, shape)
 
     def encode(self, x: Tensor) -> Encoded:
         """Cast to the half type.
@@ -187,8 +189,7 @@ class QuantizeCodec:
 
     def wire_bytes(self, shape: tuple[int, ...]) -> int:
         """R x (8 + ceil(C k / 8))."""
-        rows, cols = self._rows(shape)
-        return rows * (8 + math.ceil(cols * self.bits / 8))
+        return wire_bytes(self.name, shape)
 
     def encode(self, x: Tensor) -> Encoded:
         """Quantize each row to k bits by round-to-nearest between its min and max.

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from frugal.comm.wire import CodecName, wire_bytes
 from frugal.config import check_types
 from frugal.planner.topology import Topology
 
@@ -64,8 +65,9 @@ class WorkloadConfig:
     """Sequences per micro-batch, >= 1."""
     microbatches_per_step: int = 64
     """Micro-batches per pipeline between two accumulation boundaries (M), >= 1."""
-    activation_bytes_per_value: float = 2.0
-    """Wire bytes per activation value (fp16: 2; a 4-bit codec: 0.5), > 0."""
+    codec: CodecName = "fp16"
+    """Codec of the activations between stages (`frugal.comm`); its exact wire size prices
+    every pipeline message (fp32, fp16, bf16, or qK for K-bit DirectQ/AQ-SGD)."""
     gradient_bytes_per_value: float = 2.0
     """Wire bytes per gradient value in the DP exchange, > 0."""
     tau_ref_s: float = TAU_REF_S
@@ -77,8 +79,8 @@ class WorkloadConfig:
                      "microbatch_size", "microbatches_per_step"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        if min(self.activation_bytes_per_value, self.gradient_bytes_per_value, self.tau_ref_s) <= 0:
-            raise ValueError("bytes per value and tau_ref_s must be > 0")
+        if min(self.gradient_bytes_per_value, self.tau_ref_s) <= 0:
+            raise ValueError("gradient_bytes_per_value and tau_ref_s must be > 0")
 
     @property
     def params_per_layer(self) -> float:
@@ -87,9 +89,9 @@ class WorkloadConfig:
 
     @property
     def activation_bytes(self) -> float:
-        """One micro-batch's activations crossing a stage boundary: b s h x bytes per value."""
-        return (
-            self.microbatch_size * self.seq_len * self.hidden_size * self.activation_bytes_per_value
+        """Wire bytes of one micro-batch's activations (b s tokens x h) under `codec`."""
+        return float(
+            wire_bytes(self.codec, (self.microbatch_size * self.seq_len, self.hidden_size))
         )
 
 
