@@ -104,7 +104,9 @@ def test_backward_messages_use_the_reverse_link() -> None:
 
 def test_the_codec_wire_size_prices_pipeline_messages() -> None:
     # A 2-bit codec sends 2048 x (8 + 512) bytes per micro-batch instead of 2048 x 4096 (fp16),
-    # so a communication-bound placement gets much faster; compute is unchanged.
+    # so a communication-bound placement gets faster; compute is unchanged. On the slowest
+    # hop (238 ms, 0.342 Gbps) a message takes 0.238 + 67.1 Mbit / 0.342 Gbps = 0.434 s in fp16
+    # and 0.238 + 8.5 / 342 = 0.263 s in 2 bits (0.61x): the delay does not shrink.
     top = build_scenario("world")
     fp16 = build_plan(top, PlannerConfig(num_stages=8, num_replicas=8, method="megatron_random",
                                          seed=2022))  # fmt: skip
@@ -112,6 +114,6 @@ def test_the_codec_wire_size_prices_pipeline_messages() -> None:
                                        seed=2022, workload=WorkloadConfig(codec="q2")))  # fmt: skip
     assert WorkloadConfig(codec="q2").activation_bytes == 2048 * (8 + 512)
     assert WorkloadConfig().activation_bytes == 2048 * 2048 * 2
-    assert q2.predicted_cost_s < 0.5 * fp16.predicted_cost_s
+    assert q2.predicted_cost_s < 0.7 * fp16.predicted_cost_s
     with pytest.raises(ValueError, match="choose one of"):
         WorkloadConfig(codec="q9")  # type: ignore[arg-type]
