@@ -1,0 +1,23 @@
+"""`frugal reproduce`: every subsystem's headline comparison, side by side, in one report.
+
+The main job. Each part calls its subsystem's own bench (`frugal.store.bench`,
+`frugal.tgraph.bench`, `frugal.recsys.bench`, `frugal.pipeline.bench`, `frugal.planner.bench`)
+with a preset of the chosen mode, then the report puts the published claim, our number, the
+baseline's and the verdict side by side. See `frugal.reproduce.run.run_reproduce`.
+"""
+
+from __future__ import annotations
+
+from frugal.reproduce.parts import PART_NAMES, Part, Verdict, get_part
+from frugal.reproduce.run import MODES, Mode, ReproduceConfig, run_reproduce
+
+__all__ = [
+    "MODES",
+    "PART_NAMES",
+    "Mode",
+    "Part",
+    "ReproduceConfig",
+    "Verdict",
+    "get_part",
+    "run_reproduce",
+]

@@ -1,0 +1,161 @@
+"""frugal reproduce: verdict arithmetic, config checks, failure isolation, resume, the report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from frugal import FrugalError
+from frugal.config import ConfigError
+from frugal.reproduce import PART_NAMES, ReproduceConfig, Verdict, get_part, run_reproduce
+from frugal.reproduce import parts as parts_module
+from frugal.reproduce.report import verdict_table
+
+
+def test_verdict_met_follows_the_comparison_and_is_none_when_unmeasured() -> None:
+    base = {"part": "store", "claim": "c", "target": 3.0}
+    assert Verdict(**base, value=3.0, comparison=">=").met is True
+    assert Verdict(**base, value=2.99, comparison=">=").met is False
+    assert Verdict(**base, value=2.0, comparison="<=").met is True
+    assert Verdict(**base, value=None, comparison=">=").met is None
+    assert Verdict(**base, value=float("nan"), comparison=">=").met is None
+    assert Verdict(**base, value=4.0, comparison=">=").as_row()["met"] is True
+
+
+def test_config_rejects_unknown_duplicate_and_empty_parts() -> None:
+    assert ReproduceConfig().only == PART_NAMES
+    with pytest.raises(ValueError, match="unknown part 'stor'"):
+        ReproduceConfig(only=("stor",))
+    with pytest.raises(ValueError, match="twice"):
+        ReproduceConfig(only=("store", "store"))
+    with pytest.raises(ValueError, match="selects no part"):
+        ReproduceConfig(only=())
+    with pytest.raises(ConfigError, match="fast"):
+        ReproduceConfig(mode="fast")  # type: ignore[arg-type]
+
+
+def _store_row(system: str, ratio: float, lookahead: int, samples_per_s: float) -> dict[str, Any]:
+    return {
+        "system": system,
+        "workload": "criteo_zipf",
+        "memory_ratio": ratio,
+        "lookahead": lookahead,
+        "staleness_bound": 0,
+        "samples_per_s": samples_per_s,
+        "status": "ok",
+    }
+
+
+def test_store_verdicts_divide_the_right_cells() -> None:
+    document = {
+        "rows": [
+            _store_row("frugal", 0.10, 4, 900.0),
+            _store_row("frugal", 0.10, 0, 1.0),  # not the headline window
+            _store_row("rocksdb_offload", 0.10, 0, 200.0),
+            _store_row("mlkv", 0.10, 4, 600.0),
+            _store_row("frugal", 0.25, 4, 1000.0),
+            _store_row("ram", 0.25, 0, 2500.0),
+        ],
+        "summary": {"lookahead": 4, "bit_identical_at_staleness_0": {"criteo_zipf": True}},
+    }
+    verdicts = get_part("store").verdicts(document)
+    values = [v.value for v in verdicts]
+    assert values == pytest.approx([4.5, 1.5, 0.4, 1.0])
+    assert [v.met for v in verdicts] == [True, True, False, True]
+    assert verdicts[0].baseline == 200.0 and verdicts[0].ours == 900.0
+
+
+def test_planner_verdicts_average_the_random_seeds() -> None:
+    cell = {"scenario": "world", "num_layers": 24, "global_batch": 1024, "status": "ok"}
+    document = {
+        "rows": [
+            cell | {"method": "ours", "predicted_iteration_s": 10.0},
+            cell | {"method": "megatron_random", "predicted_iteration_s": 40.0},
+            cell | {"method": "megatron_random", "predicted_iteration_s": 60.0},
+            cell | {"method": "megatron_default", "predicted_iteration_s": 30.0},
+            {"scenario": "world", "method": "ours", "objective": "paper", "paper_cost_s": 5.0},
+            {"scenario": "world", "method": "dtfm_ga", "objective": "paper", "paper_cost_s": 4.0},
+        ],
+        "summary": {"search_s_world": 2.0},
+    }
+    verdicts = get_part("planner").verdicts(document)
+    assert [v.value for v in verdicts] == pytest.approx([5.0, 3.0, 0.8, 2.0])
+    assert [v.met for v in verdicts] == [True, True, False, True]
+
+
+def test_verdict_table_has_one_row_per_verdict_and_names_the_baseline() -> None:
+    verdict = Verdict(part="planner", claim="x", value=2.0, target=1.0, comparison=">=",
+                      ours=1.0, baseline_name="ga", baseline=2.0, unit="s")  # fmt: skip
+    lines = verdict_table([verdict, replace(verdict, value=None)])
+    assert len(lines) == 4
+    assert "ga: 2 s" in lines[2] and "**met**" in lines[2]
+    assert "not measured" in lines[3]
+
+
+@pytest.mark.slow
+def test_a_failing_part_is_reported_and_the_others_still_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(mode: str, out: Path, progress: Any) -> dict[str, Any]:
+        raise FrugalError("disk on fire")
+
+    monkeypatch.setitem(
+        parts_module._PARTS, "store", replace(parts_module._PARTS["store"], run=broken)
+    )
+    config = ReproduceConfig(mode="smoke", only=("store", "planner"))
+    document, outcomes = run_reproduce(config, tmp_path, show_progress=False)
+    assert [o.status for o in outcomes] == ["failed", "ok"]
+    assert document["summary"]["parts_failed"] == ["store"]
+    report = (tmp_path / "report.md").read_text()
+    assert "FrugalError: disk on fire" in report
+    assert (tmp_path / "planner.png").exists() and not (tmp_path / "store.png").exists()
+    assert {r["part"] for r in document["rows"]} == {"planner"}
+
+    # A second call resumes the finished part and retries only the failed one.
+    calls: list[str] = []
+
+    def record(name: str) -> Any:
+        def run(mode: str, out: Path, progress: Any) -> dict[str, Any]:
+            calls.append(name)
+            raise FrugalError("still broken")
+
+        return run
+
+    for name in ("store", "planner"):
+        monkeypatch.setitem(
+            parts_module._PARTS, name, replace(parts_module._PARTS[name], run=record(name))
+        )
+    document2, outcomes2 = run_reproduce(config, tmp_path, show_progress=False)
+    assert calls == ["store"]  # planner came back from its results.json
+    assert outcomes2[1].resumed and outcomes2[1].status == "ok"
+    planner_rows = [r for r in document["rows"] if r["part"] == "planner"]
+    assert [r for r in document2["rows"] if r["part"] == "planner"] == planner_rows
+
+
+@pytest.mark.slow
+def test_cli_smoke_run_writes_every_section_and_figure(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "frugal.cli.main", "reproduce", "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    document = json.loads((out / "results.json").read_text())
+    failed = document["summary"]["parts_failed"]
+    assert proc.returncode == (1 if failed else 0), proc.stderr[-2000:]
+    report = (out / "report.md").read_text()
+    for name in PART_NAMES:
+        assert f"## {name}: " in report
+        status = document["summary"]["parts"][name]["status"]
+        assert status in ("ok", "failed")
+        if status == "ok":
+            assert (out / f"{name}.png").stat().st_size > 1000
+    assert "## Verdicts" in report and "## Environment" in report
