@@ -1,7 +1,10 @@
 """`frugal plan bench`: every scenario x model size x method, side by side, in one run.
 
 Rows: `scenario, num_layers, global_batch, method, seed, predicted_iteration_s,
-paper_cost_s, search_s`. Summary: `world_speedup_vs_megatron_random` (mean over the random
+simulated_gpipe_s, simulated_1f1b_s, lower_bound_s, paper_cost_s, search_s`. The prediction is
+the analytic `iteration` model (GPipe), except for `deepspeed_pp` (Megatron's layout, uniform
+layers, 1F1B), which the event simulator (`frugal.planner.sim`) scores; every row also carries
+both simulated schedules. Summary: `world_speedup_vs_megatron_random` (mean over the random
 seeds), `world_speedup_vs_megatron_default`, `search_s_world`, and per scenario the speed-up of
 ours over each baseline. The iteration times are predictions of the `iteration` model; the
 validation against measured emulated runs needs `frugal.pipeline` and is not part of this
@@ -27,10 +30,11 @@ from frugal.planner.cost import paper_cost
 from frugal.planner.iteration import WorkloadConfig
 from frugal.planner.plan import PlannerConfig, build_plan
 from frugal.planner.scenarios import build_scenario
+from frugal.planner.sim import simulate_iteration
 
 __all__ = ["PlanBenchConfig", "run_plan_bench"]
 
-Method = Literal["ours", "megatron_default", "megatron_random", "random"]
+Method = Literal["ours", "megatron_default", "megatron_random", "deepspeed_pp", "random"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,7 +47,13 @@ class PlanBenchConfig:
     """Model depths (GPT3-XL shape)."""
     global_batches: tuple[int, ...] = (1024, 2048, 4096)
     """Sequences per iteration."""
-    methods: tuple[Method, ...] = ("ours", "megatron_default", "megatron_random", "random")
+    methods: tuple[Method, ...] = (
+        "ours",
+        "megatron_default",
+        "megatron_random",
+        "deepspeed_pp",
+        "random",
+    )
     """Placement methods compared."""
     random_seeds: tuple[int, ...] = (2022, 2023, 2024)
     """Seeds of `megatron_random` (the paper's)."""
@@ -101,9 +111,21 @@ def run_plan_bench(
                     seeds = config.random_seeds if method == "megatron_random" else (config.seed,)
                     for seed in seeds:
                         start = time.perf_counter()
-                        plan = build_plan(topology, replace(base, method=method, seed=seed))
+                        # DeepSpeed's pipeline engine: Megatron's layout, 1F1B, uniform layers.
+                        plan_method = "megatron_default" if method == "deepspeed_pp" else method
+                        plan = build_plan(topology, replace(base, method=plan_method, seed=seed))
                         search_s = time.perf_counter() - start
                         mesh = np.array(plan.mesh, dtype=np.int64)
+                        layers_per_stage = plan.num_layers_per_stage
+                        if method == "deepspeed_pp":
+                            layers_per_stage = _uniform_layers(layers, plan.num_stages)
+                        sim_gpipe = simulate_iteration(topology, mesh, layers_per_stage, workload,
+                                                       schedule="gpipe")  # fmt: skip
+                        sim_1f1b = simulate_iteration(topology, mesh, layers_per_stage, workload,
+                                                      schedule="1f1b")  # fmt: skip
+                        predicted = (
+                            sim_1f1b.total_s if method == "deepspeed_pp" else plan.predicted_cost_s
+                        )
                         paper = (
                             paper_cost(topology, np.ascontiguousarray(mesh.T)).total_s
                             if topology.is_symmetric()
@@ -115,7 +137,10 @@ def run_plan_bench(
                             "global_batch": batch,
                             "method": method,
                             "seed": seed,
-                            "predicted_iteration_s": plan.predicted_cost_s,
+                            "predicted_iteration_s": predicted,
+                            "simulated_gpipe_s": sim_gpipe.total_s,
+                            "simulated_1f1b_s": sim_1f1b.total_s,
+                            "lower_bound_s": plan.lower_bound_s,
                             "paper_cost_s": paper,
                             "search_s": search_s,
                             "plan_sha256": plan.sha256,
@@ -124,7 +149,7 @@ def run_plan_bench(
                         if progress is not None:
                             progress(
                                 f"{scenario} L={layers} B={batch} {method} seed={seed}: "
-                                f"{plan.predicted_cost_s:.2f} s/iter ({search_s:.1f} s search)"
+                                f"{predicted:.2f} s/iter ({search_s:.1f} s search)"
                             )
     curves = _convergence(config, progress)
     rows.extend(curves)
@@ -137,6 +162,12 @@ def run_plan_bench(
     document = results_document("plan", config, rows, summary)
     write_results(out_dir / "results.json", document)
     return document
+
+
+def _uniform_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """num_layers split as evenly as possible, the remainder on the first stages."""
+    base, extra = divmod(num_layers, num_stages)
+    return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
 
 
 def _convergence(
@@ -224,7 +255,7 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
         ours = mean_time(scenario, "ours", layers, batch)
         if ours is None:
             continue
-        for baseline in ("megatron_default", "megatron_random", "random"):
+        for baseline in ("megatron_default", "megatron_random", "deepspeed_pp", "random"):
             other = mean_time(scenario, baseline, layers, batch)
             if other is not None:
                 key = f"{scenario}/L{layers}/B{batch}/vs_{baseline}"
@@ -233,7 +264,7 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
     if first:
         _, layers, batch = first[0]
         ours = mean_time("world", "ours", layers, batch)
-        for baseline in ("megatron_random", "megatron_default"):
+        for baseline in ("megatron_random", "megatron_default", "deepspeed_pp"):
             other = mean_time("world", baseline, layers, batch)
             if ours and other:
                 summary[f"world_speedup_vs_{baseline}"] = other / ours

@@ -90,7 +90,7 @@ class HostSpec:
     speed: float = 1.0
     """Compute speed per GPU relative to a V100, > 0."""
     nic_gbps: float = 10.0
-    """Host NIC capacity, Gbit/s, > 0 (recorded; NIC sharing is not modelled yet)."""
+    """Host NIC capacity per direction, Gbit/s, > 0: the host's cross-host messages share it."""
     intra_gbps: float = 100.0
     """Bandwidth between GPUs of the host, Gbit/s, > 0."""
     intra_delay_ms: float = 0.0
@@ -238,6 +238,7 @@ def _build(spec: ClusterFile, source: str, name: str) -> Topology:
             site=h.site,
             speed=h.speed,
             memory_gib=h.memory_gib,
+            nic_gbps=h.nic_gbps,
         )
         for h in spec.hosts
         for k in range(h.num_gpus)

@@ -15,8 +15,13 @@ per stage group. For pipeline j with stages i (device d = mesh[j][i], l_i layers
 - stage i's gradients are ready slack_i = sum_{k < i} (g_k + x_k) before stage 0 finishes, so
   T_iter = max_j T_pp(j) + max(0, max_i (T_coll(i) - slack_i)).
 
-Not modelled yet (the brief's full `iteration` model): NIC sharing between flows of one host,
-1F1B, the event simulator, memory limits, uneven layers. Units: seconds, bytes, Gbit/s, ms.
+- NIC sharing: a cross-host message gets beta_eff = min(beta, NIC_out / n_out, NIC_in / n_in),
+  n = the host's concurrent cross-host pipeline messages in that direction.
+
+This closed form is GPipe's. `frugal.planner.sim` simulates a plan op by op with link and NIC
+queues under GPipe (it reproduces this model) or 1F1B (which overlaps forward and backward
+messages: faster on communication-bound placements, slower when messages rival compute).
+Units: seconds, bytes, Gbit/s, ms.
 
 References:
     Decentralized Training of Foundation Models in Heterogeneous Environments, NeurIPS 2022,
@@ -37,7 +42,13 @@ from frugal.comm.wire import CodecName, wire_bytes
 from frugal.config import check_types
 from frugal.planner.topology import Topology
 
-__all__ = ["IterationCost", "WorkloadConfig", "iteration_cost", "stage_memory_gib"]
+__all__ = [
+    "IterationCost",
+    "WorkloadConfig",
+    "iteration_cost",
+    "stage_collective",
+    "stage_memory_gib",
+]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -193,6 +204,53 @@ def _central_ps_seconds(members: I64, topology: Topology, size_bytes: float) -> 
     return float(best)
 
 
+def _effective_gbps(topology: Topology, src: I64, dst: I64) -> F64:
+    """Bandwidth of concurrent messages src -> dst (same shapes) after NIC sharing.
+
+    beta_eff = min(beta, NIC_out(host src) / n_out, NIC_in(host dst) / n_in), where n counts the
+    concurrent cross-host messages of that host and direction among all pairs given (every
+    pipeline edge sends at once in the steady state). Same-host messages skip the NIC.
+    """
+    hosts = {name: k for k, name in enumerate(dict.fromkeys(d.host for d in topology.devices))}
+    host_N = np.array([hosts[d.host] for d in topology.devices], dtype=np.int64)
+    nic_N = np.array([d.nic_gbps for d in topology.devices])
+    beta = topology.bandwidth_gbps[src, dst].astype(np.float64)
+    cross = host_N[src] != host_N[dst]
+    if not cross.any() or not np.isfinite(nic_N).any():
+        return beta
+    n_out = np.bincount(host_N[src][cross], minlength=len(hosts))
+    n_in = np.bincount(host_N[dst][cross], minlength=len(hosts))
+    with np.errstate(divide="ignore"):
+        cap = np.minimum(
+            nic_N[src] / np.maximum(n_out[host_N[src]], 1),
+            nic_N[dst] / np.maximum(n_in[host_N[dst]], 1),
+        )
+    return np.where(cross, np.minimum(beta, cap), beta)
+
+
+def stage_collective(members: I64, topology: Topology, size_bytes: float) -> tuple[str, float]:
+    """The cheapest gradient exchange of one stage's DP group and its seconds.
+
+    Candidates: the paper's sequential peer exchange (`seq_peer`), a ring all-reduce on the
+    best ring (`ring`) and a central parameter server on the best member (`central_ps`).
+
+    Args:
+        members: Device ids of the group, shape (K,).
+        topology: Devices and links.
+        size_bytes: Gradient bytes each member holds.
+
+    Returns:
+        (name, seconds) of the cheapest collective.
+    """
+    options = {
+        "seq_peer": _seq_peer_seconds(members, topology, size_bytes),
+        "ring": _ring_seconds(members, topology, size_bytes),
+        "central_ps": _central_ps_seconds(members, topology, size_bytes),
+    }
+    name = min(options, key=lambda key: options[key])
+    return name, options[name]
+
+
 def _balance(fill: F64, slope: F64, total: int) -> I64:
     """Integer micro-batch counts (>= 1, summing to `total`) minimising max fill + (m-1) slope.
 
@@ -267,10 +325,10 @@ def iteration_cost(
     xb = np.zeros_like(f)  # backward: gradients stage i+1 -> i (the reverse link)
     if num_stages > 1:
         x[:, :-1] = topology.delay_ms[send, recv] / 1000.0 + bits / (
-            topology.bandwidth_gbps[send, recv] * _GBIT
+            _effective_gbps(topology, send, recv) * _GBIT
         )
         xb[:, :-1] = topology.delay_ms[recv, send] / 1000.0 + bits / (
-            topology.bandwidth_gbps[recv, send] * _GBIT
+            _effective_gbps(topology, recv, send) * _GBIT
         )
     fill = (f + x).sum(axis=1) + (g + xb).sum(axis=1)  # one micro-batch through and back
     slope = np.maximum(f, x).max(axis=1) + np.maximum(g, xb).max(axis=1)  # each further one
@@ -283,16 +341,10 @@ def iteration_cost(
     choices = []
     for i in range(num_stages):
         size = layers[i] * workload.params_per_layer * workload.gradient_bytes_per_value
-        members = mesh_JI[:, i]
-        options = {
-            "seq_peer": _seq_peer_seconds(members, topology, size),
-            "ring": _ring_seconds(members, topology, size),
-            "central_ps": _central_ps_seconds(members, topology, size),
-        }
-        name = min(options, key=lambda key: options[key])
+        name, seconds = stage_collective(mesh_JI[:, i], topology, size)
         choices.append(name)
         slack = float((g[:, :i] + xb[:, :i]).sum(axis=1).min()) if i else 0.0
-        exposed = max(exposed, options[name] - slack)
+        exposed = max(exposed, seconds - slack)
     return IterationCost(
         total_s=pipeline + exposed,
         pipeline_s=pipeline,

@@ -6,6 +6,7 @@ Shape legend: N devices.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,9 @@ class Device:
     """Compute speed relative to the reference GPU (V100 = 1.0), > 0."""
     memory_gib: float = 16.0
     """Accelerator memory in GiB, > 0."""
+    nic_gbps: float = math.inf
+    """Capacity of the host's NIC in each direction, Gbit/s, > 0; messages between hosts share
+    it (inf: the links' own bandwidth is the only limit)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,8 +85,11 @@ class Topology:
                 "> 0 (a missing link is not a zero-bandwidth link)"
             )
         for device in self.devices:
-            if device.speed <= 0 or device.memory_gib <= 0:
-                raise ValueError(f"device {device.name}: speed and memory_gib must be > 0")
+            if device.speed <= 0 or device.memory_gib <= 0 or not device.nic_gbps > 0:
+                raise ValueError(
+                    f"device {device.name}: speed={device.speed}, memory_gib="
+                    f"{device.memory_gib} and nic_gbps={device.nic_gbps} must be > 0"
+                )
 
     @property
     def num_devices(self) -> int:
@@ -105,7 +112,8 @@ class Topology:
         """Digest of the devices and both matrices (so a plan names the cluster it was made for)."""
         digest = hashlib.sha256()
         for d in self.devices:
-            digest.update(f"{d.name}|{d.host}|{d.site}|{d.speed}|{d.memory_gib};".encode())
+            nic = f"|{d.nic_gbps}" if math.isfinite(d.nic_gbps) else ""  # older digests hold
+            digest.update(f"{d.name}|{d.host}|{d.site}|{d.speed}|{d.memory_gib}{nic};".encode())
         digest.update(np.ascontiguousarray(self.delay_ms, dtype=np.float64).tobytes())
         digest.update(np.ascontiguousarray(self.bandwidth_gbps, dtype=np.float64).tobytes())
         return digest.hexdigest()
