@@ -69,6 +69,15 @@ class BenchTable(Protocol):
         ...
 
 
+def _require_float32(spec: RowSpec) -> None:
+    """The baselines store float32 rows; a float16 comparison needs float16 baselines."""
+    if spec.dtype != "float32":
+        raise ValueError(
+            f"spec.dtype={spec.dtype!r}: the baselines store float32 rows only; compare "
+            "float16 tables with EmbeddingStore on several backends instead"
+        )
+
+
 def _sha_of_reader(num_rows: int, spec: RowSpec, read: Any, chunk_rows: int = 65536) -> str:
     digest = hashlib.sha256()
     for start in range(0, num_rows, chunk_rows):
@@ -107,6 +116,7 @@ class RamTable:
 
     def __init__(self, num_rows: int, spec: RowSpec, seed: int) -> None:
         self.spec = spec
+        _require_float32(spec)
         self.table = init_rows(np.arange(num_rows, dtype=np.int64), spec, seed)
 
     def get(self, ids: I64, step: int) -> F32:
@@ -149,6 +159,7 @@ class KvOffloadTable(_RowsOfLastGet):
         memory_budget_bytes: int,
     ) -> None:
         self.spec = spec
+        _require_float32(spec)
         self.seed = seed
         self.num_rows = num_rows
         self.engine = engine
@@ -262,6 +273,7 @@ class HybridLogTable(_RowsOfLastGet):
         mutable_fraction: float = 0.9,
     ) -> None:
         self.spec = spec
+        _require_float32(spec)
         self.seed = seed
         self.num_rows = num_rows
         self.mlkv = mlkv

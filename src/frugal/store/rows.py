@@ -1,8 +1,10 @@
 """Row layout, deterministic initialisation and fused sparse optimizers.
 
-A store row is float32 `[w (embedding_dim) | optimizer state]`; the state travels with the
-vector, so one read and one write serve a whole update. Shape legend: N rows, D embedding_dim,
-W row width (D + state).
+A store row is `[w (embedding_dim) | optimizer state]`, float32 or float16 (`RowSpec.dtype`);
+the state travels with the vector, so one read and one write serve a whole update. Rows are
+computed in float32; a float16 table rounds every stored value (initial rows, puts, updates)
+to float16, so the cache, every backend and every access order hold the same bits.
+Shape legend: N rows, D embedding_dim, W row width (D + state).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = [
     "RowSpec",
     "apply_optimizer",
     "init_rows",
+    "round_rows",
     "splitmix64",
 ]
 
@@ -88,6 +91,10 @@ class RowSpec:
     """Length D of the embedding vector, >= 1."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """The optimizer whose state is stored in the row."""
+    dtype: Literal["float32", "float16"] = "float32"
+    """Storage precision of the whole row (vector and state). float16 halves the bytes on
+    disk; values are rounded to float16 after every update (Adam's per-row step count stays
+    exact up to 2048)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -101,8 +108,20 @@ class RowSpec:
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one row (4 * W)."""
+        """Bytes of one row in memory, where rows are float32 (4 * W)."""
         return 4 * self.width
+
+    @property
+    def stored_row_bytes(self) -> int:
+        """Bytes of one row in a backend (4 * W for float32, 2 * W for float16)."""
+        return np.dtype(self.dtype).itemsize * self.width
+
+
+def round_rows(rows: F32, spec: RowSpec) -> None:
+    """Round float32 rows in place to the spec's storage precision (no-op for float32)."""
+    if spec.dtype == "float16":
+        with np.errstate(over="ignore"):  # overflow becomes inf; callers check finiteness
+            rows[...] = rows.astype(np.float16)
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -145,6 +164,7 @@ def init_rows(ids: I64, spec: RowSpec, seed: int) -> F32:
     u = (splitmix64(keys) >> np.uint64(40)).astype(np.float32) / np.float32(2**24)
     rows = np.zeros((len(ids), spec.width), dtype=np.float32)
     rows[:, :d] = (u - np.float32(0.5)) * np.float32(2.0 / math.sqrt(d))
+    round_rows(rows, spec)
     return rows
 
 

@@ -38,7 +38,7 @@ from frugal.store.errors import (
     StoreError,
     StoreLockedError,
 )
-from frugal.store.rows import RowSpec, apply_optimizer, init_rows
+from frugal.store.rows import RowSpec, apply_optimizer, init_rows, round_rows
 
 __all__ = ["EmbeddingStore"]
 
@@ -236,7 +236,7 @@ class EmbeddingStore:
         if self.backend_name == "rocksdb":
             return budget // 4  # block cache + memtables, set in rocksdb_options
         if self.backend_name == "memory":
-            return self.num_rows * (self.spec.row_bytes + 1)
+            return self.num_rows * (self.spec.stored_row_bytes + 1)
         return 0  # lmdb: the OS page cache, not counted (budget_enforced = False)
 
     def _open_backend(
@@ -252,16 +252,19 @@ class EmbeddingStore:
                     io_threads=self.config.io_threads,
                     use_direct_io=self.config.use_direct_io,
                     manifest_info=info,
+                    dtype=self.spec.dtype,
                 )
             except FileNotFoundError as exc:
                 raise StoreCorruptionError(
                     f"{self.directory}: a file of checkpoint {epoch} is missing: {exc.filename}"
                 ) from exc
         if self.backend_name == "rocksdb":
-            return RocksDbBackend(self.directory, self.num_rows, width, epoch, budget // 4)
+            return RocksDbBackend(
+                self.directory, self.num_rows, width, epoch, budget // 4, dtype=self.spec.dtype
+            )
         if self.backend_name == "lmdb":
-            return LmdbBackend(self.directory, self.num_rows, width, epoch)
-        return MemoryBackend(self.directory, self.num_rows, width, epoch)
+            return LmdbBackend(self.directory, self.num_rows, width, epoch, dtype=self.spec.dtype)
+        return MemoryBackend(self.directory, self.num_rows, width, epoch, dtype=self.spec.dtype)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -542,7 +545,15 @@ class EmbeddingStore:
         if len(sorted_ids) > 1 and (np.diff(sorted_ids) == 0).any():
             dup = int(sorted_ids[np.flatnonzero(np.diff(sorted_ids) == 0)[0]])
             raise ValueError(f"put got id {dup} more than once; each row must be written once")
-        self.cache.write(sorted_ids, checked[order], step)
+        sorted_rows = checked[order]  # a copy: rounding never touches the caller's array
+        round_rows(sorted_rows, self.spec)
+        if not np.isfinite(sorted_rows).all():
+            row = int(np.flatnonzero(~np.isfinite(sorted_rows).all(axis=1))[0])
+            raise NonFiniteError(
+                f"row of id {int(sorted_ids[row])} exceeds the float16 range (|x| <= 65504) of "
+                "this table; scale it down or use a float32 table; nothing was written"
+            )
+        self.cache.write(sorted_ids, sorted_rows, step)
 
     def apply_gradients(self, ids: Any, grads: Any, step: int = 0) -> None:
         """Apply the optimizer to the rows of `ids` (duplicates summed), closing their reads.
@@ -567,11 +578,12 @@ class EmbeddingStore:
         def step_rows(rows: F32) -> None:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 apply_optimizer(rows, summed, self.spec)
+            round_rows(rows, self.spec)
             if not np.isfinite(rows).all():
                 row = int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
                 raise NonFiniteError(
                     f"the {self.spec.optimizer.kind} update of row {int(unique[row])} is not "
-                    "finite (gradient too large for float32?); nothing was written"
+                    f"finite (gradient too large for {self.spec.dtype}?); nothing was written"
                 )
 
         self.cache.update(unique, step, step_rows)

@@ -105,11 +105,13 @@ class FileBackend:
         io_threads: int = 8,
         use_direct_io: bool = True,
         manifest_info: dict[str, Any] | None = None,
+        dtype: str = "float32",
     ) -> None:
         self.directory = directory
         self.num_rows = num_rows
         self.width = width
-        self.row_bytes = 4 * width
+        self.dtype = np.dtype(dtype)
+        self.row_bytes = self.dtype.itemsize * width
         self.stride = _stride(self.row_bytes)
         self.use_direct_io = use_direct_io
         self._weights = _checksum_weights((self.stride - 4) // 4)
@@ -282,14 +284,14 @@ class FileBackend:
             return present
         records = self._read_records(self.fd, addresses[present])
         self._check_records(records, ids[present], addresses[present])
-        out[present] = records[:, : self.row_bytes].copy().view(np.float32)
+        out[present] = records[:, : self.row_bytes].copy().view(self.dtype)
         return present
 
     def _encode(self, ids: I64, rows: F32) -> mmap.mmap:
         stride = self.stride
         buf = mmap.mmap(-1, len(ids) * stride)
         records = np.frombuffer(buf, dtype=np.uint8).reshape(len(ids), stride)
-        records[:, : self.row_bytes] = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint8)
+        records[:, : self.row_bytes] = np.ascontiguousarray(rows, dtype=self.dtype).view(np.uint8)
         records[:, stride - 16 : stride - 8] = ids.astype(np.int64).reshape(-1, 1).view(np.uint8)
         generation = np.full((len(ids), 1), self.generation, dtype=np.uint32)
         records[:, stride - 8 : stride - 4] = generation.view(np.uint8)
@@ -370,7 +372,7 @@ class FileBackend:
                 records = self._read_records(self.fd, part_addresses)
                 self._check_records(records, part_ids, part_addresses)
                 self.generation = new_generation
-                rows = records[:, : self.row_bytes].copy().view(np.float32)
+                rows = records[:, : self.row_bytes].copy().view(self.dtype)
                 self._append(new_fd, start, self._encode(part_ids, rows))
             os.fdatasync(new_fd)
         except BaseException:

@@ -27,13 +27,15 @@ def id_keys(ids: I64) -> list[bytes]:
     return [blob[k : k + 8] for k in range(0, len(blob), 8)]
 
 
-def _rows_from_values(values: list[bytes | None], out: F32, row_bytes: int, where: str) -> Mask:
+def _rows_from_values(
+    values: list[bytes | None], out: F32, row_bytes: int, where: str, dtype: np.dtype[Any]
+) -> Mask:
     present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
     found = [v for v in values if v is not None]
     if found:
         if any(len(v) != row_bytes for v in found):
             raise StoreCorruptionError(f"{where}: a stored value is not {row_bytes} bytes")
-        out[present] = np.frombuffer(b"".join(found), dtype=np.float32).reshape(len(found), -1)
+        out[present] = np.frombuffer(b"".join(found), dtype=dtype).reshape(len(found), -1)
     return present
 
 
@@ -72,12 +74,20 @@ class RocksDbBackend:
     budget_enforced = True
 
     def __init__(
-        self, directory: Path, num_rows: int, width: int, epoch: int | None, budget_bytes: int
+        self,
+        directory: Path,
+        num_rows: int,
+        width: int,
+        epoch: int | None,
+        budget_bytes: int,
+        *,
+        dtype: str = "float32",
     ) -> None:
         import rocksdict
 
         self.directory = directory
-        self.row_bytes = 4 * width
+        self.dtype = np.dtype(dtype)
+        self.row_bytes = self.dtype.itemsize * width
         self.budget_bytes = budget_bytes
         live = directory / "rocksdb"
         if epoch is not None:  # recover: the live DB may hold writes after the checkpoint
@@ -93,14 +103,14 @@ class RocksDbBackend:
         """Multi-get; see `StoreBackend.read_rows`."""
         keys: Any = id_keys(ids)  # rocksdict's stub wants list[str | int | ... | bytes]
         values: list[bytes | None] = self.db.get(keys) or []
-        return _rows_from_values(values, out, self.row_bytes, str(self.directory))
+        return _rows_from_values(values, out, self.row_bytes, str(self.directory), self.dtype)
 
     def write_rows(self, ids: I64, rows: F32) -> None:
         """One WriteBatch; see `StoreBackend.write_rows`."""
         import rocksdict
 
         batch = rocksdict.WriteBatch(raw_mode=True)
-        blob = np.ascontiguousarray(rows, dtype=np.float32).tobytes()
+        blob = np.ascontiguousarray(rows, dtype=self.dtype).tobytes()
         for k, key in enumerate(id_keys(ids)):
             batch.put(key, blob[k * self.row_bytes : (k + 1) * self.row_bytes])
         self.db.write(batch, self.write_options)
@@ -141,11 +151,20 @@ class LmdbBackend:
     direct_io = False
     budget_enforced = False
 
-    def __init__(self, directory: Path, num_rows: int, width: int, epoch: int | None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        num_rows: int,
+        width: int,
+        epoch: int | None,
+        *,
+        dtype: str = "float32",
+    ) -> None:
         import lmdb
 
         self.directory = directory
-        self.row_bytes = 4 * width
+        self.dtype = np.dtype(dtype)
+        self.row_bytes = self.dtype.itemsize * width
         live = directory / "lmdb"
         if epoch is not None:
             snapshot = directory / f"lmdb.ckpt.{epoch}"
@@ -164,12 +183,12 @@ class LmdbBackend:
         with self.env.begin() as txn:
             found = dict(txn.cursor().getmulti(keys))
         return _rows_from_values(
-            [found.get(k) for k in keys], out, self.row_bytes, str(self.directory)
+            [found.get(k) for k in keys], out, self.row_bytes, str(self.directory), self.dtype
         )
 
     def write_rows(self, ids: I64, rows: F32) -> None:
         """`putmulti` in one write transaction; see `StoreBackend.write_rows`."""
-        blob = np.ascontiguousarray(rows, dtype=np.float32).tobytes()
+        blob = np.ascontiguousarray(rows, dtype=self.dtype).tobytes()
         items = [
             (key, blob[k * self.row_bytes : (k + 1) * self.row_bytes])
             for k, key in enumerate(id_keys(ids))

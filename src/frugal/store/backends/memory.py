@@ -15,14 +15,22 @@ __all__ = ["MemoryBackend"]
 
 
 class MemoryBackend:
-    """All rows in one float32 array; `written` marks rows that hold stored values."""
+    """All rows in one array (of the spec's dtype); `written` marks rows that hold stored values."""
 
     direct_io = False  # no disk I/O at all
     budget_enforced = False  # the whole table lives in RAM by definition
 
-    def __init__(self, directory: Path, num_rows: int, width: int, epoch: int | None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        num_rows: int,
+        width: int,
+        epoch: int | None,
+        *,
+        dtype: str = "float32",
+    ) -> None:
         self.directory = directory
-        self.table = np.zeros((num_rows, width), dtype=np.float32)
+        self.table = np.zeros((num_rows, width), dtype=np.dtype(dtype))
         self.written = np.zeros(num_rows, dtype=bool)
         if epoch is not None:
             table_path = directory / f"table.{epoch}.npy"
@@ -34,10 +42,14 @@ class MemoryBackend:
                 raise StoreCorruptionError(
                     f"{directory}: checkpoint {epoch} unreadable: {exc}"
                 ) from exc
-            if table.shape != self.table.shape or written.shape != self.written.shape:
+            if (
+                table.shape != self.table.shape
+                or table.dtype != self.table.dtype
+                or written.shape != self.written.shape
+            ):
                 raise StoreCorruptionError(
-                    f"{table_path}: shape {table.shape} does not match the MANIFEST's "
-                    f"({num_rows}, {width})"
+                    f"{table_path}: {table.dtype} {table.shape} does not match the MANIFEST's "
+                    f"{self.table.dtype} ({num_rows}, {width})"
                 )
             self.table, self.written = table, written
 
