@@ -13,7 +13,8 @@ from frugal.store.bench import StoreBenchConfig, run_store_bench
 ROW_KEYS = {
     "system", "workload", "memory_ratio", "lookahead", "staleness_bound", "samples_per_s",
     "stall_fraction", "hit_ratio", "read_bytes_per_batch", "p50_step_ms", "p99_step_ms",
-    "peak_rss_mib", "table_sha256", "final_loss", "status",
+    "peak_rss_mib", "table_sha256", "final_loss", "status", "anon_rss_growth_mib",
+    "budget_violated",
 }  # fmt: skip
 
 
@@ -49,6 +50,9 @@ def test_smallest_bench_writes_complete_results(tmp_path: Path) -> None:
     assert stale and stale[0]["staleness_max"] <= 2
     assert set(document["summary"]["speedup_vs_rocksdb_offload"]) == {"0.25"}
     assert not list(tmp_path.glob("frugal-store-bench-*"))  # scratch removed
+    # Budgets of ~40 KiB: new anonymous memory stays within budget + 32 MiB for each system.
+    assert document["summary"]["budget_violations"] == []
+    assert all(-16 < r["anon_rss_growth_mib"] < 64 for r in rows)
 
 
 @pytest.mark.slow

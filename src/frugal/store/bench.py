@@ -284,6 +284,22 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _anon_rss_mib() -> float:
+    """Anonymous resident memory (heap, slabs, RocksDB caches), MiB; 0 where /proc is absent.
+
+    Unlike ru_maxrss it leaves out file-backed pages such as the memory-mapped trace, which
+    would otherwise count against every system's budget.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
 def _execute(run: _Run) -> dict[str, Any]:
     """One measured run; executed in a fresh child process."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -307,6 +323,7 @@ def _execute(run: _Run) -> dict[str, Any]:
         "budget_enforced": run.system not in ("ram", "lmdb_offload"),
     }
     rss_before = _rss_mib()
+    anon_before = anon_peak = _anon_rss_mib()
     try:
         built = _build(run, budget)
     except ValueError as exc:  # the budget cannot hold the system's fixed structures
@@ -344,6 +361,8 @@ def _execute(run: _Run) -> dict[str, Any]:
         if run.compute_ms:
             time.sleep(run.compute_ms / 1000.0)
         step_s.append(time.perf_counter() - t0)
+        if batch.step % 16 == 0:  # outside the timed step
+            anon_peak = max(anon_peak, _anon_rss_mib())
     wall_s = time.perf_counter() - wall_start
     stats = system.stats()
     sha = system.table_sha256()
@@ -355,6 +374,7 @@ def _execute(run: _Run) -> dict[str, Any]:
     )
     median_s = float(np.median(measured))
     peak_rss = _rss_mib()
+    anon_growth_mib = max(anon_peak, _anon_rss_mib()) - anon_before
     tail = max(1, len(losses) // 10)
     return row | {
         "status": "ok",
@@ -367,6 +387,11 @@ def _execute(run: _Run) -> dict[str, Any]:
         "p99_step_ms": 1000 * float(np.percentile(measured, 99)),
         "peak_rss_mib": peak_rss,
         "rss_growth_mib": peak_rss - rss_before,
+        "anon_rss_growth_mib": anon_growth_mib,
+        # store.md: more than 1.1 x budget + 32 MiB of new anonymous memory breaks the budget.
+        "budget_violated": bool(
+            row["budget_enforced"] and anon_growth_mib > 1.1 * budget / _MIB + 32.0
+        ),
         "staleness_max": stats.get("staleness_max", 0),
         "final_loss": float(np.mean(losses[-tail:])),
         "table_sha256": sha,
@@ -657,6 +682,12 @@ def _summary(rows: list[dict[str, Any]], window: int) -> dict[str, Any]:
         == (0.10 if any(x["memory_ratio"] == 0.10 for x in ok) else r["memory_ratio"])
     ]
     summary["staleness_study"] = staleness
+    summary["budget_violations"] = [
+        f"{r['system']}/{r['workload']}/ratio={r['memory_ratio']}/W={r['lookahead']}: "
+        f"{r['anon_rss_growth_mib']:.0f} MiB for a {r['memory_budget_bytes'] / _MIB:.0f} MiB budget"
+        for r in ok
+        if r.get("budget_violated")
+    ]
     summary["lookahead"] = window
     summary["median_note"] = "samples_per_s = batch samples / median step time after warm-up"
     return summary
