@@ -3,6 +3,8 @@
 `EmbeddingStore` keeps rows (vector + optimizer state) on a local disk behind a bounded
 cache with lookahead prefetching, background write-back and bounded staleness; backends:
 `file` (default, O_DIRECT), `rocksdb`, `lmdb`, `memory`. `LookaheadLoader` feeds it hints.
+Ids are dense rows 0..N-1, or any keys in [0, 2^63) with `key_space="hashed"`; rows are
+float32 or float16 (`RowSpec.dtype`).
 """
 
 from frugal.store.errors import (
@@ -12,11 +14,13 @@ from frugal.store.errors import (
     StoreError,
     StoreLockedError,
 )
+from frugal.store.keys import KeySpaceFullError
 from frugal.store.rows import OptimizerConfig, RowSpec, apply_optimizer, init_rows
 from frugal.store.store import EmbeddingStore
 
 __all__ = [
     "EmbeddingStore",
+    "KeySpaceFullError",
     "NonFiniteError",
     "OptimizerConfig",
     "RowSpec",

@@ -30,7 +30,14 @@ import numpy as np
 import frugal
 from frugal.config import check_types, config_from_dict, config_to_dict
 from frugal.store.backends import FileBackend, LmdbBackend, MemoryBackend, RocksDbBackend
-from frugal.store.backends.base import F32, I64, StoreBackend, read_json, write_json_atomic
+from frugal.store.backends.base import (
+    F32,
+    I64,
+    StoreBackend,
+    read_json,
+    save_array_atomic,
+    write_json_atomic,
+)
 from frugal.store.cache import RowCache, slot_overhead_bytes
 from frugal.store.errors import (
     NonFiniteError,
@@ -38,6 +45,7 @@ from frugal.store.errors import (
     StoreError,
     StoreLockedError,
 )
+from frugal.store.keys import HashedKeys
 from frugal.store.rows import RowSpec, apply_optimizer, init_rows, round_rows
 
 __all__ = ["EmbeddingStore"]
@@ -47,6 +55,7 @@ MANIFEST_VERSION = 1
 _MIB = 1 << 20
 _MIN_BUDGET_BYTES = 128 << 10
 BackendName = Literal["file", "rocksdb", "lmdb", "memory"]
+KeySpace = Literal["dense", "hashed"]
 _OPEN_HERE: set[Path] = set()  # store folders this process holds the lock of
 
 
@@ -69,6 +78,20 @@ def _validate_ids(ids: Any, num_rows: int) -> I64:
             f"{int(bad.sum())} ids are outside [0, num_rows={num_rows}), e.g. {offenders}; "
             "re-index them or create the store with more rows"
         )
+    return flat
+
+
+def _validate_keys(ids: Any) -> I64:
+    """Return hashed-key-space ids as a flat int64 array; each must lie in [0, 2^63)."""
+    array = np.asarray(ids)
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"ids must be integers, got dtype {array.dtype}; pass an int64 array")
+    if array.dtype == np.uint64 and array.size and int(array.max()) >= 1 << 63:
+        raise IndexError(f"ids reach {int(array.max())}, outside [0, 2^63); hash them to 63 bits")
+    flat = array.astype(np.int64, copy=False).ravel()
+    if flat.size and int(flat.min()) < 0:
+        offenders = np.unique(flat[flat < 0])[:5].tolist()
+        raise IndexError(f"ids must be >= 0 in a hashed key space, got e.g. {offenders}")
     return flat
 
 
@@ -204,8 +227,15 @@ class EmbeddingStore:
         width = self.spec.width
         budget = config.memory_budget_bytes
         recover_epoch = None if create else self.epoch
+        self.key_space: KeySpace = manifest.get("key_space", "dense")
+        self.keys: HashedKeys | None = None
+        key_map_bytes = 0
+        if self.key_space == "hashed":
+            key_map_bytes = HashedKeys.memory_bytes_for(self.num_rows)
         io_buffer_bytes = max(16 << 10, min(16 * _MIB, budget // 8))
-        fixed = 4 * self.num_rows + self._backend_memory_bytes(budget) + io_buffer_bytes
+        fixed = (
+            4 * self.num_rows + key_map_bytes + self._backend_memory_bytes(budget) + io_buffer_bytes
+        )
         capacity = (budget - fixed) // (self.spec.row_bytes + slot_overhead_bytes())
         if capacity < 64:  # checked before any file is written
             needed = fixed + 64 * (self.spec.row_bytes + slot_overhead_bytes())
@@ -214,6 +244,10 @@ class EmbeddingStore:
                 f"after the id map, backend and I/O buffers ({fixed} bytes); set it to at least "
                 f"{needed}"
             )
+        if self.key_space == "hashed":
+            self.keys = HashedKeys(self.num_rows)
+            if recover_epoch is not None:
+                self._restore_keys(recover_epoch)
         self.backend: StoreBackend = self._open_backend(
             recover_epoch, width, budget, manifest.get("backend_info", {})
         )
@@ -222,7 +256,7 @@ class EmbeddingStore:
             num_rows=self.num_rows,
             width=width,
             capacity=int(capacity),
-            initializer=lambda ids: init_rows(ids, self.spec, self.seed),
+            initializer=lambda rows: init_rows(self._keys_of(rows), self.spec, self.seed),
             staleness_bound=config.staleness_bound,
             eviction=config.eviction,
             timeout_s=config.timeout_s,
@@ -238,6 +272,37 @@ class EmbeddingStore:
         if self.backend_name == "memory":
             return self.num_rows * (self.spec.stored_row_bytes + 1)
         return 0  # lmdb: the OS page cache, not counted (budget_enforced = False)
+
+    def _keys_of(self, rows: I64) -> I64:
+        """The ids users know the rows by (the rows themselves in a dense key space)."""
+        if self.keys is None:
+            return rows
+        keys: I64 = self.keys.keys_by_row[rows]
+        return keys
+
+    def _rows_of(self, ids: Any, *, insert: bool = True) -> I64:
+        """Validate ids and map them to rows (a hashed key space gives new keys rows)."""
+        if self.keys is None:
+            return _validate_ids(ids, self.num_rows)
+        keys = _validate_keys(ids)
+        return self.keys.lookup_or_insert(keys) if insert else self.keys.lookup(keys)
+
+    def _keys_path(self, epoch: int) -> Path:
+        return self.directory / f"keys.{epoch}.npy"
+
+    def _restore_keys(self, epoch: int) -> None:
+        assert self.keys is not None
+        path = self._keys_path(epoch)
+        try:
+            saved = np.load(path, allow_pickle=False)
+            if saved.dtype != np.int64 or saved.ndim != 1:
+                raise ValueError(f"expected a 1-d int64 array, got {saved.dtype} {saved.shape}")
+            self.keys.restore(saved)
+        except (OSError, ValueError) as exc:
+            raise StoreCorruptionError(
+                f"{path}: the key map of checkpoint {epoch} is unreadable ({exc}); restore the "
+                "folder from a backup"
+            ) from exc
 
     def _open_backend(
         self, epoch: int | None, width: int, budget: int, info: dict[str, Any]
@@ -299,6 +364,7 @@ class EmbeddingStore:
         spec: RowSpec,
         config: Config | None = None,
         seed: int = 0,
+        key_space: KeySpace = "dense",
     ) -> EmbeddingStore:
         """Create an empty store (every row at its seeded initial value) as checkpoint 0.
 
@@ -308,6 +374,10 @@ class EmbeddingStore:
             spec: Row layout: embedding_dim and the optimizer whose state rows carry.
             config: Runtime settings (backend, memory budget, staleness bound, ...).
             seed: Seed of the initial values (`init_rows`).
+            key_space: "dense": ids are rows 0..N-1. "hashed": ids are any keys in
+                [0, 2^63) (e.g. raw feature hashes); each new key takes the next free row on
+                first use, up to N keys (`KeySpaceFullError` beyond). A row's initial value
+                depends on its key, not on the order keys arrive.
 
         Returns:
             The open store.
@@ -325,6 +395,8 @@ class EmbeddingStore:
             raise ValueError(f"num_rows={num_rows!r} must be an integer >= 1")
         if not isinstance(spec, RowSpec):
             raise TypeError(f"spec must be a RowSpec, got {type(spec).__name__}")
+        if key_space not in ("dense", "hashed"):
+            raise ValueError(f"key_space={key_space!r}; choose 'dense' or 'hashed'")
         path = Path(directory)
         if path.exists() and not path.is_dir():
             raise ValueError(f"{path} is a file; give a folder for the store")
@@ -340,6 +412,7 @@ class EmbeddingStore:
             "frugal_version": frugal.__version__,
             "backend": config.backend,
             "num_rows": num_rows,
+            "key_space": key_space,
             "spec": config_to_dict(spec),
             "seed": seed,
             "epoch": 0,
@@ -409,6 +482,8 @@ class EmbeddingStore:
     def _write_checkpoint(self, epoch: int, step: int, meta: dict[str, Any]) -> None:
         self.backend.sync()
         backend_info = self.backend.checkpoint(epoch)
+        if self.keys is not None:  # before the MANIFEST names the epoch
+            save_array_atomic(self._keys_path(epoch), self.keys.keys_by_row[: self.keys.num_keys])
         manifest = {
             "format": MANIFEST_FORMAT,
             "format_version": MANIFEST_VERSION,
@@ -416,6 +491,7 @@ class EmbeddingStore:
             "backend": self.backend_name,
             "backend_info": backend_info,
             "num_rows": self.num_rows,
+            "key_space": self.key_space,
             "spec": config_to_dict(self.spec),
             "seed": self.seed,
             "epoch": epoch,
@@ -424,6 +500,10 @@ class EmbeddingStore:
         }
         write_json_atomic(self.directory / "MANIFEST", manifest)
         self.backend.finish_checkpoint(epoch)
+        for path in self.directory.glob("keys.*.npy"):
+            if path.name != self._keys_path(epoch).name:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
         self.epoch, self.step, self.meta = epoch, step, meta
 
     def close(self, *, checkpoint: bool = True) -> None:
@@ -482,7 +562,7 @@ class EmbeddingStore:
         self._check_open()
         _validate_cols(cols)
         step = _validate_step(step)
-        flat = _validate_ids(ids, self.num_rows)
+        flat = self._rows_of(ids)
         unique, inverse = _unique(flat)
         rows = self.cache.get(unique, step)
         if cols == "emb":
@@ -507,7 +587,21 @@ class EmbeddingStore:
         """
         self._check_open()
         _validate_cols(cols)
-        flat = _validate_ids(ids, self.num_rows)
+        if self.keys is None:
+            rows = self._peek_rows(_validate_ids(ids, self.num_rows))
+        else:  # unseen keys read as their initial value and are not inserted
+            keys = _validate_keys(ids)
+            found = self.keys.lookup(keys)
+            present = found >= 0
+            rows = np.empty((len(keys), self.spec.width), dtype=np.float32)
+            rows[present] = self._peek_rows(found[present])
+            rows[~present] = init_rows(keys[~present], self.spec, self.seed)
+        if cols == "emb":
+            rows = rows[:, : self.spec.embedding_dim]
+        out: F32 = rows.reshape(*np.shape(ids), rows.shape[1])
+        return out
+
+    def _peek_rows(self, flat: I64) -> F32:
         unique, inverse = _unique(flat)
         chunk = max(1, self.cache.capacity // 2)  # larger reads stream through the cache
         rows = np.concatenate(
@@ -517,11 +611,7 @@ class EmbeddingStore:
             ]
             or [np.empty((0, self.spec.width), dtype=np.float32)]
         )
-        if cols == "emb":
-            rows = rows[:, : self.spec.embedding_dim]
-        if inverse is not None:
-            rows = rows[inverse]
-        out: F32 = rows.reshape(*np.shape(ids), rows.shape[1])
+        out: F32 = rows if inverse is None else rows[inverse]
         return out
 
     def put(self, ids: Any, rows: Any, step: int = 0) -> None:
@@ -538,7 +628,7 @@ class EmbeddingStore:
         """
         self._check_open()
         step = _validate_step(step)
-        flat = _validate_ids(ids, self.num_rows)
+        flat = self._rows_of(ids)
         checked = _validate_rows(rows, len(flat), self.spec.width, "rows")
         order = np.argsort(flat, kind="stable")
         sorted_ids = flat[order]
@@ -571,7 +661,7 @@ class EmbeddingStore:
         if self.spec.optimizer.kind == "none":
             raise ValueError("this store's rows have no optimizer (kind='none'); use put()")
         step = _validate_step(step)
-        flat = _validate_ids(ids, self.num_rows)
+        flat = self._rows_of(ids)
         checked = _validate_rows(grads, len(flat), self.spec.embedding_dim, "grads")
         unique, summed = _sum_duplicates(flat, checked)
 
@@ -599,7 +689,7 @@ class EmbeddingStore:
         """
         self._check_open()
         step = _validate_step(step)
-        unique, _ = _unique(_validate_ids(ids, self.num_rows))
+        unique, _ = _unique(self._rows_of(ids))
         self.cache.prefetch(unique, step)
 
     def flush(self) -> None:
@@ -640,16 +730,29 @@ class EmbeddingStore:
     def table_sha256(self, chunk_rows: int = 65536) -> str:
         """SHA-256 of all rows (vector and state) in id order, after a flush.
 
-        Equal hashes mean bit-identical tables, whatever backend or cache produced them.
+        Equal hashes mean bit-identical tables, whatever backend or cache produced them. In a
+        hashed key space the rows of the keys seen so far are hashed in key order, each after
+        its key, so the order in which keys arrived does not matter.
         """
         self.flush()
         digest = hashlib.sha256()
-        for start in range(0, self.num_rows, chunk_rows):
-            ids = np.arange(start, min(start + chunk_rows, self.num_rows), dtype=np.int64)
+        if self.keys is None:
+            order = np.arange(self.num_rows, dtype=np.int64)
+        else:
+            seen = self.keys.keys_by_row[: self.keys.num_keys]
+            order = np.argsort(seen, kind="stable").astype(np.int64)
+        for start in range(0, len(order), chunk_rows):
+            ids = order[start : start + chunk_rows]
+            sorted_ids = np.sort(ids)  # the backend reads in row order; hash in key order
             rows = np.empty((len(ids), self.spec.width), dtype=np.float32)
-            present = self.backend.read_rows(ids, rows)
+            present = self.backend.read_rows(sorted_ids, rows)
             if not present.all():
-                rows[~present] = init_rows(ids[~present], self.spec, self.seed)
+                rows[~present] = init_rows(
+                    self._keys_of(sorted_ids[~present]), self.spec, self.seed
+                )
+            rows = rows[np.searchsorted(sorted_ids, ids)]
+            if self.keys is not None:
+                digest.update(self._keys_of(ids).tobytes())
             digest.update(rows.tobytes())
         return digest.hexdigest()
 
@@ -661,6 +764,8 @@ class EmbeddingStore:
         looked_up = s.hits + s.misses
         return {
             "capacity_rows": self.cache.capacity,
+            "key_space": self.key_space,
+            "num_keys": self.num_rows if self.keys is None else self.keys.num_keys,
             "memory_budget_bytes": self.config.memory_budget_bytes,
             "direct_io": self.backend.direct_io,
             "budget_enforced": self.backend.budget_enforced,

@@ -1,0 +1,105 @@
+"""Hashed key spaces: the vectorised map against a dict, and a store keyed by raw 63-bit ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from frugal.store import EmbeddingStore, KeySpaceFullError, OptimizerConfig, RowSpec, init_rows
+from frugal.store.keys import HashedKeys
+
+SPEC = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="sgd", lr=0.5))
+
+
+def test_map_agrees_with_a_dict_in_first_use_order() -> None:
+    rng = np.random.default_rng(0)
+    keys_map = HashedKeys(5000)
+    reference: dict[int, int] = {}
+    for _ in range(20):
+        # Huge keys, repeats inside a batch, and keys that share a home slot (multiples of 2^52).
+        batch = np.concatenate(
+            [
+                rng.integers(0, 2**63 - 1, 100, dtype=np.int64),
+                rng.integers(0, 50, 60, dtype=np.int64) << np.int64(52),
+                rng.integers(0, 300, 80, dtype=np.int64),
+            ]
+        )
+        rng.shuffle(batch)
+        for key in batch.tolist():
+            reference.setdefault(key, len(reference))
+        rows = keys_map.lookup_or_insert(batch)
+        assert rows.tolist() == [reference[k] for k in batch.tolist()]
+    assert keys_map.num_keys == len(reference)
+    absent = np.array([2**62 + 12345, 7 << 52], dtype=np.int64)
+    expected = [reference.get(int(k), -1) for k in absent]
+    assert keys_map.lookup(absent).tolist() == expected
+    everything = np.array(list(reference), dtype=np.int64)
+    assert keys_map.keys_by_row[keys_map.lookup(everything)].tolist() == everything.tolist()
+
+    rebuilt = HashedKeys(5000)
+    rebuilt.restore(keys_map.keys_by_row[: keys_map.num_keys])
+    assert rebuilt.lookup(everything).tolist() == keys_map.lookup(everything).tolist()
+
+
+def test_a_full_map_refuses_new_keys_and_keeps_its_state() -> None:
+    keys_map = HashedKeys(3)
+    assert keys_map.lookup_or_insert(np.array([10, 20, 10])).tolist() == [0, 1, 0]
+    with pytest.raises(KeySpaceFullError, match="2 new keys do not fit: 2 of 3 rows"):
+        keys_map.lookup_or_insert(np.array([30, 40, 20]))
+    assert keys_map.num_keys == 2
+    assert keys_map.lookup(np.array([30, 40])).tolist() == [-1, -1]
+    assert keys_map.lookup_or_insert(np.array([30])).tolist() == [2]
+
+
+def test_store_keyed_by_raw_ids_trains_checkpoints_and_reopens(tmp_path: Path) -> None:
+    keys = np.array([2**63 - 1, 5, 2**40 + 3, 987654321987], dtype=np.int64)
+    path = tmp_path / "s"
+    with EmbeddingStore.create(path, num_rows=16, spec=SPEC, key_space="hashed", seed=4) as store:
+        first = store.get(keys)
+        # A row starts at the initial value of its key, whatever row it lands in.
+        assert np.array_equal(first, init_rows(keys, SPEC, seed=4))
+        store.apply_gradients(keys, np.ones((4, 4), dtype=np.float32))
+        assert np.allclose(store.peek(keys, cols="emb"), first - 0.5)
+        assert store.stats()["num_keys"] == 4
+        store.checkpoint()
+        store.get(np.array([77]))
+        store.put(np.array([77]), np.zeros((1, 4), dtype=np.float32))
+        sha_before_close = store.table_sha256()
+        store.close(checkpoint=False)  # key 77 is lost with the update
+    with EmbeddingStore.open(path) as store:
+        assert store.stats()["num_keys"] == 4
+        assert np.allclose(store.peek(keys, cols="emb"), first - 0.5)
+        # An unseen key peeks as its initial value and is not inserted.
+        assert np.array_equal(store.peek(np.array([77])), init_rows(np.array([77]), SPEC, 4))
+        assert store.stats()["num_keys"] == 4
+        assert store.table_sha256() != sha_before_close
+
+
+def test_table_hash_does_not_depend_on_the_order_keys_arrived(tmp_path: Path) -> None:
+    keys = np.array([9, 2**50, 3, 2**33 + 1], dtype=np.int64)
+    hashes = []
+    for name, order in (("a", [0, 1, 2, 3]), ("b", [3, 1, 0, 2])):
+        with EmbeddingStore.create(
+            tmp_path / name, num_rows=8, spec=SPEC, key_space="hashed"
+        ) as store:
+            for k in order:  # one key at a time: different rows in the two stores
+                store.get(keys[k : k + 1])
+                store.apply_gradients(keys[k : k + 1], np.full((1, 4), k, dtype=np.float32))
+            hashes.append(store.table_sha256())
+    assert hashes[0] == hashes[1]
+
+
+def test_hashed_store_rejects_negative_keys_and_overflow(tmp_path: Path) -> None:
+    with EmbeddingStore.create(tmp_path / "s", num_rows=2, spec=SPEC, key_space="hashed") as store:
+        with pytest.raises(IndexError, match=r"ids must be >= 0 in a hashed key space"):
+            store.get(np.array([-3]))
+        with pytest.raises(IndexError, match=r"outside \[0, 2\^63\)"):
+            store.get(np.array([2**63], dtype=np.uint64))
+        store.get(np.array([1, 2]))
+        store.apply_gradients(np.array([1, 2]), np.zeros((2, 4), dtype=np.float32))
+        with pytest.raises(KeySpaceFullError, match="larger num_rows"):
+            store.get(np.array([3]))
+    with pytest.raises(ValueError, match="key_space='sparse'"):
+        EmbeddingStore.create(tmp_path / "t", num_rows=2, spec=SPEC, key_space="sparse")  # type: ignore[arg-type]
