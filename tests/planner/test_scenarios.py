@@ -138,3 +138,18 @@ def test_generated_clusters() -> None:
         city_cluster({"Paris": 2})
     two = city_cluster({"Tokyo": 1, "Seoul": 1})
     assert (two.delay_ms[0, 1], two.bandwidth_gbps[0, 1]) == (34.0, 1.1)
+
+
+def test_kl_pass_regroups_close_devices_and_keeps_a_good_partition() -> None:
+    from frugal.planner.search import _kl_pass
+
+    # Devices 0,1 are 1 ms apart, 2,3 too; across the pairs 100 ms.
+    hop = np.full((4, 4), 0.1)
+    hop[0, 1] = hop[1, 0] = hop[2, 3] = hop[3, 2] = 0.001
+    np.fill_diagonal(hop, 0.0)
+    mixed = np.array([[0, 2], [1, 3]])
+    refined = _kl_pass(mixed, hop)
+    assert {frozenset(row.tolist()) for row in refined} == {frozenset({0, 1}), frozenset({2, 3})}
+    assert sorted(refined.ravel().tolist()) == [0, 1, 2, 3]  # still a partition of equal groups
+    good = np.array([[0, 1], [2, 3]])
+    assert np.array_equal(_kl_pass(good, hop), good)

@@ -423,6 +423,58 @@ def _crossover(p1: I64, p2: I64, rng: np.random.Generator, points: int = 5) -> I
     return np.array(members, dtype=np.int64)
 
 
+def _kl_pass(groups: I64, hop: F64) -> I64:
+    """One Kernighan-Lin pass on pipeline hops (DP ignored, as the paper's gain), vectorised.
+
+    A swap of v (group A) with u (group B) gains the drop of both devices' mean hop to their
+    group-mates: (S[v,A] - S[v,B] + hop[v,u] + S[u,B] - S[u,A] + hop[u,v]) / (k - 1), with
+    S[x,g] the summed hop from x to g's members. (The paper's gain, mean hop to the target
+    minus the cheapest hop at home, ignores that the partner leaves the target; with it a
+    swap of the two closest devices looks best and changes nothing.) Up to G times the
+    unlocked pair with the largest gain is swapped (a 2-cycle of the paper's cyclic moves,
+    which keeps group sizes) and both are locked; the best positive prefix is kept.
+    """
+    g, k = groups.shape
+    if g < 2 or k < 2:
+        return groups
+    n = groups.size
+    current = groups.copy()
+    locked = np.zeros(n, dtype=bool)
+    swaps: list[tuple[int, int]] = []
+    gains: list[float] = []
+    for _ in range(g):
+        owner = np.empty(n, dtype=np.int64)
+        owner[current.ravel()] = np.repeat(np.arange(g), k)
+        member = np.zeros((n, g))
+        member[np.arange(n), owner] = 1.0
+        summed = hop @ member  # (N, G)
+        home = summed[np.arange(n), owner]  # S[v, own group]
+        # pair[v, u] = S[v,A] - S[v,B] + S[u,B] - S[u,A] + hop[v,u] + hop[u,v]
+        to_other = summed[:, owner]  # [v, u] -> S[v, owner(u)]
+        pair = (home[:, None] - to_other) + (home[None, :] - to_other.T) + hop + hop.T
+        allowed = (owner[:, None] != owner[None, :]) & ~locked[:, None] & ~locked[None, :]
+        if not allowed.any():
+            break
+        pair = np.where(allowed, pair / (k - 1), -np.inf)
+        best_v, best_u = np.unravel_index(int(np.argmax(pair)), pair.shape)
+        gains.append(float(pair[best_v, best_u]))
+        swaps.append((int(best_v), int(best_u)))
+        _swap_devices(current, int(best_v), int(best_u))
+        locked[[best_v, best_u]] = True
+    prefix = np.cumsum(gains)
+    keep = int(np.argmax(prefix)) + 1 if len(prefix) and prefix.max() > 0 else 0
+    result = groups.copy()
+    for v, u in swaps[:keep]:
+        _swap_devices(result, v, u)
+    return result
+
+
+def _swap_devices(groups: I64, v: int, u: int) -> None:
+    """Exchange devices v and u between their groups, in place."""
+    where_v, where_u = groups == v, groups == u
+    groups[where_v], groups[where_u] = u, v
+
+
 def dtfm_ga(
     topology: Topology,
     num_stages: int,
@@ -433,14 +485,16 @@ def dtfm_ga(
     seed: int = 0,
     c_pp_gb: float = PAPER_C_PP_GB,
     c_dp_gb: float = PAPER_C_DP_GB,
+    kl_pass: bool = True,
 ) -> SearchResult:
     """The DT-FM paper's genetic algorithm (baseline), with its released defects fixed.
 
     `population` random partitions, then offspring from two uniformly chosen parents by the
-    "5-point" crossover until `budget` candidates are scored; an offspring replaces the worst
-    member when it is better. Fixed: real seeding, a correct replacement comparison, label-
-    aligned crossover. Not included: the paper's one pass of cycle-based Kernighan-Lin
-    refinement per offspring.
+    "5-point" crossover, each refined by one Kernighan-Lin pass (`kl_pass`, see `_kl_pass`),
+    until `budget` candidates are scored; an offspring replaces the worst member when it is
+    better. Fixed: real seeding, a correct replacement comparison, label-aligned crossover,
+    vectorised gains (the released O(N^2) Python gains take about 0.3 s per offspring).
+    The KL pass uses pair swaps, the 2-cycles of the paper's cyclic moves.
 
     Raises:
         ValueError: If num_stages x num_replicas != number of devices.
@@ -464,6 +518,8 @@ def dtfm_ga(
     while candidates < budget:
         i, j = rng.choice(len(pool), size=2, replace=False)
         child = _crossover(pool[i], pool[j], rng)
+        if kl_pass:
+            child = _kl_pass(child, hop)
         cost = score(child)
         candidates += 1
         worst = int(np.argmax(costs))
