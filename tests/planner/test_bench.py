@@ -21,15 +21,23 @@ def test_smallest_plan_bench(tmp_path: Path) -> None:
     assert saved["benchmark"] == "plan"
     iteration_rows = [r for r in saved["rows"] if r.get("objective") != "paper"]
     assert [r["method"] for r in iteration_rows] == [
-        "ours", "megatron_default", "megatron_random", "random",
+        "ours", "megatron_default", "megatron_random", "deepspeed_pp", "random",
     ]  # fmt: skip
     curves = [r for r in saved["rows"] if r.get("objective") == "paper"]
     assert [r["method"] for r in curves] == ["random", "dtfm_ga", "ours"]
     assert all(r["candidates"] == 5 and r["curve"] for r in curves)
     assert (tmp_path / "convergence.png").stat().st_size > 1000
     keys = {"scenario", "num_layers", "global_batch", "method", "predicted_iteration_s",
-            "paper_cost_s", "search_s"}  # fmt: skip
+            "paper_cost_s", "search_s", "lower_bound_s", "simulated_gpipe_s",
+            "simulated_1f1b_s"}  # fmt: skip
     assert all(keys <= set(r) for r in iteration_rows)
+    by_method = {r["method"]: r for r in iteration_rows}
+    # The simulator reproduces the analytic GPipe model; deepspeed_pp is scored by 1F1B.
+    ours = by_method["ours"]
+    assert ours["simulated_gpipe_s"] == pytest.approx(ours["predicted_iteration_s"], rel=0.01)
+    deepspeed = by_method["deepspeed_pp"]
+    assert deepspeed["predicted_iteration_s"] == deepspeed["simulated_1f1b_s"]
+    assert all(r["lower_bound_s"] <= r["predicted_iteration_s"] for r in iteration_rows)
     assert document["summary"]["world_speedup_vs_megatron_random"] > 1.0
 
 
