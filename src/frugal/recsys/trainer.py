@@ -1,0 +1,596 @@
+"""One trainer process of `frugal recsys train`: NN worker + embedding worker + PS shard.
+
+Run by torchrun (`python -m frugal.recsys.trainer CONFIG_JSON OUT_DIR`): every process joins
+the gloo group (dense AllReduce), serves one PS shard over torch.distributed.rpc and trains
+on its share of the batches (global batch j = step * world_size + rank).
+
+Modes (Persia, section 3):
+- `sync`: look up batch t after every push of t - 1 is acknowledged and a barrier passed;
+  dense AllReduce every step. Measured staleness <= world_size - 1.
+- `hybrid` (K): a run-ahead thread keeps up to K batches' lookups in flight, each holding a
+  permit that is released when every shard has acknowledged applying that batch's gradients
+  (pushes are fire and forget); dense AllReduce every step. Own missed updates <= K - 1;
+  measured lag <= (K - 1) + 3K(world_size - 1).
+- `async` (K): as hybrid for embeddings; the dense parameters live in world_size chunks on
+  the PS (chunk i on rank i), pulled in the run-ahead thread under the stale-synchronous
+  rule (step t is read only once every rank's step t - K + 1 push is applied); no AllReduce.
+
+References:
+    Persia: An Open, Hybrid System Scaling Deep Learning-based Recommenders up to 100
+    Trillion Parameters, KDD 2022, arXiv 2111.05897 (sections 3 and 4).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import queue
+import shutil
+import sys
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from frugal.config import check_types, config_from_dict, config_to_dict
+from frugal.recsys.batch import KJTBatch, RecsysData
+from frugal.recsys.client import EmbeddingClient, LookupResult, PendingLookup, WireDtype
+from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
+from frugal.recsys.errors import PSUnavailableError, RecsysError, StalenessBoundError
+from frugal.recsys.metrics import log_loss, roc_auc
+from frugal.recsys.models import ModelName, build_model
+from frugal.recsys.ps import DenseShard, EmbeddingShard, default_owners
+from frugal.recsys.transport import Handle, RpcTransport, ShardServer
+from frugal.store import OptimizerConfig
+
+__all__ = ["Mode", "RecsysTrainConfig", "staleness_bound", "train_rank"]
+
+Mode = Literal["sync", "hybrid", "async"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecsysTrainConfig:
+    """Everything one `frugal recsys train` run needs (every rank gets the same)."""
+
+    data: RecsysDataConfig = field(default_factory=RecsysDataConfig)
+    """Dataset and split."""
+    mode: Mode = "hybrid"
+    """sync, hybrid (async embeddings, sync dense) or async (both async)."""
+    staleness: int = 8
+    """K: permits per trainer (batches read ahead of their applied gradients), >= 1."""
+    nproc: int = 2
+    """Trainer processes (world_size), each hosting one PS shard, in [1, 64]."""
+    rtt_ms: float = 0.0
+    """Simulated network round trip per PS call (a sleep on the serving side), >= 0."""
+    model: ModelName = "dlrm"
+    """Dense model: dlrm or mlp (wide & deep)."""
+    hidden: tuple[int, ...] = (64, 32)
+    """Hidden widths of the MLPs, each >= 1."""
+    batch_size: int = 128
+    """Samples per trainer per step (B), >= 1."""
+    embedding_dim: int = 8
+    """Embedding width, >= 1."""
+    dense_lr: float = 0.05
+    """SGD learning rate of the dense parameters, > 0."""
+    embedding_optimizer: OptimizerConfig = field(
+        default_factory=lambda: OptimizerConfig(kind="rowwise_adagrad", lr=0.05, eps=1e-10)
+    )
+    """Sparse optimizer of the embedding rows (applied on the PS)."""
+    epochs: int = 1
+    """Passes over the training split, >= 1."""
+    max_steps: int | None = None
+    """Stop after this many steps per trainer (None = all epochs), >= 1."""
+    warmup_steps: int = 5
+    """Steps excluded from throughput and timing medians, >= 0."""
+    wire_dtype: WireDtype = "float16"
+    """Precision of embeddings and their gradients on the wire."""
+    store_backend: Literal["memory", "file"] = "memory"
+    """`frugal.store` backend of the PS shards."""
+    timeout_s: float = 60.0
+    """Longest wait for any collective, RPC, permit or queue, > 0."""
+    seed: int = 0
+    """Seed of the model, the row initialisation and the shuffling, >= 0."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.staleness < 1:
+            raise ValueError(f"staleness={self.staleness} must be >= 1 (K permits)")
+        if not 1 <= self.nproc <= 64:
+            raise ValueError(f"nproc={self.nproc} must be in [1, 64]")
+        if self.rtt_ms < 0:
+            raise ValueError(f"rtt_ms={self.rtt_ms} must be >= 0")
+        if not self.hidden or min(self.hidden) < 1:
+            raise ValueError(f"hidden={self.hidden} must be non-empty widths >= 1")
+        for name in ("batch_size", "embedding_dim", "epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.dense_lr <= 0:
+            raise ValueError(f"dense_lr={self.dense_lr} must be > 0")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps={self.max_steps} must be >= 1 or None")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+        if self.seed < 0:
+            raise ValueError(f"seed={self.seed} must be >= 0")
+
+
+def staleness_bound(mode: Mode, staleness: int, world_size: int) -> int:
+    """The largest lag (updates a row got between its read and the push) a mode allows.
+
+    sync: world_size - 1 (the other trainers' pushes of the same step); hybrid and async:
+    (K - 1) own + 3K per other trainer (they run at most about K steps apart).
+    """
+    if mode == "sync":
+        return world_size - 1
+    return (staleness - 1) + 3 * staleness * (world_size - 1)
+
+
+def _num_steps(config: RecsysTrainConfig, num_samples: int, world_size: int) -> tuple[int, int]:
+    """(steps per epoch, total steps); every rank runs the same count (remainder dropped)."""
+    per_epoch = num_samples // (config.batch_size * world_size)
+    if per_epoch < 1:
+        raise ValueError(
+            f"{num_samples} training samples < batch_size {config.batch_size} x world_size "
+            f"{world_size}; lower batch_size or nproc"
+        )
+    total = per_epoch * config.epochs
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    return per_epoch, total
+
+
+class _BatchSource:
+    """This rank's batches: per epoch a seeded permutation, global batch j = step * W + rank."""
+
+    def __init__(self, data: RecsysData, config: RecsysTrainConfig, rank: int, world_size: int):
+        self.data, self.config, self.rank, self.world_size = data, config, rank, world_size
+        self.per_epoch, self.num_steps = _num_steps(config, data.num_samples, world_size)
+        self._perm: tuple[int, np.ndarray[Any, np.dtype[np.int64]]] | None = None
+
+    def batch(self, step: int) -> KJTBatch:
+        epoch, within = divmod(step, self.per_epoch)
+        if self._perm is None or self._perm[0] != epoch:
+            rng = np.random.default_rng([self.config.seed, 7, epoch])
+            self._perm = (epoch, rng.permutation(self.data.num_samples).astype(np.int64))
+        j = within * self.world_size + self.rank
+        size = self.config.batch_size
+        rows = self._perm[1][j * size : (j + 1) * size]
+        batch = self.data.batch(rows, batch_id=step * self.world_size + self.rank)
+        batch.validate(self.data.num_embeddings)
+        return batch
+
+
+@dataclass(slots=True)
+class _Timings:
+    lookup_wait_ms: list[float] = field(default_factory=list)
+    permit_wait_ms: list[float] = field(default_factory=list)
+    compute_ms: list[float] = field(default_factory=list)
+    allreduce_ms: list[float] = field(default_factory=list)
+    dense_opt_ms: list[float] = field(default_factory=list)
+    push_enqueue_ms: list[float] = field(default_factory=list)
+    push_wait_ms: list[float] = field(default_factory=list)
+
+
+class _Permits:
+    """K permits; a batch's permit returns when all of its pushes are acknowledged."""
+
+    def __init__(self, count: int, bound: int, timeout_s: float) -> None:
+        self.count, self.bound, self.timeout_s = count, bound, timeout_s
+        self.semaphore = threading.Semaphore(count)
+        self.errors: list[BaseException] = []
+        self.max_lag = 0
+        self.lock = threading.Lock()
+
+    def acquire(self) -> None:
+        if not self.semaphore.acquire(timeout=self.timeout_s):
+            raise PSUnavailableError(
+                f"no permit came back within {self.timeout_s} s: a push was never acknowledged"
+            )
+
+    def release_when_acked(self, handles: list[Handle]) -> None:
+        remaining = [len(handles)]
+        if not handles:
+            self.semaphore.release()
+            return
+
+        def done(handle: Handle) -> None:
+            try:
+                lag = int(handle.wait())
+                with self.lock:
+                    self.max_lag = max(self.max_lag, lag)
+                if lag > self.bound:
+                    raise StalenessBoundError(
+                        f"a pushed row was {lag} updates stale, above the bound {self.bound}"
+                    )
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+                self.errors.append(exc)
+            with self.lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                self.semaphore.release()
+
+        for handle in handles:
+            handle.add_done_callback(lambda h=handle: done(h))  # type: ignore[misc]
+
+    def check(self) -> None:
+        if self.errors:
+            raise self.errors[0]
+
+    def drain(self) -> None:
+        """Wait for every outstanding push (all permits back)."""
+        for _ in range(self.count):
+            self.acquire()
+        for _ in range(self.count):
+            self.semaphore.release()
+        self.check()
+
+
+def _allreduce_grads(model: nn.Module, world_size: int) -> None:
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
+        offset += n
+
+
+def _params_sha256(model: nn.Module) -> str:
+    return hashlib.sha256(parameters_to_vector(model.parameters()).detach().numpy().tobytes()).hexdigest()
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values)) if values else 0.0
+
+
+class _Trainer:
+    def __init__(self, config: RecsysTrainConfig, out_dir: Path, rank: int, world_size: int):
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.train, self.test = load_recsys_data(config.data)
+        torch.manual_seed(config.seed)
+        self.model = build_model(
+            config.model,
+            len(self.train.keys),
+            config.embedding_dim,
+            self.train.dense_dim,
+            config.hidden,
+        )
+        shard_config = EmbeddingShard.Config(
+            embedding_dim=config.embedding_dim,
+            optimizer=config.embedding_optimizer,
+            backend=config.store_backend,
+            seed=config.seed,
+        )
+        shard_dir = out_dir / "ps" / f"rank{rank}"
+        shutil.rmtree(shard_dir, ignore_errors=True)  # a fresh job (no resume yet)
+        self.shard = EmbeddingShard(shard_dir, self.train.num_embeddings, shard_config)
+        self.chunks = parameters_to_vector(self.model.parameters()).detach().tensor_split(world_size)
+        dense = (
+            DenseShard(self.chunks[rank], config.dense_lr, world_size)
+            if config.mode == "async"
+            else None
+        )
+        self.server = ShardServer(self.shard, dense, config.rtt_ms)
+        self.transport = RpcTransport(self.server, rank, world_size, config.timeout_s)
+        self.client = EmbeddingClient(
+            self.transport,
+            default_owners(world_size),
+            len(self.train.keys),
+            config.embedding_dim,
+            config.wire_dtype,
+        )
+        self.source = _BatchSource(self.train, config, rank, world_size)
+        self.bound = staleness_bound(config.mode, config.staleness, world_size)
+        self.timings = _Timings()
+        self.losses: list[float] = []
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.dense_lr)
+
+    # --- one step ------------------------------------------------------------------------
+    def _forward_backward(self, result: LookupResult) -> None:
+        batch = result.pending.batch
+        start = time.perf_counter()
+        pooled = self.client.pool(result)
+        logits = self.model(pooled, torch.from_numpy(batch.dense))
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))
+        self.model.zero_grad(set_to_none=True)
+        loss.backward()
+        self.losses.append(float(loss))
+        self.timings.compute_ms.append((time.perf_counter() - start) * 1e3)
+
+    def _dense_step(self) -> None:
+        start = time.perf_counter()
+        _allreduce_grads(self.model, self.world_size)
+        mid = time.perf_counter()
+        self.optimizer.step()
+        self.timings.allreduce_ms.append((mid - start) * 1e3)
+        self.timings.dense_opt_ms.append((time.perf_counter() - mid) * 1e3)
+
+    def _pull_dense(self, step: int) -> list[tuple[Tensor, int]]:
+        """Pull every dense chunk under the stale-synchronous rule (async mode)."""
+        deadline = time.monotonic() + self.config.timeout_s
+        needed = step - self.config.staleness + 1
+        while True:
+            answers = [self.transport.call(p, "dense_pull").wait() for p in range(self.world_size)]
+            if min(a[2] for a in answers) >= needed:
+                return [(a[0], a[1]) for a in answers]
+            if time.monotonic() > deadline:
+                raise PSUnavailableError(
+                    f"step {step}: dense pushes of step {needed - 1} did not arrive within "
+                    f"{self.config.timeout_s} s (a trainer is stuck or gone)"
+                )
+            time.sleep(0.0005)
+
+    # --- loops ---------------------------------------------------------------------------
+    def run_sync(self) -> None:
+        for step in range(self.source.num_steps):
+            batch = self.source.batch(step)
+            start = time.perf_counter()
+            result = self.client.wait(self.client.lookup(batch))
+            self.timings.lookup_wait_ms.append((time.perf_counter() - start) * 1e3)
+            self._forward_backward(result)
+            self._dense_step()
+            start = time.perf_counter()
+            handles = self.client.push(result, batch.batch_id, self.world_size)
+            for handle in handles:
+                lag = int(handle.wait())
+                if lag > self.bound:
+                    raise StalenessBoundError(
+                        f"sync step {step}: a row was {lag} updates stale, above {self.bound}"
+                    )
+            dist.barrier()
+            self.timings.push_wait_ms.append((time.perf_counter() - start) * 1e3)
+            self._mark(step)
+
+    def run_ahead(self) -> None:
+        """hybrid and async: lookups (and dense pulls) run ahead under K permits."""
+        k = self.config.staleness
+        permits = _Permits(k, self.bound, self.config.timeout_s)
+        ready: queue.Queue[tuple[int, KJTBatch, PendingLookup, Any] | BaseException] = queue.Queue()
+        stop = threading.Event()
+        is_async = self.config.mode == "async"
+
+        def produce() -> None:
+            try:
+                for step in range(self.source.num_steps):
+                    batch = self.source.batch(step)  # validated before taking a permit
+                    start = time.perf_counter()
+                    permits.acquire()
+                    self.timings.permit_wait_ms.append((time.perf_counter() - start) * 1e3)
+                    if stop.is_set():
+                        return
+                    pending = self.client.lookup(batch)
+                    dense = self._pull_dense(step) if is_async else None
+                    ready.put((step, batch, pending, dense))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+                ready.put(exc)
+
+        producer = threading.Thread(target=produce, name="recsys-run-ahead", daemon=True)
+        producer.start()
+        try:
+            for _ in range(self.source.num_steps):
+                permits.check()
+                start = time.perf_counter()
+                try:
+                    item = ready.get(timeout=self.config.timeout_s)
+                except queue.Empty as exc:
+                    raise PSUnavailableError(
+                        f"no lookup finished within {self.config.timeout_s} s"
+                    ) from exc
+                if isinstance(item, BaseException):
+                    raise item
+                step, batch, pending, dense = item
+                result = self.client.wait(pending)
+                self.timings.lookup_wait_ms.append((time.perf_counter() - start) * 1e3)
+                if dense is not None:
+                    vector_to_parameters(torch.cat([c for c, _ in dense]), self.model.parameters())
+                self._forward_backward(result)
+                start = time.perf_counter()
+                if dense is None:
+                    self._dense_step()
+                    start = time.perf_counter()
+                    handles = self.client.push(result, batch.batch_id, self.world_size)
+                else:
+                    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()]
+                    flat = torch.cat([g.reshape(-1) for g in grads]) / self.world_size
+                    handles = self.client.push(result, batch.batch_id, self.world_size)
+                    sizes = [len(c) for c in self.chunks]
+                    for p, (chunk, (_, version)) in enumerate(zip(flat.split(sizes), dense, strict=True)):
+                        handles.append(
+                            self.transport.call(p, "dense_push", chunk.contiguous(), version, self.rank)
+                        )
+                permits.release_when_acked(handles)
+                self.timings.push_enqueue_ms.append((time.perf_counter() - start) * 1e3)
+                self._mark(step)
+            permits.drain()
+            self._mark(self.source.num_steps)
+        finally:
+            stop.set()
+            producer.join(timeout=self.config.timeout_s)
+        if is_async:  # the final dense model, for evaluation
+            final = self._pull_dense(self.source.num_steps)
+            vector_to_parameters(torch.cat([c for c, _ in final]), self.model.parameters())
+        permits.check()
+        self.max_lag_acked = permits.max_lag
+
+    def _mark(self, step: int) -> None:
+        if step == min(self.config.warmup_steps, self.source.num_steps - 1):
+            self.t_warm = time.perf_counter()
+            self.warm_step = step
+        self.t_end = time.perf_counter()
+
+    # --- evaluation ----------------------------------------------------------------------
+    def evaluate(self, batch_size: int = 2048) -> dict[str, float]:
+        self.model.eval()
+        scores = []
+        with torch.no_grad():
+            for start in range(0, self.test.num_samples, batch_size):
+                rows = np.arange(start, min(start + batch_size, self.test.num_samples), dtype=np.int64)
+                batch = self.test.batch(rows, batch_id=-1)
+                result = self.client.wait(self.client.lookup(batch))
+                logits = self.model(self.client.pool(result), torch.from_numpy(batch.dense))
+                scores.append(torch.sigmoid(logits).numpy())
+        probabilities = np.concatenate(scores)
+        self.model.train()
+        return {
+            "test_auc": roc_auc(self.test.labels, probabilities),
+            "test_logloss": log_loss(self.test.labels, probabilities),
+        }
+
+    def rank_report(self) -> dict[str, Any]:
+        steps = self.source.num_steps
+        timed = max(steps - self.warm_step, 1) if steps > 1 else 1
+        elapsed = max(self.t_end - self.t_warm, 1e-9)
+        quarter = max(1, len(self.losses) // 5)
+        stats = self.shard.stats()
+        if self.server.dense is not None:
+            stats["dense_lag_hist"] = self.server.dense.lags.hist.tolist()
+            stats["dense_lag_max"] = self.server.dense.lags.maximum
+        w = self.warmup_slice()
+        return {
+            "rank": self.rank,
+            "steps": steps,
+            "samples_per_s": timed * self.config.batch_size * self.world_size / elapsed,
+            "train_loss_first": float(np.mean(self.losses[:quarter])),
+            "train_loss_last": float(np.mean(self.losses[-quarter:])),
+            "dense_params_sha256": _params_sha256(self.model),
+            "lookup_wait_ms": _median(self.timings.lookup_wait_ms[w:]),
+            "permit_wait_ms": _median(self.timings.permit_wait_ms[w:]),
+            "compute_ms": _median(self.timings.compute_ms[w:]),
+            "allreduce_ms": _median(self.timings.allreduce_ms[w:]),
+            "dense_opt_ms": _median(self.timings.dense_opt_ms[w:]),
+            "push_enqueue_ms": _median(self.timings.push_enqueue_ms[w:]),
+            "push_wait_ms": _median(self.timings.push_wait_ms[w:]),
+            "shard": stats,
+        }
+
+    def warmup_slice(self) -> int:
+        return min(self.config.warmup_steps, max(len(self.timings.compute_ms) - 1, 0))
+
+
+def _summarise(config: RecsysTrainConfig, reports: list[dict[str, Any]], metrics: dict[str, float]) -> dict[str, Any]:
+    hist = np.sum([r["shard"]["lag_hist"] for r in reports], axis=0)
+    total = int(hist.sum())
+    lags = np.arange(len(hist))
+    mean = float((hist * lags).sum() / total) if total else 0.0
+    cumulative = np.cumsum(hist)
+    p99 = int(np.searchsorted(cumulative, 0.99 * total)) if total else 0
+    max_seen = max(int(r["shard"]["lag_max"]) for r in reports)
+    bound = staleness_bound(config.mode, config.staleness, config.nproc)
+    document: dict[str, Any] = {
+        "mode": config.mode,
+        "dataset": config.data.dataset,
+        "staleness": config.staleness,
+        "rtt_ms": config.rtt_ms,
+        "seed": config.seed,
+        "world_size": config.nproc,
+        **metrics,
+        "samples_per_s": float(np.median([r["samples_per_s"] for r in reports])),
+        "max_staleness_seen": max_seen,
+        "mean_staleness": mean,
+        "staleness_p99": p99,
+        "staleness_bound": bound,
+        "staleness_hist": hist.tolist(),
+        "share_lag_above_k_times_w": float(hist[config.staleness * config.nproc + 1 :].sum() / total) if total else 0.0,
+        "train_loss_first": float(np.mean([r["train_loss_first"] for r in reports])),
+        "train_loss_last": float(np.mean([r["train_loss_last"] for r in reports])),
+        "steps": reports[0]["steps"],
+    }
+    for key in ("lookup_wait_ms", "permit_wait_ms", "compute_ms", "allreduce_ms", "dense_opt_ms", "push_enqueue_ms", "push_wait_ms"):
+        document[key] = float(np.median([r[key] for r in reports]))
+    if "dense_lag_max" in reports[0]["shard"]:
+        document["dense_max_staleness_seen"] = max(int(r["shard"]["dense_lag_max"]) for r in reports)
+    document["ranks"] = reports
+    if max_seen > bound:
+        raise StalenessBoundError(
+            f"measured staleness {max_seen} exceeds the {config.mode} bound {bound}"
+        )
+    return document
+
+
+def train_rank(config: RecsysTrainConfig, out_dir: Path) -> dict[str, Any] | None:
+    """Run this process's part of a training job (inside torchrun); rank 0 returns the result.
+
+    Writes `out_dir/result.json` on rank 0: the run's metrics, staleness histogram and
+    per-rank reports.
+
+    Raises:
+        RecsysError: If the world size differs from `config.nproc` or between processes,
+            or a staleness bound is broken.
+        PSUnavailableError: If a shard, permit or collective times out.
+        BadBatchError: If a batch fails validation.
+    """
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    if world_size != config.nproc:
+        raise RecsysError(
+            f"torchrun started world_size={world_size} processes but the config says nproc="
+            f"{config.nproc}; launch with --nproc-per-node {config.nproc}"
+        )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=config.timeout_s))
+    try:
+        fingerprint = hashlib.sha256(json.dumps(config_to_dict(config), sort_keys=True).encode()).hexdigest()
+        seen: list[Any] = [None] * world_size
+        dist.all_gather_object(seen, (fingerprint, world_size))
+        if len(set(seen)) != 1:
+            raise RecsysError(
+                f"trainers disagree on the config or world size: {seen}; start every process "
+                "with the same config file"
+            )
+        trainer = _Trainer(config, out_dir, rank, world_size)
+        dist.broadcast(flat := parameters_to_vector(trainer.model.parameters()).detach(), src=0)
+        vector_to_parameters(flat, trainer.model.parameters())
+        dist.barrier()
+        if config.mode == "sync":
+            trainer.run_sync()
+        else:
+            trainer.run_ahead()
+        dist.barrier()  # every push of every rank is applied
+        report = trainer.rank_report()
+        reports: list[Any] = [None] * world_size
+        dist.all_gather_object(reports, report)
+        result = None
+        if rank == 0:
+            metrics = trainer.evaluate()
+            result = _summarise(config, reports, metrics)
+            tmp = out_dir / "result.json.tmp"
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
+            os.replace(tmp, out_dir / "result.json")
+        dist.barrier()
+        trainer.transport.close()
+        trainer.shard.close()
+        return result
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of each torchrun worker: `trainer.py CONFIG_JSON OUT_DIR`."""
+    warnings.filterwarnings("ignore", message=".*as a ProcessGroup.*")
+    config = config_from_dict(RecsysTrainConfig, json.loads(Path(argv[0]).read_text()), source=argv[0])
+    try:
+        train_rank(config, Path(argv[1]))
+    except Exception:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
