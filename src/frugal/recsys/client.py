@@ -123,7 +123,7 @@ class EmbeddingClient:
         for p, (lo, hi) in pending.owner_slices.items():
             ids = torch.from_numpy(pending.ids_U[pending.order_U[lo:hi]])
             pending.handles[p] = self.transport.call(
-                p, "lookup", ids, torch.from_numpy(pending.owner_counts[p])
+                p, "lookup", ids, torch.from_numpy(pending.owner_counts[p]), self.wire_dtype
             )
         return pending
 

@@ -160,15 +160,18 @@ class EmbeddingShard:
             if bounds[t + 1] > bounds[t]
         ]
 
-    def lookup(self, ids: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+    def lookup(
+        self, ids: Tensor, counts: Tensor, wire_dtype: torch.dtype = torch.float16
+    ) -> tuple[Tensor, Tensor]:
         """Read rows and their versions.
 
         Args:
             ids: int64 ids grouped by table in table order, shape (U,).
             counts: int64 number of ids of each table, shape (T,).
+            wire_dtype: Precision the rows travel in (float16, bfloat16 or float32).
 
         Returns:
-            (rows float16 (U, E), versions int64 (U,)).
+            (rows (U, E) in `wire_dtype`, versions int64 (U,)).
         """
         ids_np = ids.numpy()
         rows_UE = np.empty((len(ids_np), self.config.embedding_dim), dtype=np.float32)
@@ -177,7 +180,7 @@ class EmbeddingShard:
             with self.locks[t]:
                 rows_UE[lo:hi] = self.stores[t].peek(ids_np[lo:hi], cols="emb")
                 versions[lo:hi] = self.versions[t][ids_np[lo:hi]]
-        return torch.from_numpy(rows_UE).to(torch.float16), torch.from_numpy(versions)
+        return torch.from_numpy(rows_UE).to(wire_dtype), torch.from_numpy(versions)
 
     def push(
         self, ids: Tensor, counts: Tensor, grads: Tensor, versions_read: Tensor, scale: float, step: int
