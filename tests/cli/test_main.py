@@ -26,6 +26,20 @@ PINNED_SURFACE = {
     "store bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
     "plan": ["--cluster", "--config", "--help", "--out", "--scenario", "--set", "-h"],
     "plan bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
+    "recsys": ["--help", "-h"],
+    "recsys train": [
+        "--config",
+        "--dataset",
+        "--help",
+        "--mode",
+        "--nproc",
+        "--out",
+        "--rtt-ms",
+        "--set",
+        "--staleness",
+        "-h",
+    ],
+    "recsys bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
 }
 
 

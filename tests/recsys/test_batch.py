@@ -38,15 +38,21 @@ def test_validate_names_the_bad_value() -> None:
     batch = data.batch(np.array([0, 1], np.int64), batch_id=3)
     with pytest.raises(BadBatchError, match=r"batch 3: feature 'u' .* \[0, 4\), first 4"):
         batch.validate((4, 3))
-    with pytest.raises(BadBatchError, match="2 features .* 1 tables"):
+    with pytest.raises(BadBatchError, match=r"2 features .* 1 tables"):
         batch.validate((5,))
-    bad_label = KJTBatch(batch.keys, batch.values, batch.lengths, batch.dense, np.array([np.nan, 0], np.float32), 3)
+    bad_label = KJTBatch(
+        batch.keys, batch.values, batch.lengths, batch.dense, np.array([np.nan, 0], np.float32), 3
+    )
     with pytest.raises(BadBatchError, match="labels"):
         bad_label.validate((5, 3))
-    bad_dense = KJTBatch(batch.keys, batch.values, batch.lengths, np.full_like(batch.dense, np.inf), batch.labels, 3)
+    bad_dense = KJTBatch(
+        batch.keys, batch.values, batch.lengths, np.full_like(batch.dense, np.inf), batch.labels, 3
+    )
     with pytest.raises(BadBatchError, match="NaN or inf"):
         bad_dense.validate((5, 3))
-    bad_lengths = KJTBatch(batch.keys, batch.values[:-1], batch.lengths, batch.dense, batch.labels, 3)
+    bad_lengths = KJTBatch(
+        batch.keys, batch.values[:-1], batch.lengths, batch.dense, batch.labels, 3
+    )
     with pytest.raises(BadBatchError, match="sum\\(lengths\\)"):
         bad_lengths.validate((5, 3))
 

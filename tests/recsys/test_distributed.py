@@ -26,10 +26,9 @@ def _train(tmp_path: Path, mode: str, staleness: int, rtt_ms: float = 0.0) -> di
     )
     out = tmp_path / mode
     out.mkdir()
-    (out / "config.json").write_text(json.dumps(config_to_dict(config)))
-    result = run_torchrun(
-        ["frugal.recsys.trainer", str(out / "config.json"), str(out)], nproc=2, timeout_s=240
-    )
+    job = {"runs": [{"config": config_to_dict(config), "out_dir": str(out)}]}
+    (out / "job.json").write_text(json.dumps(job))
+    result = run_torchrun(["frugal.recsys.trainer", str(out / "job.json")], nproc=2, timeout_s=240)
     assert result.ok, result.format()
     document: dict = json.loads((out / "result.json").read_text())
     return document
@@ -38,7 +37,9 @@ def _train(tmp_path: Path, mode: str, staleness: int, rtt_ms: float = 0.0) -> di
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "staleness", "rtt_ms"), [("sync", 1, 0.0), ("hybrid", 4, 2.0)])
-def test_two_trainers_train_and_agree(tmp_path: Path, mode: str, staleness: int, rtt_ms: float) -> None:
+def test_two_trainers_train_and_agree(
+    tmp_path: Path, mode: str, staleness: int, rtt_ms: float
+) -> None:
     result = _train(tmp_path, mode, staleness, rtt_ms)
     assert result["steps"] == 60
     # the loss goes down (mean of the last fifth of the steps vs the first fifth)

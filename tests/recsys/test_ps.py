@@ -52,20 +52,20 @@ def test_route_dedups_per_table_and_sends_each_pair_to_its_owner() -> None:
     batch = _batch()
     pending = client.route(batch)
     # unique pairs: a:{3, 7}, b:{3, 5, 900}
-    assert pending.table_U.tolist() == [0, 0, 1, 1, 1]
-    assert pending.ids_U.tolist() == [3, 7, 3, 5, 900]
+    assert pending.unique_tables.tolist() == [0, 0, 1, 1, 1]
+    assert pending.unique_ids.tolist() == [3, 7, 3, 5, 900]
     # every value maps back to its own (table, id)
     feature_of_value = np.repeat([0, 1], [4, 4])
-    inv = pending.inverse_N.numpy()
-    np.testing.assert_array_equal(pending.ids_U[inv], batch.values)
-    np.testing.assert_array_equal(pending.table_U[inv], feature_of_value)
+    inv = pending.inverse.numpy()
+    np.testing.assert_array_equal(pending.unique_ids[inv], batch.values)
+    np.testing.assert_array_equal(pending.unique_tables[inv], feature_of_value)
     # each owner gets exactly the pairs whose vshard it owns, grouped by table
     seen = 0
     for p, (lo, hi) in pending.owner_slices.items():
-        rows = pending.order_U[lo:hi]
-        for t, i in zip(pending.table_U[rows], pending.ids_U[rows], strict=True):
+        rows = pending.owner_order[lo:hi]
+        for t, i in zip(pending.unique_tables[rows], pending.unique_ids[rows], strict=True):
             assert owners[virtual_shard(int(t), np.array([i]))[0]] == p
-        assert (np.diff(pending.table_U[rows]) >= 0).all()
+        assert (np.diff(pending.unique_tables[rows]) >= 0).all()
         assert pending.owner_counts[p].sum() == hi - lo
         seen += hi - lo
     assert seen == 5
@@ -80,8 +80,10 @@ def test_pooling_sums_bags_and_empty_bags_are_zero(tmp_path: Path) -> None:
         result = client.wait(client.lookup(_batch()))
         pooled = client.pool(result)  # (B=3, F=2, E=4)
         rows = {
-            (int(t), int(i)): result.rows_UE[u]
-            for u, (t, i) in enumerate(zip(result.pending.table_U, result.pending.ids_U, strict=True))
+            (int(t), int(i)): result.rows[u]
+            for u, (t, i) in enumerate(
+                zip(result.pending.unique_tables, result.pending.unique_ids, strict=True)
+            )
         }
         torch.testing.assert_close(pooled[0, 0], 2 * rows[(0, 3)] + rows[(0, 7)])
         torch.testing.assert_close(pooled[1, 0], torch.zeros(4))
@@ -105,7 +107,12 @@ def test_version_clocks_measure_the_real_lag(tmp_path: Path) -> None:
         grad = torch.ones(2, 2, dtype=torch.float16)
         # three other pushes touch row 1, one touches row 4, before our own push lands
         for _ in range(3):
-            assert shard.push(torch.tensor([1]), counts.new_tensor([1]), grad[:1], torch.tensor([0]), 1.0, 0) >= 0
+            assert (
+                shard.push(
+                    torch.tensor([1]), counts.new_tensor([1]), grad[:1], torch.tensor([0]), 1.0, 0
+                )
+                >= 0
+            )
         shard.push(torch.tensor([4]), counts.new_tensor([1]), grad[:1], torch.tensor([0]), 1.0, 0)
         lag = shard.push(ids, counts, grad, versions_read, 1.0, 1)
         assert lag == 3
@@ -123,7 +130,9 @@ def test_version_clocks_measure_the_real_lag(tmp_path: Path) -> None:
 def test_fp16_wire_scale_is_divided_out(tmp_path: Path) -> None:
     config = EmbeddingShard.Config(
         embedding_dim=2,
-        optimizer=__import__("frugal.store", fromlist=["OptimizerConfig"]).OptimizerConfig(kind="sgd", lr=1.0),
+        optimizer=__import__("frugal.store", fromlist=["OptimizerConfig"]).OptimizerConfig(
+            kind="sgd", lr=1.0
+        ),
     )
     shard = EmbeddingShard(tmp_path / "s", (4,), config)
     try:

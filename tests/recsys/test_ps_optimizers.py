@@ -1,6 +1,8 @@
-"""Sparse optimizers through the PS path (client -> transport -> shard -> frugal.store) equal
-the PyTorch references: dense `nn.EmbeddingBag` + torch.optim where lazy and dense agree
-(SGD without momentum/decay, Adagrad), per-row torch.optim / hand-written torch otherwise."""
+"""Sparse optimizers through the PS path (client -> transport -> shard -> store) = PyTorch.
+
+References: dense `nn.EmbeddingBag` + torch.optim where lazy and dense agree (SGD without
+momentum/decay, Adagrad), per-row torch.optim / hand-written torch otherwise.
+"""
 
 from __future__ import annotations
 
@@ -76,13 +78,20 @@ def _initial(optimizer: OptimizerConfig) -> torch.Tensor:
     return torch.from_numpy(init_rows(np.arange(NUM_ROWS, dtype=np.int64), spec, SEED)[:, :DIM])
 
 
-def _dense_reference(optimizer: OptimizerConfig, make: type[torch.optim.Optimizer], **kw: float) -> np.ndarray:
+def _dense_reference(
+    optimizer: OptimizerConfig, make: type[torch.optim.Optimizer], **kw: float
+) -> np.ndarray:
     bag = nn.EmbeddingBag(NUM_ROWS, DIM, mode="sum")
     with torch.no_grad():
         bag.weight.copy_(_initial(optimizer))
     opt = make([bag.weight], **kw)
     for batch, target in _batches():
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(torch.from_numpy(batch.lengths.astype(np.int64)), 0)[:-1]])
+        offsets = torch.cat(
+            [
+                torch.zeros(1, dtype=torch.int64),
+                torch.cumsum(torch.from_numpy(batch.lengths.astype(np.int64)), 0)[:-1],
+            ]
+        )
         pooled = bag(torch.from_numpy(batch.values), offsets)
         loss = (pooled * target).sum() + 0.5 * (pooled**2).sum()
         opt.zero_grad()
@@ -98,13 +107,33 @@ def _per_row_reference(optimizer: OptimizerConfig) -> np.ndarray:
     state = [torch.zeros(1) for _ in rows]  # row-wise Adagrad accumulators
     opts: list[torch.optim.Optimizer] = []
     if kind == "adam":
-        opts = [torch.optim.Adam([r], lr=optimizer.lr, betas=(optimizer.beta1, optimizer.beta2), eps=optimizer.eps) for r in rows]
+        opts = [
+            torch.optim.Adam(
+                [r], lr=optimizer.lr, betas=(optimizer.beta1, optimizer.beta2), eps=optimizer.eps
+            )
+            for r in rows
+        ]
     elif kind == "sgd":
-        opts = [torch.optim.SGD([r], lr=optimizer.lr, momentum=optimizer.momentum, weight_decay=optimizer.weight_decay) for r in rows]
+        opts = [
+            torch.optim.SGD(
+                [r],
+                lr=optimizer.lr,
+                momentum=optimizer.momentum,
+                weight_decay=optimizer.weight_decay,
+            )
+            for r in rows
+        ]
     for batch, target in _batches():
         table = torch.stack(list(rows))
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(torch.from_numpy(batch.lengths.astype(np.int64)), 0)[:-1]])
-        pooled = nn.functional.embedding_bag(torch.from_numpy(batch.values), table, offsets, mode="sum")
+        offsets = torch.cat(
+            [
+                torch.zeros(1, dtype=torch.int64),
+                torch.cumsum(torch.from_numpy(batch.lengths.astype(np.int64)), 0)[:-1],
+            ]
+        )
+        pooled = nn.functional.embedding_bag(
+            torch.from_numpy(batch.values), table, offsets, mode="sum"
+        )
         loss = (pooled * target).sum() + 0.5 * (pooled**2).sum()
         for r in rows:
             r.grad = None

@@ -127,7 +127,7 @@ class RecsysData:
     @property
     def num_samples(self) -> int:
         """Number of samples S."""
-        return int(len(self.labels))
+        return len(self.labels)
 
     @property
     def dense_dim(self) -> int:

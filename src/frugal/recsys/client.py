@@ -2,8 +2,8 @@
 
 Per batch: each feature's ids are deduplicated (`np.unique`), every unique (table, id) goes to
 the owner of its virtual shard, rows come back in fp16 with their versions and become one
-fp32 leaf tensor `rows_UE`; `F.embedding_bag` sum-pools every (feature, sample) bag from it,
-so `rows_UE.grad` is already summed over duplicates. The push sends `grad * scale /
+fp32 leaf tensor `rows` (U, E); `F.embedding_bag` sum-pools every (feature, sample) bag from it,
+so `rows.grad` is already summed over duplicates. The push sends `grad * scale /
 world_size` in fp16 (the wire scale halves on overflow), with the versions read.
 
 References:
@@ -42,12 +42,12 @@ class PendingLookup:
 
     batch: KJTBatch
     handles: dict[int, Handle]
-    table_U: I64  # table of each unique pair, table-major order
-    ids_U: I64  # id of each unique pair
-    inverse_N: Tensor  # for each value of the batch, its unique pair's position
-    order_U: I64  # unique pairs sorted by owner (stable)
+    unique_tables: I64  # (U,) table of each unique pair, table-major order
+    unique_ids: I64  # (U,) id of each unique pair
+    inverse: Tensor  # (N,) for each value of the batch, its unique pair's position
+    owner_order: I64  # (U,) unique pairs sorted by owner (stable)
     owner_counts: dict[int, I64]  # per owner, ids per table (T,)
-    owner_slices: dict[int, tuple[int, int]]  # per owner, its range in order_U
+    owner_slices: dict[int, tuple[int, int]]  # per owner, its range in owner_order
 
 
 @dataclass(slots=True)
@@ -55,8 +55,8 @@ class LookupResult:
     """Rows of a batch as a leaf tensor (gradients accumulate here), with their versions."""
 
     pending: PendingLookup
-    rows_UE: Tensor
-    versions_U: Tensor
+    rows: Tensor  # (U, E) float32 leaf
+    versions: Tensor  # (U,) int64
 
 
 class EmbeddingClient:
@@ -109,10 +109,10 @@ class EmbeddingClient:
         return PendingLookup(
             batch=batch,
             handles={},
-            table_U=table_U,
-            ids_U=ids_U,
-            inverse_N=torch.from_numpy(np.concatenate(inverses) if inverses else ids_U),
-            order_U=order_U,
+            unique_tables=table_U,
+            unique_ids=ids_U,
+            inverse=torch.from_numpy(np.concatenate(inverses) if inverses else ids_U),
+            owner_order=order_U,
             owner_counts={p: counts_PT[p] for p in slices},
             owner_slices=slices,
         )
@@ -121,7 +121,7 @@ class EmbeddingClient:
         """Start the lookups of a batch: one call per owner shard holding any of its ids."""
         pending = self.route(batch)
         for p, (lo, hi) in pending.owner_slices.items():
-            ids = torch.from_numpy(pending.ids_U[pending.order_U[lo:hi]])
+            ids = torch.from_numpy(pending.unique_ids[pending.owner_order[lo:hi]])
             pending.handles[p] = self.transport.call(
                 p, "lookup", ids, torch.from_numpy(pending.owner_counts[p]), self.wire_dtype
             )
@@ -133,10 +133,10 @@ class EmbeddingClient:
         Raises:
             PSUnavailableError: If a shard does not answer within the timeout.
         """
-        num = len(pending.ids_U)
+        num = len(pending.unique_ids)
         rows_UE = torch.empty(num, self.embedding_dim, dtype=torch.float32)
         versions_U = torch.empty(num, dtype=torch.int64)
-        order = torch.from_numpy(pending.order_U)
+        order = torch.from_numpy(pending.owner_order)
         for p, (lo, hi) in pending.owner_slices.items():
             rows, versions = pending.handles[p].wait()
             rows_UE[order[lo:hi]] = rows.to(torch.float32)
@@ -154,7 +154,7 @@ class EmbeddingClient:
         lengths = torch.from_numpy(batch.lengths.astype(np.int64))
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)[:-1]])
         pooled = F.embedding_bag(
-            result.pending.inverse_N, result.rows_UE, offsets, mode="sum", include_last_offset=False
+            result.pending.inverse, result.rows, offsets, mode="sum", include_last_offset=False
         )
         return pooled.reshape(len(batch.keys), batch.batch_size, self.embedding_dim).transpose(0, 1)
 
@@ -164,9 +164,9 @@ class EmbeddingClient:
         Encodes with the wire scale (fp16: starts at 2^10, halves and re-encodes on overflow,
         doubles after 1000 clean pushes); the shard divides it out in fp32.
         """
-        grad = result.rows_UE.grad
+        grad = result.rows.grad
         if grad is None:
-            grad = torch.zeros_like(result.rows_UE)
+            grad = torch.zeros_like(result.rows)
         grad = grad / world_size
         while True:
             wire = (grad * self.wire_scale).to(self.wire_dtype)
@@ -181,17 +181,17 @@ class EmbeddingClient:
             self._clean_pushes = 0
         pending = result.pending
         handles = []
-        order = torch.from_numpy(pending.order_U)
+        order = torch.from_numpy(pending.owner_order)
         for p, (lo, hi) in pending.owner_slices.items():
             rows = order[lo:hi]
             handles.append(
                 self.transport.call(
                     p,
                     "push",
-                    torch.from_numpy(pending.ids_U[pending.order_U[lo:hi]]),
+                    torch.from_numpy(pending.unique_ids[pending.owner_order[lo:hi]]),
                     torch.from_numpy(pending.owner_counts[p]),
                     wire[rows].contiguous(),
-                    result.versions_U[rows].contiguous(),
+                    result.versions[rows].contiguous(),
                     scale,
                     step,
                 )

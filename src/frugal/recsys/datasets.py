@@ -151,7 +151,7 @@ def _adult(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
     numeric = table[list(_ADULT_NUMERIC)].to_numpy().astype(np.float64)
     labels = table["income"].astype(str).str.startswith(">50K").to_numpy().astype(np.float32)
     order = np.random.default_rng([config.seed, 11]).permutation(len(table)).astype(np.int64)
-    num_test = int(round(config.test_fraction * len(table)))
+    num_test = round(config.test_fraction * len(table))
     test, train = order[:num_test], order[num_test:]
     mean, std = numeric[train].mean(axis=0), numeric[train].std(axis=0) + 1e-6
     dense = ((numeric - mean) / std).astype(np.float32)
@@ -161,16 +161,24 @@ def _adult(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
     return _take(data, train), _take(data, test)
 
 
-def _hashed_uniform(seed: int, feature: int, ids: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.float64]:
+def _hashed_uniform(
+    seed: int, feature: int, ids: npt.NDArray[np.int64], width: int
+) -> npt.NDArray[np.float64]:
     """Deterministic values in [-1, 1) per (seed, feature, id, column), shape (len(ids), width)."""
     with np.errstate(over="ignore"):
         key = np.uint64(seed * 1_000_003 + feature * 7919 + 1) * np.uint64(0x9E3779B97F4A7C15)
-        cells = key + ids.astype(np.uint64)[:, None] * np.uint64(width) + np.arange(width, dtype=np.uint64)
+        cells = (
+            key
+            + ids.astype(np.uint64)[:, None] * np.uint64(width)
+            + np.arange(width, dtype=np.uint64)
+        )
     bits = splitmix64(cells.astype(np.uint64)) >> np.uint64(11)
     return bits.astype(np.float64) / float(1 << 53) * 2.0 - 1.0
 
 
-def _zipf_logits(config: RecsysDataConfig, ids_SF: npt.NDArray[np.int64], dense: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+def _zipf_logits(
+    config: RecsysDataConfig, ids_SF: npt.NDArray[np.int64], dense: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float64]:
     """The planted FM teacher's logits (first order + rank-8 pairwise + linear dense)."""
     first = np.zeros(len(ids_SF))
     pair_sum = np.zeros((len(ids_SF), 8))
@@ -207,7 +215,7 @@ def _zipf(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData, npt.NDArray
     data = RecsysData.from_columns(
         keys, (config.zipf_num_embeddings,) * num_features, ids_SF, dense, labels
     )
-    num_test = int(round(config.test_fraction * config.zipf_num_samples))
+    num_test = round(config.test_fraction * config.zipf_num_samples)
     cut = config.zipf_num_samples - num_test
     rows = np.arange(config.zipf_num_samples, dtype=np.int64)
     return _take(data, rows[:cut]), _take(data, rows[cut:]), logits[cut:]

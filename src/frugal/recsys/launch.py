@@ -20,7 +20,7 @@ from frugal.config import config_to_dict
 from frugal.recsys.errors import RecsysError
 from frugal.recsys.trainer import RecsysTrainConfig
 
-__all__ = ["launch_training"]
+__all__ = ["launch_runs", "launch_training"]
 
 
 def _free_port() -> int:
@@ -36,8 +36,8 @@ def launch_training(
     """Run `config` as `config.nproc` torchrun processes; return rank 0's result.
 
     Args:
-        config: The training job.
-        out_dir: Folder for `config.json`, `result.json`, `torchrun.log` and PS files.
+        config: The training run.
+        out_dir: Folder for `job.json`, `result.json`, `torchrun.log` and PS files.
         timeout_s: Wall-clock limit of the whole job; the process group is killed after it.
 
     Returns:
@@ -46,11 +46,39 @@ def launch_training(
     Raises:
         RecsysError: If the job fails or times out (the log's tail is in the message).
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config_path = out_dir / "config.json"
-    config_path.write_text(json.dumps(config_to_dict(config), indent=1) + "\n")
-    result_path = out_dir / "result.json"
-    result_path.unlink(missing_ok=True)
+    return launch_runs([(config, out_dir)], out_dir, timeout_s=timeout_s)[0]
+
+
+def launch_runs(
+    runs: list[tuple[RecsysTrainConfig, Path]], job_dir: Path, *, timeout_s: float = 600.0
+) -> list[dict[str, Any]]:
+    """Run several trainings one after the other in one torchrun job (one process group).
+
+    Args:
+        runs: (config, out_dir) pairs; every config must have the same `nproc`.
+        job_dir: Folder for `job.json` and `torchrun.log`.
+        timeout_s: Wall-clock limit of the whole job.
+
+    Returns:
+        Each run's `result.json` content, in order.
+
+    Raises:
+        ValueError: If `runs` is empty or the configs disagree on `nproc`.
+        RecsysError: If the job fails or times out (the log's tail is in the message).
+    """
+    if not runs:
+        raise ValueError("runs is empty; give at least one (config, out_dir)")
+    nprocs = {config.nproc for config, _ in runs}
+    if len(nprocs) != 1:
+        raise ValueError(f"runs of one job need one nproc, got {sorted(nprocs)}; split the job")
+    config = runs[0][0]
+    job_dir.mkdir(parents=True, exist_ok=True)
+    for _, out_dir in runs:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "result.json").unlink(missing_ok=True)
+    config_path = job_dir / "job.json"
+    job = {"runs": [{"config": config_to_dict(c), "out_dir": str(d)} for c, d in runs]}
+    config_path.write_text(json.dumps(job, indent=1) + "\n")
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "1",
@@ -58,7 +86,7 @@ def launch_training(
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
         "--max-restarts", "0",
-        "-m", "frugal.recsys.trainer", str(config_path), str(out_dir),
+        "-m", "frugal.recsys.trainer", str(config_path),
     ]  # fmt: skip
     env = dict(os.environ)
     env.update(
@@ -67,7 +95,7 @@ def launch_training(
         TP_SOCKET_IFNAME=env.get("TP_SOCKET_IFNAME", "lo"),
         PYTHONWARNINGS="ignore",
     )
-    log_path = out_dir / "torchrun.log"
+    log_path = job_dir / "torchrun.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -79,9 +107,10 @@ def launch_training(
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             code = None
-    if code != 0 or not result_path.exists():
+    missing = [d for _, d in runs if not (d / "result.json").exists()]
+    if code != 0 or missing:
         tail = log_path.read_text(errors="replace")[-3000:]
         what = f"timed out after {timeout_s} s" if code is None else f"exited with {code}"
         raise RecsysError(f"recsys training ({config.mode}) {what}; log {log_path}:\n{tail}")
-    result: dict[str, Any] = json.loads(result_path.read_text())
-    return result
+    results: list[dict[str, Any]] = [json.loads((d / "result.json").read_text()) for _, d in runs]
+    return results

@@ -1,4 +1,4 @@
-"""Binary classification metrics: tie-aware ROC AUC and log loss (scikit-learn is not a dependency)."""
+"""Binary classification metrics: tie-aware ROC AUC and log loss (no scikit-learn needed)."""
 
 from __future__ import annotations
 

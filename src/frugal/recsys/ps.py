@@ -34,10 +34,10 @@ from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
 from frugal.store.rows import splitmix64
 
 __all__ = [
+    "LAG_HISTOGRAM_BINS",
     "NUM_VIRTUAL_SHARDS",
     "DenseShard",
     "EmbeddingShard",
-    "LAG_HISTOGRAM_BINS",
     "default_owners",
     "virtual_shard",
 ]
@@ -183,7 +183,13 @@ class EmbeddingShard:
         return torch.from_numpy(rows_UE).to(wire_dtype), torch.from_numpy(versions)
 
     def push(
-        self, ids: Tensor, counts: Tensor, grads: Tensor, versions_read: Tensor, scale: float, step: int
+        self,
+        ids: Tensor,
+        counts: Tensor,
+        grads: Tensor,
+        versions_read: Tensor,
+        scale: float,
+        step: int,
     ) -> int:
         """Apply summed row gradients with the shard's optimizer; return the largest lag.
 

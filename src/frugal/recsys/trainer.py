@@ -101,9 +101,13 @@ class RecsysTrainConfig:
     """Longest wait for any collective, RPC, permit or queue, > 0."""
     seed: int = 0
     """Seed of the model, the row initialisation and the shuffling, >= 0."""
+    job_timeout_s: float = 3600.0
+    """Wall-clock limit of the whole torchrun job (`frugal recsys train`), > 0."""
 
     def __post_init__(self) -> None:
         check_types(self)
+        if self.job_timeout_s <= 0:
+            raise ValueError(f"job_timeout_s={self.job_timeout_s} must be > 0")
         if self.staleness < 1:
             raise ValueError(f"staleness={self.staleness} must be >= 1 (K permits)")
         if not 1 <= self.nproc <= 64:
@@ -215,7 +219,7 @@ class _Permits:
                     raise StalenessBoundError(
                         f"a pushed row was {lag} updates stale, above the bound {self.bound}"
                     )
-            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            except BaseException as exc:
                 self.errors.append(exc)
             with self.lock:
                 remaining[0] -= 1
@@ -252,7 +256,9 @@ def _allreduce_grads(model: nn.Module, world_size: int) -> None:
 
 
 def _params_sha256(model: nn.Module) -> str:
-    return hashlib.sha256(parameters_to_vector(model.parameters()).detach().numpy().tobytes()).hexdigest()
+    return hashlib.sha256(
+        parameters_to_vector(model.parameters()).detach().numpy().tobytes()
+    ).hexdigest()
 
 
 def _median(values: list[float]) -> float:
@@ -260,7 +266,14 @@ def _median(values: list[float]) -> float:
 
 
 class _Trainer:
-    def __init__(self, config: RecsysTrainConfig, out_dir: Path, rank: int, world_size: int):
+    def __init__(
+        self,
+        config: RecsysTrainConfig,
+        out_dir: Path,
+        rank: int,
+        world_size: int,
+        transport: RpcTransport,
+    ):
         self.config, self.rank, self.world_size = config, rank, world_size
         self.train, self.test = load_recsys_data(config.data)
         torch.manual_seed(config.seed)
@@ -278,16 +291,18 @@ class _Trainer:
             seed=config.seed,
         )
         shard_dir = out_dir / "ps" / f"rank{rank}"
-        shutil.rmtree(shard_dir, ignore_errors=True)  # a fresh job (no resume yet)
+        shutil.rmtree(shard_dir, ignore_errors=True)  # a fresh run (no resume yet)
         self.shard = EmbeddingShard(shard_dir, self.train.num_embeddings, shard_config)
-        self.chunks = parameters_to_vector(self.model.parameters()).detach().tensor_split(world_size)
+        self.chunks = (
+            parameters_to_vector(self.model.parameters()).detach().tensor_split(world_size)
+        )
         dense = (
             DenseShard(self.chunks[rank], config.dense_lr, world_size)
             if config.mode == "async"
             else None
         )
         self.server = ShardServer(self.shard, dense, config.rtt_ms)
-        self.transport = RpcTransport(self.server, rank, world_size, config.timeout_s)
+        self.transport = transport
         self.client = EmbeddingClient(
             self.transport,
             default_owners(world_size),
@@ -300,6 +315,9 @@ class _Trainer:
         self.timings = _Timings()
         self.losses: list[float] = []
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.dense_lr)
+        self.t_warm = self.t_end = time.perf_counter()
+        self.warm_step = -1
+        self.max_lag_acked = 0
 
     # --- one step ------------------------------------------------------------------------
     def _forward_backward(self, result: LookupResult) -> None:
@@ -307,9 +325,11 @@ class _Trainer:
         start = time.perf_counter()
         pooled = self.client.pool(result)
         logits = self.model(pooled, torch.from_numpy(batch.dense))
-        loss = nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))
+        loss = nn.functional.binary_cross_entropy_with_logits(
+            logits, torch.from_numpy(batch.labels)
+        )
         self.model.zero_grad(set_to_none=True)
-        loss.backward()
+        torch.autograd.backward(loss)
         self.losses.append(float(loss))
         self.timings.compute_ms.append((time.perf_counter() - start) * 1e3)
 
@@ -326,7 +346,8 @@ class _Trainer:
         deadline = time.monotonic() + self.config.timeout_s
         needed = step - self.config.staleness + 1
         while True:
-            answers = [self.transport.call(p, "dense_pull").wait() for p in range(self.world_size)]
+            handles = [self.transport.call(p, "dense_pull") for p in range(self.world_size)]
+            answers = [handle.wait() for handle in handles]
             if min(a[2] for a in answers) >= needed:
                 return [(a[0], a[1]) for a in answers]
             if time.monotonic() > deadline:
@@ -358,7 +379,7 @@ class _Trainer:
             self._mark(step)
 
     def run_ahead(self) -> None:
-        """hybrid and async: lookups (and dense pulls) run ahead under K permits."""
+        """Hybrid and async: lookups (and dense pulls) run ahead under K permits."""
         k = self.config.staleness
         permits = _Permits(k, self.bound, self.config.timeout_s)
         ready: queue.Queue[tuple[int, KJTBatch, PendingLookup, Any] | BaseException] = queue.Queue()
@@ -377,7 +398,7 @@ class _Trainer:
                     pending = self.client.lookup(batch)
                     dense = self._pull_dense(step) if is_async else None
                     ready.put((step, batch, pending, dense))
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            except BaseException as exc:
                 ready.put(exc)
 
         producer = threading.Thread(target=produce, name="recsys-run-ahead", daemon=True)
@@ -406,13 +427,20 @@ class _Trainer:
                     start = time.perf_counter()
                     handles = self.client.push(result, batch.batch_id, self.world_size)
                 else:
-                    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()]
+                    grads = [
+                        p.grad if p.grad is not None else torch.zeros_like(p)
+                        for p in self.model.parameters()
+                    ]
                     flat = torch.cat([g.reshape(-1) for g in grads]) / self.world_size
                     handles = self.client.push(result, batch.batch_id, self.world_size)
                     sizes = [len(c) for c in self.chunks]
-                    for p, (chunk, (_, version)) in enumerate(zip(flat.split(sizes), dense, strict=True)):
+                    for p, (chunk, (_, version)) in enumerate(
+                        zip(torch.split(flat, sizes), dense, strict=True)
+                    ):
                         handles.append(
-                            self.transport.call(p, "dense_push", chunk.contiguous(), version, self.rank)
+                            self.transport.call(
+                                p, "dense_push", chunk.contiguous(), version, self.rank
+                            )
                         )
                 permits.release_when_acked(handles)
                 self.timings.push_enqueue_ms.append((time.perf_counter() - start) * 1e3)
@@ -429,7 +457,8 @@ class _Trainer:
         self.max_lag_acked = permits.max_lag
 
     def _mark(self, step: int) -> None:
-        if step == min(self.config.warmup_steps, self.source.num_steps - 1):
+        """Note the end of `step` (throughput counts the steps after the warm-up ones)."""
+        if step == self.config.warmup_steps - 1 and step < self.source.num_steps - 1:
             self.t_warm = time.perf_counter()
             self.warm_step = step
         self.t_end = time.perf_counter()
@@ -440,7 +469,9 @@ class _Trainer:
         scores = []
         with torch.no_grad():
             for start in range(0, self.test.num_samples, batch_size):
-                rows = np.arange(start, min(start + batch_size, self.test.num_samples), dtype=np.int64)
+                rows = np.arange(
+                    start, min(start + batch_size, self.test.num_samples), dtype=np.int64
+                )
                 batch = self.test.batch(rows, batch_id=-1)
                 result = self.client.wait(self.client.lookup(batch))
                 logits = self.model(self.client.pool(result), torch.from_numpy(batch.dense))
@@ -454,7 +485,7 @@ class _Trainer:
 
     def rank_report(self) -> dict[str, Any]:
         steps = self.source.num_steps
-        timed = max(steps - self.warm_step, 1) if steps > 1 else 1
+        timed = steps - 1 - self.warm_step
         elapsed = max(self.t_end - self.t_warm, 1e-9)
         quarter = max(1, len(self.losses) // 5)
         stats = self.shard.stats()
@@ -483,7 +514,9 @@ class _Trainer:
         return min(self.config.warmup_steps, max(len(self.timings.compute_ms) - 1, 0))
 
 
-def _summarise(config: RecsysTrainConfig, reports: list[dict[str, Any]], metrics: dict[str, float]) -> dict[str, Any]:
+def _summarise(
+    config: RecsysTrainConfig, reports: list[dict[str, Any]], metrics: dict[str, float]
+) -> dict[str, Any]:
     hist = np.sum([r["shard"]["lag_hist"] for r in reports], axis=0)
     total = int(hist.sum())
     lags = np.arange(len(hist))
@@ -506,15 +539,29 @@ def _summarise(config: RecsysTrainConfig, reports: list[dict[str, Any]], metrics
         "staleness_p99": p99,
         "staleness_bound": bound,
         "staleness_hist": hist.tolist(),
-        "share_lag_above_k_times_w": float(hist[config.staleness * config.nproc + 1 :].sum() / total) if total else 0.0,
+        "share_lag_above_k_times_w": float(
+            hist[config.staleness * config.nproc + 1 :].sum() / total
+        )
+        if total
+        else 0.0,
         "train_loss_first": float(np.mean([r["train_loss_first"] for r in reports])),
         "train_loss_last": float(np.mean([r["train_loss_last"] for r in reports])),
         "steps": reports[0]["steps"],
     }
-    for key in ("lookup_wait_ms", "permit_wait_ms", "compute_ms", "allreduce_ms", "dense_opt_ms", "push_enqueue_ms", "push_wait_ms"):
+    for key in (
+        "lookup_wait_ms",
+        "permit_wait_ms",
+        "compute_ms",
+        "allreduce_ms",
+        "dense_opt_ms",
+        "push_enqueue_ms",
+        "push_wait_ms",
+    ):
         document[key] = float(np.median([r[key] for r in reports]))
     if "dense_lag_max" in reports[0]["shard"]:
-        document["dense_max_staleness_seen"] = max(int(r["shard"]["dense_lag_max"]) for r in reports)
+        document["dense_max_staleness_seen"] = max(
+            int(r["shard"]["dense_lag_max"]) for r in reports
+        )
     document["ranks"] = reports
     if max_seen > bound:
         raise StalenessBoundError(
@@ -523,40 +570,38 @@ def _summarise(config: RecsysTrainConfig, reports: list[dict[str, Any]], metrics
     return document
 
 
-def train_rank(config: RecsysTrainConfig, out_dir: Path) -> dict[str, Any] | None:
-    """Run this process's part of a training job (inside torchrun); rank 0 returns the result.
-
-    Writes `out_dir/result.json` on rank 0: the run's metrics, staleness histogram and
-    per-rank reports.
-
-    Raises:
-        RecsysError: If the world size differs from `config.nproc` or between processes,
-            or a staleness bound is broken.
-        PSUnavailableError: If a shard, permit or collective times out.
-        BadBatchError: If a batch fails validation.
-    """
-    rank = int(os.environ["RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
+def _check_world(config: RecsysTrainConfig, world_size: int) -> None:
     if world_size != config.nproc:
         raise RecsysError(
             f"torchrun started world_size={world_size} processes but the config says nproc="
             f"{config.nproc}; launch with --nproc-per-node {config.nproc}"
         )
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=config.timeout_s))
+
+
+def _train_one(
+    config: RecsysTrainConfig, out_dir: Path, transport: RpcTransport
+) -> dict[str, Any] | None:
+    """One training run on an initialised group and transport (every rank calls it)."""
+    rank, world_size = transport.rank, transport.world_size
+    _check_world(config, world_size)
+    fingerprint = hashlib.sha256(
+        json.dumps(config_to_dict(config), sort_keys=True).encode()
+    ).hexdigest()
+    seen: list[Any] = [None] * world_size
+    dist.all_gather_object(seen, (fingerprint, world_size))
+    if len(set(seen)) != 1:
+        raise RecsysError(
+            f"trainers disagree on the config or world size: {seen}; start every process "
+            "with the same config file"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trainer = _Trainer(config, out_dir, rank, world_size, transport)
     try:
-        fingerprint = hashlib.sha256(json.dumps(config_to_dict(config), sort_keys=True).encode()).hexdigest()
-        seen: list[Any] = [None] * world_size
-        dist.all_gather_object(seen, (fingerprint, world_size))
-        if len(set(seen)) != 1:
-            raise RecsysError(
-                f"trainers disagree on the config or world size: {seen}; start every process "
-                "with the same config file"
-            )
-        trainer = _Trainer(config, out_dir, rank, world_size)
-        dist.broadcast(flat := parameters_to_vector(trainer.model.parameters()).detach(), src=0)
+        flat = parameters_to_vector(trainer.model.parameters()).detach()
+        dist.broadcast(flat, src=0)
         vector_to_parameters(flat, trainer.model.parameters())
-        dist.barrier()
+        transport.serve(trainer.server)
+        dist.barrier()  # every shard is served before the first lookup
         if config.mode == "sync":
             trainer.run_sync()
         else:
@@ -572,20 +617,68 @@ def train_rank(config: RecsysTrainConfig, out_dir: Path) -> dict[str, Any] | Non
             tmp = out_dir / "result.json.tmp"
             tmp.write_text(json.dumps(result, indent=1) + "\n")
             os.replace(tmp, out_dir / "result.json")
-        dist.barrier()
-        trainer.transport.close()
-        trainer.shard.close()
+        dist.barrier()  # rank 0's evaluation is done: no call reaches the shards any more
         return result
     finally:
+        transport.serve(None)
+        trainer.shard.close()
+        shutil.rmtree(out_dir / "ps" / f"rank{rank}", ignore_errors=True)
+
+
+def train_rank(runs: list[tuple[RecsysTrainConfig, Path]]) -> list[dict[str, Any] | None]:
+    """Run this process's part of one or more training runs (inside torchrun).
+
+    The process group and the RPC transport are started once and reused by every run (each
+    run gets fresh shards, model and data order). Rank 0 writes each run's
+    `OUT_DIR/result.json`: metrics, staleness histogram and per-rank reports.
+
+    Args:
+        runs: (config, out_dir) pairs, the same list on every rank.
+
+    Returns:
+        Per run, rank 0's result (None on other ranks).
+
+    Raises:
+        RecsysError: If the world size differs from `config.nproc` or between processes,
+            or a staleness bound is broken.
+        PSUnavailableError: If a shard, permit or collective times out.
+        BadBatchError: If a batch fails validation.
+    """
+    if not runs:
+        raise ValueError("runs is empty; give at least one (config, out_dir)")
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    first = runs[0][0]
+    _check_world(first, world_size)
+    torch.set_num_threads(1)
+    timeout_s = max(config.timeout_s for config, _ in runs)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    transport = None
+    try:
+        transport = RpcTransport(rank, world_size, timeout_s)
+        results = [_train_one(config, out_dir, transport) for config, out_dir in runs]
+        transport.close()
+        transport = None
+        return results
+    finally:
+        if transport is not None:
+            transport.serve(None)
         dist.destroy_process_group()
 
 
 def main(argv: list[str]) -> int:
-    """Entry point of each torchrun worker: `trainer.py CONFIG_JSON OUT_DIR`."""
+    """Entry point of each torchrun worker: `trainer.py JOB_JSON`.
+
+    JOB_JSON holds {"runs": [{"config": {...}, "out_dir": "..."}, ...]}.
+    """
     warnings.filterwarnings("ignore", message=".*as a ProcessGroup.*")
-    config = config_from_dict(RecsysTrainConfig, json.loads(Path(argv[0]).read_text()), source=argv[0])
+    job = json.loads(Path(argv[0]).read_text())
+    runs = [
+        (config_from_dict(RecsysTrainConfig, run["config"], source=argv[0]), Path(run["out_dir"]))
+        for run in job["runs"]
+    ]
     try:
-        train_rank(config, Path(argv[1]))
+        train_rank(runs)
     except Exception:
         traceback.print_exc()
         return 1

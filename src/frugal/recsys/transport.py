@@ -79,12 +79,15 @@ class Transport(Protocol):
 class _FutureHandle:
     """A handle over a concurrent.futures or torch Future with a timeout."""
 
-    def __init__(self, future: Any, dst: int, op: str, timeout_s: float, torch_future: bool) -> None:
+    def __init__(
+        self, future: Any, dst: int, op: str, timeout_s: float, torch_future: bool
+    ) -> None:
         self._future = future
         self._dst, self._op, self._timeout_s = dst, op, timeout_s
         self._torch = torch_future
 
     def wait(self) -> Any:
+        """The result; `PSUnavailableError` after the timeout."""
         try:
             if self._torch:
                 return self._future.wait()
@@ -103,25 +106,27 @@ class _FutureHandle:
             raise
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
-        if self._torch:
-            self._future.add_done_callback(lambda _f: fn())
-        else:
-            self._future.add_done_callback(lambda _f: fn())
+        """Call `fn()` once the call finished (successfully or not)."""
+        self._future.add_done_callback(lambda _f: fn())
 
 
 class LocalTransport:
     """In-process transport over a list of servers (unit tests, one-process runs)."""
 
-    def __init__(self, servers: list[ShardServer], timeout_s: float = 60.0, threads: int = 8) -> None:
+    def __init__(
+        self, servers: list[ShardServer], timeout_s: float = 60.0, threads: int = 8
+    ) -> None:
         self.servers = servers
         self.timeout_s = timeout_s
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads)
 
     def call(self, dst: int, op: str, *args: Any) -> Handle:
+        """Run `op` on server `dst` in the thread pool."""
         future = self._pool.submit(self.servers[dst].handle, op, args)
         return _FutureHandle(future, dst, op, self.timeout_s, torch_future=False)
 
     def close(self) -> None:
+        """Wait for calls in flight and stop the threads."""
         self._pool.shutdown(wait=True)
 
 
@@ -140,27 +145,33 @@ class RpcTransport:
     """torch.distributed.rpc (TensorPipe) transport; worker names are `worker{rank}`.
 
     Start it after the torchrun rendezvous: `init_rpc` uses the same env:// rendezvous
-    (MASTER_ADDR / MASTER_PORT), so the same code runs on one machine or many.
+    (MASTER_ADDR / MASTER_PORT), so the same code runs on one machine or many. One transport
+    serves a sequence of jobs: `serve` swaps this process's server between them (callers
+    put a barrier around the swap).
     """
 
-    def __init__(
-        self, server: ShardServer, rank: int, world_size: int, timeout_s: float, threads: int = 16
-    ) -> None:
+    def __init__(self, rank: int, world_size: int, timeout_s: float, threads: int = 16) -> None:
         import torch.distributed.rpc as rpc
 
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
-        _LOCAL_SERVER.clear()
-        _LOCAL_SERVER.append(server)
-        _SERVER_READY.set()
         options = rpc.TensorPipeRpcBackendOptions(
             num_worker_threads=threads, rpc_timeout=timeout_s, init_method="env://"
         )
-        rpc.init_rpc(
-            f"worker{rank}", rank=rank, world_size=world_size, rpc_backend_options=options
-        )
+        name = f"worker{rank}"
+        # torch leaves init_rpc unannotated
+        rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)  # type: ignore[no-untyped-call]
         self._rpc = rpc
 
+    def serve(self, server: ShardServer | None) -> None:
+        """Serve `server` from now on (None: stop serving; calls then wait for the next)."""
+        _SERVER_READY.clear()
+        _LOCAL_SERVER.clear()
+        if server is not None:
+            _LOCAL_SERVER.append(server)
+            _SERVER_READY.set()
+
     def call(self, dst: int, op: str, *args: Any) -> Handle:
+        """Send `op` to `worker{dst}` (asynchronously, with the timeout)."""
         future = self._rpc.rpc_async(
             f"worker{dst}", _serve, args=(op, args), timeout=self.timeout_s
         )
@@ -169,5 +180,4 @@ class RpcTransport:
     def close(self) -> None:
         """Graceful shutdown: waits for every worker's outstanding RPCs (a barrier)."""
         self._rpc.shutdown(graceful=True, timeout=self.timeout_s)
-        _SERVER_READY.clear()
-        _LOCAL_SERVER.clear()
+        self.serve(None)
