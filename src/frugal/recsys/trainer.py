@@ -341,6 +341,13 @@ class _Trainer:
         self.timings.allreduce_ms.append((mid - start) * 1e3)
         self.timings.dense_opt_ms.append((time.perf_counter() - mid) * 1e3)
 
+    def _check_pulls(self, step: int, pulls: list[Handle]) -> list[tuple[Tensor, int]]:
+        """Dense chunks pulled ahead, if they satisfy the stale-synchronous rule, else re-pull."""
+        answers = [handle.wait() for handle in pulls]
+        if min(a[2] for a in answers) >= step - self.config.staleness + 1:
+            return [(a[0], a[1]) for a in answers]
+        return self._pull_dense(step)
+
     def _pull_dense(self, step: int) -> list[tuple[Tensor, int]]:
         """Pull every dense chunk under the stale-synchronous rule (async mode)."""
         deadline = time.monotonic() + self.config.timeout_s
@@ -396,7 +403,11 @@ class _Trainer:
                     if stop.is_set():
                         return
                     pending = self.client.lookup(batch)
-                    dense = self._pull_dense(step) if is_async else None
+                    dense = (
+                        [self.transport.call(p, "dense_pull") for p in range(self.world_size)]
+                        if is_async
+                        else None
+                    )
                     ready.put((step, batch, pending, dense))
             except BaseException as exc:
                 ready.put(exc)
@@ -415,8 +426,9 @@ class _Trainer:
                     ) from exc
                 if isinstance(item, BaseException):
                     raise item
-                step, batch, pending, dense = item
+                step, batch, pending, pulls = item
                 result = self.client.wait(pending)
+                dense = None if pulls is None else self._check_pulls(step, pulls)
                 self.timings.lookup_wait_ms.append((time.perf_counter() - start) * 1e3)
                 if dense is not None:
                     vector_to_parameters(torch.cat([c for c, _ in dense]), self.model.parameters())
@@ -566,6 +578,11 @@ def _summarise(
     if max_seen > bound:
         raise StalenessBoundError(
             f"measured staleness {max_seen} exceeds the {config.mode} bound {bound}"
+        )
+    if document.get("dense_max_staleness_seen", 0) > bound:
+        raise StalenessBoundError(
+            f"measured dense staleness {document['dense_max_staleness_seen']} exceeds the "
+            f"async bound {bound}"
         )
     return document
 
