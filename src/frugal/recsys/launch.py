@@ -85,7 +85,7 @@ def launch_runs(
         "--nproc-per-node", str(config.nproc),
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
-        "--max-restarts", "0",
+        "--max-restarts", str(max(c.max_restarts for c, _ in runs)),
         "-m", "frugal.recsys.trainer", str(config_path),
     ]  # fmt: skip
     env = dict(os.environ)

@@ -22,12 +22,12 @@ References:
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import os
 import queue
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -45,12 +45,19 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from frugal.config import check_types, config_from_dict, config_to_dict
 from frugal.recsys.batch import KJTBatch, RecsysData
+from frugal.recsys.checkpoint import (
+    commit_checkpoint,
+    export_shard_rows,
+    import_shard_rows,
+    read_latest,
+)
 from frugal.recsys.client import EmbeddingClient, LookupResult, PendingLookup, WireDtype
 from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
 from frugal.recsys.errors import PSUnavailableError, RecsysError, StalenessBoundError
+from frugal.recsys.group import init_group
 from frugal.recsys.metrics import log_loss, roc_auc
 from frugal.recsys.models import ModelName, build_model
-from frugal.recsys.ps import DenseShard, EmbeddingShard, default_owners
+from frugal.recsys.ps import NUM_VIRTUAL_SHARDS, DenseShard, EmbeddingShard, default_owners
 from frugal.recsys.transport import Handle, RpcTransport, ShardServer
 from frugal.store import OptimizerConfig
 
@@ -103,9 +110,30 @@ class RecsysTrainConfig:
     """Seed of the model, the row initialisation and the shuffling, >= 0."""
     job_timeout_s: float = 3600.0
     """Wall-clock limit of the whole torchrun job (`frugal recsys train`), > 0."""
+    checkpoint_dir: str | None = None
+    """Folder of checkpoints (None: no checkpoints)."""
+    checkpoint_every_steps: int | None = None
+    """Checkpoint every N steps (and at the end when checkpoint_dir is set), >= 1."""
+    resume: bool = False
+    """Start from the newest checkpoint in checkpoint_dir if any (restarts always resume)."""
+    max_restarts: int = 0
+    """torchrun --max-restarts: restarts of the worker group after a failure, >= 0."""
+    fail_at_step: int | None = None
+    """Fault injection for tests: the last rank kills itself at this step (first attempt)."""
 
     def __post_init__(self) -> None:
         check_types(self)
+        if self.checkpoint_every_steps is not None and (
+            self.checkpoint_every_steps < 1 or self.checkpoint_dir is None
+        ):
+            raise ValueError(
+                f"checkpoint_every_steps={self.checkpoint_every_steps} needs checkpoint_dir "
+                "and a value >= 1"
+            )
+        if self.resume and self.checkpoint_dir is None:
+            raise ValueError("resume=true needs checkpoint_dir (where the checkpoints are)")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts={self.max_restarts} must be >= 0")
         if self.job_timeout_s <= 0:
             raise ValueError(f"job_timeout_s={self.job_timeout_s} must be > 0")
         if self.staleness < 1:
@@ -142,37 +170,71 @@ def staleness_bound(mode: Mode, staleness: int, world_size: int) -> int:
     return (staleness - 1) + 3 * staleness * (world_size - 1)
 
 
-def _num_steps(config: RecsysTrainConfig, num_samples: int, world_size: int) -> tuple[int, int]:
-    """(steps per epoch, total steps); every rank runs the same count (remainder dropped)."""
-    per_epoch = num_samples // (config.batch_size * world_size)
-    if per_epoch < 1:
+def _total_samples(config: RecsysTrainConfig, num_samples: int, world_size: int) -> int:
+    """Samples a fresh job consumes: whole steps of batch_size * world_size over all epochs."""
+    step_samples = config.batch_size * world_size
+    if num_samples < step_samples:
         raise ValueError(
             f"{num_samples} training samples < batch_size {config.batch_size} x world_size "
             f"{world_size}; lower batch_size or nproc"
         )
-    total = per_epoch * config.epochs
+    total = config.epochs * num_samples // step_samples * step_samples
     if config.max_steps is not None:
-        total = min(total, config.max_steps)
-    return per_epoch, total
+        total = min(total, config.max_steps * step_samples)
+    return total
 
 
 class _BatchSource:
-    """This rank's batches: per epoch a seeded permutation, global batch j = step * W + rank."""
+    """This rank's batches from a sample cursor over seeded per-epoch permutations.
 
-    def __init__(self, data: RecsysData, config: RecsysTrainConfig, rank: int, world_size: int):
+    Global sample g is `perm(g // S)[g % S]`; step s of rank r takes samples
+    `start + (s * W + r) * B + [0, B)`. The cursor (samples consumed) is what a checkpoint
+    stores, so a job resumes on any world size.
+    """
+
+    def __init__(
+        self,
+        data: RecsysData,
+        config: RecsysTrainConfig,
+        rank: int,
+        world_size: int,
+        start_sample: int = 0,
+        total_samples: int | None = None,
+    ):
         self.data, self.config, self.rank, self.world_size = data, config, rank, world_size
-        self.per_epoch, self.num_steps = _num_steps(config, data.num_samples, world_size)
-        self._perm: tuple[int, np.ndarray[Any, np.dtype[np.int64]]] | None = None
+        self.step_samples = config.batch_size * world_size
+        self.total_samples = (
+            _total_samples(config, data.num_samples, world_size)
+            if total_samples is None
+            else total_samples
+        )
+        self.start_sample = start_sample
+        self.num_steps = max(0, (self.total_samples - start_sample) // self.step_samples)
+        self._perms: dict[int, np.ndarray[Any, np.dtype[np.int64]]] = {}
+
+    def _perm(self, epoch: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+        if epoch not in self._perms:
+            if len(self._perms) >= 2:
+                self._perms.pop(min(self._perms))
+            rng = np.random.default_rng([self.config.seed, 7, epoch])
+            self._perms[epoch] = rng.permutation(self.data.num_samples).astype(np.int64)
+        return self._perms[epoch]
+
+    def samples_done(self, steps: int) -> int:
+        """The cursor after `steps` steps of this run."""
+        return self.start_sample + steps * self.step_samples
 
     def batch(self, step: int) -> KJTBatch:
-        epoch, within = divmod(step, self.per_epoch)
-        if self._perm is None or self._perm[0] != epoch:
-            rng = np.random.default_rng([self.config.seed, 7, epoch])
-            self._perm = (epoch, rng.permutation(self.data.num_samples).astype(np.int64))
-        j = within * self.world_size + self.rank
         size = self.config.batch_size
-        rows = self._perm[1][j * size : (j + 1) * size]
-        batch = self.data.batch(rows, batch_id=step * self.world_size + self.rank)
+        first = self.start_sample + step * self.step_samples + self.rank * size
+        index = first + np.arange(size, dtype=np.int64)
+        epoch = index // self.data.num_samples
+        within = index % self.data.num_samples
+        rows = np.empty(size, dtype=np.int64)
+        for e in np.unique(epoch):  # at most two epochs per batch
+            mask = epoch == e
+            rows[mask] = self._perm(int(e))[within[mask]]
+        batch = self.data.batch(rows, batch_id=first // size)
         batch.validate(self.data.num_embeddings)
         return batch
 
@@ -261,6 +323,11 @@ def _params_sha256(model: nn.Module) -> str:
     ).hexdigest()
 
 
+def _mean_or_none(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
+
+
 def _median(values: list[float]) -> float:
     return float(np.median(values)) if values else 0.0
 
@@ -291,8 +358,11 @@ class _Trainer:
             seed=config.seed,
         )
         shard_dir = out_dir / "ps" / f"rank{rank}"
-        shutil.rmtree(shard_dir, ignore_errors=True)  # a fresh run (no resume yet)
+        shutil.rmtree(shard_dir, ignore_errors=True)  # rows come back from checkpoints only
         self.shard = EmbeddingShard(shard_dir, self.train.num_embeddings, shard_config)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.dense_lr)
+        self.resumed_from: int | None = None
+        start_sample, total_samples = self._maybe_resume()
         self.chunks = (
             parameters_to_vector(self.model.parameters()).detach().tensor_split(world_size)
         )
@@ -310,14 +380,117 @@ class _Trainer:
             config.embedding_dim,
             config.wire_dtype,
         )
-        self.source = _BatchSource(self.train, config, rank, world_size)
+        self.source = _BatchSource(
+            self.train, config, rank, world_size, start_sample, total_samples
+        )
         self.bound = staleness_bound(config.mode, config.staleness, world_size)
         self.timings = _Timings()
         self.losses: list[float] = []
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.dense_lr)
         self.t_warm = self.t_end = time.perf_counter()
         self.warm_step = -1
         self.max_lag_acked = 0
+        self.checkpoints_written = 0
+        self.gate = threading.Condition()
+        self.gate_open_until = 0  # the run-ahead may read steps < this (checkpoint quiescing)
+
+    # --- checkpoints -----------------------------------------------------------------------
+    def _compat(self) -> dict[str, Any]:
+        """Fields a resumed job must share with the checkpoint."""
+        full = config_to_dict(self.config)
+        keys = ("data", "model", "hidden", "embedding_dim", "embedding_optimizer",
+                "batch_size", "seed", "dense_lr")  # fmt: skip
+        return {key: full[key] for key in keys}
+
+    def _maybe_resume(self) -> tuple[int, int | None]:
+        """Load the newest checkpoint if asked to (or restarted); return the cursor."""
+        config = self.config
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        if config.checkpoint_dir is None or not (config.resume or restarted):
+            return 0, None
+        found = read_latest(Path(config.checkpoint_dir))
+        if found is None:
+            return 0, None
+        folder, manifest = found
+        compat = self._compat()
+        for key, value in manifest["compat"].items():
+            if compat.get(key) != value:
+                raise RecsysError(
+                    f"{folder}: the checkpoint was written with {key}={value!r}, this job has "
+                    f"{compat.get(key)!r}; resume with the same {key} or use a new checkpoint_dir"
+                )
+        paths = [folder / f"shard{r}.npz" for r in range(int(manifest["world_size"]))]
+        import_shard_rows(self.shard, default_owners(self.world_size), self.rank, paths)
+        dense = torch.load(folder / "dense.pt", weights_only=True)
+        self.model.load_state_dict(dense["model"])
+        self.optimizer.load_state_dict(dense["optimizer"])
+        self.resumed_from = int(manifest["samples_done"])
+        return int(manifest["samples_done"]), int(manifest["total_samples"])
+
+    def is_boundary(self, step: int) -> bool:
+        """Whether a checkpoint is taken before computing `step` (0 < step < num_steps)."""
+        every = self.config.checkpoint_every_steps
+        return every is not None and 0 < step < self.source.num_steps and step % every == 0
+
+    def checkpoint(self, steps_done: int) -> None:
+        """Write a consistent checkpoint after `steps_done` steps (all ranks, quiesced)."""
+        assert self.config.checkpoint_dir is not None
+        dist.barrier()  # every rank has drained its permits: no push in flight anywhere
+        if self.server.dense is not None:
+            final = self._pull_dense(steps_done)
+            vector_to_parameters(torch.cat([c for c, _ in final]), self.model.parameters())
+        samples = self.source.samples_done(steps_done)
+        directory = Path(self.config.checkpoint_dir)
+        tmp = directory / f"step-{samples}.tmp"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        export_shard_rows(self.shard, tmp / f"shard{self.rank}.npz")
+        if self.rank == 0:
+            torch.save(
+                {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
+                tmp / "dense.pt",
+            )
+        dist.barrier()
+        if self.rank == 0:
+            commit_checkpoint(
+                directory,
+                tmp,
+                {
+                    "samples_done": samples,
+                    "total_samples": self.source.total_samples,
+                    "world_size": self.world_size,
+                    "num_virtual_shards": NUM_VIRTUAL_SHARDS,
+                    "owners": default_owners(self.world_size).tolist(),
+                    "compat": self._compat(),
+                },
+            )
+        dist.barrier()
+        self.checkpoints_written += 1
+
+    def _open_gate(self, step: int) -> None:
+        with self.gate:
+            self.gate_open_until = step
+            self.gate.notify_all()
+
+    def _wait_gate(self, step: int) -> None:
+        with self.gate:
+            if not self.gate.wait_for(
+                lambda: self.gate_open_until > step, timeout=self.config.timeout_s
+            ):
+                raise PSUnavailableError(
+                    f"step {step}: the checkpoint before it did not finish within "
+                    f"{self.config.timeout_s} s"
+                )
+
+    def _maybe_fail(self, step: int) -> None:
+        """Fault injection (tests): the last rank dies hard at `fail_at_step`, first attempt."""
+        if (
+            self.config.fail_at_step == step
+            and self.rank == self.world_size - 1
+            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        ):
+            os.kill(os.getpid(), signal.SIGKILL)
 
     # --- one step ------------------------------------------------------------------------
     def _forward_backward(self, result: LookupResult) -> None:
@@ -367,6 +540,9 @@ class _Trainer:
     # --- loops ---------------------------------------------------------------------------
     def run_sync(self) -> None:
         for step in range(self.source.num_steps):
+            self._maybe_fail(step)
+            if self.is_boundary(step):
+                self.checkpoint(step)  # every push before it is acknowledged already
             batch = self.source.batch(step)
             start = time.perf_counter()
             result = self.client.wait(self.client.lookup(batch))
@@ -396,6 +572,8 @@ class _Trainer:
         def produce() -> None:
             try:
                 for step in range(self.source.num_steps):
+                    if self.is_boundary(step):
+                        self._wait_gate(step)  # no read crosses a checkpoint
                     batch = self.source.batch(step)  # validated before taking a permit
                     start = time.perf_counter()
                     permits.acquire()
@@ -415,7 +593,12 @@ class _Trainer:
         producer = threading.Thread(target=produce, name="recsys-run-ahead", daemon=True)
         producer.start()
         try:
-            for _ in range(self.source.num_steps):
+            for expected in range(self.source.num_steps):
+                self._maybe_fail(expected)
+                if self.is_boundary(expected):
+                    permits.drain()  # quiesce: every push of this rank is applied
+                    self.checkpoint(expected)
+                    self._open_gate(expected + 1)
                 permits.check()
                 start = time.perf_counter()
                 try:
@@ -509,8 +692,12 @@ class _Trainer:
             "rank": self.rank,
             "steps": steps,
             "samples_per_s": timed * self.config.batch_size * self.world_size / elapsed,
-            "train_loss_first": float(np.mean(self.losses[:quarter])),
-            "train_loss_last": float(np.mean(self.losses[-quarter:])),
+            "train_loss_first": float(np.mean(self.losses[:quarter])) if self.losses else None,
+            "train_loss_last": float(np.mean(self.losses[-quarter:])) if self.losses else None,
+            "samples_done": self.source.samples_done(steps),
+            "total_samples": self.source.total_samples,
+            "resumed_from_samples": self.resumed_from,
+            "checkpoints_written": self.checkpoints_written,
             "dense_params_sha256": _params_sha256(self.model),
             "lookup_wait_ms": _median(self.timings.lookup_wait_ms[w:]),
             "permit_wait_ms": _median(self.timings.permit_wait_ms[w:]),
@@ -556,9 +743,13 @@ def _summarise(
         )
         if total
         else 0.0,
-        "train_loss_first": float(np.mean([r["train_loss_first"] for r in reports])),
-        "train_loss_last": float(np.mean([r["train_loss_last"] for r in reports])),
+        "train_loss_first": _mean_or_none([r["train_loss_first"] for r in reports]),
+        "train_loss_last": _mean_or_none([r["train_loss_last"] for r in reports]),
         "steps": reports[0]["steps"],
+        "samples_done": reports[0]["samples_done"],
+        "total_samples": reports[0]["total_samples"],
+        "resumed_from_samples": reports[0]["resumed_from_samples"],
+        "checkpoints_written": reports[0]["checkpoints_written"],
     }
     for key in (
         "lookup_wait_ms",
@@ -624,6 +815,8 @@ def _train_one(
         else:
             trainer.run_ahead()
         dist.barrier()  # every push of every rank is applied
+        if config.checkpoint_dir is not None:
+            trainer.checkpoint(trainer.source.num_steps)
         report = trainer.rank_report()
         reports: list[Any] = [None] * world_size
         dist.all_gather_object(reports, report)
@@ -669,7 +862,7 @@ def train_rank(runs: list[tuple[RecsysTrainConfig, Path]]) -> list[dict[str, Any
     _check_world(first, world_size)
     torch.set_num_threads(1)
     timeout_s = max(config.timeout_s for config, _ in runs)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    init_group(rank, world_size, timeout_s)
     transport = None
     try:
         transport = RpcTransport(rank, world_size, timeout_s)

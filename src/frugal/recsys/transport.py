@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from frugal.recsys.errors import PSUnavailableError
+from frugal.recsys.group import RENDEZVOUS_URL
 from frugal.recsys.ps import DenseShard, EmbeddingShard
 
 __all__ = ["Handle", "LocalTransport", "RpcTransport", "ShardServer", "Transport"]
@@ -155,7 +156,7 @@ class RpcTransport:
 
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         options = rpc.TensorPipeRpcBackendOptions(
-            num_worker_threads=threads, rpc_timeout=timeout_s, init_method="env://"
+            num_worker_threads=threads, rpc_timeout=timeout_s, init_method=RENDEZVOUS_URL
         )
         name = f"worker{rank}"
         # torch leaves init_rpc unannotated
