@@ -118,6 +118,8 @@ class RecsysTrainConfig:
     """Start from the newest checkpoint in checkpoint_dir if any (restarts always resume)."""
     max_restarts: int = 0
     """torchrun --max-restarts: restarts of the worker group after a failure, >= 0."""
+    features: tuple[str, ...] | None = None
+    """Expected feature (table) names of the dataset, checked at start-up (None: any)."""
     fail_at_step: int | None = None
     """Fault injection for tests: the last rank kills itself at this step (first attempt)."""
 
@@ -343,6 +345,11 @@ class _Trainer:
     ):
         self.config, self.rank, self.world_size = config, rank, world_size
         self.train, self.test = load_recsys_data(config.data)
+        if config.features is not None and tuple(config.features) != self.train.keys:
+            raise ValueError(
+                f"features={list(config.features)} do not match {config.data.dataset}'s "
+                f"features {list(self.train.keys)}; fix the config's features list"
+            )
         torch.manual_seed(config.seed)
         self.model = build_model(
             config.model,
