@@ -35,7 +35,7 @@ import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,202 +43,27 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from frugal.config import check_types, config_from_dict, config_to_dict
-from frugal.recsys.batch import KJTBatch, RecsysData
+from frugal.config import config_from_dict, config_to_dict
+from frugal.recsys.batch import KJTBatch
 from frugal.recsys.checkpoint import (
     commit_checkpoint,
     export_shard_rows,
     import_shard_rows,
     read_latest,
 )
-from frugal.recsys.client import EmbeddingClient, LookupResult, PendingLookup, WireDtype
-from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
+from frugal.recsys.client import EmbeddingClient, LookupResult, PendingLookup
+from frugal.recsys.config import Mode, RecsysTrainConfig, staleness_bound
+from frugal.recsys.datasets import load_recsys_data
 from frugal.recsys.errors import PSUnavailableError, RecsysError, StalenessBoundError
 from frugal.recsys.group import init_group
+from frugal.recsys.loader import BatchSource
 from frugal.recsys.metrics import log_loss, roc_auc
-from frugal.recsys.models import ModelName, build_model
+from frugal.recsys.models import build_model
+from frugal.recsys.permits import Permits
 from frugal.recsys.ps import NUM_VIRTUAL_SHARDS, DenseShard, EmbeddingShard, default_owners
 from frugal.recsys.transport import Handle, RpcTransport, ShardServer
-from frugal.store import OptimizerConfig
 
 __all__ = ["Mode", "RecsysTrainConfig", "staleness_bound", "train_rank"]
-
-Mode = Literal["sync", "hybrid", "async"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RecsysTrainConfig:
-    """Everything one `frugal recsys train` run needs (every rank gets the same)."""
-
-    data: RecsysDataConfig = field(default_factory=RecsysDataConfig)
-    """Dataset and split."""
-    mode: Mode = "hybrid"
-    """sync, hybrid (async embeddings, sync dense) or async (both async)."""
-    staleness: int = 8
-    """K: permits per trainer (batches read ahead of their applied gradients), >= 1."""
-    nproc: int = 2
-    """Trainer processes (world_size), each hosting one PS shard, in [1, 64]."""
-    rtt_ms: float = 0.0
-    """Simulated network round trip per PS call (a sleep on the serving side), >= 0."""
-    model: ModelName = "dlrm"
-    """Dense model: dlrm or mlp (wide & deep)."""
-    hidden: tuple[int, ...] = (64, 32)
-    """Hidden widths of the MLPs, each >= 1."""
-    batch_size: int = 128
-    """Samples per trainer per step (B), >= 1."""
-    embedding_dim: int = 8
-    """Embedding width, >= 1."""
-    dense_lr: float = 0.05
-    """SGD learning rate of the dense parameters, > 0."""
-    embedding_optimizer: OptimizerConfig = field(
-        default_factory=lambda: OptimizerConfig(kind="rowwise_adagrad", lr=0.05, eps=1e-10)
-    )
-    """Sparse optimizer of the embedding rows (applied on the PS)."""
-    epochs: int = 1
-    """Passes over the training split, >= 1."""
-    max_steps: int | None = None
-    """Stop after this many steps per trainer (None = all epochs), >= 1."""
-    warmup_steps: int = 5
-    """Steps excluded from throughput and timing medians, >= 0."""
-    wire_dtype: WireDtype = "float16"
-    """Precision of embeddings and their gradients on the wire."""
-    store_backend: Literal["memory", "file"] = "memory"
-    """`frugal.store` backend of the PS shards."""
-    timeout_s: float = 60.0
-    """Longest wait for any collective, RPC, permit or queue, > 0."""
-    seed: int = 0
-    """Seed of the model, the row initialisation and the shuffling, >= 0."""
-    job_timeout_s: float = 3600.0
-    """Wall-clock limit of the whole torchrun job (`frugal recsys train`), > 0."""
-    checkpoint_dir: str | None = None
-    """Folder of checkpoints (None: no checkpoints)."""
-    checkpoint_every_steps: int | None = None
-    """Checkpoint every N steps (and at the end when checkpoint_dir is set), >= 1."""
-    resume: bool = False
-    """Start from the newest checkpoint in checkpoint_dir if any (restarts always resume)."""
-    max_restarts: int = 0
-    """torchrun --max-restarts: restarts of the worker group after a failure, >= 0."""
-    features: tuple[str, ...] | None = None
-    """Expected feature (table) names of the dataset, checked at start-up (None: any)."""
-    fail_at_step: int | None = None
-    """Fault injection for tests: the last rank kills itself at this step (first attempt)."""
-
-    def __post_init__(self) -> None:
-        check_types(self)
-        if self.checkpoint_every_steps is not None and (
-            self.checkpoint_every_steps < 1 or self.checkpoint_dir is None
-        ):
-            raise ValueError(
-                f"checkpoint_every_steps={self.checkpoint_every_steps} needs checkpoint_dir "
-                "and a value >= 1"
-            )
-        if self.resume and self.checkpoint_dir is None:
-            raise ValueError("resume=true needs checkpoint_dir (where the checkpoints are)")
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts={self.max_restarts} must be >= 0")
-        if self.job_timeout_s <= 0:
-            raise ValueError(f"job_timeout_s={self.job_timeout_s} must be > 0")
-        if self.staleness < 1:
-            raise ValueError(f"staleness={self.staleness} must be >= 1 (K permits)")
-        if not 1 <= self.nproc <= 64:
-            raise ValueError(f"nproc={self.nproc} must be in [1, 64]")
-        if self.rtt_ms < 0:
-            raise ValueError(f"rtt_ms={self.rtt_ms} must be >= 0")
-        if not self.hidden or min(self.hidden) < 1:
-            raise ValueError(f"hidden={self.hidden} must be non-empty widths >= 1")
-        for name in ("batch_size", "embedding_dim", "epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        if self.dense_lr <= 0:
-            raise ValueError(f"dense_lr={self.dense_lr} must be > 0")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps={self.max_steps} must be >= 1 or None")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
-        if self.seed < 0:
-            raise ValueError(f"seed={self.seed} must be >= 0")
-
-
-def staleness_bound(mode: Mode, staleness: int, world_size: int) -> int:
-    """The largest lag (updates a row got between its read and the push) a mode allows.
-
-    sync: world_size - 1 (the other trainers' pushes of the same step); hybrid and async:
-    (K - 1) own + 3K per other trainer (they run at most about K steps apart).
-    """
-    if mode == "sync":
-        return world_size - 1
-    return (staleness - 1) + 3 * staleness * (world_size - 1)
-
-
-def _total_samples(config: RecsysTrainConfig, num_samples: int, world_size: int) -> int:
-    """Samples a fresh job consumes: whole steps of batch_size * world_size over all epochs."""
-    step_samples = config.batch_size * world_size
-    if num_samples < step_samples:
-        raise ValueError(
-            f"{num_samples} training samples < batch_size {config.batch_size} x world_size "
-            f"{world_size}; lower batch_size or nproc"
-        )
-    total = config.epochs * num_samples // step_samples * step_samples
-    if config.max_steps is not None:
-        total = min(total, config.max_steps * step_samples)
-    return total
-
-
-class _BatchSource:
-    """This rank's batches from a sample cursor over seeded per-epoch permutations.
-
-    Global sample g is `perm(g // S)[g % S]`; step s of rank r takes samples
-    `start + (s * W + r) * B + [0, B)`. The cursor (samples consumed) is what a checkpoint
-    stores, so a job resumes on any world size.
-    """
-
-    def __init__(
-        self,
-        data: RecsysData,
-        config: RecsysTrainConfig,
-        rank: int,
-        world_size: int,
-        start_sample: int = 0,
-        total_samples: int | None = None,
-    ):
-        self.data, self.config, self.rank, self.world_size = data, config, rank, world_size
-        self.step_samples = config.batch_size * world_size
-        self.total_samples = (
-            _total_samples(config, data.num_samples, world_size)
-            if total_samples is None
-            else total_samples
-        )
-        self.start_sample = start_sample
-        self.num_steps = max(0, (self.total_samples - start_sample) // self.step_samples)
-        self._perms: dict[int, np.ndarray[Any, np.dtype[np.int64]]] = {}
-
-    def _perm(self, epoch: int) -> np.ndarray[Any, np.dtype[np.int64]]:
-        if epoch not in self._perms:
-            if len(self._perms) >= 2:
-                self._perms.pop(min(self._perms))
-            rng = np.random.default_rng([self.config.seed, 7, epoch])
-            self._perms[epoch] = rng.permutation(self.data.num_samples).astype(np.int64)
-        return self._perms[epoch]
-
-    def samples_done(self, steps: int) -> int:
-        """The cursor after `steps` steps of this run."""
-        return self.start_sample + steps * self.step_samples
-
-    def batch(self, step: int) -> KJTBatch:
-        size = self.config.batch_size
-        first = self.start_sample + step * self.step_samples + self.rank * size
-        index = first + np.arange(size, dtype=np.int64)
-        epoch = index // self.data.num_samples
-        within = index % self.data.num_samples
-        rows = np.empty(size, dtype=np.int64)
-        for e in np.unique(epoch):  # at most two epochs per batch
-            mask = epoch == e
-            rows[mask] = self._perm(int(e))[within[mask]]
-        batch = self.data.batch(rows, batch_id=first // size)
-        batch.validate(self.data.num_embeddings)
-        return batch
 
 
 @dataclass(slots=True)
@@ -250,61 +75,6 @@ class _Timings:
     dense_opt_ms: list[float] = field(default_factory=list)
     push_enqueue_ms: list[float] = field(default_factory=list)
     push_wait_ms: list[float] = field(default_factory=list)
-
-
-class _Permits:
-    """K permits; a batch's permit returns when all of its pushes are acknowledged."""
-
-    def __init__(self, count: int, bound: int, timeout_s: float) -> None:
-        self.count, self.bound, self.timeout_s = count, bound, timeout_s
-        self.semaphore = threading.Semaphore(count)
-        self.errors: list[BaseException] = []
-        self.max_lag = 0
-        self.lock = threading.Lock()
-
-    def acquire(self) -> None:
-        if not self.semaphore.acquire(timeout=self.timeout_s):
-            raise PSUnavailableError(
-                f"no permit came back within {self.timeout_s} s: a push was never acknowledged"
-            )
-
-    def release_when_acked(self, handles: list[Handle]) -> None:
-        remaining = [len(handles)]
-        if not handles:
-            self.semaphore.release()
-            return
-
-        def done(handle: Handle) -> None:
-            try:
-                lag = int(handle.wait())
-                with self.lock:
-                    self.max_lag = max(self.max_lag, lag)
-                if lag > self.bound:
-                    raise StalenessBoundError(
-                        f"a pushed row was {lag} updates stale, above the bound {self.bound}"
-                    )
-            except BaseException as exc:
-                self.errors.append(exc)
-            with self.lock:
-                remaining[0] -= 1
-                last = remaining[0] == 0
-            if last:
-                self.semaphore.release()
-
-        for handle in handles:
-            handle.add_done_callback(lambda h=handle: done(h))  # type: ignore[misc]
-
-    def check(self) -> None:
-        if self.errors:
-            raise self.errors[0]
-
-    def drain(self) -> None:
-        """Wait for every outstanding push (all permits back)."""
-        for _ in range(self.count):
-            self.acquire()
-        for _ in range(self.count):
-            self.semaphore.release()
-        self.check()
 
 
 def _allreduce_grads(model: nn.Module, world_size: int) -> None:
@@ -387,9 +157,7 @@ class _Trainer:
             config.embedding_dim,
             config.wire_dtype,
         )
-        self.source = _BatchSource(
-            self.train, config, rank, world_size, start_sample, total_samples
-        )
+        self.source = BatchSource(self.train, config, rank, world_size, start_sample, total_samples)
         self.bound = staleness_bound(config.mode, config.staleness, world_size)
         self.timings = _Timings()
         self.losses: list[float] = []
@@ -571,7 +339,7 @@ class _Trainer:
     def run_ahead(self) -> None:
         """Hybrid and async: lookups (and dense pulls) run ahead under K permits."""
         k = self.config.staleness
-        permits = _Permits(k, self.bound, self.config.timeout_s)
+        permits = Permits(k, self.bound, self.config.timeout_s)
         ready: queue.Queue[tuple[int, KJTBatch, PendingLookup, Any] | BaseException] = queue.Queue()
         stop = threading.Event()
         is_async = self.config.mode == "async"
