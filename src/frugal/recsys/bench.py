@@ -40,7 +40,7 @@ _ROW_KEYS = (
     "max_staleness_seen", "mean_staleness", "staleness_p99", "staleness_bound",
     "lookup_wait_ms", "allreduce_ms", "permit_wait_ms", "compute_ms", "push_enqueue_ms",
     "push_wait_ms", "train_loss_first", "train_loss_last", "steps", "world_size",
-    "staleness_hist",
+    "alpha_max", "staleness_hist",
 )  # fmt: skip
 
 

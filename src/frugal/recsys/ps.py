@@ -46,7 +46,6 @@ I64 = npt.NDArray[np.int64]
 NUM_VIRTUAL_SHARDS = 1024
 LAG_HISTOGRAM_BINS = 257  # lags 0..255, then one overflow bin
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIB = 1 << 20
 
 
 def virtual_shard(table: int, ids: I64) -> I64:
@@ -59,6 +58,16 @@ def virtual_shard(table: int, ids: I64) -> I64:
         key = ids.astype(np.uint64) ^ (np.uint64(table) * _GOLDEN)
     vshard: I64 = (splitmix64(key) & np.uint64(NUM_VIRTUAL_SHARDS - 1)).astype(np.int64)
     return vshard
+
+
+def _budget_for_all_rows(num_rows: int, row_bytes: int) -> int:
+    """A store budget whose cache holds every row of a table (the PS keeps tables in RAM).
+
+    Mirrors `EmbeddingStore`'s accounting: id map 4 B/row, memory backend row_bytes + 1 per
+    row, cache slot row_bytes + 30 B, I/O buffers budget / 8 (at least 16 KiB).
+    """
+    needed = 4 * num_rows + num_rows * (row_bytes + 1) + (num_rows + 64) * (row_bytes + 30)
+    return max(needed * 8 // 7 + (1 << 20), 1 << 20)
 
 
 def default_owners(num_shards: int) -> I64:
@@ -132,7 +141,7 @@ class EmbeddingShard:
         spec = RowSpec(embedding_dim=config.embedding_dim, optimizer=config.optimizer)
         self.stores: list[EmbeddingStore] = []
         for t, rows in enumerate(num_embeddings):
-            budget = 2 * rows * (spec.row_bytes + 5) + 64 * _MIB
+            budget = _budget_for_all_rows(rows, spec.row_bytes)
             store_config = EmbeddingStore.Config(
                 backend=config.backend,
                 memory_budget_bytes=budget,

@@ -453,6 +453,17 @@ class _Trainer:
             "test_logloss": log_loss(self.test.labels, probabilities),
         }
 
+    def alpha_max(self) -> float:
+        """Largest share of training samples that touch one row (Persia's sparsity alpha)."""
+        top = 0.0
+        for f, values in enumerate(self.train.values):
+            offsets = self.train.offsets[f]
+            sample = np.repeat(np.arange(self.train.num_samples), np.diff(offsets))
+            pairs = np.unique(values * self.train.num_samples + sample)  # one per sample
+            counts = np.bincount(pairs // self.train.num_samples)
+            top = max(top, float(counts.max()) / self.train.num_samples if len(counts) else 0.0)
+        return top
+
     def rank_report(self) -> dict[str, Any]:
         steps = self.source.num_steps
         timed = steps - 1 - self.warm_step
@@ -598,6 +609,7 @@ def _train_one(
         result = None
         if rank == 0:
             metrics = trainer.evaluate()
+            metrics["alpha_max"] = trainer.alpha_max()
             result = _summarise(config, reports, metrics)
             tmp = out_dir / "result.json.tmp"
             tmp.write_text(json.dumps(result, indent=1) + "\n")
