@@ -23,6 +23,14 @@ def test_unknown_dataset_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "invalid choice: 'criteo'" in capsys.readouterr().err
 
 
+def test_feature_names_must_match_the_data(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["recsys", "train", "--dataset", "adult", "--set", 'features=["age", "zip"]'])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "features=['age', 'zip'] do not match adult's features" in err
+    assert "'workclass'" in err
+
+
 def test_bench_rejects_a_grid_without_sync(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["recsys", "bench", "--quick", "--set", 'modes=["hybrid"]']) == 2
     assert "must include 'sync'" in capsys.readouterr().err

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from frugal.config import config_to_dict
+from frugal.recsys.config import RecsysTrainConfig
+from frugal.recsys.datasets import load_recsys_data
 from frugal.recsys.errors import RecsysError
-from frugal.recsys.trainer import RecsysTrainConfig
 
 __all__ = ["launch_runs", "launch_training"]
 
@@ -28,6 +29,18 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _check_features(config: RecsysTrainConfig) -> None:
+    """Refuse a config whose feature names differ from the data's, before any process starts."""
+    if config.features is None:
+        return
+    train, _ = load_recsys_data(config.data)
+    if tuple(config.features) != train.keys:
+        raise ValueError(
+            f"features={list(config.features)} do not match {config.data.dataset}'s features "
+            f"{list(train.keys)}; fix the config's features list"
+        )
 
 
 def launch_training(
@@ -63,7 +76,8 @@ def launch_runs(
         Each run's `result.json` content, in order.
 
     Raises:
-        ValueError: If `runs` is empty or the configs disagree on `nproc`.
+        ValueError: If `runs` is empty, the configs disagree on `nproc`, or a config's
+            `features` do not match its dataset.
         RecsysError: If the job fails or times out (the log's tail is in the message).
     """
     if not runs:
@@ -71,6 +85,8 @@ def launch_runs(
     nprocs = {config.nproc for config, _ in runs}
     if len(nprocs) != 1:
         raise ValueError(f"runs of one job need one nproc, got {sorted(nprocs)}; split the job")
+    for run_config, _ in runs:
+        _check_features(run_config)
     config = runs[0][0]
     job_dir.mkdir(parents=True, exist_ok=True)
     for _, out_dir in runs:

@@ -1,8 +1,9 @@
 """One trainer process of `frugal recsys train`: NN worker + embedding worker + PS shard.
 
-Run by torchrun (`python -m frugal.recsys.trainer CONFIG_JSON OUT_DIR`): every process joins
-the gloo group (dense AllReduce), serves one PS shard over torch.distributed.rpc and trains
-on its share of the batches (global batch j = step * world_size + rank).
+Run by torchrun (`python -m frugal.recsys.trainer JOB_JSON`, see `frugal.recsys.launch`):
+every process joins the gloo group (dense AllReduce), serves one PS shard over
+torch.distributed.rpc and trains on its share of the batches (step s of rank r takes the
+samples `cursor + (s * world_size + r) * B + [0, B)` of the seeded sample order).
 
 Modes (Persia, section 3):
 - `sync`: look up batch t after every push of t - 1 is acknowledged and a barrier passed;
