@@ -150,4 +150,4 @@ def test_staleness_bounds_by_mode() -> None:
     assert staleness_bound("sync", 8, 2) == 1
     assert staleness_bound("hybrid", 1, 1) == 0  # K = 1, one trainer: never stale
     assert staleness_bound("hybrid", 4, 2) == 3 + 12
-    assert staleness_bound("async", 16, 2) == 15 + 48
+    assert staleness_bound("async", 16, 2) == 15 + 49

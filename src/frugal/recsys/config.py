@@ -114,9 +114,14 @@ class RecsysTrainConfig:
 def staleness_bound(mode: Mode, staleness: int, world_size: int) -> int:
     """The largest lag (updates a row got between its read and the push) a mode allows.
 
-    sync: world_size - 1 (the other trainers' pushes of the same step); hybrid and async:
-    (K - 1) own + 3K per other trainer (they run at most about K steps apart).
+    sync: world_size - 1 (the other trainers' pushes of the same step). hybrid: (K - 1) own
+    + 3K per other trainer (AllReduce keeps trainers in step; a read is at most K steps ahead
+    and each trainer has at most K pushes in flight). async: (K - 1) own + (3K + 1) per other
+    trainer: the stale-synchronous rule bounds another trainer to steps
+    [t - 2K + 1, t + K - 1] around a read for step t, but it is checked on the dense shards,
+    so one more embedding push of that trainer may still be in flight.
     """
     if mode == "sync":
         return world_size - 1
-    return (staleness - 1) + 3 * staleness * (world_size - 1)
+    per_other = 3 * staleness + (1 if mode == "async" else 0)
+    return (staleness - 1) + per_other * (world_size - 1)

@@ -11,7 +11,7 @@ Modes (Persia, section 3):
 - `hybrid` (K): a run-ahead thread keeps up to K batches' lookups in flight, each holding a
   permit that is released when every shard has acknowledged applying that batch's gradients
   (pushes are fire and forget); dense AllReduce every step. Own missed updates <= K - 1;
-  measured lag <= (K - 1) + 3K(world_size - 1).
+  measured lag <= (K - 1) + 3K(world_size - 1) (`staleness_bound`).
 - `async` (K): as hybrid for embeddings; the dense parameters live in world_size chunks on
   the PS (chunk i on rank i), pulled in the run-ahead thread under the stale-synchronous
   rule (step t is read only once every rank's step t - K + 1 push is applied); no AllReduce.
