@@ -118,3 +118,14 @@ def test_killed_rank_resumes_and_loads_onto_one_shard(tmp_path: Path) -> None:
     for key, row in saved.items():
         np.testing.assert_array_equal(moved[key], row)
     assert abs(again["test_auc"] - result["test_auc"]) < 1e-6  # same model, same tables
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_one_trainer_with_one_permit_is_bit_reproducible(tmp_path: Path) -> None:
+    config = _config(mode="hybrid", staleness=1, nproc=1, max_steps=30)
+    first, second = _run(tmp_path, [(config, "a"), (config, "b")], nproc=1)
+    assert first["max_staleness_seen"] == 0  # K = 1, W = 1: every read sees every update
+    assert first["ranks"][0]["dense_params_sha256"] == second["ranks"][0]["dense_params_sha256"]
+    assert first["test_auc"] == second["test_auc"]
+    assert first["staleness_hist"] == second["staleness_hist"]
