@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from frugal.recsys.bench import RecsysBenchConfig, _cells, _summary
-from frugal.recsys.trainer import RecsysTrainConfig
+from frugal.recsys.config import RecsysTrainConfig
 
 
 def _row(mode: str, k: int | None, auc: float, tput: float, seed: int = 0) -> dict:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from frugal.config import config_to_dict
+from frugal.recsys.config import RecsysTrainConfig, staleness_bound
 from frugal.recsys.datasets import RecsysDataConfig
-from frugal.recsys.trainer import RecsysTrainConfig, staleness_bound
 from frugal.testing import run_torchrun
 
 

@@ -10,13 +10,13 @@ import torch
 
 from frugal.recsys.batch import KJTBatch
 from frugal.recsys.client import EmbeddingClient
+from frugal.recsys.config import staleness_bound
 from frugal.recsys.ps import (
     NUM_VIRTUAL_SHARDS,
     EmbeddingShard,
     default_owners,
     virtual_shard,
 )
-from frugal.recsys.trainer import staleness_bound
 from frugal.recsys.transport import LocalTransport, ShardServer
 
 

@@ -48,8 +48,8 @@ def register(commands: Any) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from frugal.config import load_config
+    from frugal.recsys.config import RecsysTrainConfig
     from frugal.recsys.launch import launch_training
-    from frugal.recsys.trainer import RecsysTrainConfig
 
     overrides = list(args.overrides)
     flags = {

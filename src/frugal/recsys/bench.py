@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from frugal.config import check_types
+from frugal.recsys.config import Mode, RecsysTrainConfig
 from frugal.recsys.datasets import DatasetName, RecsysDataConfig, teacher_auc
 from frugal.recsys.launch import launch_runs
 from frugal.recsys.models import ModelName
-from frugal.recsys.trainer import Mode, RecsysTrainConfig
 
 __all__ = ["RecsysBenchConfig", "run_recsys_bench"]
 
