@@ -553,6 +553,7 @@ def _summarise(
             int(r["shard"]["dense_lag_max"]) for r in reports
         )
     document["ranks"] = reports
+    document["config"] = config_to_dict(config)
     if max_seen > bound:
         raise StalenessBoundError(
             f"measured staleness {max_seen} exceeds the {config.mode} bound {bound}"
