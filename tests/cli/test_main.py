@@ -39,6 +39,7 @@ PINNED_SURFACE = {
         "--staleness",
         "-h",
     ],
+    "recsys export": ["--help", "--out", "-h", "CHECKPOINT"],
     "recsys bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
 }
 

@@ -12,6 +12,7 @@ from frugal.recsys.batch import KJTBatch
 from frugal.recsys.checkpoint import (
     commit_checkpoint,
     export_shard_rows,
+    export_tables,
     import_shard_rows,
     read_latest,
 )
@@ -56,9 +57,11 @@ def test_rows_reload_onto_another_shard_count(tmp_path: Path) -> None:
         for handle in client.push(result, step, world_size=1):
             handle.wait()
     transport.close()
+    sealed = tmp_path / "ckpt" / "step-80.tmp"
+    sealed.mkdir(parents=True)
     files = []
     for p, shard in enumerate(old):
-        files.append(tmp_path / f"shard{p}.npz")
+        files.append(sealed / f"shard{p}.npz")
         export_shard_rows(shard, files[-1])
     want = [_table(old, t) for t in range(2)]
     assert want[0][1].sum() > 0 and (want[0][1][20:] == 0).all()  # rows 20.. never touched
@@ -76,6 +79,18 @@ def test_rows_reload_onto_another_shard_count(tmp_path: Path) -> None:
             shard.close()
     for shard in old:
         shard.close()
+    # the shard-free export: every trained row's vector, by table, ids sorted
+    final = commit_checkpoint(
+        tmp_path / "ckpt", sealed, {"world_size": 2, "compat": {"embedding_dim": 3}}
+    )
+    assert final.name == "step-80"
+    counts = export_tables(tmp_path / "ckpt", tmp_path / "tables.npz")
+    with np.load(tmp_path / "tables.npz") as exported:
+        for t in range(2):
+            trained = np.flatnonzero(want[t][1] > 0)
+            assert counts[f"table{t}"] == len(trained)
+            np.testing.assert_array_equal(exported[f"ids{t}"], trained)
+            np.testing.assert_array_equal(exported[f"vectors{t}"], want[t][0][trained, :3])
 
 
 def test_commit_seals_keeps_two_and_detects_corruption(tmp_path: Path) -> None:

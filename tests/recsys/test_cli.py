@@ -65,3 +65,10 @@ def test_train_command_runs_adult(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert printed["max_staleness_seen"] <= printed["staleness_bound"] == 1 + 6
     assert 0.6 < printed["test_auc"] <= 1.0
     assert (tmp_path / "result.json").exists()
+
+
+def test_export_of_a_missing_checkpoint_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["recsys", "export", str(tmp_path), "--out", str(tmp_path / "t.npz")]) == 1
+    assert "no MANIFEST.json" in capsys.readouterr().err

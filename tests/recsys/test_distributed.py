@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from frugal.cli.main import main
 from frugal.config import config_to_dict
 from frugal.recsys.config import RecsysTrainConfig, staleness_bound
 from frugal.recsys.datasets import RecsysDataConfig
@@ -118,6 +119,10 @@ def test_killed_rank_resumes_and_loads_onto_one_shard(tmp_path: Path) -> None:
     for key, row in saved.items():
         np.testing.assert_array_equal(moved[key], row)
     assert abs(again["test_auc"] - result["test_auc"]) < 1e-6  # same model, same tables
+    # and `frugal recsys export` writes them shard-free
+    assert main(["recsys", "export", str(checkpoints), "--out", str(tmp_path / "t.npz")]) == 0
+    with np.load(tmp_path / "t.npz") as exported:
+        assert sum(len(exported[k]) for k in exported.files if k.startswith("ids")) == len(saved)
 
 
 @pytest.mark.distributed

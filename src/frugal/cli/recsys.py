@@ -1,4 +1,4 @@
-"""`frugal recsys train ...` and `frugal recsys bench [--quick]`."""
+"""`frugal recsys train ...`, `frugal recsys export CHECKPOINT` and `frugal recsys bench`."""
 
 from __future__ import annotations
 
@@ -35,6 +35,14 @@ def register(commands: Any) -> None:
     )
     add_config_arguments(train)
     train.set_defaults(handler=_train)
+    export = children.add_parser(
+        "export", help="write a checkpoint's trained rows as (ids, vectors) per table"
+    )
+    export.add_argument(
+        "checkpoint", metavar="CHECKPOINT", help="checkpoint_dir or a step-N folder"
+    )
+    export.add_argument("--out", required=True, metavar="FILE", help="the .npz file to write")
+    export.set_defaults(handler=_export)
     bench = children.add_parser("bench", help="sync vs hybrid vs async side by side")
     bench.add_argument(
         "--quick", action="store_true", help="small preset (1 seed, rtt 5 ms, K 4/16)"
@@ -69,6 +77,15 @@ def _train(args: argparse.Namespace) -> int:
             "max_staleness_seen", "staleness_bound")  # fmt: skip
     print(json.dumps({k: result[k] for k in keys}, indent=1))
     print(f"wrote {out / 'result.json'}", file=sys.stderr)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from frugal.recsys.checkpoint import export_tables
+
+    counts = export_tables(Path(args.checkpoint), Path(args.out))
+    print(json.dumps(counts, indent=1))
+    print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 

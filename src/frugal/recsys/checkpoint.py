@@ -36,7 +36,9 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "commit_checkpoint",
     "export_shard_rows",
+    "export_tables",
     "import_shard_rows",
+    "read_checkpoint",
     "read_latest",
 ]
 
@@ -184,13 +186,66 @@ def read_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     if not latest.is_file():
         return None
     folder = directory / latest.read_text().strip()
+    return folder, read_checkpoint(folder)
+
+
+def read_checkpoint(folder: Path) -> dict[str, Any]:
+    """The manifest of a sealed `step-N` folder, after checking every file's sha256.
+
+    Raises:
+        RecsysError: If the manifest is missing or of another format, or a file is corrupt.
+    """
     manifest_path = folder / "MANIFEST.json"
     if not manifest_path.is_file():
-        raise RecsysError(f"{folder}: named by LATEST but has no MANIFEST.json")
+        raise RecsysError(f"{folder}: no MANIFEST.json; not a sealed checkpoint")
     manifest: dict[str, Any] = json.loads(manifest_path.read_text())
     if manifest.get("format") != CHECKPOINT_FORMAT:
         raise RecsysError(f"{manifest_path}: not a frugal recsys checkpoint")
     for name, digest in manifest["files"].items():
         if _sha256(folder / name) != digest:
             raise RecsysError(f"{folder / name}: sha256 mismatch; the checkpoint is corrupt")
-    return folder, manifest
+    return manifest
+
+
+def export_tables(checkpoint: Path, out_path: Path) -> dict[str, int]:
+    """Write every trained row of a checkpoint as (ids, vectors) per table, one shard-free file.
+
+    The result is an `.npz` with `ids{t}` (int64, sorted) and `vectors{t}` (float32, (N, E))
+    for each table t; rows never updated keep their seeded initial value and are not listed.
+
+    Args:
+        checkpoint: A sealed `step-N` folder, or a checkpoint folder (its LATEST is used).
+        out_path: The `.npz` file to write.
+
+    Returns:
+        Rows written per table, keyed `table{t}`.
+
+    Raises:
+        RecsysError: If there is no sealed checkpoint there or its files fail their sha256.
+    """
+    found = read_latest(checkpoint)
+    if found is not None:
+        folder, manifest = found
+    else:
+        folder, manifest = checkpoint, read_checkpoint(checkpoint)
+    embedding_dim = int(manifest["compat"]["embedding_dim"])
+    per_table: dict[int, list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]]] = {}
+    for rank in range(int(manifest["world_size"])):
+        with np.load(folder / f"shard{rank}.npz") as data:
+            t = 0
+            while f"ids{t}" in data:
+                rows = data[f"rows{t}"][:, :embedding_dim].astype(np.float32)
+                per_table.setdefault(t, []).append((data[f"ids{t}"], rows))
+                t += 1
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    counts = {}
+    for t, parts in sorted(per_table.items()):
+        ids = np.concatenate([p[0] for p in parts])
+        vectors = np.concatenate([p[1] for p in parts])
+        order = np.argsort(ids, kind="stable")
+        arrays[f"ids{t}"], arrays[f"vectors{t}"] = ids[order], vectors[order]
+        counts[f"table{t}"] = len(ids)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with out_path.open("wb") as fh:
+        np.savez(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub wants positional arrays
+    return counts
