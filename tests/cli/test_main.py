@@ -27,6 +27,21 @@ PINNED_SURFACE = {
     "plan": ["--cluster", "--config", "--help", "--out", "--scenario", "--set", "-h"],
     "plan bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
     "reproduce": ["--full", "--help", "--only", "--out", "--quick", "--smoke", "-h"],
+    "recsys": ["--help", "-h"],
+    "recsys train": [
+        "--config",
+        "--dataset",
+        "--help",
+        "--mode",
+        "--nproc",
+        "--out",
+        "--rtt-ms",
+        "--set",
+        "--staleness",
+        "-h",
+    ],
+    "recsys export": ["--help", "--out", "-h", "CHECKPOINT"],
+    "recsys bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
 }
 
 

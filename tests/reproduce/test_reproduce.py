@@ -97,6 +97,8 @@ def test_verdict_table_has_one_row_per_verdict_and_names_the_baseline() -> None:
     assert len(lines) == 4
     assert "ga: 2 s" in lines[2] and "**met**" in lines[2]
     assert "not measured" in lines[3]
+    piped = verdict_table([replace(verdict, claim="|a - b| <= 1")])[2]
+    assert "\\|a - b\\| <= 1" in piped and piped.count(" | ") == 6
 
 
 @pytest.mark.slow

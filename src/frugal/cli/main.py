@@ -11,6 +11,7 @@ import frugal
 from frugal import FrugalError
 from frugal.cli import data as data_command
 from frugal.cli import plan as plan_command
+from frugal.cli import recsys as recsys_command
 from frugal.cli import reproduce as reproduce_command
 from frugal.cli import store as store_command
 
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_command.register(commands)
     store_command.register(commands)
     plan_command.register(commands)
+    recsys_command.register(commands)
     reproduce_command.register(commands)
     return parser
 

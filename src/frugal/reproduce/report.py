@@ -66,7 +66,7 @@ def verdict_table(verdicts: list[Verdict], with_part: bool = True) -> list[str]:
         ]
         if with_part:
             cells.insert(0, v.part)
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return lines
 
 

@@ -1,0 +1,35 @@
+"""Hybrid sync/async recommender training (Persia, KDD 2022, arXiv 2111.05897).
+
+Embedding tables live on parameter-server shards backed by `frugal.store` and train
+asynchronously with a bounded, measured staleness; the dense network trains synchronously
+(AllReduce every step). `launch_training` runs a job under torchrun; `run_recsys_bench`
+compares sync, hybrid and async side by side. The trainer module
+(`frugal.recsys.trainer`) is what each torchrun process runs.
+"""
+
+from frugal.recsys.bench import RecsysBenchConfig, run_recsys_bench
+from frugal.recsys.config import Mode, RecsysTrainConfig, staleness_bound
+from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
+from frugal.recsys.errors import (
+    BadBatchError,
+    PSUnavailableError,
+    RecsysError,
+    StalenessBoundError,
+)
+from frugal.recsys.launch import launch_runs, launch_training
+
+__all__ = [
+    "BadBatchError",
+    "Mode",
+    "PSUnavailableError",
+    "RecsysBenchConfig",
+    "RecsysDataConfig",
+    "RecsysError",
+    "RecsysTrainConfig",
+    "StalenessBoundError",
+    "launch_runs",
+    "launch_training",
+    "load_recsys_data",
+    "run_recsys_bench",
+    "staleness_bound",
+]

@@ -1,0 +1,278 @@
+"""`frugal recsys bench`: sync, hybrid and async side by side on the same data and seeds.
+
+Each (dataset, rtt_ms) is one torchrun job of `nproc` trainers that runs every (seed, mode,
+staleness K) cell in turn on the same process group, with the same model, optimizers, seeds
+and thread count; sync runs once per seed (K does not apply to it). Throughput is the median
+over ranks of samples/s after the warm-up steps; AUC and log loss are on the test split
+after one pass.
+
+Summary (per dataset, at the largest rtt_ms and the K nearest 4, averaged over seeds):
+`auc_gap_hybrid_vs_sync`, `auc_gap_async_vs_sync`, `throughput_hybrid_over_sync`,
+`throughput_async_over_sync`; plus the worst |AUC(hybrid, K <= 16) - AUC(sync)|, the
+AUC(hybrid) - AUC(async) gap at K >= 16, and whether every measured staleness stayed within
+its bound.
+
+References:
+    Persia: An Open, Hybrid System Scaling Deep Learning-based Recommenders up to 100
+    Trillion Parameters, KDD 2022, arXiv 2111.05897 (section 5: evaluation).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from frugal.config import check_types
+from frugal.recsys.config import Mode, RecsysTrainConfig
+from frugal.recsys.datasets import DatasetName, RecsysDataConfig, teacher_auc
+from frugal.recsys.launch import launch_runs
+from frugal.recsys.models import ModelName
+
+__all__ = ["RecsysBenchConfig", "run_recsys_bench"]
+
+_ROW_KEYS = (
+    "mode", "dataset", "staleness", "rtt_ms", "seed", "test_auc", "logloss", "samples_per_s",
+    "max_staleness_seen", "mean_staleness", "staleness_p99", "staleness_bound",
+    "lookup_wait_ms", "allreduce_ms", "permit_wait_ms", "compute_ms", "push_enqueue_ms",
+    "push_wait_ms", "train_loss_first", "train_loss_last", "steps", "world_size",
+    "alpha_max", "staleness_hist",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecsysBenchConfig:
+    """What `frugal recsys bench` runs; `quick()` is the small preset."""
+
+    datasets: tuple[DatasetName, ...] = ("movielens100k", "criteo_zipf")
+    """Datasets, each run with every mode."""
+    modes: tuple[Mode, ...] = ("sync", "hybrid", "async")
+    """Training modes compared."""
+    staleness: tuple[int, ...] = (1, 4, 16, 64)
+    """K values of hybrid and async, each >= 1."""
+    rtt_ms: tuple[float, ...] = (0.0, 2.0, 5.0)
+    """Simulated PS round trips, each >= 0."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """Seeds (model, rows, shuffling, Zipf stream), each >= 0."""
+    nproc: int = 2
+    """Trainer processes, in [1, 64]."""
+    model: ModelName = "dlrm"
+    """Dense model."""
+    batch_size: int = 128
+    """Samples per trainer per step, >= 1."""
+    embedding_dim: int = 8
+    """Embedding width, >= 1."""
+    epochs: int = 1
+    """Passes over the training split, >= 1."""
+    max_steps: int | None = None
+    """Cap on steps per run (None = full epochs), >= 1."""
+    warmup_steps: int = 10
+    """Steps excluded from throughput and timing medians, >= 0."""
+    zipf_num_samples: int = 200_000
+    """criteo_zipf samples (train + test), >= 100."""
+    zipf_num_embeddings: int = 200_000
+    """criteo_zipf ids per feature, >= 2."""
+    zipf_num_features: int = 8
+    """criteo_zipf features, in [2, 26]."""
+    zipf_alpha: float = 1.2
+    """criteo_zipf Zipf exponent, in (0, 4]."""
+    timeout_s: float = 120.0
+    """Per-call timeout inside a run (RPC, collective, permit), > 0."""
+    job_timeout_s: float = 7200.0
+    """Wall-clock limit of one torchrun job (one dataset and rtt), > 0."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if not self.datasets or not self.modes or not self.seeds or not self.rtt_ms:
+            raise ValueError("datasets, modes, seeds and rtt_ms must each be non-empty")
+        if "sync" not in self.modes:
+            raise ValueError(f"modes={self.modes} must include 'sync' (the baseline of the ratios)")
+        if any(k < 1 for k in self.staleness) or not self.staleness:
+            raise ValueError(f"staleness={self.staleness} must be non-empty values >= 1")
+        if any(r < 0 for r in self.rtt_ms):
+            raise ValueError(f"rtt_ms={self.rtt_ms} must be >= 0")
+        if self.job_timeout_s <= 0 or self.timeout_s <= 0:
+            raise ValueError("timeout_s and job_timeout_s must be > 0")
+        # the train Config validates the remaining fields
+        self.train_config("sync", self.datasets[0], 1, self.rtt_ms[0], self.seeds[0])
+
+    @classmethod
+    def quick(cls) -> RecsysBenchConfig:
+        """The `--quick` preset: both datasets, one seed, rtt 5 ms, K in {4, 16}.
+
+        10 runs in 2 torchrun jobs (Zipf: 50k samples, 8 x 20k ids); a few minutes on 2 cores.
+        """
+        return cls(
+            staleness=(4, 16),
+            rtt_ms=(5.0,),
+            seeds=(0,),
+            zipf_num_samples=50_000,
+            zipf_num_embeddings=20_000,
+        )
+
+    def train_config(
+        self, mode: Mode, dataset: DatasetName, staleness: int, rtt_ms: float, seed: int
+    ) -> RecsysTrainConfig:
+        """The training run of one cell."""
+        return RecsysTrainConfig(
+            data=RecsysDataConfig(
+                dataset=dataset,
+                seed=seed,
+                zipf_num_samples=self.zipf_num_samples,
+                zipf_num_embeddings=self.zipf_num_embeddings,
+                zipf_num_features=self.zipf_num_features,
+                zipf_alpha=self.zipf_alpha,
+            ),
+            mode=mode,
+            staleness=staleness,
+            nproc=self.nproc,
+            rtt_ms=rtt_ms,
+            model=self.model,
+            batch_size=self.batch_size,
+            embedding_dim=self.embedding_dim,
+            epochs=self.epochs,
+            max_steps=self.max_steps,
+            warmup_steps=self.warmup_steps,
+            timeout_s=self.timeout_s,
+            seed=seed,
+        )
+
+
+def _cells(
+    config: RecsysBenchConfig, dataset: DatasetName, rtt_ms: float
+) -> list[tuple[Mode, int]]:
+    cells: list[tuple[Mode, int]] = []
+    for mode in config.modes:
+        if mode == "sync":
+            cells.insert(0, ("sync", 1))
+        else:
+            cells += [(mode, k) for k in config.staleness]
+    return cells
+
+
+def _row(result: dict[str, Any]) -> dict[str, Any]:
+    row = {key: result.get(key) for key in _ROW_KEYS}
+    row["logloss"] = result["test_logloss"]
+    if row["mode"] == "sync":
+        row["staleness"] = None  # K does not apply: every read sees every earlier step
+    if "dense_max_staleness_seen" in result:
+        row["dense_max_staleness_seen"] = result["dense_max_staleness_seen"]
+    return row
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return float(np.mean(values)) if values else None
+
+
+def _summary(config: RecsysBenchConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    rtt = max(config.rtt_ms)
+    k = min(config.staleness, key=lambda v: (abs(v - 4), v))
+    summary: dict[str, Any] = {"rtt_ms": rtt, "staleness": k, "datasets": {}}
+    for dataset in config.datasets:
+        at = [r for r in rows if r["dataset"] == dataset and r["rtt_ms"] == rtt]
+        sync = [r for r in at if r["mode"] == "sync"]
+        entry: dict[str, Any] = {}
+        sync_auc, sync_tput = _mean(sync, "test_auc"), _mean(sync, "samples_per_s")
+        for mode in ("hybrid", "async"):
+            runs = [r for r in at if r["mode"] == mode and r["staleness"] == k]
+            auc, tput = _mean(runs, "test_auc"), _mean(runs, "samples_per_s")
+            entry[f"auc_gap_{mode}_vs_sync"] = (
+                auc - sync_auc if auc is not None and sync_auc is not None else None
+            )
+            entry[f"throughput_{mode}_over_sync"] = (
+                tput / sync_tput if tput is not None and sync_tput else None
+            )
+        all_sync = {
+            (r["rtt_ms"], r["seed"]): r["test_auc"]
+            for r in rows
+            if r["dataset"] == dataset and r["mode"] == "sync"
+        }
+        gaps = [
+            abs(r["test_auc"] - all_sync[(r["rtt_ms"], r["seed"])])
+            for r in rows
+            if r["dataset"] == dataset
+            and r["mode"] == "hybrid"
+            and r["staleness"] <= 16
+            and (r["rtt_ms"], r["seed"]) in all_sync
+        ]
+        entry["max_abs_auc_gap_hybrid_k_le_16"] = max(gaps) if gaps else None
+        hybrid_auc = {
+            (r["rtt_ms"], r["seed"], r["staleness"]): r["test_auc"]
+            for r in rows
+            if r["dataset"] == dataset and r["mode"] == "hybrid"
+        }
+        async_gaps = [
+            hybrid_auc[(r["rtt_ms"], r["seed"], r["staleness"])] - r["test_auc"]
+            for r in rows
+            if r["dataset"] == dataset
+            and r["mode"] == "async"
+            and r["staleness"] >= 16
+            and (r["rtt_ms"], r["seed"], r["staleness"]) in hybrid_auc
+        ]
+        entry["mean_auc_gap_hybrid_minus_async_k_ge_16"] = (
+            float(np.mean(async_gaps)) if async_gaps else None
+        )
+        entry["sync_test_auc"] = sync_auc
+        summary["datasets"][dataset] = entry
+    summary["staleness_within_bound"] = all(
+        r["max_staleness_seen"] <= r["staleness_bound"] for r in rows
+    )
+    summary["max_staleness_seen"] = max(r["max_staleness_seen"] for r in rows)
+    return summary
+
+
+def run_recsys_bench(
+    config: RecsysBenchConfig,
+    out_dir: Path,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run every cell of `config` side by side; write and return `results.json`'s content.
+
+    Args:
+        config: The grid and sizes.
+        out_dir: Folder for `results.json` (created); run folders go under `out_dir/runs`.
+        progress: Called with one line per finished job.
+
+    Returns:
+        The results document (ARCHITECTURE.md format).
+
+    Raises:
+        RecsysError: If a torchrun job fails or times out.
+        OSError: If the output folder cannot be written.
+    """
+    from frugal.results import results_document, write_results
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs_dir = out_dir / "runs"
+    rows: list[dict[str, Any]] = []
+    for dataset in config.datasets:
+        for rtt in config.rtt_ms:
+            runs = [
+                (
+                    config.train_config(mode, dataset, k, rtt, seed),
+                    runs_dir / f"{dataset}-rtt{rtt:g}-seed{seed}-{mode}-k{k}",
+                )
+                for seed in config.seeds
+                for mode, k in _cells(config, dataset, rtt)
+            ]
+            job_dir = runs_dir / f"{dataset}-rtt{rtt:g}"
+            results = launch_runs(runs, job_dir, timeout_s=config.job_timeout_s)
+            rows += [_row(result) for result in results]
+            if progress is not None:
+                progress(f"{dataset} rtt {rtt:g} ms: {len(results)} runs done")
+    summary = _summary(config, rows)
+    for dataset in config.datasets:
+        if dataset == "criteo_zipf":
+            summary["datasets"][dataset]["teacher_test_auc"] = teacher_auc(
+                config.train_config("sync", dataset, 1, 0.0, config.seeds[0]).data
+            )
+    document = results_document("recsys", config, rows, summary)
+    write_results(out_dir / "results.json", document)
+    shutil.rmtree(runs_dir / "ps", ignore_errors=True)
+    return document

@@ -1,0 +1,199 @@
+"""The embedding worker: dedup, shard, look up, pool; later unpool gradients and push.
+
+Per batch: each feature's ids are deduplicated (`np.unique`), every unique (table, id) goes to
+the owner of its virtual shard, rows come back in fp16 with their versions and become one
+fp32 leaf tensor `rows` (U, E); `F.embedding_bag` sum-pools every (feature, sample) bag from it,
+so `rows.grad` is already summed over duplicates. The push sends `grad * scale /
+world_size` in fp16 (the wire scale halves on overflow), with the versions read.
+
+References:
+    Persia: An Open, Hybrid System Scaling Deep Learning-based Recommenders up to 100
+    Trillion Parameters, KDD 2022, arXiv 2111.05897 (section 4.2: embedding worker; fp16
+    embeddings and gradients on the wire).
+
+Shape legend: U unique (table, id) pairs of a batch, E embedding_dim, B samples, F features.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from frugal.recsys.batch import KJTBatch
+from frugal.recsys.ps import virtual_shard
+from frugal.recsys.transport import Handle, Transport
+
+__all__ = ["EmbeddingClient", "LookupResult", "PendingLookup", "WireDtype"]
+
+I64 = npt.NDArray[np.int64]
+WireDtype = Literal["float16", "bfloat16", "float32"]
+_WIRE = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(slots=True)
+class PendingLookup:
+    """A batch's lookups in flight: one handle per owner shard, and the routing."""
+
+    batch: KJTBatch
+    handles: dict[int, Handle]
+    unique_tables: I64  # (U,) table of each unique pair, table-major order
+    unique_ids: I64  # (U,) id of each unique pair
+    inverse: Tensor  # (N,) for each value of the batch, its unique pair's position
+    owner_order: I64  # (U,) unique pairs sorted by owner (stable)
+    owner_counts: dict[int, I64]  # per owner, ids per table (T,)
+    owner_slices: dict[int, tuple[int, int]]  # per owner, its range in owner_order
+
+
+@dataclass(slots=True)
+class LookupResult:
+    """Rows of a batch as a leaf tensor (gradients accumulate here), with their versions."""
+
+    pending: PendingLookup
+    rows: Tensor  # (U, E) float32 leaf
+    versions: Tensor  # (U,) int64
+
+
+class EmbeddingClient:
+    """Persia's embedding worker, running inside the trainer."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        owners: I64,
+        num_tables: int,
+        embedding_dim: int,
+        wire_dtype: WireDtype = "float16",
+    ) -> None:
+        """Route through `transport` with `owners` (vshard -> shard)."""
+        self.transport = transport
+        self.owners = owners
+        self.num_tables = num_tables
+        self.embedding_dim = embedding_dim
+        self.wire_dtype = _WIRE[wire_dtype]
+        self.wire_scale = 1024.0 if wire_dtype == "float16" else 1.0
+        self._clean_pushes = 0
+
+    def route(self, batch: KJTBatch) -> PendingLookup:
+        """Deduplicate and shard a batch's ids (no transport call); see `lookup`."""
+        tables, ids, inverses = [], [], []
+        offset = 0
+        for t, values in enumerate(batch.feature_values()):
+            unique, inverse = np.unique(values, return_inverse=True)
+            tables.append(np.full(len(unique), t, dtype=np.int64))
+            ids.append(unique)
+            inverses.append(inverse.astype(np.int64) + offset)
+            offset += len(unique)
+        table_U = np.concatenate(tables) if tables else np.empty(0, np.int64)
+        ids_U = np.concatenate(ids) if ids else np.empty(0, np.int64)
+        owner_U = np.empty(len(ids_U), dtype=np.int64)
+        start = 0
+        for t, unique in enumerate(ids):
+            owner_U[start : start + len(unique)] = self.owners[virtual_shard(t, unique)]
+            start += len(unique)
+        order_U = np.argsort(owner_U, kind="stable")  # keeps table-major order per owner
+        num_shards = int(self.owners.max()) + 1
+        per_owner = np.bincount(owner_U, minlength=num_shards)
+        bounds = np.concatenate([[0], np.cumsum(per_owner)])
+        counts_PT = np.bincount(
+            owner_U * self.num_tables + table_U, minlength=num_shards * self.num_tables
+        ).reshape(num_shards, self.num_tables)
+        slices = {
+            p: (int(bounds[p]), int(bounds[p + 1])) for p in range(num_shards) if per_owner[p]
+        }
+        return PendingLookup(
+            batch=batch,
+            handles={},
+            unique_tables=table_U,
+            unique_ids=ids_U,
+            inverse=torch.from_numpy(np.concatenate(inverses) if inverses else ids_U),
+            owner_order=order_U,
+            owner_counts={p: counts_PT[p] for p in slices},
+            owner_slices=slices,
+        )
+
+    def lookup(self, batch: KJTBatch) -> PendingLookup:
+        """Start the lookups of a batch: one call per owner shard holding any of its ids."""
+        pending = self.route(batch)
+        for p, (lo, hi) in pending.owner_slices.items():
+            ids = torch.from_numpy(pending.unique_ids[pending.owner_order[lo:hi]])
+            pending.handles[p] = self.transport.call(
+                p, "lookup", ids, torch.from_numpy(pending.owner_counts[p]), self.wire_dtype
+            )
+        return pending
+
+    def wait(self, pending: PendingLookup) -> LookupResult:
+        """Wait for a batch's rows; return them as an fp32 leaf with `requires_grad`.
+
+        Raises:
+            PSUnavailableError: If a shard does not answer within the timeout.
+        """
+        num = len(pending.unique_ids)
+        rows_UE = torch.empty(num, self.embedding_dim, dtype=torch.float32)
+        versions_U = torch.empty(num, dtype=torch.int64)
+        order = torch.from_numpy(pending.owner_order)
+        for p, (lo, hi) in pending.owner_slices.items():
+            rows, versions = pending.handles[p].wait()
+            rows_UE[order[lo:hi]] = rows.to(torch.float32)
+            versions_U[order[lo:hi]] = versions
+        rows_UE.requires_grad_(True)
+        return LookupResult(pending, rows_UE, versions_U)
+
+    def pool(self, result: LookupResult) -> Tensor:
+        """Sum-pool every (feature, sample) bag; empty bags give zeros.
+
+        Shapes:
+            returns: (B, F, E).
+        """
+        batch = result.pending.batch
+        lengths = torch.from_numpy(batch.lengths.astype(np.int64))
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)[:-1]])
+        pooled = F.embedding_bag(
+            result.pending.inverse, result.rows, offsets, mode="sum", include_last_offset=False
+        )
+        return pooled.reshape(len(batch.keys), batch.batch_size, self.embedding_dim).transpose(0, 1)
+
+    def push(self, result: LookupResult, step: int, world_size: int) -> list[Handle]:
+        """Send `rows.grad / world_size` to the owners (fire and forget); return the handles.
+
+        Encodes with the wire scale (fp16: starts at 2^10, halves and re-encodes on overflow,
+        doubles after 1000 clean pushes); the shard divides it out in fp32.
+        """
+        grad = result.rows.grad
+        if grad is None:
+            grad = torch.zeros_like(result.rows)
+        grad = grad / world_size
+        while True:
+            wire = (grad * self.wire_scale).to(self.wire_dtype)
+            if bool(torch.isfinite(wire).all()) or self.wire_scale <= 2.0**-24:
+                break
+            self.wire_scale /= 2.0
+            self._clean_pushes = 0
+        scale = self.wire_scale
+        self._clean_pushes += 1
+        if self.wire_dtype == torch.float16 and self._clean_pushes >= 1000:
+            self.wire_scale = min(self.wire_scale * 2.0, 2.0**15)
+            self._clean_pushes = 0
+        pending = result.pending
+        handles = []
+        order = torch.from_numpy(pending.owner_order)
+        for p, (lo, hi) in pending.owner_slices.items():
+            rows = order[lo:hi]
+            handles.append(
+                self.transport.call(
+                    p,
+                    "push",
+                    torch.from_numpy(pending.unique_ids[pending.owner_order[lo:hi]]),
+                    torch.from_numpy(pending.owner_counts[p]),
+                    wire[rows].contiguous(),
+                    result.versions[rows].contiguous(),
+                    scale,
+                    step,
+                )
+            )
+        return handles

