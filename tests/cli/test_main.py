@@ -26,6 +26,21 @@ PINNED_SURFACE = {
     "store bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
     "plan": ["--cluster", "--config", "--help", "--out", "--scenario", "--set", "-h"],
     "plan bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
+    "tgraph": ["--help", "-h"],
+    "tgraph bench": [
+        "--config",
+        "--dataset",
+        "--help",
+        "--model",
+        "--out",
+        "--protocol",
+        "--quick",
+        "--seeds",
+        "--set",
+        "--task",
+        "-h",
+    ],
+    "tgraph leaderboard": ["--help", "--metric", "-h", "RESULTS_DIR"],
 }
 
 

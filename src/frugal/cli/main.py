@@ -12,6 +12,7 @@ from frugal import FrugalError
 from frugal.cli import data as data_command
 from frugal.cli import plan as plan_command
 from frugal.cli import store as store_command
+from frugal.cli import tgraph as tgraph_command
 
 __all__ = ["build_parser", "cli_surface", "main"]
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_command.register(commands)
     store_command.register(commands)
     plan_command.register(commands)
+    tgraph_command.register(commands)
     return parser
 
 

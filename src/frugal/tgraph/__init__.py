@@ -1,0 +1,1 @@
+"""frugal.tgraph: a fair temporal-GNN benchmark (Benchtemp, and better)."""
