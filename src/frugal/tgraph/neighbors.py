@@ -1,6 +1,6 @@
 """A vectorised time-sorted neighbour finder (CSR over (node, event position)).
 
-Every event (src, dst, t) is stored twice, once per endpoint, in a CSR sorted by (node,
+Every event (src, dst, t) is stored once per endpoint (once for a self-loop), in a CSR sorted by (node,
 position): `indptr[u]:indptr[u+1]` lists u's events in time order. A query (u, cutoff)
 asks for u's events at positions < cutoff; one `np.searchsorted` over the integer keys
 `node * E + position` finds the end of each query's run, so a batch of queries costs
@@ -79,9 +79,11 @@ class NeighborFinder:
         self._t = t
         self._eid = eid
         position = np.arange(num_events, dtype=np.int64)
-        node = np.concatenate([src, dst])
-        other = np.concatenate([dst, src])
-        pos2 = np.concatenate([position, position])
+        # A self-loop is one neighbour entry, not two.
+        back = src != dst
+        node = np.concatenate([src, dst[back]])
+        other = np.concatenate([dst, src[back]])
+        pos2 = np.concatenate([position, position[back]])
         stride = max(num_events, 1)
         key = node * stride + pos2
         order = np.argsort(key, kind="stable")
