@@ -33,7 +33,7 @@ def _model(variant: str, events: TemporalEvents, dim: int = 16) -> TemporalGNN:
 def _step(model: TemporalGNN, events: TemporalEvents, lo: int, hi: int, finder: NeighborFinder):  # type: ignore[no-untyped-def]
     src, dst, t = events.src[lo:hi], events.dst[lo:hi], events.t[lo:hi]
     logits, _, _, other = model.forward_batch(src, [dst], t, lo, finder)
-    model.commit(*(torch.from_numpy(x) for x in (src, dst, t, np.arange(lo, hi))), other)
+    model.commit_numpy(src, dst, t, np.arange(lo, hi), other)
     return logits[0]
 
 
@@ -78,7 +78,12 @@ def test_commit_keeps_each_nodes_last_message() -> None:
         src=np.array([0, 0]), dst=np.array([1, 2]), t=np.array([5, 7]), num_nodes=3
     )
     model = _model("tgn", events)
-    tensors = (torch.tensor([0, 0]), torch.tensor([1, 2]), torch.tensor([5, 7]), torch.tensor([0, 1]))
+    tensors = (
+        torch.tensor([0, 0]),
+        torch.tensor([1, 2]),
+        torch.tensor([5, 7]),
+        torch.tensor([0, 1]),
+    )
     model.commit(*tensors)
     # Node 0's last event is (0 -> 2, t 7, eid 1); nodes 1 and 2 each saw one event from 0.
     assert model.pending.tolist() == [True, True, True]

@@ -133,9 +133,7 @@ def test_historical_and_inductive_negatives_follow_their_definitions(
     assert not np.isin(src * n + inductive, list(seen_before))[is_new].any()
 
 
-def test_negatives_are_hashed_cached_and_verified(
-    tmp_path: Path, stream: TemporalEvents
-) -> None:
+def test_negatives_are_hashed_cached_and_verified(tmp_path: Path, stream: TemporalEvents) -> None:
     first = build_protocol(stream, "synthetic", ProtocolConfig(), tmp_path)
     files = list(tmp_path.glob("negatives-*.npz"))
     assert len(files) == 1

@@ -191,7 +191,8 @@ def tie_aware_ranks(pos_score_B: npt.ArrayLike, cand_score_BC: npt.ArrayLike) ->
     with np.errstate(invalid="ignore"):
         greater = (cand > pos[:, None]).sum(axis=1)
         equal = (cand == pos[:, None]).sum(axis=1)
-    return 1.0 + greater + equal / 2.0
+    ranks: FloatArray = 1.0 + greater + equal / 2.0
+    return ranks
 
 
 def rank_metrics(ranks: npt.ArrayLike, ks: tuple[int, ...] = (1, 3, 10)) -> dict[str, float]:

@@ -82,11 +82,9 @@ def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
             means = {m: c[0] for m, c in cells.items() if math.isfinite(c[0])}
             best = max(means.values(), default=None)
             order = sorted(means, key=lambda m: -means[m])
-            for position, model in enumerate(order):
+            for model in order:
                 ties = [m for m in order if means[m] == means[model]]
-                ranks[model].append(
-                    np.mean([order.index(m) + 1 for m in ties]) if ties else position + 1
-                )
+                ranks[model].append(float(np.mean([order.index(m) + 1 for m in ties])))
             text = []
             for model in models:
                 mean, half = cells[model]

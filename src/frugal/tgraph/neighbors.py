@@ -1,7 +1,7 @@
 """A vectorised time-sorted neighbour finder (CSR over (node, event position)).
 
-Every event (src, dst, t) is stored once per endpoint (once for a self-loop), in a CSR sorted by (node,
-position): `indptr[u]:indptr[u+1]` lists u's events in time order. A query (u, cutoff)
+Every event (src, dst, t) is stored once per endpoint (once for a self-loop), in a CSR sorted
+by (node, position): `indptr[u]:indptr[u+1]` lists u's events in time order. A query (u, cutoff)
 asks for u's events at positions < cutoff; one `np.searchsorted` over the integer keys
 `node * E + position` finds the end of each query's run, so a batch of queries costs
 O(B log E + B k) with no Python loop per event.

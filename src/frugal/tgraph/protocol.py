@@ -30,7 +30,7 @@ import random
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -193,12 +193,10 @@ class TemporalSplit:
         ].astype(np.int64)
         if view == "transductive":
             return np.ones(end - start, dtype=bool)
-        if view == "inductive":
-            return new_count >= 1
-        if view == "new_old":
-            return new_count == 1
-        if view == "new_new":
-            return new_count == 2
+        wanted = {"inductive": (1, 2), "new_old": (1, 1), "new_new": (2, 2)}.get(view)
+        if wanted is not None:
+            mask: BoolArray = (new_count >= wanted[0]) & (new_count <= wanted[1])
+            return mask
         raise ValueError(f"view={view!r} must be one of {VIEWS}")
 
 
@@ -382,7 +380,8 @@ def _collides(keys: IntArray, group: IntArray, negative: IntArray, num_nodes: in
     probe = group * num_nodes + negative
     pos = np.searchsorted(keys, probe)
     pos = np.minimum(pos, len(keys) - 1)
-    return (keys[pos] == probe) & (negative >= 0)
+    hit: BoolArray = (keys[pos] == probe) & (negative >= 0)
+    return hit
 
 
 def _pair_csr(src: IntArray, dst: IntArray, num_nodes: int) -> tuple[IntArray, IntArray]:
@@ -540,7 +539,8 @@ def build_protocol(
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.stem + ".tmp.npz")
-            np.savez(tmp, **{key.replace("/", "__"): value for key, value in negatives.items()})
+            arrays: dict[str, Any] = {key.replace("/", "__"): v for key, v in negatives.items()}
+            np.savez(tmp, **arrays)
             tmp.replace(path)
             path.with_suffix(".sha256").write_text(_arrays_sha256(negatives) + "\n")
     negative_sha256 = _arrays_sha256(negatives)

@@ -85,7 +85,7 @@ def _pyg_batch_times(
         b_src, b_dst, b_t, b_msg = src[lo:hi], dst[lo:hi], t[lo:hi], msg[lo:hi]
         neg = dst_pool[torch.randint(0, len(dst_pool), (hi - lo,), generator=generator)]
         optimizer.zero_grad()
-        n_id = torch.cat([b_src, b_dst, neg]).unique()
+        n_id = torch.unique(torch.cat([b_src, b_dst, neg]))
         n_id, edge_index, e_id = loader(n_id)
         assoc[n_id] = torch.arange(n_id.size(0))
         z, last_update = memory(n_id)
@@ -138,7 +138,7 @@ def _our_batch_times(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        model.commit(*(torch.from_numpy(x) for x in (src, dst, t, batch)), other)
+        model.commit_numpy(src, dst, t, batch, other)
         times.append(time.perf_counter() - began)
     return times
 
@@ -176,7 +176,10 @@ def compare_with_pyg_tgn(
     torch.manual_seed(0)
     ours = _our_batch_times(events, msg, index, dim, k, batch, num_batches, lr)
     torch.manual_seed(0)
-    pyg = _pyg_batch_times(*tensors, msg_t, events.num_nodes, dim, k, batch, num_batches, lr)
+    src_t, dst_t, t_t = tensors
+    pyg = _pyg_batch_times(
+        src_t, dst_t, t_t, msg_t, events.num_nodes, dim, k, batch, num_batches, lr
+    )
     ours_s = float(np.median(ours[_WARMUP_BATCHES:]))
     pyg_s = float(np.median(pyg[_WARMUP_BATCHES:]))
     return {

@@ -138,7 +138,7 @@ def evaluate_split(
     neg = {key: np.full(size, np.nan) for key in keys}
     ranks = np.zeros(size) if use_ranking else None
     candidates = _candidates(protocol)
-    true_keys, group = true_destination_keys(events, start, end) if use_ranking else (None, None)
+    true_keys, group = true_destination_keys(events, start, end)
     batch = protocol.config.eval_batch_size
     rank_s = 0.0
     began = time.perf_counter()
@@ -165,8 +165,8 @@ def evaluate_split(
             src, [dst, *negs], t, g_lo, finder
         )
         pos[lo:hi] = logits[0].numpy()
-        for key, arr, score in zip(keys, neg_arrays, logits[1:], strict=True):
-            neg[key][lo:hi] = np.where(arr[lo:hi] >= 0, score.numpy(), np.nan)
+        for key, arr, logit in zip(keys, neg_arrays, logits[1:], strict=True):
+            neg[key][lo:hi] = np.where(arr[lo:hi] >= 0, logit.numpy(), np.nan)
         if ranks is not None:
             rank_began = time.perf_counter()
             z_src = model.embed(src, t, np.full(len(src), g_lo), finder, memory_ND, last_update_N)
@@ -185,9 +185,7 @@ def evaluate_split(
                 cand_BC, dst, candidates, true_keys, group[lo:hi], events.num_nodes
             )
             rank_s += time.perf_counter() - rank_began
-        model.commit(
-            *(torch.from_numpy(x) for x in (src, dst, t, np.arange(g_lo, g_hi))), other_vec
-        )
+        model.commit_numpy(src, dst, t, np.arange(g_lo, g_hi), other_vec)
     return SplitScores(pos, neg, ranks, time.perf_counter() - began - rank_s)
 
 
@@ -195,8 +193,8 @@ def _filtered_ranks(
     cand_BC: FloatArray,
     dst: IntArray,
     candidates: IntArray,
-    true_keys: Any,
-    group: Any,
+    true_keys: IntArray,
+    group: IntArray,
     num_nodes: int,
 ) -> FloatArray:
     """Rank of each true dst among candidates, other true dsts of the same (src, t) removed."""
@@ -330,7 +328,7 @@ def run_link_prediction(
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            model.commit(*(torch.from_numpy(x) for x in (src, dst, t, index)), other_vec)
+            model.commit_numpy(src, dst, t, index, other_vec)
             losses.append(float(loss.detach()))
         train_s = time.perf_counter() - epoch_began
         model.eval()
@@ -484,8 +482,7 @@ def run_node_classification(
             hi = min(lo + batch, events.num_events)
             src, dst, t = events.src[lo:hi], events.dst[lo:hi], events.t[lo:hi]
             _, _, _, other_vec = model.forward_batch(src, [dst], t, lo, finder)
-            model.commit(*(torch.from_numpy(x) for x in (src, dst, t, np.arange(lo, hi))),
-                         other_vec)  # fmt: skip
+            model.commit_numpy(src, dst, t, np.arange(lo, hi), other_vec)
         nodes = np.flatnonzero(events.node_label >= 0).astype(np.int64)
         memory_ND, last_update_N = model._flushed_memory(torch.from_numpy(nodes))
         end_t = np.full(len(nodes), events.t[-1] + 1)
@@ -511,35 +508,37 @@ def run_node_classification(
     x = z.detach()
     y = torch.from_numpy(labels)
     train_ids = np.flatnonzero(part == 0)
-    best = {"val_auc": -np.inf, "state": copy.deepcopy(mlp.state_dict())}
+    best_val_auc = -np.inf
+    best_state = copy.deepcopy(mlp.state_dict())
     stale = 0
     for _ in range(max_epochs):
         mlp.train()
-        for lo in range(0, len(train_ids), 100):  # mini-batches of 100 nodes
-            ids = torch.from_numpy(rng.permutation(train_ids)[lo : lo + 100])
+        order = rng.permutation(train_ids)
+        for lo in range(0, len(order), 100):  # mini-batches of 100 nodes
+            ids = torch.from_numpy(order[lo : lo + 100])
             loss = nn.functional.cross_entropy(mlp(x[ids]), y[ids])
             optimizer.zero_grad()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # torch stub gap
             optimizer.step()
         mlp.eval()
         with torch.no_grad():
             prob = torch.softmax(mlp(x), dim=1).numpy()
         val_auc = macro_auc(labels[part == 1], prob[part == 1])
-        if val_auc > best["val_auc"]:
-            best = {"val_auc": val_auc, "state": copy.deepcopy(mlp.state_dict())}
+        if val_auc > best_val_auc:
+            best_val_auc, best_state = val_auc, copy.deepcopy(mlp.state_dict())
             stale = 0
         else:
             stale += 1
             if stale > patience:
                 break
-    mlp.load_state_dict(best["state"])
+    mlp.load_state_dict(best_state)
     mlp.eval()
     with torch.no_grad():
         prob = torch.softmax(mlp(x), dim=1).numpy()
     test = part == 2
     return {
         "nc_auc": macro_auc(labels[test], prob[test]),
-        "nc_val_auc": best["val_auc"],
+        "nc_val_auc": best_val_auc,
         "nc_accuracy": float((prob[test].argmax(1) == labels[test]).mean()),
         "num_classes": num_classes,
         "num_labelled_nodes": len(nodes),

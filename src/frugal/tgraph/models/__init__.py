@@ -25,5 +25,5 @@ ModelName = Literal[
     "edgebank", "edgebank_window", "recency", "popularity", "jodie", "dyrep", "tgn", "tgat"
 ]
 HEURISTICS: tuple[HeuristicName, ...] = ("edgebank", "edgebank_window", "recency", "popularity")
-TGNNS = ("jodie", "dyrep", "tgn", "tgat")
-MODELS = HEURISTICS + TGNNS
+TGNNS: tuple[ModelName, ...] = ("jodie", "dyrep", "tgn", "tgat")
+MODELS: tuple[ModelName, ...] = (*HEURISTICS, *TGNNS)

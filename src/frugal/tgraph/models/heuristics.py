@@ -66,7 +66,9 @@ class HeuristicModel:
 
     def load_state(self, state: tuple[IntArray, IntArray, FloatArray, IntArray]) -> None:
         """Restore a state from `state()`."""
-        self._pair_key, self._pair_t, self._pop, self._pop_t = (a.copy() for a in state)
+        pair_key, pair_t, pop, pop_t = state
+        self._pair_key, self._pair_t = pair_key.copy(), pair_t.copy()
+        self._pop, self._pop_t = pop.copy(), pop_t.copy()
 
     def observe(self, src: IntArray, dst: IntArray, t: IntArray) -> None:
         """Add true events (time-sorted), shape (B,) each."""
@@ -105,7 +107,8 @@ class HeuristicModel:
             np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(t, np.int64)
         )
         if self.name == "popularity":
-            return self._pop[d] * np.exp(-(when - self._pop_t[d]) / self.window_s)
+            decayed: FloatArray = self._pop[d] * np.exp(-(when - self._pop_t[d]) / self.window_s)
+            return decayed
         last = self._last_seen(s * self.num_nodes + d)
         seen = last >= 0
         if self.name == "edgebank":

@@ -168,6 +168,15 @@ class TemporalGNN(nn.Module):
         ValueError: If the sizes are inconsistent.
     """
 
+    memory: Tensor
+    last_update: Tensor
+    pending: Tensor
+    pending_other: Tensor
+    pending_t: Tensor
+    pending_eid: Tensor
+    pending_vec: Tensor
+    edge_msg: Tensor
+
     @dataclass(frozen=True, kw_only=True, slots=True)
     class Config:
         """Settings of one TGNN."""
@@ -286,7 +295,7 @@ class TemporalGNN(nn.Module):
             ],
             dim=1,
         )
-        updated = self.updater(message, memory_ND[n_id])
+        updated: Tensor = self.updater(message, memory_ND[n_id])
         memory_ND = memory_ND.index_put((n_id,), updated)
         last_update_N = last_update_N.index_put((n_id,), t)
         self._staged = (n_id, updated, t)
@@ -327,6 +336,23 @@ class TemporalGNN(nn.Module):
         if self.config.variant == "dyrep" and other_vec is not None:
             swapped = torch.cat([other_vec[src.numel() :], other_vec[: src.numel()]])
             self.pending_vec[nodes] = swapped[pick].detach()
+
+    def commit_numpy(
+        self,
+        src: IntArray,
+        dst: IntArray,
+        t: IntArray,
+        eid: IntArray,
+        other_vec: Tensor | None = None,
+    ) -> None:
+        """`commit` for numpy event arrays, shape (B,) each."""
+        self.commit(
+            torch.from_numpy(np.ascontiguousarray(src)),
+            torch.from_numpy(np.ascontiguousarray(dst)),
+            torch.from_numpy(np.ascontiguousarray(t)),
+            torch.from_numpy(np.ascontiguousarray(eid)),
+            other_vec,
+        )
 
     # -- embeddings --------------------------------------------------------------------
     def _attend(
@@ -404,7 +430,8 @@ class TemporalGNN(nn.Module):
 
     def score(self, z_src_BD: Tensor, z_dst_BD: Tensor) -> Tensor:
         """Decoder logits of (src, dst) pairs, shape (B,)."""
-        return self.decoder(torch.cat([z_src_BD, z_dst_BD], dim=1)).squeeze(1)
+        logits_B1: Tensor = self.decoder(torch.cat([z_src_BD, z_dst_BD], dim=1))
+        return logits_B1.squeeze(1)
 
     def score_all(self, z_src_BD: Tensor, z_cand_CD: Tensor, chunk_size: int = 64) -> Tensor:
         """Logits of every (src, candidate) pair, shape (B, C), chunked over B.
@@ -453,7 +480,7 @@ class TemporalGNN(nn.Module):
         times = np.tile(t, 1 + len(dst_sets))
         max_eid = np.full(len(all_nodes), first_eid, dtype=np.int64)
         z = self.embed(all_nodes, times, max_eid, finder, memory_ND, last_update_N, rng)
-        z_parts = z.split(len(src))
+        z_parts = torch.split(z, len(src))
         logits = [self.score(z_parts[0], part) for part in z_parts[1:]]
         other_vec = None
         if self.config.variant == "dyrep":
