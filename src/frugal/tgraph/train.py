@@ -298,7 +298,7 @@ def run_link_prediction(
         dropout=config.dropout,
     )
     model = TemporalGNN(model_config, events.num_nodes, msg, _train_dt_stats(protocol))
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, fused=True)
     loss_fn = nn.BCEWithLogitsLoss()
     train_finder = NeighborFinder(
         events.src[train_index], events.dst[train_index], events.t[train_index],

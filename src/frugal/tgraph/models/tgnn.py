@@ -93,8 +93,8 @@ class TemporalAttention(nn.Module):
         dropout: Dropout of the attention weights.
 
     Shapes:
-        project_nodes: h (U, D) -> (U, 2D) (key and value node terms).
-        forward: h_self (B, D), kv_nbr (B, K, 2D), e_nbr (B, K, F), phi_zero (T,),
+        project_nodes: h (U, D) -> (U, D), (U, D) (key and value node terms).
+        forward: h_self (B, D), key_nbr (B, K, D), value_nbr (B, K, D), e_nbr (B, K, F), phi_zero (T,),
         phi_nbr (B, K, T), mask (B, K) -> (B, D).
 
     References:
@@ -112,35 +112,38 @@ class TemporalAttention(nn.Module):
             raise ValueError(f"embedding_dim={node_dim} must be divisible by num_heads={num_heads}")
         self.num_heads = num_heads
         self.query = nn.Linear(node_dim + time_dim, node_dim)
-        self.node_kv = nn.Linear(node_dim, 2 * node_dim)
+        self.node_key = nn.Linear(node_dim, node_dim)
+        self.node_value = nn.Linear(node_dim, node_dim)
         self.edge = nn.Linear(edge_dim + time_dim, node_dim, bias=False)
         self.dropout = nn.Dropout(dropout)
         self.merge = nn.Sequential(
             nn.Linear(2 * node_dim, node_dim), nn.ReLU(), nn.Linear(node_dim, node_dim)
         )
 
-    def project_nodes(self, h_UD: Tensor) -> Tensor:
-        """Key and value node terms of neighbours, (U, D) -> (U, 2D)."""
-        out: Tensor = self.node_kv(h_UD)
-        return out
+    def project_nodes(self, h_UD: Tensor) -> tuple[Tensor, Tensor]:
+        """Key and value node terms of neighbours, (U, D) -> ((U, D), (U, D))."""
+        key_UD: Tensor = self.node_key(h_UD)
+        value_UD: Tensor = self.node_value(h_UD)
+        return key_UD, value_UD
 
     def forward(
         self,
         h_self_BD: Tensor,
-        kv_nbr_BK2D: Tensor,
+        key_nbr_BKD: Tensor,
+        value_nbr_BKD: Tensor,
         e_nbr_BKF: Tensor,
         phi_zero_T: Tensor,
         phi_nbr_BKT: Tensor,
         mask_BK: Tensor,
     ) -> Tensor:
         """Attend from each query node over its neighbours; nodes without any get zeros."""
-        num, k, _ = kv_nbr_BK2D.shape
+        num, k, _ = key_nbr_BKD.shape
         d = h_self_BD.shape[1]
         heads = self.num_heads
         query_BD = self.query(torch.cat([h_self_BD, phi_zero_T.expand(num, -1)], dim=1))
         edge_BKD = self.edge(torch.cat([e_nbr_BKF, phi_nbr_BKT], dim=2))
-        key_BKD = kv_nbr_BK2D[..., :d] + edge_BKD
-        value_BKD = kv_nbr_BK2D[..., d:] + edge_BKD
+        key_BKD = key_nbr_BKD + edge_BKD
+        value_BKD = value_nbr_BKD + edge_BKD
         q_BHd = query_BD.view(num, heads, d // heads)
         logits_BKH = torch.einsum("bhc,bkhc->bkh", q_BHd, key_BKD.view(num, k, heads, d // heads))
         logits_BKH = logits_BKH / (d // heads) ** 0.5
@@ -382,18 +385,21 @@ class TemporalGNN(nn.Module):
             # Layer-0 inputs depend on the node only: project each distinct neighbour once.
             unique_nbr, inverse = np.unique(flat_nbr, return_inverse=True)
             h_unique = self._attend(0, unique_nbr, unique_nbr, unique_nbr, finder, memory_ND, rng)
-            kv_flat = attention.project_nodes(h_unique)[torch.from_numpy(inverse.ravel())]
+            gather = torch.from_numpy(inverse.ravel())
+            key_U, value_U = attention.project_nodes(h_unique)
+            key_flat, value_flat = key_U[gather], value_U[gather]
         else:
             # A neighbour's own embedding is computed at its event time, before its event.
             h_nbr = self._attend(layer - 1, flat_nbr, flat_t, flat_eid, finder, memory_ND, rng)
-            kv_flat = attention.project_nodes(h_nbr)
-        kv_BK2D = kv_flat.view(len(node), k, -1)
+            key_flat, value_flat = attention.project_nodes(h_nbr)
+        key_BKD = key_flat.view(len(node), k, -1)
+        value_BKD = value_flat.view(len(node), k, -1)
         mask_BK = torch.from_numpy(nb.mask)
         e_BKF = self.edge_msg[torch.from_numpy(nb.eid)]
         dt_BK = torch.from_numpy(t[:, None] - nb.t).float() * mask_BK
         phi_BKT = self.time_encoder(dt_BK)
         phi_zero_T = self.time_encoder(torch.zeros(1))
-        out: Tensor = attention(h_self, kv_BK2D, e_BKF, phi_zero_T, phi_BKT, mask_BK)
+        out: Tensor = attention(h_self, key_BKD, value_BKD, e_BKF, phi_zero_T, phi_BKT, mask_BK)
         return out
 
     def embed(
