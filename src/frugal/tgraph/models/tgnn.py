@@ -94,8 +94,8 @@ class TemporalAttention(nn.Module):
 
     Shapes:
         project_nodes: h (U, D) -> (U, D), (U, D) (key and value node terms).
-        forward: h_self (B, D), key_nbr (B, K, D), value_nbr (B, K, D), e_nbr (B, K, F), phi_zero (T,),
-        phi_nbr (B, K, T), mask (B, K) -> (B, D).
+        forward: h_self (B, D), key_nbr (B, K, D), value_nbr (B, K, D), e_nbr (B, K, F),
+        phi_zero (T,), phi_nbr (B, K, T), mask (B, K) -> (B, D).
 
     References:
         Temporal Graph Networks for Deep Learning on Dynamic Graphs, arXiv 2006.10637
