@@ -390,8 +390,15 @@ class TemporalGNN(nn.Module):
             key_flat, value_flat = key_U[gather], value_U[gather]
         else:
             # A neighbour's own embedding is computed at its event time, before its event.
-            h_nbr = self._attend(layer - 1, flat_nbr, flat_t, flat_eid, finder, memory_ND, rng)
-            key_flat, value_flat = attention.project_nodes(h_nbr)
+            # Identical (node, t, bound) rows (padding slots, shared events) are computed once.
+            rows = np.stack([flat_nbr, flat_t, flat_eid])
+            unique, inverse = np.unique(rows, axis=1, return_inverse=True)
+            h_unique = self._attend(
+                layer - 1, unique[0], unique[1], unique[2], finder, memory_ND, rng
+            )
+            key_U, value_U = attention.project_nodes(h_unique)
+            gather = torch.from_numpy(inverse.ravel())
+            key_flat, value_flat = key_U[gather], value_U[gather]
         key_BKD = key_flat.view(len(node), k, -1)
         value_BKD = value_flat.view(len(node), k, -1)
         mask_BK = torch.from_numpy(nb.mask)
