@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from frugal.config import check_types
-from frugal.tgraph.neighbors import NeighborFinder
+from frugal.tgraph.neighbors import NeighborFinder, Neighbors
 
 __all__ = ["TemporalAttention", "TemporalGNN", "TimeEncoder"]
 
@@ -377,6 +377,16 @@ class TemporalGNN(nn.Module):
         k = self.config.num_neighbors
         cutoff = finder.cutoff_before(t, max_eid)
         nb = finder.sample(node, cutoff, k, strategy=self.config.neighbor_strategy, rng=rng)
+        # Valid slots are the last ones of each row (recent: left-padded; uniform: all or
+        # none), so columns that are empty in every row can be dropped without changing
+        # the result; early in a stream most are.
+        width = max(int(nb.mask.sum(axis=1).max(initial=0)), 1)
+        if width < k:
+            nb = Neighbors(
+                nb.nbr[:, k - width :], nb.eid[:, k - width :], nb.t[:, k - width :],
+                nb.mask[:, k - width :],
+            )  # fmt: skip
+            k = width
         h_self = self._attend(layer - 1, node, t, max_eid, finder, memory_ND, rng)
         flat_nbr, flat_t, flat_eid = nb.nbr.ravel(), nb.t.ravel(), nb.eid.ravel()
         attention = self.layers[layer - 1]
