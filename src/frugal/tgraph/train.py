@@ -297,7 +297,13 @@ def run_link_prediction(
         num_neighbors=config.num_neighbors * (2 if model_name == "tgat" else 1),
         dropout=config.dropout,
     )
-    model = TemporalGNN(model_config, events.num_nodes, msg, _train_dt_stats(protocol))
+    model = TemporalGNN(
+        model_config,
+        events.num_nodes,
+        msg,
+        _train_dt_stats(protocol),
+        time_origin=int(events.t[0]) if events.num_events else 0,
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, fused=True)
     loss_fn = nn.BCEWithLogitsLoss()
     train_finder = NeighborFinder(
