@@ -161,3 +161,32 @@ def test_smoke_training_learns_on_real_data(variant: str) -> None:
         nc = run_node_classification(result.model, protocol, 0)  # type: ignore[arg-type]
         assert 0 <= nc["nc_auc"] <= 1
         assert nc["num_classes"] == 4
+
+
+def test_fresh_memory_counts_time_from_the_stream_start() -> None:
+    # Unix-second timestamps: a node's first message must see dt = t - t0 (here 5 s), not
+    # ~1.7e9 s since 1970.
+    events = TemporalEvents(
+        src=np.array([0, 1]), dst=np.array([1, 2]), t=np.array([1_700_000_000, 1_700_000_005]),
+        num_nodes=3,
+    )  # fmt: skip
+    msg = np.zeros((2, 0), np.float32)
+    config = TemporalGNN.Config(variant="tgn", embedding_dim=8, num_neighbors=2)
+    model = TemporalGNN(config, 3, msg, time_origin=int(events.t[0]))
+    assert model.last_update.tolist() == [1_700_000_000] * 3
+    model.reset_state()
+    assert model.last_update.tolist() == [1_700_000_000] * 3
+    model.commit_numpy(events.src[:1], events.dst[:1], events.t[:1], np.array([0]))
+    _, last_update = model._flushed_memory(torch.tensor([0, 1]))
+    assert last_update[:2].tolist() == [1_700_000_000, 1_700_000_000]  # the pending event's t
+
+
+def test_time_encoder_is_fixed_by_default() -> None:
+    from frugal.tgraph.models import TimeEncoder
+
+    fixed, learnable = TimeEncoder(4), TimeEncoder(4, learnable=True)
+    assert not fixed.weight.requires_grad and learnable.weight.requires_grad
+    # w = 10^-[0, 3, 6, 9], b = 0: phi(0) = 1 everywhere, phi(1)[0] = cos(1).
+    torch.testing.assert_close(fixed.weight, torch.tensor([1.0, 1e-3, 1e-6, 1e-9]))
+    torch.testing.assert_close(fixed(torch.zeros(1)), torch.ones(1, 4))
+    assert fixed(torch.ones(1))[0, 0].item() == pytest.approx(np.cos(1.0), abs=1e-6)
