@@ -42,6 +42,21 @@ PINNED_SURFACE = {
     ],
     "recsys export": ["--help", "--out", "-h", "CHECKPOINT"],
     "recsys bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
+    "tgraph": ["--help", "-h"],
+    "tgraph bench": [
+        "--config",
+        "--dataset",
+        "--help",
+        "--model",
+        "--out",
+        "--protocol",
+        "--quick",
+        "--seeds",
+        "--set",
+        "--task",
+        "-h",
+    ],
+    "tgraph leaderboard": ["--help", "--metric", "-h", "RESULTS_DIR"],
 }
 
 

@@ -14,6 +14,7 @@ from frugal.cli import plan as plan_command
 from frugal.cli import recsys as recsys_command
 from frugal.cli import reproduce as reproduce_command
 from frugal.cli import store as store_command
+from frugal.cli import tgraph as tgraph_command
 
 __all__ = ["build_parser", "cli_surface", "main"]
 
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     store_command.register(commands)
     plan_command.register(commands)
     recsys_command.register(commands)
+    tgraph_command.register(commands)
     reproduce_command.register(commands)
     return parser
 

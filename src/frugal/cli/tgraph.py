@@ -1,0 +1,95 @@
+"""`frugal tgraph bench ...` and `frugal tgraph leaderboard DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from frugal.cli.options import add_config_arguments
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    """Add the `tgraph` subcommand and its children to the top-level subparsers."""
+    parser = commands.add_parser(
+        "tgraph",
+        help="temporal-GNN benchmark (Benchtemp): bench, leaderboard",
+        description="frugal.tgraph: one fair protocol for every temporal GNN.",
+    )
+    children = parser.add_subparsers(dest="tgraph_command", metavar="ACTION")
+    children.required = True
+    bench = children.add_parser("bench", help="train and evaluate models under one protocol")
+    bench.add_argument("--dataset", action="append", default=None, metavar="NAME",
+                       help="dataset id (repeatable); default collegemsg")  # fmt: skip
+    bench.add_argument("--model", action="append", default=None, metavar="NAME",
+                       help="model (repeatable): edgebank, edgebank_window, recency, popularity, "
+                       "jodie, dyrep, tgn, tgat; default all")  # fmt: skip
+    bench.add_argument("--protocol", choices=("frugal", "benchtemp"), default=None,
+                       help="evaluation protocol (default frugal)")  # fmt: skip
+    bench.add_argument("--task", choices=("lp", "nc"), default=None,
+                       help="link prediction, or also node classification")  # fmt: skip
+    bench.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per model")
+    bench.add_argument("--out", default="reports/tgraph", metavar="DIR",
+                       help="folder for results.json")  # fmt: skip
+    bench.add_argument("--quick", action="store_true",
+                       help="small preset: sp_hospital + collegemsg, 1 seed, 3 epochs")  # fmt: skip
+    add_config_arguments(bench)
+    bench.set_defaults(handler=_bench)
+    board = children.add_parser("leaderboard", help="Markdown tables and a PNG from results")
+    board.add_argument("results_dir", metavar="RESULTS_DIR", help="folder with results.json")
+    board.add_argument("--metric", default="auc", choices=("auc", "ap", "mrr", "hits_at_10",
+                       "auc_per_batch", "ap_per_batch"), help="metric of the tables")  # fmt: skip
+    board.set_defaults(handler=_leaderboard)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from frugal.config import config_to_dict, load_config
+    from frugal.tgraph.bench import TgraphBenchConfig, benchtemp_config, run_tgraph_bench
+
+    preset = TgraphBenchConfig.quick() if args.quick else TgraphBenchConfig()
+    if args.protocol == "benchtemp":
+        preset = benchtemp_config(preset)
+    if args.dataset:
+        preset = replace(preset, datasets=tuple(args.dataset))
+    if args.model:
+        preset = replace(preset, models=tuple(args.model))
+    if args.task:
+        preset = replace(preset, task=args.task)
+    if args.seeds is not None:
+        preset = replace(preset, num_seeds=args.seeds)
+    config = load_config(
+        TgraphBenchConfig, args.config, args.overrides, base=config_to_dict(preset)
+    )
+    out = Path(args.out)
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+        transient=False, console=None,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("tgraph bench", total=None)
+
+        def report(line: str) -> None:
+            progress.update(task, description=line)
+            if line.endswith("s") and "done" in line:
+                progress.console.print(line)
+
+        document = run_tgraph_bench(config, out, progress=report)
+    print(json.dumps(document["summary"]["datasets"], indent=1))
+    print(f"wrote {out / 'results.json'}", file=sys.stderr)
+    return 0
+
+
+def _leaderboard(args: argparse.Namespace) -> int:
+    from frugal.tgraph.leaderboard import write_leaderboard
+
+    path = write_leaderboard(Path(args.results_dir), args.metric)
+    print(path.read_text())
+    print(f"wrote {path} and {path.with_suffix('.png')}", file=sys.stderr)
+    return 0

@@ -1,0 +1,345 @@
+"""`frugal tgraph bench`: every model under one protocol, side by side, in one run.
+
+For each dataset the `Protocol` (split, masked nodes, negatives) is built once in the parent
+and its negatives written to `OUT/negatives/`; every (model, seed) run then executes in its own
+child process (so `peak_rss_mib` is per run), reloads those negatives, verifies their SHA-256
+and writes one row per (view, negative strategy) of the test split. Rows carry the
+`protocol_hash`. Optionally PyG's reference TGN loop runs on the same data with the same
+widths and batch size, and its training events/s are recorded next to ours.
+
+References:
+    BenchTemp: A General Benchmark for Evaluating Temporal Graph Neural Networks, ICDE 2024,
+    arXiv 2308.16385.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from frugal import FrugalError
+from frugal.config import check_types
+from frugal.data import get_dataset_info, load_events
+from frugal.results import results_document, write_results
+from frugal.tgraph.models import HEURISTICS, MODELS, ModelName
+from frugal.tgraph.protocol import Protocol, ProtocolConfig, build_protocol
+
+__all__ = ["TgraphBenchConfig", "run_tgraph_bench"]
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TgraphBenchConfig:
+    """What `frugal tgraph bench` runs; `quick()` is the small preset."""
+
+    datasets: tuple[str, ...] = ("collegemsg",)
+    """Dataset ids (temporal datasets of `frugal data list`)."""
+    models: tuple[ModelName, ...] = MODELS
+    """Models compared; heuristic floors are always added."""
+    task: Literal["lp", "nc"] = "lp"
+    """'lp' link prediction, 'nc' link prediction then node classification on frozen
+    embeddings (datasets with node labels, TGNNs only)."""
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+    """The protocol every model runs under."""
+    num_seeds: int = 3
+    """Seeds 0 .. num_seeds-1, paired across models (heuristics run once)."""
+    num_threads: int = 2
+    """torch threads per run."""
+    use_subprocess: bool = True
+    """Run each (model, seed) in its own process (per-run peak RSS)."""
+    run_timeout_s: float = 3600.0
+    """Wall-clock limit of one run."""
+    compare_pyg_reference: bool = True
+    """Also time PyG's reference TGN training loop (first dataset, same dims and batch)."""
+    pyg_reference_batches: int = 150
+    """Training batches timed for the PyG reference loop and for ours (150 = one CollegeMsg
+    epoch; early batches have few neighbours, so a short window flatters neither loop)."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if not self.datasets or not self.models:
+            raise ValueError("datasets and models must each list at least one name")
+        unknown = [m for m in self.models if m not in MODELS]
+        if unknown:
+            raise ValueError(f"unknown models {unknown}; choose from {MODELS}")
+        if self.num_seeds < 1 or self.num_threads < 1 or self.run_timeout_s <= 0:
+            raise ValueError("num_seeds and num_threads must be >= 1 and run_timeout_s > 0")
+        if self.pyg_reference_batches < 2:
+            raise ValueError(f"pyg_reference_batches={self.pyg_reference_batches} must be >= 2")
+
+    @classmethod
+    def quick(cls) -> TgraphBenchConfig:
+        """The `--quick` preset: sp_hospital + collegemsg; heuristics, JODIE, TGN; 1 seed, 3 epochs.
+
+        Learning rate 1e-3 (the protocol default 1e-4 needs far more than 3 epochs), one torch
+        thread per run (the runs are sequential; on a shared 2-core machine a second
+        thread mostly spins); about 3-5 minutes on 2 cores.
+        """
+        return cls(
+            datasets=("sp_hospital", "collegemsg"),
+            models=("edgebank", "edgebank_window", "recency", "popularity", "jodie", "tgn"),
+            protocol=ProtocolConfig(max_epochs=3, learning_rate=1e-3),
+            num_seeds=1,
+            num_threads=1,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    dataset: str
+    model: str
+    seed: int
+    config: TgraphBenchConfig
+    cache_dir: str
+
+
+def _execute(run: _Run) -> dict[str, Any]:
+    """One (dataset, model, seed) run: rows per (view, strategy) and efficiency."""
+    from frugal.tgraph.train import run_link_prediction, run_node_classification
+
+    events = load_events(run.dataset)
+    protocol = build_protocol(events, run.dataset, run.config.protocol, Path(run.cache_dir))
+    result = run_link_prediction(run.model, protocol, run.seed, num_threads=run.config.num_threads)
+    extra: dict[str, Any] = {}
+    if run.config.task == "nc" and run.model not in HEURISTICS:
+        from frugal.tgraph.models import TemporalGNN
+
+        assert isinstance(result.model, TemporalGNN)
+        extra = run_node_classification(result.model, protocol, run.seed)
+    return {
+        "protocol_hash": protocol.protocol_hash,
+        "rows": result.rows,
+        "efficiency": result.efficiency,
+        "nc": extra,
+        "history": result.history,
+    }
+
+
+def _child_main(run: _Run, connection: Any) -> None:
+    try:
+        connection.send(("ok", _execute(run)))
+    except Exception as exc:  # reported to the parent, which records a failed row
+        connection.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        connection.close()
+
+
+def _run_in_child(run: _Run, timeout_s: float) -> dict[str, Any]:
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe(duplex=False)
+    process = context.Process(target=_child_main, args=(run, child), daemon=True)
+    process.start()
+    child.close()
+    try:
+        if not parent.poll(timeout_s):
+            raise FrugalError(
+                f"run {run.dataset}/{run.model}/seed {run.seed} exceeded {timeout_s} s"
+            )
+        status, payload = parent.recv()
+    except EOFError as exc:
+        raise FrugalError(f"run {run.dataset}/{run.model} died (exit {process.exitcode})") from exc
+    finally:
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=10)
+    if status != "ok":
+        raise FrugalError(f"run {run.dataset}/{run.model}/seed {run.seed} failed: {payload}")
+    assert isinstance(payload, dict)
+    return payload
+
+
+def _rows_of(run: _Run, protocol: Protocol, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    if payload["protocol_hash"] != protocol.protocol_hash:
+        raise FrugalError(
+            f"run {run.model} saw protocol {payload['protocol_hash'][:12]} but the bench built "
+            f"{protocol.protocol_hash[:12]}: the negatives changed between processes"
+        )
+    rows = []
+    for row in payload["rows"]:
+        rows.append(
+            {
+                "system": run.model,
+                "dataset": run.dataset,
+                "protocol": protocol.config.name,
+                "protocol_hash": protocol.protocol_hash,
+                "task": "lp",
+                "seed": run.seed,
+                "setting": row["view"],
+                "negatives": row["negatives"],
+                **{k: v for k, v in row.items() if k not in ("view", "negatives")},
+                **payload["efficiency"],
+                **({"nc_auc": payload["nc"].get("nc_auc")} if payload["nc"] else {}),
+            }
+        )
+    return rows
+
+
+def run_tgraph_bench(
+    config: TgraphBenchConfig, out_dir: Path, *, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Run the benchmark and write `out_dir/results.json` (and `results.jsonl`).
+
+    Args:
+        config: What to run.
+        out_dir: Output folder (created).
+        progress: Callback for one-line progress messages (the CLI draws bars from them).
+
+    Returns:
+        The results document (see ARCHITECTURE.md), with a `summary` per dataset.
+
+    Raises:
+        ValueError: If a dataset is not a temporal dataset, or task 'nc' lacks labels.
+        FrugalError: If a run fails or exceeds its time limit.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir = out_dir / "negatives"
+    rows: list[dict[str, Any]] = []
+    protocols: dict[str, dict[str, Any]] = {}
+    models = tuple(dict.fromkeys(HEURISTICS + tuple(config.models)))
+    for dataset in config.datasets:
+        info = get_dataset_info(dataset)
+        if info.kind != "temporal_graph":
+            raise ValueError(f"dataset {dataset!r} is {info.kind!r}, not a temporal event stream")
+        events = load_events(dataset)
+        if config.task == "nc" and events.node_label is None:
+            raise ValueError(f"--task nc needs node labels, and {dataset} has none; use --task lp")
+        protocol = build_protocol(events, dataset, config.protocol, cache_dir)
+        protocols[dataset] = protocol.describe()
+        for model in models:
+            seeds = range(1 if model in HEURISTICS else config.num_seeds)
+            for seed in seeds:
+                run = _Run(dataset, model, seed, config, str(cache_dir))
+                if progress is not None:
+                    progress(f"{dataset} {model} seed {seed}: running")
+                began = time.perf_counter()
+                # Heuristics take milliseconds: a child process would cost more than the run,
+                # so they run here (their peak_rss_mib is then the bench process's).
+                isolated = config.use_subprocess and model not in HEURISTICS
+                payload = _run_in_child(run, config.run_timeout_s) if isolated else _execute(run)
+                new_rows = _rows_of(run, protocol, payload)
+                for row in new_rows:
+                    row["run_s"] = time.perf_counter() - began
+                rows.extend(new_rows)
+                if progress is not None:
+                    head = next(
+                        (
+                            r
+                            for r in new_rows
+                            if r["setting"] == "transductive" and r["negatives"] == "random"
+                        ),
+                        new_rows[0],
+                    )
+                    auc = head.get("auc", float("nan"))
+                    progress(
+                        f"{dataset} {model} seed {seed}: done, test AUC {auc:.4f}"
+                        f" in {time.perf_counter() - began:.1f} s"
+                    )
+    reference: dict[str, Any] | None = None
+    if config.compare_pyg_reference and "tgn" in config.models:
+        from frugal.tgraph.reference import compare_with_pyg_tgn
+
+        if progress is not None:
+            progress(f"{config.datasets[0]} PyG reference TGN: timing")
+        reference = compare_with_pyg_tgn(
+            config.datasets[0], config.protocol, config.pyg_reference_batches, config.num_threads
+        )
+        rows.append({"system": "tgn_pyg_reference", "dataset": config.datasets[0], **reference})
+    summary = _summary(rows, protocols, reference)
+    document = results_document("tgraph", config, rows, summary)
+    write_results(out_dir / "results.json", document)
+    with (out_dir / "results.jsonl").open("w") as handle:
+        for row in document["rows"]:
+            handle.write(json.dumps(row) + "\n")
+    return document
+
+
+def _summary(
+    rows: list[dict[str, Any]],
+    protocols: dict[str, dict[str, Any]],
+    reference: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Per dataset: mean test AUC/AP (transductive, random negatives) and cost per model."""
+    summary: dict[str, Any] = {"protocols": protocols, "datasets": {}}
+    for dataset in protocols:
+        head = [
+            r
+            for r in rows
+            if r.get("dataset") == dataset
+            and r.get("setting") == "transductive"
+            and r.get("negatives") == "random"
+        ]
+        per_model: dict[str, Any] = {}
+        for model in dict.fromkeys(r["system"] for r in head):
+            mine = [r for r in head if r["system"] == model]
+
+            def mean(key: str, mine: list[dict[str, Any]] = mine) -> float | None:
+                values = [r[key] for r in mine if r.get(key) is not None]
+                return float(np.mean(values)) if values else None
+
+            per_model[model] = {
+                "auc": mean("auc"),
+                "ap": mean("ap"),
+                "mrr": mean("mrr"),
+                "inductive_auc": _mean_of(rows, dataset, model, "inductive", "auc"),
+                "historical_auc": _mean_of(
+                    rows, dataset, model, "transductive", "auc", "historical"
+                ),
+                "s_per_epoch": mean("s_per_epoch"),
+                "train_events_per_s": mean("train_events_per_s"),
+                "num_seeds": len(mine),
+            }
+        best_heuristic = max(
+            (m for m in per_model if m in HEURISTICS),
+            key=lambda m: per_model[m]["ap"] or 0.0,
+            default=None,
+        )
+        best_model = max(per_model, key=lambda m: per_model[m]["ap"] or 0.0, default=None)
+        summary["datasets"][dataset] = {
+            "models": per_model,
+            "best_model_by_ap": best_model,
+            "best_heuristic_by_ap": best_heuristic,
+        }
+    if reference is not None:
+        summary["tgn_vs_pyg_reference"] = {
+            "ours_train_events_per_s": reference["ours_train_events_per_s"],
+            "pyg_train_events_per_s": reference["pyg_train_events_per_s"],
+            "speedup": reference["speedup"],
+        }
+    return summary
+
+
+def _mean_of(
+    rows: list[dict[str, Any]],
+    dataset: str,
+    model: str,
+    setting: str,
+    key: str,
+    negatives: str = "random",
+) -> float | None:
+    values = [
+        r[key]
+        for r in rows
+        if r.get("dataset") == dataset
+        and r.get("system") == model
+        and r.get("setting") == setting
+        and r.get("negatives") == negatives
+        and r.get(key) is not None
+    ]
+    return float(np.mean(values)) if values else None
+
+
+def benchtemp_config(base: TgraphBenchConfig) -> TgraphBenchConfig:
+    """`base` with the Benchtemp-compatible protocol (keeps an overridden epoch cap)."""
+    return replace(
+        base, protocol=replace(ProtocolConfig.benchtemp(), max_epochs=base.protocol.max_epochs)
+    )

@@ -1,0 +1,93 @@
+"""Leaderboard rendering by hand, the CLI's bad-input paths, and a tiny end-to-end bench."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from frugal.cli.main import main
+from frugal.tgraph.bench import TgraphBenchConfig, run_tgraph_bench
+from frugal.tgraph.leaderboard import mean_ci95, render_leaderboard, write_leaderboard
+from frugal.tgraph.protocol import ProtocolConfig
+
+
+def _row(model: str, seed: int, auc: float, dataset: str = "d1") -> dict[str, object]:
+    return {
+        "system": model, "dataset": dataset, "protocol": "frugal", "protocol_hash": "ab" * 32,
+        "setting": "transductive", "negatives": "random", "seed": seed, "auc": auc,
+        "s_per_epoch": 1.0,
+    }  # fmt: skip
+
+
+def test_mean_ci95_by_hand() -> None:
+    # [0.8, 0.9]: mean 0.85, sd 0.070711, t(0.975, 1) = 12.7062 -> half = 12.7062 * 0.05.
+    mean, half = mean_ci95([0.8, 0.9])
+    assert mean == pytest.approx(0.85)
+    assert half == pytest.approx(12.7062 * 0.05, rel=1e-4)
+    assert mean_ci95([0.7]) == (0.7, 0.0)
+
+
+def test_leaderboard_marks_best_and_ranks() -> None:
+    rows = [_row("edgebank", 0, 0.7), _row("tgn", 0, 0.8), _row("tgn", 1, 0.9)]
+    rows += [_row("edgebank", 0, 0.9, "d2"), _row("tgn", 0, 0.6, "d2")]
+    text = render_leaderboard(rows)
+    assert "| d1 | 0.7000 ± 0.0000 | **0.8500 ± 0.6353** |" in text
+    assert "| d2 | **0.9000 ± 0.0000** | 0.6000 ± 0.0000 |" in text
+    assert "| mean rank | 1.50 | 1.50 |" in text
+    assert "protocol `frugal` (abababababab)" in text
+
+
+def test_leaderboard_cli_writes_markdown_and_png(tmp_path: Path) -> None:
+    document = {"benchmark": "tgraph", "rows": [_row("tgn", 0, 0.8), _row("edgebank", 0, 0.7)]}
+    (tmp_path / "results.json").write_text(json.dumps(document))
+    assert main(["tgraph", "leaderboard", str(tmp_path)]) == 0
+    assert "**0.8000" in (tmp_path / "leaderboard.md").read_text()
+    assert (tmp_path / "leaderboard.png").stat().st_size > 0
+    with pytest.raises(FileNotFoundError):
+        write_leaderboard(tmp_path / "nothing-here")
+
+
+def test_cli_rejects_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["tgraph", "bench", "--model", "cawn", "--out", str(tmp_path)]) == 2
+    assert "models[0] = 'cawn' is not allowed" in capsys.readouterr().err
+    out = str(tmp_path)
+    assert main(["tgraph", "bench", "--dataset", "collegemsg", "--task", "nc", "--out", out]) == 2
+    assert "needs node labels" in capsys.readouterr().err
+    assert main(["tgraph", "bench", "--dataset", "adult", "--out", str(tmp_path)]) == 2
+    assert "not a temporal event stream" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_tiny_bench_writes_rows_with_the_protocol_hash(tmp_path: Path) -> None:
+    config = TgraphBenchConfig(
+        datasets=("sp_hospital",),
+        models=("edgebank", "jodie"),
+        protocol=ProtocolConfig(max_epochs=1, embedding_dim=16, learning_rate=1e-3),
+        num_seeds=1,
+        num_threads=1,
+        compare_pyg_reference=False,
+    )
+    document = run_tgraph_bench(config, tmp_path)
+    stored = json.loads((tmp_path / "results.json").read_text())
+    assert stored["benchmark"] == "tgraph"
+    rows = stored["rows"]
+    digest = document["summary"]["protocols"]["sp_hospital"]["protocol_hash"]
+    assert {r["protocol_hash"] for r in rows} == {digest}
+    # Heuristic floors are always present, one row per (view, negatives).
+    assert {r["system"] for r in rows} == {
+        "edgebank",
+        "edgebank_window",
+        "recency",
+        "popularity",
+        "jodie",
+    }
+    jodie = [r for r in rows if r["system"] == "jodie"]
+    assert len(jodie) == 4 * 3
+    for key in ("auc", "ap", "auc_per_batch", "ap_per_batch", "mrr", "hits_at_10",
+                "s_per_epoch", "train_events_per_s", "infer_events_per_s", "epochs",
+                "peak_rss_mib"):  # fmt: skip
+        assert key in jodie[0], key
+    assert len(list((tmp_path / "negatives").glob("*.npz"))) == 1
+    assert (tmp_path / "results.jsonl").read_text().count("\n") == len(rows)

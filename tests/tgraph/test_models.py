@@ -1,0 +1,192 @@
+"""Models: leakage (no future or same-batch events), state restore, heuristics, smoke training."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from frugal.data import TemporalEvents, load_events
+from frugal.data.synthetic import TemporalStreamConfig, generate_temporal_events
+from frugal.tgraph.models import HeuristicModel, TemporalGNN
+from frugal.tgraph.neighbors import NeighborFinder
+from frugal.tgraph.protocol import ProtocolConfig, build_protocol
+from frugal.tgraph.train import evaluate_split, run_link_prediction, run_node_classification
+
+
+@pytest.fixture(scope="module")
+def stream() -> TemporalEvents:
+    return generate_temporal_events(TemporalStreamConfig(num_events=1200, num_nodes=40))
+
+
+def _model(variant: str, events: TemporalEvents, dim: int = 16) -> TemporalGNN:
+    torch.manual_seed(0)
+    msg = np.zeros((events.num_events, 0), np.float32)
+    config = TemporalGNN.Config(variant=variant, embedding_dim=dim, num_neighbors=5)  # type: ignore[arg-type]
+    model = TemporalGNN(config, events.num_nodes, msg)
+    model.eval()
+    return model
+
+
+def _step(model: TemporalGNN, events: TemporalEvents, lo: int, hi: int, finder: NeighborFinder):  # type: ignore[no-untyped-def]
+    src, dst, t = events.src[lo:hi], events.dst[lo:hi], events.t[lo:hi]
+    logits, _, _, other = model.forward_batch(src, [dst], t, lo, finder)
+    model.commit_numpy(src, dst, t, np.arange(lo, hi), other)
+    return logits[0]
+
+
+@pytest.mark.parametrize("variant", ["tgn", "jodie", "dyrep", "tgat"])
+def test_no_batch_sees_future_or_its_own_events(variant: str, stream: TemporalEvents) -> None:
+    full = NeighborFinder(stream.src, stream.dst, stream.t, stream.num_nodes)
+    b0 = 600
+    past = NeighborFinder(stream.src[:b0], stream.dst[:b0], stream.t[:b0], stream.num_nodes)
+    model = _model(variant, stream)
+    with torch.no_grad():
+        for lo in range(0, b0, 100):
+            _step(model, stream, lo, lo + 100, full)
+        state = model.state()
+        src, dst, t = stream.src[b0 : b0 + 100], stream.dst[b0 : b0 + 100], stream.t[b0 : b0 + 100]
+        with_future = model.forward_batch(src, [dst], t, b0, full)[0][0]
+        model.load_state(state)
+        only_past = model.forward_batch(src, [dst], t, b0, past)[0][0]
+    # A finder that holds the batch's own and later events gives the same scores as one that
+    # holds only the past: nothing at or after the batch start is visible.
+    torch.testing.assert_close(with_future, only_past)
+
+
+def test_state_restore_gives_identical_passes(stream: TemporalEvents) -> None:
+    protocol = build_protocol(stream, "synthetic", replace(ProtocolConfig(), eval_batch_size=100))
+    finder = NeighborFinder(stream.src, stream.dst, stream.t, stream.num_nodes)
+    model = _model("tgn", stream)
+    with torch.no_grad():
+        for lo in range(0, protocol.split.val_start, 100):
+            _step(model, stream, lo, min(lo + 100, protocol.split.val_start), finder)
+        backup = model.state()
+        first = evaluate_split(model, protocol, "val", finder, use_ranking=True)
+        assert not torch.equal(model.memory, backup["memory"])  # the pass moved the state
+        model.load_state(backup)
+        second = evaluate_split(model, protocol, "val", finder, use_ranking=True)
+    np.testing.assert_array_equal(first.pos, second.pos)
+    assert first.ranks is not None and second.ranks is not None
+    np.testing.assert_array_equal(first.ranks, second.ranks)
+
+
+def test_commit_keeps_each_nodes_last_message() -> None:
+    events = TemporalEvents(
+        src=np.array([0, 0]), dst=np.array([1, 2]), t=np.array([5, 7]), num_nodes=3
+    )
+    model = _model("tgn", events)
+    tensors = (
+        torch.tensor([0, 0]),
+        torch.tensor([1, 2]),
+        torch.tensor([5, 7]),
+        torch.tensor([0, 1]),
+    )
+    model.commit(*tensors)
+    # Node 0's last event is (0 -> 2, t 7, eid 1); nodes 1 and 2 each saw one event from 0.
+    assert model.pending.tolist() == [True, True, True]
+    assert model.pending_other.tolist() == [2, 0, 0]
+    assert model.pending_t.tolist() == [7, 5, 7]
+    assert model.pending_eid.tolist() == [1, 0, 1]
+
+
+def test_score_all_matches_pairwise_decoder(stream: TemporalEvents) -> None:
+    model = _model("tgn", stream)
+    z_src, z_cand = torch.randn(5, 16), torch.randn(7, 16)
+    dense = torch.stack([model.score(z_src[i].expand(7, -1), z_cand) for i in range(5)])
+    torch.testing.assert_close(model.score_all(z_src, z_cand, chunk_size=2), dense)
+
+
+def test_heuristics_by_hand() -> None:
+    # Seen: (0,1) at t 10, (0,1) at t 20, (2,1) at t 30. Window 15, query at t 40.
+    src, dst, t = np.array([0, 0, 2]), np.array([1, 1, 1]), np.array([10, 20, 30])
+    query = (np.array([0, 0, 2]), np.array([1, 2, 1]), np.array([40, 40, 40]))
+    bank = HeuristicModel("edgebank", 3)
+    bank.observe(src, dst, t)
+    assert bank.score(*query).tolist() == [1.0, 0.0, 1.0]
+    window = HeuristicModel("edgebank_window", 3, window_s=15)
+    window.observe(src, dst, t)
+    assert window.score(*query).tolist() == [0.0, 0.0, 1.0]  # 40-20 > 15, 40-30 <= 15
+    recency = HeuristicModel("recency", 3)
+    recency.observe(src, dst, t)
+    scores = recency.score(*query)
+    assert scores[0] == -20 and scores[2] == -10 and scores[1] < -1e17
+    popularity = HeuristicModel("popularity", 3, window_s=10)
+    popularity.observe(src[:2], dst[:2], t[:2])  # node 1 at t 10 and 20 (one batch)
+    popularity.observe(src[2:], dst[2:], t[2:])  # node 1 at t 30
+    # Batch 1 decays 0 and adds 2 -> 2 at t 20; batch 2: 2 * e^-1 + 1 at t 30; query at 40
+    # decays by e^-1 again.
+    expected = (2 * np.exp(-1) + 1) * np.exp(-1)
+    assert popularity.score(np.array([0]), np.array([1]), np.array([40]))[0] == pytest.approx(
+        expected
+    )
+
+
+def test_node_classification_needs_labels(stream: TemporalEvents) -> None:
+    unlabelled = replace(stream, node_label=None, label_names=())
+    protocol = build_protocol(unlabelled, "synthetic", ProtocolConfig())
+    with pytest.raises(ValueError, match="needs node labels"):
+        run_node_classification(_model("tgn", stream), protocol, 0)
+    with pytest.raises(ValueError, match="unknown"):
+        run_link_prediction("cawn", protocol, 0)
+
+
+def _hospital_prefix(num_events: int = 6000) -> TemporalEvents:
+    full = load_events("sp_hospital")
+    return replace(
+        full, src=full.src[:num_events], dst=full.dst[:num_events], t=full.t[:num_events]
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["tgn", "jodie", "dyrep", "tgat"])
+def test_smoke_training_learns_on_real_data(variant: str) -> None:
+    events = _hospital_prefix()
+    config = replace(
+        ProtocolConfig(), max_epochs=3, learning_rate=3e-3, embedding_dim=32, num_neighbors=5
+    )
+    protocol = build_protocol(events, "sp_hospital_prefix", config)
+    result = run_link_prediction(variant, protocol, 0, num_threads=1)
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < losses[0]
+    head = next(
+        r for r in result.rows if r["view"] == "transductive" and r["negatives"] == "random"
+    )
+    assert head["auc"] > 0.6
+    assert 0 < head["mrr"] <= 1
+    assert result.efficiency["params"] > 0
+    if variant == "tgn":
+        nc = run_node_classification(result.model, protocol, 0)  # type: ignore[arg-type]
+        assert 0 <= nc["nc_auc"] <= 1
+        assert nc["num_classes"] == 4
+
+
+def test_fresh_memory_counts_time_from_the_stream_start() -> None:
+    # Unix-second timestamps: a node's first message must see dt = t - t0 (here 5 s), not
+    # ~1.7e9 s since 1970.
+    events = TemporalEvents(
+        src=np.array([0, 1]), dst=np.array([1, 2]), t=np.array([1_700_000_000, 1_700_000_005]),
+        num_nodes=3,
+    )  # fmt: skip
+    msg = np.zeros((2, 0), np.float32)
+    config = TemporalGNN.Config(variant="tgn", embedding_dim=8, num_neighbors=2)
+    model = TemporalGNN(config, 3, msg, time_origin=int(events.t[0]))
+    assert model.last_update.tolist() == [1_700_000_000] * 3
+    model.reset_state()
+    assert model.last_update.tolist() == [1_700_000_000] * 3
+    model.commit_numpy(events.src[:1], events.dst[:1], events.t[:1], np.array([0]))
+    _, last_update = model._flushed_memory(torch.tensor([0, 1]))
+    assert last_update[:2].tolist() == [1_700_000_000, 1_700_000_000]  # the pending event's t
+
+
+def test_time_encoder_is_fixed_by_default() -> None:
+    from frugal.tgraph.models import TimeEncoder
+
+    fixed, learnable = TimeEncoder(4), TimeEncoder(4, learnable=True)
+    assert not fixed.weight.requires_grad and learnable.weight.requires_grad
+    # w = 10^-[0, 3, 6, 9], b = 0: phi(0) = 1 everywhere, phi(1)[0] = cos(1).
+    torch.testing.assert_close(fixed.weight, torch.tensor([1.0, 1e-3, 1e-6, 1e-9]))
+    torch.testing.assert_close(fixed(torch.zeros(1)), torch.ones(1, 4))
+    assert fixed(torch.ones(1))[0, 0].item() == pytest.approx(np.cos(1.0), abs=1e-6)
