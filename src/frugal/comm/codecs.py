@@ -23,6 +23,8 @@ References:
 from __future__ import annotations
 
 import math
+import zlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -226,16 +228,35 @@ class DeltaCodec:
     The sender and the receiver each hold one `DeltaCodec` with their own buffers. Call
     `encode(x, example_ids)` on the sender and `decode(encoded, example_ids)` on the receiver
     with the same ids; after each call both buffers hold the same value. An example seen for
-    the first time is sent as float32 (its row of the payload is exact).
+    the first time is sent as float32 (its row of the payload is exact). The buffers are one
+    (capacity, ...) float32 table indexed by example id, grown by doubling; no per-example
+    Python work.
 
     Shapes:
-        x: (N, ...) with one row per example; example_ids: (N,) int64.
+        x: (N, ...) with one row per example; example_ids: (N,) int64, each >= 0.
+
+    References:
+        Fine-tuning Language Models over Slow Networks using Activation Compression with
+        Guarantees, NeurIPS 2022, arXiv 2206.01299 (section 3, algorithm 1).
     """
 
     def __init__(self, bits: int) -> None:
         self.quantizer = QuantizeCodec(bits)
+        self.bits = bits
         self.name = f"aqsgd{bits}"
-        self.buffers: dict[int, Tensor] = {}
+        self._table = torch.empty(0)
+        self._seen = torch.zeros(0, dtype=torch.bool)
+
+    @property
+    def buffers(self) -> Mapping[int, Tensor]:
+        """Read-only view: example id -> its buffered activation (ids seen so far)."""
+        return _BufferView(self._table, self._seen)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes held by the buffers of the examples seen so far."""
+        row = self._table[0].numel() * 4 if self._table.numel() else 0
+        return int(self._seen.sum()) * row
 
     def wire_bytes(self, shape: tuple[int, ...], num_new: int = 0) -> int:
         """Quantized deltas for the seen examples plus float32 rows for `num_new` new ones."""
@@ -244,54 +265,103 @@ class DeltaCodec:
         delta = self.quantizer.wire_bytes(seen) if seen[0] else 0
         return delta + 4 * per_example * num_new
 
-    def _split(self, example_ids: Tensor) -> tuple[list[int], Tensor]:
-        ids = [int(i) for i in example_ids.tolist()]
-        if len(set(ids)) != len(ids):
+    def num_new(self, example_ids: Tensor) -> int:
+        """How many of `example_ids` this side has not buffered yet."""
+        ids = example_ids.long()
+        inside = ids < self._seen.numel()
+        return int((~inside).sum()) + int((~self._seen[ids[inside]]).sum())
+
+    def rows_crc32(self, example_ids: Tensor) -> int:
+        """CRC32 of the buffered rows of `example_ids`, in that order (drift check)."""
+        rows = self._table[example_ids.long()].contiguous()
+        return zlib.crc32(rows.numpy().tobytes())
+
+    def _prepare(self, example_ids: Tensor, row_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+        ids = example_ids.long()
+        if ids.numel() and int(ids.min()) < 0:
+            raise ValueError(f"example_ids must be >= 0, got min {int(ids.min())}")
+        if torch.unique(ids).numel() != ids.numel():
             raise ValueError("example_ids repeat within one message; each example once")
-        new = torch.tensor([i not in self.buffers for i in ids], dtype=torch.bool)
-        return ids, new
+        need = int(ids.max()) + 1 if ids.numel() else 0
+        if need > self._seen.numel() or tuple(self._table.shape[1:]) != row_shape:
+            if self._seen.numel() and tuple(self._table.shape[1:]) != row_shape:
+                raise ValueError(
+                    f"example shape {row_shape} differs from the buffered "
+                    f"{tuple(self._table.shape[1:])}; one DeltaCodec per link and tensor"
+                )
+            capacity = max(need, 2 * self._seen.numel())
+            table = torch.zeros((capacity, *row_shape), dtype=torch.float32)
+            seen = torch.zeros(capacity, dtype=torch.bool)
+            if self._seen.numel():
+                table[: self._table.shape[0]] = self._table
+                seen[: self._seen.numel()] = self._seen
+            self._table, self._seen = table, seen
+        return ids, ~self._seen[ids]
+
+    def store(self, x: Tensor, example_ids: Tensor) -> None:
+        """Set the buffers of `example_ids` to `x` exactly (warm-up: x travelled as fp32).
+
+        Raises:
+            ValueError: If ids repeat or are negative.
+        """
+        ids, _ = self._prepare(example_ids, tuple(x.shape[1:]))
+        self._table[ids] = x
+        self._seen[ids] = True
 
     def encode(self, x: Tensor, example_ids: Tensor) -> Encoded:
         """Encode; update this side's buffers with what the receiver will decode.
 
         Raises:
             TypeError: If `x` is not float32.
-            ValueError: If ids repeat or their count differs from x's first dimension.
+            ValueError: If ids repeat, are negative or their count differs from x's first
+                dimension.
         """
         _check_float32(x)
         if example_ids.shape != (x.shape[0],):
             raise ValueError(
                 f"example_ids must have shape ({x.shape[0]},), got {tuple(example_ids.shape)}"
             )
-        ids, new = self._split(example_ids)
+        ids, new = self._prepare(example_ids, tuple(x.shape[1:]))
         seen = ~new
         tensors: list[Tensor] = [x[new].contiguous()]
         if seen.any():
-            reference = torch.stack(
-                [self.buffers[i] for i, s in zip(ids, seen.tolist(), strict=True) if s]
-            )
+            reference = self._table[ids[seen]]
             delta = self.quantizer.encode(x[seen] - reference)
             tensors.extend(delta.tensors)
-            decoded = reference + self.quantizer.decode(delta)
-        rows_new = iter(x[new])
-        rows_seen = iter(decoded) if seen.any() else iter(())
-        for i, is_new in zip(ids, new.tolist(), strict=True):
-            self.buffers[i] = (next(rows_new) if is_new else next(rows_seen)).clone()
+            self._table[ids[seen]] = reference + self.quantizer.decode(delta)
+        self._table[ids[new]] = x[new]
+        self._seen[ids] = True
         return Encoded(tuple(x.shape), tuple(tensors))
 
     def decode(self, encoded: Encoded, example_ids: Tensor) -> Tensor:
-        """Rebuild the activations and update this side's buffers."""
-        ids, new = self._split(example_ids)
-        out = torch.empty(encoded.shape, dtype=torch.float32)
-        out[new] = encoded.tensors[0]
+        """Rebuild the activations and update this side's buffers.
+
+        Raises:
+            ValueError: If ids repeat or are negative.
+        """
+        ids, new = self._prepare(example_ids, tuple(encoded.shape[1:]))
         seen = ~new
         if seen.any():
-            reference = torch.stack(
-                [self.buffers[i] for i, s in zip(ids, seen.tolist(), strict=True) if s]
-            )
+            reference = self._table[ids[seen]]
             shape = (int(seen.sum()), *encoded.shape[1:])
             delta = self.quantizer.decode(Encoded(shape, tuple(encoded.tensors[1:])))
-            out[seen] = reference + delta
-        for k, i in enumerate(ids):
-            self.buffers[i] = out[k].clone()
-        return out
+            self._table[ids[seen]] = reference + delta
+        self._table[ids[new]] = encoded.tensors[0].reshape(-1, *encoded.shape[1:])
+        self._seen[ids] = True
+        return self._table[ids].clone()
+
+
+class _BufferView(Mapping[int, Tensor]):
+    def __init__(self, table: Tensor, seen: Tensor) -> None:
+        self._table, self._seen = table, seen
+
+    def __getitem__(self, key: int) -> Tensor:
+        if not 0 <= key < self._seen.numel() or not bool(self._seen[key]):
+            raise KeyError(key)
+        return self._table[key]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(torch.nonzero(self._seen).flatten().tolist())
+
+    def __len__(self) -> int:
+        return int(self._seen.sum())
