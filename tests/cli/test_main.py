@@ -26,6 +26,24 @@ PINNED_SURFACE = {
     "store bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
     "plan": ["--cluster", "--config", "--help", "--out", "--scenario", "--set", "-h"],
     "plan bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
+    "pipeline": ["--help", "-h"],
+    "pipeline train": [
+        "--bandwidth-mbps",
+        "--bw-bits",
+        "--codec",
+        "--config",
+        "--fw-bits",
+        "--help",
+        "--model",
+        "--out",
+        "--plan",
+        "--rho",
+        "--set",
+        "--stages",
+        "--steps",
+        "-h",
+    ],
+    "pipeline bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
 }
 
 

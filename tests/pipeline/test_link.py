@@ -74,9 +74,7 @@ def test_shaper_sleeps_until_release_then_sends_in_order() -> None:
     clock = _FakeClock()
     sent: list[tuple[int, float]] = []
     done = threading.Event()
-    shaper = LinkShaper(
-        LinkSpec(bandwidth_bits_per_s=8_000.0), clock=clock, sleep=clock.sleep
-    )
+    shaper = LinkShaper(LinkSpec(bandwidth_bits_per_s=8_000.0), clock=clock, sleep=clock.sleep)
     try:
         first = shaper.submit(1_000, lambda: sent.append((1, clock.now)))
         second = shaper.submit(3_000, lambda: (sent.append((2, clock.now)), done.set()))
@@ -105,8 +103,12 @@ def test_simulator_by_hand() -> None:
     )
     assert result.step_time_s == pytest.approx(11.0)
     unshaped = simulate_step(
-        schedule="1f1b", num_microbatches=4, forward_s=[1.0] * 4, backward_s=[2.0] * 4,
-        activation_bytes=[[1] * 4] * 3, gradient_bytes=[[1] * 4] * 3,
+        schedule="1f1b",
+        num_microbatches=4,
+        forward_s=[1.0] * 4,
+        backward_s=[2.0] * 4,
+        activation_bytes=[[1] * 4] * 3,
+        gradient_bytes=[[1] * 4] * 3,
         bandwidth_bits_per_s=math.inf,
-    )  # fmt: skip
+    )
     assert unshaped.step_time_s == pytest.approx((4 + 4 - 1) * 3.0)  # (m + p - 1)(F + B)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -30,10 +31,16 @@ def _pipeline(spec: str, schedule: str, num_stages: int = 4, m: int = 3, micro: 
     layers = (1,) * num_stages if num_stages == 4 else (2, 2)
     transport = LocalTransport()
     runners = [
-        StageRunner(module, CodecSpec.parse(spec), transport, learning_rate=1e-3,
-                    num_microbatches_total=m, drift_check_every=1)
+        StageRunner(
+            module,
+            CodecSpec.parse(spec),
+            transport,
+            learning_rate=1e-3,
+            num_microbatches_total=m,
+            drift_check_every=1,
+        )
         for module in build_stages(model, layers)
-    ]  # fmt: skip
+    ]
     actions = [build_schedule(schedule, num_stages, s, m) for s in range(num_stages)]
     return model, reference, data, transport, runners, actions
 
@@ -80,9 +87,10 @@ def test_bytes_per_step_equal_the_analytic_wire_size(spec: str) -> None:
         run_local_step(runners, transport, actions, step, _microbatches(data, ids, 2))
         new = 2 if (codec.method == "aqsgd" and step < 2) else 0  # first visits travel fp32
         for runner in runners[:-1]:
-            assert runner.stats.activation_bytes[-1] == [
-                message_wire_bytes(codec, 0, shape, num_new=new)
-            ] * 3
+            assert (
+                runner.stats.activation_bytes[-1]
+                == [message_wire_bytes(codec, 0, shape, num_new=new)] * 3
+            )
         for runner in runners[1:]:
             assert runner.stats.gradient_bytes[-1] == [message_wire_bytes(codec, 1, shape)] * 3
     if spec == "directq:fw2,bw4":
@@ -97,7 +105,7 @@ def test_aqsgd_sender_and_receiver_buffers_stay_identical() -> None:
     for step in range(4):  # drift_check_every=1: every message carries the sender's CRC32
         ids = data.train_ids[(step % 2) * 6 : (step % 2) * 6 + 6]
         run_local_step(runners, transport, actions, step, _microbatches(data, ids, 2))
-    for sender, receiver in zip(runners[:-1], runners[1:], strict=True):
+    for sender, receiver in itertools.pairwise(runners):
         a, b = sender.act_out.delta, receiver.act_in.delta
         assert a is not None and b is not None
         assert len(a.buffers) == len(b.buffers) == 12

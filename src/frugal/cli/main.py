@@ -10,6 +10,7 @@ from typing import NoReturn
 import frugal
 from frugal import FrugalError
 from frugal.cli import data as data_command
+from frugal.cli import pipeline as pipeline_command
 from frugal.cli import plan as plan_command
 from frugal.cli import store as store_command
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_command.register(commands)
     store_command.register(commands)
     plan_command.register(commands)
+    pipeline_command.register(commands)
     return parser
 
 

@@ -126,10 +126,7 @@ def link_table(
         ValueError: If an override names a rank outside [0, world_size) or src == dst.
     """
     table = {
-        (src, dst): default
-        for src in range(world_size)
-        for dst in range(world_size)
-        if src != dst
+        (src, dst): default for src in range(world_size) for dst in range(world_size) if src != dst
     }
     for (src, dst), spec in (overrides or {}).items():
         if (src, dst) not in table:
@@ -247,7 +244,7 @@ class LinkShaper:
                 self._sleep(delay)
             try:
                 send()
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            except BaseException as exc:
                 handle._finish(exc)
             else:
                 handle._finish()

@@ -35,11 +35,11 @@ __all__ = [
     "HEADER_WORDS",
     "KIND_ACTIVATION",
     "KIND_GRADIENT",
+    "BufferDriftError",
     "CodecSpec",
     "LinkCodec",
     "NonFiniteMessageError",
     "ProtocolError",
-    "BufferDriftError",
     "message_wire_bytes",
     "parse_header",
 ]
@@ -100,7 +100,7 @@ class CodecSpec:
                 f"codec {text!r}: use fp32, fp16, bf16, directq:fwK,bwJ or aqsgd:fwK,bwJ "
                 "with K, J in 1..8 (e.g. aqsgd:fw2,bw4)"
             )
-        method = "directq" if match.group(1) == "directq" else "aqsgd"
+        method: MethodName = "directq" if match.group(1) == "directq" else "aqsgd"
         return cls(method, int(match.group(2)), int(match.group(3)))
 
     @property
@@ -186,9 +186,9 @@ def _take(payload: Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ..
     return payload[offset : offset + size].view(dtype).reshape(shape)
 
 
-def _quantized_parts(payload: Tensor, offset: int, shape: tuple[int, ...], bits: int) -> tuple[
-    Tensor, Tensor
-]:  # fmt: skip
+def _quantized_parts(
+    payload: Tensor, offset: int, shape: tuple[int, ...], bits: int
+) -> tuple[Tensor, Tensor]:
     rows, cols = math.prod(shape[:-1]), shape[-1]
     header = _take(payload, offset, torch.float32, (rows, 2))
     packed = _take(payload, offset + 8 * rows, torch.uint8, (rows, math.ceil(cols * bits / 8)))

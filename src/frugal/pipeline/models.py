@@ -81,7 +81,8 @@ class _Block(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (M, heads, T, H / heads)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x_MTH = x_MTH + self.proj(att.transpose(1, 2).reshape(m, t, h))
-        return x_MTH + self.out(F.gelu(self.fc(self.ln2(x_MTH))))
+        out: Tensor = x_MTH + self.out(F.gelu(self.fc(self.ln2(x_MTH))))
+        return out
 
 
 class TinyGPT(nn.Module):

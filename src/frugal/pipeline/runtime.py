@@ -61,15 +61,21 @@ class PipelineError(FrugalError):
 class PeerLostError(PipelineError):
     """A peer rank did not answer within the timeout or closed its connection."""
 
-    def __init__(self, *, rank: int, stage: int, peer: int, op: str, step: int, mb: int,
-                 cause: str) -> None:  # fmt: skip
+    def __init__(
+        self, *, rank: int, stage: int, peer: int, op: str, step: int, mb: int, cause: str
+    ) -> None:
         super().__init__(
             f"rank {rank} (stage {stage}) lost peer rank {peer} during {op} at step {step}, "
             f"micro-batch {mb}: {cause}"
         )
         self.rank, self.stage, self.peer, self.op, self.step, self.mb = (
-            rank, stage, peer, op, step, mb
-        )  # fmt: skip
+            rank,
+            stage,
+            peer,
+            op,
+            step,
+            mb,
+        )
 
 
 class ConfigMismatchError(PipelineError):
@@ -98,8 +104,9 @@ class Handle(Protocol):
 class Transport(Protocol):
     """Moves (header, payload) between stages; `tag` 0 = activations, 1 = gradients."""
 
-    def post(self, peer: int, tag: int, header: Tensor, payload: Tensor, *, step: int,
-             mb: int) -> Handle:  # fmt: skip
+    def post(
+        self, peer: int, tag: int, header: Tensor, payload: Tensor, *, step: int, mb: int
+    ) -> Handle:
         """Send a message to stage `peer`; returns at once."""
         ...
 
@@ -123,8 +130,9 @@ class LocalTransport:
         self.stage = 0
         """The stage currently executing (the local executor sets it)."""
 
-    def post(self, peer: int, tag: int, header: Tensor, payload: Tensor, *, step: int,
-             mb: int) -> Handle:  # fmt: skip
+    def post(
+        self, peer: int, tag: int, header: Tensor, payload: Tensor, *, step: int, mb: int
+    ) -> Handle:
         """Queue the message for stage `peer`."""
         self._queues[(self.stage, peer, tag)].append((header.clone(), payload.clone()))
         return _Done()
@@ -156,8 +164,15 @@ class DistTransport:
         timeout_s: Limit of every wait.
     """
 
-    def __init__(self, *, rank: int, stage: int, peer_ranks: dict[int, int],
-                 links: dict[tuple[int, int], LinkSpec], timeout_s: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        rank: int,
+        stage: int,
+        peer_ranks: dict[int, int],
+        links: dict[tuple[int, int], LinkSpec],
+        timeout_s: float,
+    ) -> None:
         self.rank, self.stage = rank, stage
         self.peer_ranks = peer_ranks
         self.timeout_s = timeout_s
@@ -170,14 +185,29 @@ class DistTransport:
         try:
             ok = work.wait(datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:  # gloo: timeout or connection closed by a dead peer
-            raise PeerLostError(rank=self.rank, stage=self.stage, peer=peer, op=op, step=step,
-                                mb=mb, cause=str(exc).splitlines()[0]) from exc  # fmt: skip
+            raise PeerLostError(
+                rank=self.rank,
+                stage=self.stage,
+                peer=peer,
+                op=op,
+                step=step,
+                mb=mb,
+                cause=str(exc).splitlines()[0],
+            ) from exc
         if ok is False:
-            raise PeerLostError(rank=self.rank, stage=self.stage, peer=peer, op=op, step=step,
-                                mb=mb, cause=f"no answer in {self.timeout_s} s")  # fmt: skip
+            raise PeerLostError(
+                rank=self.rank,
+                stage=self.stage,
+                peer=peer,
+                op=op,
+                step=step,
+                mb=mb,
+                cause=f"no answer in {self.timeout_s} s",
+            )
 
-    def post(self, peer: int, tag: int, header: Tensor, payload: Tensor, *, step: int,
-             mb: int) -> Handle:  # fmt: skip
+    def post(
+        self, peer: int, tag: int, header: Tensor, payload: Tensor, *, step: int, mb: int
+    ) -> Handle:
         """Queue the message on the shaped link to stage `peer`; returns its handle."""
         dst = self.peer_ranks[peer]
 
@@ -189,8 +219,13 @@ class DistTransport:
                 assert work is not None  # isend always returns a Work outside coalescing
                 self._wait(work, dst, "send", step, mb)
 
-        return _CheckedHandle(self, self.shapers[peer].submit(header.numel() * 8 +
-                                                             payload.numel(), send), dst, step, mb)
+        return _CheckedHandle(
+            self,
+            self.shapers[peer].submit(header.numel() * 8 + payload.numel(), send),
+            dst,
+            step,
+            mb,
+        )
 
     def fetch(self, peer: int, tag: int, *, step: int, mb: int) -> tuple[Tensor, Tensor]:
         """Receive the header from stage `peer`, then the payload it announces.
@@ -218,19 +253,31 @@ class DistTransport:
 
 
 class _CheckedHandle:
-    def __init__(self, transport: DistTransport, handle: SendHandle, peer: int, step: int,
-                 mb: int) -> None:  # fmt: skip
+    def __init__(
+        self, transport: DistTransport, handle: SendHandle, peer: int, step: int, mb: int
+    ) -> None:
         self.transport, self.handle, self.peer, self.step, self.mb = (
-            transport, handle, peer, step, mb
-        )  # fmt: skip
+            transport,
+            handle,
+            peer,
+            step,
+            mb,
+        )
 
     def wait(self, timeout_s: float) -> None:
         t = self.transport
         try:
             self.handle.wait(timeout_s)
         except TimeoutError as exc:
-            raise PeerLostError(rank=t.rank, stage=t.stage, peer=self.peer, op="send",
-                                step=self.step, mb=self.mb, cause=str(exc)) from exc  # fmt: skip
+            raise PeerLostError(
+                rank=t.rank,
+                stage=t.stage,
+                peer=self.peer,
+                op="send",
+                step=self.step,
+                mb=self.mb,
+                cause=str(exc),
+            ) from exc
         except LinkError as exc:
             if isinstance(exc.__cause__, PipelineError):
                 raise exc.__cause__ from None
@@ -289,16 +336,24 @@ class StageRunner:
         timeout_s: Limit of every wait.
     """
 
-    def __init__(self, module: StageModule, spec: CodecSpec, transport: Transport, *,
-                 learning_rate: float, num_microbatches_total: int,
-                 dp_group: dist.ProcessGroup | None = None, drift_check_every: int = 0,
-                 warmup_steps: int = 0, timeout_s: float = 120.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        module: StageModule,
+        spec: CodecSpec,
+        transport: Transport,
+        *,
+        learning_rate: float,
+        num_microbatches_total: int,
+        dp_group: dist.ProcessGroup | None = None,
+        drift_check_every: int = 0,
+        warmup_steps: int = 0,
+        timeout_s: float = 120.0,
+    ) -> None:
         self.module = module
         self.stage = module.stage
         self.spec = spec
         self.transport = transport
-        self.optimizer = torch.optim.AdamW(module.parameters(), lr=learning_rate,
-                                           weight_decay=0.0)  # fmt: skip
+        self.optimizer = torch.optim.AdamW(module.parameters(), lr=learning_rate, weight_decay=0.0)
         self.scale = 1.0 / num_microbatches_total
         self.dp_group = dp_group
         self.drift_check_every = drift_check_every
@@ -334,8 +389,9 @@ class StageRunner:
     def _send(self, codec: LinkCodec, peer: int, x: Tensor, j: int, what: str) -> int:
         check = self.drift_check_every > 0 and self._step % self.drift_check_every == 0
         header, payload, finite = codec.encode(x, self._mbs[j].ids, self._step, j, check)
-        self._pending.append(self.transport.post(peer, codec.kind, header, payload,
-                                                 step=self._step, mb=j))  # fmt: skip
+        self._pending.append(
+            self.transport.post(peer, codec.kind, header, payload, step=self._step, mb=j)
+        )
         if not finite:  # the flagged header went out first, so the peer fails at once too
             raise NonFiniteError(stage=self.stage, step=self._step, mb=j, tensor=what)
         return HEADER_WORDS * 8 + payload.numel()
@@ -346,8 +402,9 @@ class StageRunner:
             fields = codec.expect(header, self._step, j)
         except NonFiniteMessageError as exc:
             what = "activation" if codec.kind == KIND_ACTIVATION else "gradient"
-            raise NonFiniteError(stage=peer, step=self._step, mb=j,
-                                 tensor=f"{what} received by stage {self.stage}") from exc
+            raise NonFiniteError(
+                stage=peer, step=self._step, mb=j, tensor=f"{what} received by stage {self.stage}"
+            ) from exc
         return codec.decode(fields, payload, self._mbs[j].ids)
 
     def run(self, action: Action) -> None:
@@ -384,7 +441,7 @@ class StageRunner:
                 grad = self._receive(self.grad_in, self.stage + 1, j)
             t0 = time.perf_counter()
             out = self._outputs.pop(j)
-            out.backward(grad)
+            torch.autograd.backward(out, grad)
             x = self._inputs.pop(j)
             if not self.module.is_first:
                 assert x.grad is not None

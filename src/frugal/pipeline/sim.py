@@ -68,8 +68,7 @@ def simulate_step(
     p, m = len(forward_s), num_microbatches
     if len(backward_s) != p or len(activation_bytes) != p - 1 or len(gradient_bytes) != p - 1:
         raise ValueError(
-            f"{p} stages need {p} backward times and {p - 1} rows of activation and gradient "
-            "bytes"
+            f"{p} stages need {p} backward times and {p - 1} rows of activation and gradient bytes"
         )
 
     def hold(num_bytes: int) -> float:
@@ -91,14 +90,18 @@ def simulate_step(
                 op, j = actions[s][position[s]]
                 if op == "F":
                     ready = 0.0 if s == 0 else fwd_arrival.get((s, j), -1.0)
-                    cost, dst, num_bytes = forward_s[s], s + 1, (
-                        activation_bytes[s][j] if s < p - 1 else 0
+                    cost, dst, num_bytes = (
+                        forward_s[s],
+                        s + 1,
+                        (activation_bytes[s][j] if s < p - 1 else 0),
                     )
                     target = fwd_arrival
                 else:
                     ready = 0.0 if s == p - 1 else bwd_arrival.get((s, j), -1.0)
-                    cost, dst, num_bytes = backward_s[s], s - 1, (
-                        gradient_bytes[s - 1][j] if s > 0 else 0
+                    cost, dst, num_bytes = (
+                        backward_s[s],
+                        s - 1,
+                        (gradient_bytes[s - 1][j] if s > 0 else 0),
                     )
                     target = bwd_arrival
                 if ready < 0:

@@ -116,9 +116,7 @@ class PipelineTrainConfig:
         check_types(self)
         CodecSpec.parse(self.codec)
         if min(self.micro_batch_size, self.num_microbatches, self.steps, self.num_eval) < 1:
-            raise ValueError(
-                "micro_batch_size, num_microbatches, steps and num_eval must be >= 1"
-            )
+            raise ValueError("micro_batch_size, num_microbatches, steps and num_eval must be >= 1")
         if self.num_train < self.micro_batch_size * self.num_microbatches:
             raise ValueError(
                 f"num_train={self.num_train} is below one step's "
@@ -236,18 +234,21 @@ def _step_ids(
 
 
 def _microbatches(data: TextWindows, ids: torch.Tensor, size: int) -> list[Microbatch]:
-    return [Microbatch(chunk, *data.batch(chunk)) for chunk in ids.split(size)]
+    return [Microbatch(chunk, *data.batch(chunk)) for chunk in torch.split(ids, size)]
 
 
 def evaluate(model: TinyGPT, data: TextWindows, batch_size: int = 32) -> float:
     """Mean next-byte cross-entropy (nats) of the unpartitioned model on the eval windows."""
     total, count = 0.0, 0
     with torch.no_grad():
-        for chunk in data.eval_ids.split(batch_size):
+        for chunk in torch.split(data.eval_ids, batch_size):
             inputs, targets = data.batch(chunk)
             logits = model(inputs)
-            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                           targets.reshape(-1), reduction="sum"))  # fmt: skip
+            total += float(
+                F.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
+                )
+            )
             count += targets.numel()
     return total / count
 
@@ -286,26 +287,30 @@ def train_local(
     spec = CodecSpec.parse(config.codec)
     m = config.num_microbatches
     runners = [
-        StageRunner(module, spec, transport, learning_rate=config.learning_rate,
-                    num_microbatches_total=m, drift_check_every=config.drift_check_every,
-                    warmup_steps=config.warmup_steps)
+        StageRunner(
+            module,
+            spec,
+            transport,
+            learning_rate=config.learning_rate,
+            num_microbatches_total=m,
+            drift_check_every=config.drift_check_every,
+            warmup_steps=config.warmup_steps,
+        )
         for module in build_stages(model, layers, config.use_recompute)
-    ]  # fmt: skip
+    ]
     actions = [build_schedule(config.schedule, len(layers), s, m) for s in range(len(layers))]
     per_step = m * config.micro_batch_size
     losses = []
     for step in range(config.steps):
         ids = _step_ids(data, config, step, per_step, repeat=False)
-        loss = run_local_step(runners, transport, actions, step,
-                              _microbatches(data, ids, config.micro_batch_size))  # fmt: skip
+        loss = run_local_step(
+            runners, transport, actions, step, _microbatches(data, ids, config.micro_batch_size)
+        )
         losses.append(loss)
         if progress is not None:
             progress(step, loss)
     buffer_bytes = sum(
-        c.delta.buffer_bytes
-        for r in runners
-        for c in (r.act_in, r.act_out)
-        if c.delta is not None
+        c.delta.buffer_bytes for r in runners for c in (r.act_in, r.act_out) if c.delta is not None
     )
     return LocalResult(
         losses,
@@ -321,24 +326,33 @@ def train_local(
 
 def _digest(config: PipelineTrainConfig) -> dict[str, str]:
     data = config_to_dict(config)
-    return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16]
-            for k, v in data.items()}  # fmt: skip
+    return {
+        k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16]
+        for k, v in data.items()
+    }
 
 
-def check_same_config(config: PipelineTrainConfig, runs: Sequence[RunSpec], extra: dict[str, str],
-                      timeout_s: float) -> None:  # fmt: skip
+def check_same_config(
+    config: PipelineTrainConfig, runs: Sequence[RunSpec], extra: dict[str, str], timeout_s: float
+) -> None:
     """All ranks compare (version, torch, config keys, runs, plan and data digests).
 
     Raises:
         ConfigMismatchError: Naming the keys that differ and the ranks holding each value.
     """
-    mine = {"frugal": frugal.__version__, "torch": torch.__version__, **_digest(config),
-            "runs": hashlib.sha256(json.dumps([asdict(r) for r in runs]).encode()).hexdigest(),
-            **extra}  # fmt: skip
+    mine = {
+        "frugal": frugal.__version__,
+        "torch": torch.__version__,
+        **_digest(config),
+        "runs": hashlib.sha256(json.dumps([asdict(r) for r in runs]).encode()).hexdigest(),
+        **extra,
+    }
     gathered: list[dict[str, str] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
-    differing = sorted({k for g in gathered if g is not None for k in g if g.get(k) != mine.get(k)}
-                       | {k for g in gathered if g is not None for k in mine if k not in g})  # fmt: skip
+    differing = sorted(
+        {k for g in gathered if g is not None for k in g if g.get(k) != mine.get(k)}
+        | {k for g in gathered if g is not None for k in mine if k not in g}
+    )
     if differing:
         detail = "; ".join(
             f"{k}: " + ", ".join(f"rank {r}={(g or {}).get(k)}" for r, g in enumerate(gathered))
@@ -379,20 +393,26 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
         layout = make_layout(config, world_size)
         data = load_windows(config)
         data_sha = hashlib.sha256(data.windows.numpy().tobytes()).hexdigest()[:16]
-        check_same_config(config, runs, {"data": data_sha, "layout": str(layout)},
-                          config.comm_timeout_s)  # fmt: skip
+        check_same_config(
+            config, runs, {"data": data_sha, "layout": str(layout)}, config.comm_timeout_s
+        )
         replica, stage = layout.position(rank)
         dp_group = None
         for i in range(layout.num_stages):  # every rank creates every group, same order
-            group = dist.new_group([row[i] for row in layout.mesh]) if layout.num_replicas > 1 \
-                else None  # fmt: skip
+            group = (
+                dist.new_group([row[i] for row in layout.mesh]) if layout.num_replicas > 1 else None
+            )
             if i == stage:
                 dp_group = group
         results = {"rank": rank, "replica": replica, "stage": stage, "runs": []}
         compute_s = 0.0
         if any(r.rho > 0 for r in runs):
-            calib = RunSpec(label="calibrate", codec="fp32",
-                            steps=max(config.calibrate_steps, 2), repeat_examples=True)  # fmt: skip
+            calib = RunSpec(
+                label="calibrate",
+                codec="fp32",
+                steps=max(config.calibrate_steps, 2),
+                repeat_examples=True,
+            )
             out = _run_one(config, calib, layout, rank, replica, stage, dp_group, data, math.inf)
             mine = torch.tensor([out["median_forward_s"] + out["median_backward_s"]])
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
@@ -401,8 +421,13 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
         for run in runs:
             bandwidth = _resolve_bandwidth(run, boundary, compute_s)
             out = _run_one(config, run, layout, rank, replica, stage, dp_group, data, bandwidth)
-            out.update(label=run.label, codec=run.codec, rho=run.rho, compute_s=compute_s,
-                       bandwidth_bits_per_s=bandwidth if math.isfinite(bandwidth) else None)
+            out.update(
+                label=run.label,
+                codec=run.codec,
+                rho=run.rho,
+                compute_s=compute_s,
+                bandwidth_bits_per_s=bandwidth if math.isfinite(bandwidth) else None,
+            )
             results["runs"].append(out)  # type: ignore[attr-defined]
             _barrier(config.comm_timeout_s)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -411,9 +436,17 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
         dist.destroy_process_group()
 
 
-def _run_one(config: PipelineTrainConfig, run: RunSpec, layout: Layout, rank: int, replica: int,
-             stage: int, dp_group: dist.ProcessGroup | None, data: TextWindows,
-             bandwidth: float) -> dict[str, Any]:  # fmt: skip
+def _run_one(
+    config: PipelineTrainConfig,
+    run: RunSpec,
+    layout: Layout,
+    rank: int,
+    replica: int,
+    stage: int,
+    dp_group: dist.ProcessGroup | None,
+    data: TextWindows,
+    bandwidth: float,
+) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     model = TinyGPT(config.gpt, seed=config.seed)
     module = build_stages(model, layout.layers, config.use_recompute)[stage]
@@ -421,14 +454,21 @@ def _run_one(config: PipelineTrainConfig, run: RunSpec, layout: Layout, rank: in
     peers = {s: row[s] for s in (stage - 1, stage + 1) if 0 <= s < layout.num_stages}
     spec = LinkSpec(bandwidth_bits_per_s=bandwidth, latency_s=run.latency_ms / 1e3)
     links = {(rank, r): spec for r in peers.values()}
-    transport = DistTransport(rank=rank, stage=stage, peer_ranks=peers, links=links,
-                              timeout_s=config.comm_timeout_s)  # fmt: skip
+    transport = DistTransport(
+        rank=rank, stage=stage, peer_ranks=peers, links=links, timeout_s=config.comm_timeout_s
+    )
     total_mbs = sum(layout.num_microbatches)
-    runner = StageRunner(module, CodecSpec.parse(run.codec), transport,
-                         learning_rate=config.learning_rate, num_microbatches_total=total_mbs,
-                         dp_group=dp_group, drift_check_every=config.drift_check_every,
-                         warmup_steps=config.warmup_steps,
-                         timeout_s=config.comm_timeout_s)  # fmt: skip
+    runner = StageRunner(
+        module,
+        CodecSpec.parse(run.codec),
+        transport,
+        learning_rate=config.learning_rate,
+        num_microbatches_total=total_mbs,
+        dp_group=dp_group,
+        drift_check_every=config.drift_check_every,
+        warmup_steps=config.warmup_steps,
+        timeout_s=config.comm_timeout_s,
+    )
     m = layout.num_microbatches[replica]
     actions = build_schedule(config.schedule, layout.num_stages, stage, m)
     offset = sum(layout.num_microbatches[:replica]) * config.micro_batch_size
@@ -446,14 +486,24 @@ def _run_one(config: PipelineTrainConfig, run: RunSpec, layout: Layout, rank: in
             loss = runner.end_step()
             runner.stats.step_s.append(time.perf_counter() - t0)
             if reporter and loss is not None:
-                print(PROGRESS_PREFIX + json.dumps({"run": run.label, "step": step, "loss": loss,
-                      "step_s": runner.stats.step_s[-1]}), flush=True)  # fmt: skip
+                print(
+                    PROGRESS_PREFIX
+                    + json.dumps(
+                        {
+                            "run": run.label,
+                            "step": step,
+                            "loss": loss,
+                            "step_s": runner.stats.step_s[-1],
+                        }
+                    ),
+                    flush=True,
+                )
     finally:
         transport.close()
     eval_loss = None
-    state = {k: v for k, v in model.state_dict().items()}
+    state = dict(model.state_dict().items())
     gathered: list[Any] = [None] * dist.get_world_size()
-    mine_state = {k: v for k, v in module.state_dict().items()} if replica == 0 else {}
+    mine_state = dict(module.state_dict().items()) if replica == 0 else {}
     dist.all_gather_object(gathered, mine_state)
     if reporter:
         full = {}
@@ -481,8 +531,9 @@ def _run_one(config: PipelineTrainConfig, run: RunSpec, layout: Layout, rank: in
         "activation_bytes": stats.activation_bytes,
         "gradient_bytes": stats.gradient_bytes,
         "num_microbatches": m,
-        "buffer_bytes": sum(c.delta.buffer_bytes for c in (runner.act_in, runner.act_out)
-                            if c.delta is not None),  # fmt: skip
+        "buffer_bytes": sum(
+            c.delta.buffer_bytes for c in (runner.act_in, runner.act_out) if c.delta is not None
+        ),
     }
 
 
@@ -511,19 +562,36 @@ def launch_torchrun(
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     job = out_dir / "job.json"
-    job.write_text(json.dumps({"config": config_to_dict(config),
-                               "runs": [asdict(r) for r in runs]}))  # fmt: skip
+    job.write_text(
+        json.dumps({"config": config_to_dict(config), "runs": [asdict(r) for r in runs]})
+    )
     for old in out_dir.glob("rank*.json"):
         old.unlink()
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           "--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-           "--max-restarts=0", "-m", "frugal.pipeline.worker", str(job), str(out_dir)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-           "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        "--nnodes=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--max-restarts=0",
+        "-m",
+        "frugal.pipeline.worker",
+        str(job),
+        str(out_dir),
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+    }
     src = str(Path(frugal.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     tail: list[str] = []
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
@@ -531,9 +599,9 @@ def launch_torchrun(
         for line in proc.stdout:
             if line.startswith(PROGRESS_PREFIX):
                 if on_progress is not None:
-                    on_progress(json.loads(line[len(PROGRESS_PREFIX):]))
+                    on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
             else:
-                tail = (tail + [line.rstrip()])[-30:]
+                tail = ([*tail, line.rstrip()])[-30:]
             if time.monotonic() > deadline:
                 raise PipelineError(f"the pipeline launch exceeded {timeout_s} s")
         code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
