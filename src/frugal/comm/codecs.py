@@ -147,6 +147,14 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
     if not 1 <= bits <= 8:
         raise ValueError(f"bits={bits} must be in [1, 8]")
     rows, cols = codes.shape
+    if 8 % bits == 0:  # whole codes per byte: shift-and-sum, no per-bit expansion
+        per_byte = 8 // bits
+        pad = (-cols) % per_byte
+        if pad:
+            codes = torch.nn.functional.pad(codes, (0, pad))
+        offsets = torch.arange(0, 8, bits, device=codes.device, dtype=torch.uint8)
+        grouped = codes.reshape(rows, -1, per_byte) << offsets  # disjoint bits: sum = or
+        return grouped.sum(dim=-1, dtype=torch.uint8)
     shifts = torch.arange(bits, device=codes.device, dtype=torch.uint8)
     bit_RCk = (codes.unsqueeze(-1) >> shifts) & 1  # (R, C, k), bit b of each code
     stream = bit_RCk.reshape(rows, cols * bits)
@@ -165,6 +173,10 @@ def unpack_bits(packed: Tensor, bits: int, cols: int) -> Tensor:
         packed: (R, B) -> (R, cols) uint8.
     """
     rows = packed.shape[0]
+    if 8 % bits == 0:
+        offsets = torch.arange(0, 8, bits, device=packed.device, dtype=torch.uint8)
+        mask = (1 << bits) - 1
+        return ((packed.unsqueeze(-1) >> offsets) & mask).reshape(rows, -1)[:, :cols]
     shifts = torch.arange(8, device=packed.device, dtype=torch.uint8)
     stream = ((packed.unsqueeze(-1) >> shifts) & 1).reshape(rows, -1)[:, : cols * bits]
     weights = (1 << torch.arange(bits, device=packed.device, dtype=torch.int32)).to(torch.int32)

@@ -69,7 +69,9 @@ class PipelineBenchConfig:
     """What `frugal pipeline bench` runs; `quick()` is the small preset."""
 
     train: PipelineTrainConfig = field(
-        default_factory=lambda: PipelineTrainConfig(num_train=1024, num_eval=128)
+        default_factory=lambda: PipelineTrainConfig(
+            num_train=1024, num_eval=128, schedule="gpipe", micro_batch_size=4, num_microbatches=8
+        )
     )
     """Model, data, stages, schedule and batch of every run (its codec/steps are replaced)."""
     methods: tuple[str, ...] = _FULL_METHODS
@@ -100,7 +102,13 @@ class PipelineBenchConfig:
     def quick(cls) -> PipelineBenchConfig:
         """Preset `--quick`: 4 methods, 512 windows x 4 epochs, 4 speed steps (a few minutes)."""
         return cls(
-            train=PipelineTrainConfig(num_train=512, num_eval=64),
+            train=PipelineTrainConfig(
+                num_train=512,
+                num_eval=64,
+                schedule="gpipe",
+                micro_batch_size=4,
+                num_microbatches=8,
+            ),
             methods=_QUICK_METHODS,
             epochs=4,
         )
@@ -185,6 +193,7 @@ def run_pipeline_bench(
         measured_s = statistics.median(step_s)
         fwd = [o["median_forward_s"] for o in outs]
         bwd = [o["median_backward_s"] for o in outs]
+        opt = [o["median_optimizer_s"] for o in outs]
         act = [o["activation_bytes"][-1] for o in outs[:-1]]
         grad = [o["gradient_bytes"][-1] for o in outs[1:]]
         bandwidth = outs[0]["bandwidth_bits_per_s"] or math.inf
@@ -196,6 +205,7 @@ def run_pipeline_bench(
             activation_bytes=act,
             gradient_bytes=grad,
             bandwidth_bits_per_s=bandwidth,
+            optimizer_s=opt,
         )
         spec = CodecSpec.parse(run.codec)
         result = quality[run.codec]
@@ -209,6 +219,7 @@ def run_pipeline_bench(
             activation_bytes=[[first] * m] * len(act),
             gradient_bytes=grad,
             bandwidth_bits_per_s=bandwidth,
+            optimizer_s=opt,
         )
         elapsed, reached = 0.0, None
         for step, value in enumerate(_ema(result.losses)):

@@ -310,6 +310,8 @@ class StageStats:
     losses: list[float] = field(default_factory=list)
     """Last stage: mean micro-batch loss of each step."""
     step_s: list[float] = field(default_factory=list)
+    optimizer_s: list[float] = field(default_factory=list)
+    """Per step: gradient all-reduce and optimizer seconds (after the sends completed)."""
 
     def median_forward_s(self) -> float:
         """Median forward seconds per micro-batch (0 if none)."""
@@ -369,6 +371,7 @@ class StageRunner:
         self._step = 0
         self._mbs: Sequence[Microbatch] = ()
         self._losses: list[float] = []
+        self._blocked_s = 0.0
 
     def begin_step(self, step: int, microbatches: Sequence[Microbatch]) -> None:
         """Start a step over these micro-batches (in schedule index order)."""
@@ -397,7 +400,9 @@ class StageRunner:
         return HEADER_WORDS * 8 + payload.numel()
 
     def _receive(self, codec: LinkCodec, peer: int, j: int) -> Tensor:
+        t0 = time.perf_counter()
         header, payload = self.transport.fetch(peer, codec.kind, step=self._step, mb=j)
+        self._blocked_s += time.perf_counter() - t0  # waiting is not compute
         try:
             fields = codec.expect(header, self._step, j)
         except NonFiniteMessageError as exc:
@@ -416,13 +421,13 @@ class StageRunner:
         """
         op, j = action
         mb = self._mbs[j]
+        t0 = time.perf_counter()
+        self._blocked_s = 0.0
         if op == "F":
-            t0 = time.perf_counter()
             if self.module.is_first:
                 x: Tensor = mb.inputs
             else:
                 x = self._receive(self.act_in, self.stage - 1, j).requires_grad_(True)
-                t0 = time.perf_counter()
             out = self.module(x)
             if self.module.is_last:
                 loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), mb.targets.reshape(-1))
@@ -434,12 +439,11 @@ class StageRunner:
                 sent = self._send(self.act_out, self.stage + 1, out.detach(), j, "activation")
                 self.stats.activation_bytes[-1][j] = sent
             self._inputs[j], self._outputs[j] = x, out
-            self.stats.forward_s.append(time.perf_counter() - t0)
+            self.stats.forward_s.append(time.perf_counter() - t0 - self._blocked_s)
         else:
             grad = None
             if not self.module.is_last:
                 grad = self._receive(self.grad_in, self.stage + 1, j)
-            t0 = time.perf_counter()
             out = self._outputs.pop(j)
             torch.autograd.backward(out, grad)
             x = self._inputs.pop(j)
@@ -447,7 +451,7 @@ class StageRunner:
                 assert x.grad is not None
                 sent = self._send(self.grad_out, self.stage - 1, x.grad, j, "input gradient")
                 self.stats.gradient_bytes[-1][j] = sent
-            self.stats.backward_s.append(time.perf_counter() - t0)
+            self.stats.backward_s.append(time.perf_counter() - t0 - self._blocked_s)
 
     def end_step(self) -> float | None:
         """Wait for the sends, all-reduce gradients over DP replicas, step the optimizer.
@@ -462,6 +466,7 @@ class StageRunner:
         for handle in self._pending:
             handle.wait(self.timeout_s)
         self._pending.clear()
+        t0 = time.perf_counter()
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         if self.dp_group is not None and grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -481,6 +486,7 @@ class StageRunner:
         if grads and not all(bool(torch.isfinite(g).all()) for g in grads):
             raise NonFiniteError(stage=self.stage, step=self._step, mb=-1, tensor="weight gradient")
         self.optimizer.step()
+        self.stats.optimizer_s.append(time.perf_counter() - t0)
         if self.module.is_last:
             loss = sum(self._losses) / len(self._losses)
             self.stats.losses.append(loss)

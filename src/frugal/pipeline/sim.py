@@ -45,6 +45,7 @@ def simulate_step(
     gradient_bytes: Sequence[Sequence[int]],
     bandwidth_bits_per_s: float,
     latency_s: float = 0.0,
+    optimizer_s: Sequence[float] | None = None,
 ) -> SimulatedStep:
     """Simulate one step of a p-stage pipeline.
 
@@ -58,6 +59,8 @@ def simulate_step(
         gradient_bytes: [s][j]: wire bytes of j's gradient from s + 1 back to s.
         bandwidth_bits_per_s: Every link's bandwidth (inf = instantaneous).
         latency_s: Every link's one-way latency.
+        optimizer_s: Per stage, seconds of the optimizer step after the stage's last action
+            and its last send (None = 0).
 
     Returns:
         The step time and busy times.
@@ -120,5 +123,16 @@ def simulate_step(
                 progressed = True
         if not progressed:
             raise ValueError("the schedule deadlocks: an action waits for a message never sent")
+    if optimizer_s is not None:
+        # A stage steps its optimizer once its sends have left (the runtime waits on them).
+        sent = [
+            max(
+                [clock[s]]
+                + [t for (d, _), t in bwd_arrival.items() if d == s - 1]
+                + [t for (d, _), t in fwd_arrival.items() if d == s + 1]
+            )
+            for s in range(p)
+        ]
+        end = max(end, max(sent[s] + optimizer_s[s] for s in range(p)))
     busy = tuple(m * (forward_s[s] + backward_s[s]) for s in range(p))
     return SimulatedStep(end, busy, max(link_busy.values(), default=0.0))

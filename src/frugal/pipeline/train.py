@@ -528,6 +528,7 @@ def _run_one(
         "step_s": stats.step_s,
         "median_forward_s": stats.median_forward_s(),
         "median_backward_s": stats.median_backward_s(),
+        "median_optimizer_s": median_or_zero(stats.optimizer_s),
         "activation_bytes": stats.activation_bytes,
         "gradient_bytes": stats.gradient_bytes,
         "num_microbatches": m,
