@@ -30,3 +30,31 @@ def test_two_bit_packing_by_hand() -> None:
     # Codes 1, 2, 3, 0, 1 -> byte 0 = 1 | 2 << 2 | 3 << 4 | 0 << 6 = 0b00111001 = 57; byte 1 = 1.
     codes = torch.tensor([[1, 2, 3, 0, 1]], dtype=torch.uint8)
     assert pack_bits(codes, 2).tolist() == [[57, 1]]
+
+
+def test_channel_quantizer_by_hand() -> None:
+    from frugal.comm.codecs import ChannelQuantizeCodec
+
+    codec = ChannelQuantizeCodec(2)
+    # Channel 0: s = 4 -> levels (code - 2) x 4 / 2 = -4, -2, 0, 2: 3 clips to 2 (top level
+    # 0.5 s, the reference's asymmetric clipping), -4 is exact, 1 rounds to 2 (0.5 x 2 -> 1?
+    # round(1 / 4 x 2) = round(0.5) = 0 (half to even) -> 0. Channel 1 is all zero: s = 0.
+    x = torch.tensor([[3.0, 0.0], [-4.0, 0.0], [1.0, 0.0]])
+    encoded = codec.encode(x)
+    assert encoded.tensors[0].tolist() == [4.0, 0.0]  # fp16 scales
+    assert encoded.nbytes == codec.wire_bytes((3, 2)) == 2 * 2 + 2  # 6 codes x 2 bits = 2 B
+    assert codec.decode(encoded).tolist() == [[2.0, 0.0], [-4.0, 0.0], [0.0, 0.0]]
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_channel_quantizer_error_bound(bits: int) -> None:
+    from frugal.comm.codecs import ChannelQuantizeCodec
+
+    x = torch.randn(16, 8, 12, generator=torch.Generator().manual_seed(bits))
+    codec = ChannelQuantizeCodec(bits)
+    out = codec.decode(codec.encode(x))
+    scale = x.reshape(-1, 12).abs().amax(dim=0).half().float()
+    step = scale / (1 << (bits - 1))
+    top = scale - step  # highest positive level; values above it clip to it
+    expected_error = torch.where(x > top, x - top, torch.zeros_like(x))
+    assert torch.all((out - x).abs() <= torch.maximum(step / 2 * 1.0001, expected_error + 1e-6))

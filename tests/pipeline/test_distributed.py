@@ -99,11 +99,11 @@ def test_plan_with_two_replicas_all_reduces_like_one_pipeline(tmp_path: Path) ->
 
 
 def test_a_killed_rank_stops_the_others_with_a_clear_error(tmp_path: Path) -> None:
-    config = replace(CONFIG, steps=40, bandwidth_mbps=20.0)  # ~0.1 s per message: long steps
+    config = replace(CONFIG, steps=10, bandwidth_mbps=20.0)  # ~0.1 s per message: long steps
     job = write_job(
         tmp_path / "job.json",
         config,
-        [RunSpec(label="r", codec="fp32", steps=40, bandwidth_mbps=20.0)],
+        [RunSpec(label="r", codec="fp32", steps=10, bandwidth_mbps=20.0)],
     )
     ranks = start_ranks([job] * 4, tmp_path)
     try:

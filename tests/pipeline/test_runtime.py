@@ -77,7 +77,10 @@ def test_gpipe_and_1f1b_give_the_same_parameters() -> None:
     torch.testing.assert_close(finals[0], finals[1], rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("spec", ["fp32", "fp16", "directq:fw2,bw4", "aqsgd:fw3,bw6"])
+@pytest.mark.parametrize(
+    "spec",
+    ["fp32", "fp16", "directq:fw2,bw4", "directq:fw2,bw4:row", "aqsgd:fw3,bw6", "aqsgd:fw2,bw4:row"],
+)
 def test_bytes_per_step_equal_the_analytic_wire_size(spec: str) -> None:
     _, _, data, transport, runners, actions = _pipeline(spec, "1f1b")
     codec = CodecSpec.parse(spec)
@@ -94,8 +97,12 @@ def test_bytes_per_step_equal_the_analytic_wire_size(spec: str) -> None:
         for runner in runners[1:]:
             assert runner.stats.gradient_bytes[-1] == [message_wire_bytes(codec, 1, shape)] * 3
     if spec == "directq:fw2,bw4":
-        # 2 x 16 = 32 rows of 32 values: fw 32 x (8 + 32 x 2 / 8) + 128 header = 640 B;
-        # bw 4 bits: 32 x (8 + 16) + 128 = 896 B (fp32 would be 4,096 + 128).
+        # 1,024 values of 32 channels: fw 2 x 32 fp16 scales + 1,024 x 2 / 8 + 128 header
+        # = 448 B; bw 4 bits: 64 + 512 + 128 = 704 B (fp32 would be 4,096 + 128).
+        assert message_wire_bytes(codec, 0, shape) == 448
+        assert message_wire_bytes(codec, 1, shape) == 704
+    if spec == "directq:fw2,bw4:row":
+        # Row scales: 32 rows x (8 + 32 x 2 / 8) + 128 = 640 B; 4 bits: 32 x 24 + 128 = 896 B.
         assert message_wire_bytes(codec, 0, shape) == 640
         assert message_wire_bytes(codec, 1, shape) == 896
 

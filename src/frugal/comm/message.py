@@ -28,7 +28,14 @@ import torch
 from torch import Tensor
 
 from frugal import FrugalError
-from frugal.comm.codecs import DeltaCodec, Encoded, HalfCodec, IdentityCodec, QuantizeCodec
+from frugal.comm.codecs import (
+    ChannelQuantizeCodec,
+    DeltaCodec,
+    Encoded,
+    HalfCodec,
+    IdentityCodec,
+    QuantizeCodec,
+)
 
 __all__ = [
     "HEADER_BYTES",
@@ -54,7 +61,8 @@ FLAG_NONFINITE = 1
 MethodName = Literal["fp32", "fp16", "bf16", "directq", "aqsgd"]
 _METHOD_IDS: dict[str, int] = {"fp32": 1, "fp16": 2, "bf16": 3, "directq": 4, "aqsgd": 5}
 _DTYPE_IDS = {torch.float32: 1}
-_SPEC = re.compile(r"^(directq|aqsgd):fw([1-8]),bw([1-8])$")
+_SPEC = re.compile(r"^(directq|aqsgd):fw([1-8]),bw([1-8])(:row|:channel)?$")
+ScaleName = Literal["channel", "row"]
 
 
 class ProtocolError(FrugalError):
@@ -78,15 +86,20 @@ class CodecSpec:
             against per-example buffers, DirectQ backward).
         fw_bits: Bits per activation value (directq, aqsgd), else 32 or 16.
         bw_bits: Bits per gradient value (directq, aqsgd), else 32 or 16.
+        scale: Quantizer scales: "channel" (AQ-SGD's reference: per-channel abs-max, fp16
+            scales; the default) or "row" (per-row min and step, finer; suffix `:row`).
     """
 
     method: MethodName
     fw_bits: int
     bw_bits: int
+    scale: ScaleName = "channel"
 
     @classmethod
     def parse(cls, text: str) -> CodecSpec:
         """Parse `fp32`, `fp16`, `bf16`, `directq:fwK,bwJ` or `aqsgd:fwK,bwJ` (1 <= K, J <= 8).
+
+        A `:row` suffix selects per-row min/step scales instead of per-channel abs-max.
 
         Raises:
             ValueError: If the text is none of these.
@@ -101,14 +114,16 @@ class CodecSpec:
                 "with K, J in 1..8 (e.g. aqsgd:fw2,bw4)"
             )
         method: MethodName = "directq" if match.group(1) == "directq" else "aqsgd"
-        return cls(method, int(match.group(2)), int(match.group(3)))
+        scale: ScaleName = "row" if match.group(4) == ":row" else "channel"
+        return cls(method, int(match.group(2)), int(match.group(3)), scale)
 
     @property
     def label(self) -> str:
         """The text form, e.g. `aqsgd:fw2,bw4`."""
         if self.method in ("fp32", "fp16", "bf16"):
             return self.method
-        return f"{self.method}:fw{self.fw_bits},bw{self.bw_bits}"
+        suffix = ":row" if self.scale == "row" else ""
+        return f"{self.method}:fw{self.fw_bits},bw{self.bw_bits}{suffix}"
 
     @property
     def is_lossless(self) -> bool:
@@ -118,6 +133,16 @@ class CodecSpec:
     def bits(self, kind: int) -> int:
         """Bits of the direction `kind` (KIND_ACTIVATION or KIND_GRADIENT)."""
         return self.fw_bits if kind == KIND_ACTIVATION else self.bw_bits
+
+    def quantizer(self, kind: int) -> QuantizeCodec | ChannelQuantizeCodec:
+        """The k-bit quantizer of direction `kind` (directq and aqsgd only)."""
+        bits = self.bits(kind)
+        return QuantizeCodec(bits) if self.scale == "row" else ChannelQuantizeCodec(bits)
+
+    @property
+    def codec_id(self) -> int:
+        """Method id (+ 16 for row scales), written in every header."""
+        return _METHOD_IDS[self.method] + (16 if self.scale == "row" else 0)
 
 
 def message_wire_bytes(
@@ -143,9 +168,9 @@ def message_wire_bytes(
     elif spec.method in ("fp16", "bf16"):
         payload = 2 * n
     elif spec.method == "aqsgd" and kind == KIND_ACTIVATION:
-        payload = DeltaCodec(spec.fw_bits).wire_bytes(shape, num_new)
+        payload = DeltaCodec(spec.fw_bits, spec.scale).wire_bytes(shape, num_new)
     else:
-        payload = QuantizeCodec(spec.bits(kind)).wire_bytes(shape)
+        payload = spec.quantizer(kind).wire_bytes(shape)
     return HEADER_BYTES + payload
 
 
@@ -187,9 +212,13 @@ def _take(payload: Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ..
 
 
 def _quantized_parts(
-    payload: Tensor, offset: int, shape: tuple[int, ...], bits: int
+    payload: Tensor, offset: int, shape: tuple[int, ...], bits: int, scale: str
 ) -> tuple[Tensor, Tensor]:
     rows, cols = math.prod(shape[:-1]), shape[-1]
+    if scale == "channel":  # fp16 scale per channel, then the whole message's codes
+        scales = _take(payload, offset, torch.float16, (cols,))
+        size = math.ceil(rows * cols * bits / 8)
+        return scales, _take(payload, offset + 2 * cols, torch.uint8, (1, size))
     header = _take(payload, offset, torch.float32, (rows, 2))
     packed = _take(payload, offset + 8 * rows, torch.uint8, (rows, math.ceil(cols * bits / 8)))
     return header, packed
@@ -211,18 +240,18 @@ class LinkCodec:
         self.warmup_steps = warmup_steps
         self.delta: DeltaCodec | None = None
         if spec.method == "aqsgd" and kind == KIND_ACTIVATION:
-            self.delta = DeltaCodec(spec.fw_bits)
+            self.delta = DeltaCodec(spec.fw_bits, spec.scale)
         self._fp32 = IdentityCodec()
         self.sent_bytes = 0
         """Wire bytes this side encoded or decoded so far (header + payload)."""
 
-    def _plain(self, step: int) -> IdentityCodec | HalfCodec | QuantizeCodec:
+    def _plain(self, step: int) -> IdentityCodec | HalfCodec | QuantizeCodec | ChannelQuantizeCodec:
         method = "fp32" if step < self.warmup_steps else self.spec.method
         if method == "fp32":
             return self._fp32
         if method in ("fp16", "bf16"):
             return HalfCodec(torch.float16 if method == "fp16" else torch.bfloat16)
-        return QuantizeCodec(self.spec.bits(self.kind))
+        return self.spec.quantizer(self.kind)
 
     def encode(
         self, x: Tensor, example_ids: Tensor, step: int, mb: int, check_crc: bool = False
@@ -261,7 +290,7 @@ class LinkCodec:
             [
                 MAGIC,
                 VERSION,
-                _METHOD_IDS[self.spec.method],
+                self.spec.codec_id,
                 self.kind,
                 step,
                 mb,
@@ -286,7 +315,7 @@ class LinkCodec:
             NonFiniteMessageError: If the sender flagged NaN/inf.
         """
         fields = parse_header(header)
-        want = (_METHOD_IDS[self.spec.method], self.kind, step, mb)
+        want = (self.spec.codec_id, self.kind, step, mb)
         got = (fields["codec"], fields["kind"], fields["step"], fields["mb"])
         if got != want:
             raise ProtocolError(
@@ -326,7 +355,9 @@ class LinkCodec:
                 seen = (shape[0] - num_new, *shape[1:])
                 if seen[0]:
                     off = 4 * math.prod(rows_new)
-                    parts.extend(_quantized_parts(payload, off, seen, self.spec.fw_bits))
+                    parts.extend(
+                        _quantized_parts(payload, off, seen, self.spec.fw_bits, self.spec.scale)
+                    )
                 x = self.delta.decode(Encoded(shape, tuple(parts)), example_ids)
             if fields["crc32"] >= 0 and self.delta.rows_crc32(example_ids) != fields["crc32"]:
                 raise BufferDriftError(
@@ -340,5 +371,5 @@ class LinkCodec:
         elif isinstance(codec, HalfCodec):
             parts = [_take(payload, 0, codec.dtype, shape)]
         else:
-            parts = list(_quantized_parts(payload, 0, shape, codec.bits))
+            parts = list(_quantized_parts(payload, 0, shape, codec.bits, self.spec.scale))
         return codec.decode(Encoded(shape, tuple(parts))).clone()
