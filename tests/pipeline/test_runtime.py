@@ -79,7 +79,14 @@ def test_gpipe_and_1f1b_give_the_same_parameters() -> None:
 
 @pytest.mark.parametrize(
     "spec",
-    ["fp32", "fp16", "directq:fw2,bw4", "directq:fw2,bw4:row", "aqsgd:fw3,bw6", "aqsgd:fw2,bw4:row"],
+    [
+        "fp32",
+        "fp16",
+        "directq:fw2,bw4",
+        "directq:fw2,bw4:row",
+        "aqsgd:fw3,bw6",
+        "aqsgd:fw2,bw4:row",
+    ],
 )
 def test_bytes_per_step_equal_the_analytic_wire_size(spec: str) -> None:
     _, _, data, transport, runners, actions = _pipeline(spec, "1f1b")

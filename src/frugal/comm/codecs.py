@@ -213,6 +213,15 @@ class QuantizeCodec:
             TypeError: If `x` is not float32.
             ValueError: If `x` holds NaN or inf.
         """
+        return self.quantize(x)[0]
+
+    def quantize(self, x: Tensor) -> tuple[Encoded, Tensor]:
+        """`encode`, plus the value `decode` will return (bit-identical, without unpacking).
+
+        Raises:
+            TypeError: If `x` is not float32.
+            ValueError: If `x` holds NaN or inf.
+        """
         _check_float32(x)
         if not torch.isfinite(x).all():
             raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
@@ -223,9 +232,11 @@ class QuantizeCodec:
         levels = (1 << self.bits) - 1
         step = (high - low) / levels
         safe = torch.where(step > 0, step, torch.ones_like(step))
-        codes = torch.round((x_RC - low) / safe).clamp_(0, levels).to(torch.uint8)
+        codes = torch.round((x_RC - low) / safe).clamp_(0, levels)
         header = torch.cat([low, step], dim=1).contiguous()  # (R, 2) float32
-        return Encoded(tuple(x.shape), (header, pack_bits(codes, self.bits)))
+        x_hat = (header[:, :1] + codes * header[:, 1:2]).reshape(x.shape)  # as decode computes
+        packed = pack_bits(codes.to(torch.uint8), self.bits)
+        return Encoded(tuple(x.shape), (header, packed)), x_hat
 
     def decode(self, encoded: Encoded) -> Tensor:
         """Rebuild each value as min + code x step."""
@@ -267,6 +278,15 @@ class ChannelQuantizeCodec:
             TypeError: If `x` is not float32.
             ValueError: If `x` holds NaN or inf.
         """
+        return self.quantize(x)[0]
+
+    def quantize(self, x: Tensor) -> tuple[Encoded, Tensor]:
+        """`encode`, plus the value `decode` will return (bit-identical, without unpacking).
+
+        Raises:
+            TypeError: If `x` is not float32.
+            ValueError: If `x` holds NaN or inf.
+        """
         _check_float32(x)
         if not torch.isfinite(x).all():
             raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
@@ -278,8 +298,9 @@ class ChannelQuantizeCodec:
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         codes = torch.round(x_RC / safe * half_levels).clamp_(-half_levels, half_levels - 1)
         codes = torch.where(scale > 0, codes, torch.zeros_like(codes)) + half_levels
+        x_hat = ((codes - half_levels) * (scale / half_levels)).reshape(x.shape)
         packed = pack_bits(codes.to(torch.uint8).reshape(1, -1), self.bits)
-        return Encoded(tuple(x.shape), (scale_C.contiguous(), packed))
+        return Encoded(tuple(x.shape), (scale_C.contiguous(), packed)), x_hat
 
     def decode(self, encoded: Encoded) -> Tensor:
         """Rebuild x_hat = (code - 2^(k-1)) s / 2^(k-1)."""
@@ -288,7 +309,7 @@ class ChannelQuantizeCodec:
         half_levels = 1 << (self.bits - 1)
         codes = unpack_bits(packed.reshape(1, -1), self.bits, n).to(torch.float32)
         x_RC = (codes.reshape(-1, scale_C.numel()) - half_levels) * (scale_C.float() / half_levels)
-        return x_RC.reshape(encoded.shape)
+        return x_RC.reshape(encoded.shape)  # the same expression as in quantize
 
 
 class DeltaCodec:
@@ -399,9 +420,9 @@ class DeltaCodec:
         tensors: list[Tensor] = [x[new].contiguous()]
         if seen.any():
             reference = self._table[ids[seen]]
-            delta = self.quantizer.encode(x[seen] - reference)
+            delta, delta_hat = self.quantizer.quantize(x[seen] - reference)
             tensors.extend(delta.tensors)
-            self._table[ids[seen]] = reference + self.quantizer.decode(delta)
+            self._table[ids[seen]] = reference + delta_hat
         self._table[ids[new]] = x[new]
         self._seen[ids] = True
         return Encoded(tuple(x.shape), tuple(tensors))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import multiprocessing
+import os
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -86,6 +87,8 @@ class PipelineBenchConfig:
     """Quality runs in parallel processes (each one thread), >= 1."""
     launch_timeout_s: float = 1800.0
     """Limit of the torchrun launch, seconds."""
+    sim_num_cores: int = 0
+    """Processors the simulated stages share (0 = this machine's CPU count)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -184,6 +187,7 @@ def run_pipeline_bench(
     tokens_per_step = train.micro_batch_size * train.num_microbatches * train.gpt.context
     shape = (train.micro_batch_size, train.gpt.context, train.gpt.hidden)
     m = train.num_microbatches
+    cores = min(config.sim_num_cores or os.cpu_count() or 1, train.num_stages)
     fp32_final = _ema(quality["fp32"].losses)[-1]
 
     rows: list[dict[str, Any]] = []
@@ -191,8 +195,8 @@ def run_pipeline_bench(
         outs = [r["runs"][k] for r in by_stage]
         step_s = [max(o["step_s"][i] for o in outs) for i in range(1, run.steps)]
         measured_s = statistics.median(step_s)
-        fwd = [o["median_forward_s"] for o in outs]
-        bwd = [o["median_backward_s"] for o in outs]
+        fwd = [o["median_forward_cpu_s"] for o in outs]
+        bwd = [o["median_backward_cpu_s"] for o in outs]
         opt = [o["median_optimizer_s"] for o in outs]
         act = [o["activation_bytes"][-1] for o in outs[:-1]]
         grad = [o["gradient_bytes"][-1] for o in outs[1:]]
@@ -206,6 +210,7 @@ def run_pipeline_bench(
             gradient_bytes=grad,
             bandwidth_bits_per_s=bandwidth,
             optimizer_s=opt,
+            num_cores=cores,
         )
         spec = CodecSpec.parse(run.codec)
         result = quality[run.codec]
@@ -220,6 +225,7 @@ def run_pipeline_bench(
             gradient_bytes=grad,
             bandwidth_bits_per_s=bandwidth,
             optimizer_s=opt,
+            num_cores=cores,
         )
         elapsed, reached = 0.0, None
         for step, value in enumerate(_ema(result.losses)):

@@ -302,7 +302,11 @@ class StageStats:
     """What one stage measured."""
 
     forward_s: list[float] = field(default_factory=list)
+    """Per forward action: wall seconds, minus time blocked in receives."""
     backward_s: list[float] = field(default_factory=list)
+    forward_cpu_s: list[float] = field(default_factory=list)
+    """Per forward action: CPU seconds of this thread (torch runs one thread per rank)."""
+    backward_cpu_s: list[float] = field(default_factory=list)
     activation_bytes: list[list[int]] = field(default_factory=list)
     """Per step, wire bytes of each activation this stage sent (one per micro-batch)."""
     gradient_bytes: list[list[int]] = field(default_factory=list)
@@ -311,7 +315,7 @@ class StageStats:
     """Last stage: mean micro-batch loss of each step."""
     step_s: list[float] = field(default_factory=list)
     optimizer_s: list[float] = field(default_factory=list)
-    """Per step: gradient all-reduce and optimizer seconds (after the sends completed)."""
+    """Per step: CPU seconds of the gradient all-reduce and optimizer step."""
 
     def median_forward_s(self) -> float:
         """Median forward seconds per micro-batch (0 if none)."""
@@ -421,7 +425,7 @@ class StageRunner:
         """
         op, j = action
         mb = self._mbs[j]
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         self._blocked_s = 0.0
         if op == "F":
             if self.module.is_first:
@@ -440,6 +444,7 @@ class StageRunner:
                 self.stats.activation_bytes[-1][j] = sent
             self._inputs[j], self._outputs[j] = x, out
             self.stats.forward_s.append(time.perf_counter() - t0 - self._blocked_s)
+            self.stats.forward_cpu_s.append(time.thread_time() - cpu0)
         else:
             grad = None
             if not self.module.is_last:
@@ -452,6 +457,7 @@ class StageRunner:
                 sent = self._send(self.grad_out, self.stage - 1, x.grad, j, "input gradient")
                 self.stats.gradient_bytes[-1][j] = sent
             self.stats.backward_s.append(time.perf_counter() - t0 - self._blocked_s)
+            self.stats.backward_cpu_s.append(time.thread_time() - cpu0)
 
     def end_step(self) -> float | None:
         """Wait for the sends, all-reduce gradients over DP replicas, step the optimizer.
@@ -466,7 +472,7 @@ class StageRunner:
         for handle in self._pending:
             handle.wait(self.timeout_s)
         self._pending.clear()
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         if self.dp_group is not None and grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -486,7 +492,7 @@ class StageRunner:
         if grads and not all(bool(torch.isfinite(g).all()) for g in grads):
             raise NonFiniteError(stage=self.stage, step=self._step, mb=-1, tensor="weight gradient")
         self.optimizer.step()
-        self.stats.optimizer_s.append(time.perf_counter() - t0)
+        self.stats.optimizer_s.append(time.thread_time() - t0)
         if self.module.is_last:
             loss = sum(self._losses) / len(self._losses)
             self.stats.losses.append(loss)

@@ -1,11 +1,12 @@
 """Deterministic discrete-event simulation of one pipeline step.
 
 Inputs: each stage's action list (`build_schedule`), its median forward and backward seconds
-per micro-batch (codec work included), the exact wire bytes of every message and each link's
-bandwidth and latency. Rules: a stage runs its actions in order; F(j) waits for j's activation,
-B(j) for j's gradient; a send holds its directed link (FIFO) for 8 L / B seconds and lands
-`latency_s` later; compute overlaps sends. The step ends when the last action finished and the
-last message landed.
+per micro-batch (codec work included), the exact wire bytes of every message, each link's
+bandwidth and latency, and the processors the stages share. Rules: a stage runs its actions in
+order; F(j) waits for j's activation, B(j) for j's gradient, and every action for a free core
+(list scheduling: the action that can start first goes first); a send holds its directed link
+(FIFO) for 8 L / B seconds and lands `latency_s` later; compute overlaps sends. The step ends
+when the last action finished and the last message landed, plus each stage's optimizer step.
 
 References:
     Fine-tuning Language Models over Slow Networks using Activation Compression with
@@ -46,6 +47,7 @@ def simulate_step(
     bandwidth_bits_per_s: float,
     latency_s: float = 0.0,
     optimizer_s: Sequence[float] | None = None,
+    num_cores: int | None = None,
 ) -> SimulatedStep:
     """Simulate one step of a p-stage pipeline.
 
@@ -61,6 +63,8 @@ def simulate_step(
         latency_s: Every link's one-way latency.
         optimizer_s: Per stage, seconds of the optimizer step after the stage's last action
             and its last send (None = 0).
+        num_cores: Processors shared by all stages (co-located ranks); None = one per
+            stage. A compute action waits for a free core.
 
     Returns:
         The step time and busy times.
@@ -84,45 +88,45 @@ def simulate_step(
     bwd_arrival: dict[tuple[int, int], float] = {}
     link_free = {(s, d): 0.0 for s in range(p) for d in (s - 1, s + 1) if 0 <= d < p}
     link_busy = dict.fromkeys(link_free, 0.0)
+    cores = [0.0] * (num_cores or p)  # when each core is free; one per stage by default
     end = 0.0
-    remaining = 2 * m * p
-    while remaining:
-        progressed = False
-        for s in range(p):
-            while position[s] < len(actions[s]):
-                op, j = actions[s][position[s]]
-                if op == "F":
-                    ready = 0.0 if s == 0 else fwd_arrival.get((s, j), -1.0)
-                    cost, dst, num_bytes = (
-                        forward_s[s],
-                        s + 1,
-                        (activation_bytes[s][j] if s < p - 1 else 0),
-                    )
-                    target = fwd_arrival
-                else:
-                    ready = 0.0 if s == p - 1 else bwd_arrival.get((s, j), -1.0)
-                    cost, dst, num_bytes = (
-                        backward_s[s],
-                        s - 1,
-                        (gradient_bytes[s - 1][j] if s > 0 else 0),
-                    )
-                    target = bwd_arrival
-                if ready < 0:
-                    break
-                done = max(clock[s], ready) + cost
-                clock[s] = done
-                end = max(end, done)
-                if 0 <= dst < p:
-                    t0 = max(done, link_free[(s, dst)])
-                    link_free[(s, dst)] = t0 + hold(num_bytes)
-                    link_busy[(s, dst)] += hold(num_bytes)
-                    target[(dst, j)] = link_free[(s, dst)] + latency_s
-                    end = max(end, target[(dst, j)])
-                position[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
+
+    def candidate(s: int) -> float:
+        op, j = actions[s][position[s]]
+        if op == "F":
+            ready = 0.0 if s == 0 else fwd_arrival.get((s, j), -1.0)
+        else:
+            ready = 0.0 if s == p - 1 else bwd_arrival.get((s, j), -1.0)
+        return -1.0 if ready < 0 else max(clock[s], ready)
+
+    for _ in range(2 * m * p):
+        # List scheduling: the runnable action that can start first (lowest stage on ties)
+        # takes the core that frees first.
+        starts = [(candidate(s), s) for s in range(p) if position[s] < len(actions[s])]
+        runnable = [(t, s) for t, s in starts if t >= 0]
+        if not runnable:
             raise ValueError("the schedule deadlocks: an action waits for a message never sent")
+        ready_at, s = min(runnable)
+        core = min(range(len(cores)), key=lambda c: cores[c])
+        op, j = actions[s][position[s]]
+        cost = forward_s[s] if op == "F" else backward_s[s]
+        done = max(ready_at, cores[core]) + cost
+        cores[core] = done
+        clock[s] = done
+        end = max(end, done)
+        if op == "F" and s < p - 1:
+            dst, num_bytes, target = s + 1, activation_bytes[s][j], fwd_arrival
+        elif op == "B" and s > 0:
+            dst, num_bytes, target = s - 1, gradient_bytes[s - 1][j], bwd_arrival
+        else:
+            dst, num_bytes, target = -1, 0, fwd_arrival
+        if dst >= 0:
+            t0 = max(done, link_free[(s, dst)])
+            link_free[(s, dst)] = t0 + hold(num_bytes)
+            link_busy[(s, dst)] += hold(num_bytes)
+            target[(dst, j)] = link_free[(s, dst)] + latency_s
+            end = max(end, target[(dst, j)])
+        position[s] += 1
     if optimizer_s is not None:
         # A stage steps its optimizer once its sends have left (the runtime waits on them).
         sent = [

@@ -414,7 +414,13 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
                 repeat_examples=True,
             )
             out = _run_one(config, calib, layout, rank, replica, stage, dp_group, data, math.inf)
-            mine = torch.tensor([out["median_forward_s"] + out["median_backward_s"]])
+            # c = the pace of one stage per micro-batch as this machine runs it: an unshaped
+            # flush step takes (m + p - 1) c, so c includes the CPU sharing of co-located
+            # ranks (4 stages on 2 cores run at half speed each).
+            pace = median_or_zero(out["step_s"][1:]) / (
+                max(layout.num_microbatches) + layout.num_stages - 1
+            )
+            mine = torch.tensor([pace])
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
             compute_s = float(mine)
         boundary = config.micro_batch_size * config.gpt.context * config.gpt.hidden * 4
@@ -529,6 +535,8 @@ def _run_one(
         "median_forward_s": stats.median_forward_s(),
         "median_backward_s": stats.median_backward_s(),
         "median_optimizer_s": median_or_zero(stats.optimizer_s),
+        "median_forward_cpu_s": median_or_zero(stats.forward_cpu_s),
+        "median_backward_cpu_s": median_or_zero(stats.backward_cpu_s),
         "activation_bytes": stats.activation_bytes,
         "gradient_bytes": stats.gradient_bytes,
         "num_microbatches": m,
