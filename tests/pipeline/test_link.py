@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
@@ -118,9 +119,10 @@ def test_simulator_shares_cores_between_co_located_stages() -> None:
     # 2 stages, m = 2, GPipe, F = 1 s, B = 2 s, free links. Two cores: s0 F0 [0,1], F1 [1,2];
     # s1 F0 [1,2], F1 [2,3], B0 [3,5], B1 [5,7]; s0 B0 [5,7], B1 [7,9] -> 9 s. One core runs
     # the 12 s of compute back to back (it is never idle) -> 12 s.
-    common = dict(schedule="gpipe", num_microbatches=2, forward_s=[1.0, 1.0],
-                  backward_s=[2.0, 2.0], activation_bytes=[[0, 0]], gradient_bytes=[[0, 0]],
-                  bandwidth_bits_per_s=math.inf)  # fmt: skip
-    assert simulate_step(**common).step_time_s == pytest.approx(9.0)  # type: ignore[arg-type]
-    one_core = simulate_step(**common, num_cores=1)  # type: ignore[arg-type]
-    assert one_core.step_time_s == pytest.approx(12.0)
+    sim = functools.partial(
+        simulate_step, schedule="gpipe", num_microbatches=2, forward_s=[1.0, 1.0],
+        backward_s=[2.0, 2.0], activation_bytes=[[0, 0]], gradient_bytes=[[0, 0]],
+        bandwidth_bits_per_s=math.inf,
+    )  # fmt: skip
+    assert sim().step_time_s == pytest.approx(9.0)
+    assert sim(num_cores=1).step_time_s == pytest.approx(12.0)

@@ -133,3 +133,20 @@ def test_nan_in_an_activation_names_step_and_stage() -> None:
     runners[1].module.blocks[0].register_forward_hook(lambda *_: torch.full((2, 16, 32), torch.nan))
     with pytest.raises(NonFiniteError, match="step 1, stage 1, micro-batch 0"):
         run_local_step(runners, transport, actions, 1, _microbatches(data, ids, 2))
+
+
+def test_recompute_gives_the_same_gradients() -> None:
+    grads = []
+    for use_recompute in (False, True):
+        model = TinyGPT(CONFIG, seed=3)
+        data = TextWindows(TEXT, CONFIG.context, num_train=48, num_eval=4)
+        transport = LocalTransport()
+        runners = [
+            StageRunner(module, CodecSpec.parse("fp32"), transport, learning_rate=1e-3,
+                        num_microbatches_total=3)
+            for module in build_stages(model, (2, 2), use_recompute=use_recompute)
+        ]  # fmt: skip
+        actions = [build_schedule("1f1b", 2, s, 3) for s in range(2)]
+        run_local_step(runners, transport, actions, 0, _microbatches(data, data.train_ids[:6], 2))
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))  # type: ignore[union-attr]
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-6, atol=1e-8)

@@ -1,5 +1,8 @@
 """`frugal pipeline bench`: FP32, fp16, DirectQ and AQ-SGD side by side, 4 stages, 5 rho points.
 
+The full preset adds `aqsgd:fw2,bw4:row` (per-row min/step scales instead of the reference's
+per-channel abs-max: one of the brief's improvements, finer scales).
+
 Three parts, one results.json:
 
 1. Quality: each method trains the tiny GPT for `epochs` epochs over the same windows, seed
@@ -62,6 +65,7 @@ _FULL_METHODS = (
     "aqsgd:fw2,bw4",
     "aqsgd:fw3,bw6",
     "aqsgd:fw4,bw8",
+    "aqsgd:fw2,bw4:row",
 )
 
 
