@@ -29,6 +29,7 @@ References:
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import math
 import multiprocessing
 import os
@@ -85,14 +86,15 @@ class PipelineBenchConfig:
     """Transfer/compute ratios (the paper's 10 Gbps ... 100 Mbps)."""
     epochs: int = 6
     """Quality runs: epochs over the train windows, >= 2 (AQ-SGD needs revisits)."""
-    speed_steps: int = 4
+    speed_steps: int = 6
     """Speed runs: steps per (method, rho), >= 2; the first is excluded from medians."""
     quality_workers: int = 2
     """Quality runs in parallel processes (each one thread), >= 1."""
     launch_timeout_s: float = 1800.0
     """Limit of the torchrun launch, seconds."""
     sim_num_cores: int = 0
-    """Processors the simulated stages share (0 = this machine's CPU count)."""
+    """Processors the simulated stages share (0 = the cores the unshaped calibration run
+    really used: its CPU seconds per step over its wall seconds)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -191,7 +193,7 @@ def run_pipeline_bench(
     tokens_per_step = train.micro_batch_size * train.num_microbatches * train.gpt.context
     shape = (train.micro_batch_size, train.gpt.context, train.gpt.hidden)
     m = train.num_microbatches
-    cores = min(config.sim_num_cores or os.cpu_count() or 1, train.num_stages)
+    cores = config.sim_num_cores or _effective_cores(by_stage, train.num_stages)
     fp32_final = _ema(quality["fp32"].losses)[-1]
 
     rows: list[dict[str, Any]] = []
@@ -266,11 +268,32 @@ def run_pipeline_bench(
         )
 
     summary = _summary(rows, config)
+    summary["sim_num_cores"] = cores
     document = results_document("pipeline", config, rows, summary)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_results(out_dir / "results.json", document)
+    (out_dir / "speed_ranks.json").write_text(json.dumps(ranks))
     _plot(quality, out_dir / "loss_curves.png")
     return document
+
+
+def _effective_cores(by_stage: list[dict[str, Any]], num_stages: int) -> int:
+    """Cores the ranks really had: CPU seconds of an unshaped step / its wall seconds.
+
+    From the calibration run (FP32, unshaped); rounded, within [1, min(CPU count, stages)].
+    On a shared machine other jobs take cores, and the simulator should not assume them.
+    """
+    calib = [r["calibration"] for r in by_stage]
+    cpu_per_step = sum(
+        c["num_microbatches"] * (c["median_forward_cpu_s"] + c["median_backward_cpu_s"])
+        + c["median_optimizer_s"]
+        for c in calib
+    )
+    wall = statistics.median(
+        max(c["step_s"][i] for c in calib) for i in range(1, len(calib[0]["step_s"]))
+    )
+    cores = round(cpu_per_step / wall) if wall > 0 else 1
+    return max(1, min(cores, os.cpu_count() or 1, num_stages))
 
 
 def _row(rows: list[dict[str, Any]], method: str, rho: float) -> dict[str, Any] | None:

@@ -423,6 +423,7 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
             mine = torch.tensor([pace])
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
             compute_s = float(mine)
+            results["calibration"] = out
         boundary = config.micro_batch_size * config.gpt.context * config.gpt.hidden * 4
         for run in runs:
             bandwidth = _resolve_bandwidth(run, boundary, compute_s)
