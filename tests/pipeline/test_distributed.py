@@ -84,18 +84,19 @@ def _dp_plan(tmp_path: Path) -> Path:
 def test_plan_with_two_replicas_all_reduces_like_one_pipeline(tmp_path: Path) -> None:
     plan = _dp_plan(tmp_path)
     config = replace(CONFIG, plan=str(plan), steps=4)
-    ranks = launch_torchrun(
-        config,
-        [RunSpec(label="dp", codec="fp32", steps=4)],
-        tmp_path / "out",
-        nproc=4,
-        timeout_s=240,
-    )
+    runs = [RunSpec(label="dp", codec="fp32", steps=4),
+            RunSpec(label="dp16", codec="fp32", steps=4, dp_compression="fp16")]  # fmt: skip
+    ranks = launch_torchrun(config, runs, tmp_path / "out", nproc=4, timeout_s=240)
     reporter = next(r for r in ranks if r["runs"][0]["eval_loss"] is not None)
     assert (reporter["replica"], reporter["stage"]) == (0, 1)
     # 2 replicas x 2 micro-batches, gradients all-reduced = one 2-stage pipeline of 4.
     local = train_local(replace(CONFIG, num_stages=2, steps=4))
     assert reporter["runs"][0]["eval_loss"] == pytest.approx(local.eval_loss, rel=1e-5)
+    # fp16 all-reduce (torch's fp16_compress_hook arithmetic): half the bytes, nearly the
+    # same model.
+    fp32_bytes, fp16_bytes = reporter["runs"][0]["dp_bytes"], reporter["runs"][1]["dp_bytes"]
+    assert len(fp32_bytes) == 4 and fp16_bytes == [b // 2 for b in fp32_bytes]
+    assert reporter["runs"][1]["eval_loss"] == pytest.approx(local.eval_loss, rel=1e-2)
 
 
 def test_a_killed_rank_stops_the_others_with_a_clear_error(tmp_path: Path) -> None:

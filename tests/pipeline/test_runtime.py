@@ -150,3 +150,16 @@ def test_recompute_gives_the_same_gradients() -> None:
         run_local_step(runners, transport, actions, 0, _microbatches(data, data.train_ids[:6], 2))
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))  # type: ignore[union-attr]
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-6, atol=1e-8)
+
+
+def test_a_drifted_receiver_buffer_is_detected() -> None:
+    from frugal.comm.message import BufferDriftError
+
+    _, _, data, transport, runners, actions = _pipeline("aqsgd:fw2,bw4", "gpipe")
+    ids = data.train_ids[:6]
+    run_local_step(runners, transport, actions, 0, _microbatches(data, ids, 2))
+    receiver = runners[2].act_in.delta
+    assert receiver is not None
+    receiver._table[int(ids[0])] += 1e-3  # one row of stage 2's copy goes wrong
+    with pytest.raises(BufferDriftError, match="step 1 mb 0"):
+        run_local_step(runners, transport, actions, 1, _microbatches(data, ids, 2))

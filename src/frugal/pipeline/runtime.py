@@ -315,6 +315,8 @@ class StageStats:
     """Last stage: mean micro-batch loss of each step."""
     step_s: list[float] = field(default_factory=list)
     optimizer_s: list[float] = field(default_factory=list)
+    dp_bytes: list[int] = field(default_factory=list)
+    """Per step: bytes this rank put into the gradient all-reduce."""
     """Per step: CPU seconds of the gradient all-reduce and optimizer step."""
 
     def median_forward_s(self) -> float:
@@ -337,6 +339,8 @@ class StageRunner:
         num_microbatches_total: Micro-batches per step over all replicas (the loss of each is
             divided by it, so summed gradients are the macro-batch mean).
         dp_group: Process group of this stage's data-parallel replicas (None: no DP).
+        dp_compression: "none" (fp32 all-reduce) or "fp16" (cast, sum in fp16, cast back:
+            the baseline of torch's fp16_compress_hook; half the bytes).
         drift_check_every: Steps between AQ-SGD buffer CRC checks (0 = never).
         warmup_steps: Steps sent uncompressed (fp32) first.
         timeout_s: Limit of every wait.
@@ -351,6 +355,7 @@ class StageRunner:
         learning_rate: float,
         num_microbatches_total: int,
         dp_group: dist.ProcessGroup | None = None,
+        dp_compression: str = "none",
         drift_check_every: int = 0,
         warmup_steps: int = 0,
         timeout_s: float = 120.0,
@@ -362,6 +367,9 @@ class StageRunner:
         self.optimizer = torch.optim.AdamW(module.parameters(), lr=learning_rate, weight_decay=0.0)
         self.scale = 1.0 / num_microbatches_total
         self.dp_group = dp_group
+        if dp_compression not in ("none", "fp16"):
+            raise ValueError(f"dp_compression={dp_compression!r}; choose 'none' or 'fp16'")
+        self.dp_compression = dp_compression
         self.drift_check_every = drift_check_every
         self.timeout_s = timeout_s
         self.act_out = LinkCodec(spec, KIND_ACTIVATION, warmup_steps)
@@ -476,6 +484,9 @@ class StageRunner:
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         if self.dp_group is not None and grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
+            if self.dp_compression == "fp16":  # as torch's fp16_compress_hook: sum in fp16
+                flat = flat.to(torch.float16)
+            self.stats.dp_bytes.append(flat.numel() * flat.element_size())
             work = dist.all_reduce(flat, group=self.dp_group, async_op=True)
             assert work is not None
             try:
@@ -485,6 +496,7 @@ class StageRunner:
                     f"stage {self.stage}: gradient all-reduce failed at step {self._step}: "
                     f"{str(exc).splitlines()[0]}"
                 ) from exc
+            flat = flat.to(torch.float32)
             offset = 0
             for g in grads:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))

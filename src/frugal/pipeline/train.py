@@ -151,6 +151,8 @@ class RunSpec:
     """Bandwidth of every link (0 with rho 0 = unshaped)."""
     latency_ms: float = 0.0
     """One-way latency."""
+    dp_compression: Literal["none", "fp16"] = "none"
+    """Gradient all-reduce between replicas of a stage: fp32, or fp16 (torch's hook)."""
     repeat_examples: bool = False
     """Every step uses the same macro-batch (a steady-state speed run: AQ-SGD's examples
     are all seen after step 0)."""
@@ -472,6 +474,7 @@ def _run_one(
         learning_rate=config.learning_rate,
         num_microbatches_total=total_mbs,
         dp_group=dp_group,
+        dp_compression=run.dp_compression,
         drift_check_every=config.drift_check_every,
         warmup_steps=config.warmup_steps,
         timeout_s=config.comm_timeout_s,
@@ -541,6 +544,7 @@ def _run_one(
         "activation_bytes": stats.activation_bytes,
         "gradient_bytes": stats.gradient_bytes,
         "num_microbatches": m,
+        "dp_bytes": stats.dp_bytes,
         "buffer_bytes": sum(
             c.delta.buffer_bytes for c in (runner.act_in, runner.act_out) if c.delta is not None
         ),
