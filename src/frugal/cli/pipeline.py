@@ -92,6 +92,7 @@ def _rho(text: str) -> float:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from frugal.config import config_to_dict, load_config
@@ -134,7 +135,7 @@ def _train(args: argparse.Namespace) -> int:
         TextColumn("loss {task.fields[loss]}"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=None, transient=False) as bar:
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
         task = bar.add_task(f"{config.codec}, {world_size} ranks", total=config.steps, loss="-")
 
         def on_progress(event: dict[str, Any]) -> None:
