@@ -25,6 +25,8 @@ def test_plan_for_another_world_size_exits_2(
     plan = _dp_plan(tmp_path)  # 2 stages x 2 replicas, 4 layers: fits the default model
     assert main(["pipeline", "train", "--plan", str(plan), "--set", "gpt.num_layers=6"]) == 2
     assert "set gpt.num_layers=4" in capsys.readouterr().err
+    assert main(["pipeline", "train", "--plan", str(plan), "--stages", "4"]) == 2
+    assert "the plan has 2 stages" in capsys.readouterr().err
 
 
 @pytest.mark.distributed

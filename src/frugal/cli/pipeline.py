@@ -116,7 +116,13 @@ def _train(args: argparse.Namespace) -> int:
     if config.plan:
         from frugal.planner.plan import Plan
 
-        world_size = Plan.from_json(Path(config.plan).read_text()).world_size
+        plan = Plan.from_json(Path(config.plan).read_text())
+        if args.stages is not None and args.stages != plan.num_stages:
+            raise ValueError(
+                f"--stages {args.stages} but the plan has {plan.num_stages} stages; drop "
+                "--stages (the plan decides) or plan again"
+            )
+        world_size = plan.world_size
     make_layout(config, world_size)  # a plan that does not fit fails here, before launching
     out = Path(args.out)
     run = RunSpec(
