@@ -136,3 +136,14 @@ def test_mismatched_configs_fail_at_start_naming_the_key(tmp_path: Path) -> None
     for code, _, stderr in results:
         assert code == 1
         assert "ConfigMismatchError" in stderr and "learning_rate" in stderr, stderr[-2000:]
+
+
+def test_a_launch_past_its_time_limit_is_killed(tmp_path: Path) -> None:
+    from frugal.pipeline.runtime import PipelineError
+
+    config = replace(CONFIG, num_stages=2)
+    runs = [RunSpec(label="slow", codec="fp32", steps=100, bandwidth_mbps=1.0)]  # ~2 s/message
+    t0 = time.monotonic()
+    with pytest.raises(PipelineError, match="exceeded 8"):
+        launch_torchrun(config, runs, tmp_path, nproc=2, timeout_s=8)
+    assert time.monotonic() - t0 < 30  # killed with its process group, not waited for

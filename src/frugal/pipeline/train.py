@@ -18,10 +18,13 @@ import hashlib
 import json
 import math
 import os
+import queue
+import signal
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -604,26 +607,47 @@ def launch_torchrun(
     src = str(Path(frugal.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group: a timeout kills torchrun and workers
     )
+    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for text in proc.stdout:
+            lines.put(text)
+        lines.put(None)
+
+    threading.Thread(target=pump, name="frugal-torchrun-output", daemon=True).start()
     tail: list[str] = []
     deadline = time.monotonic() + timeout_s
-    assert proc.stdout is not None
     try:
-        for line in proc.stdout:
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise PipelineError(
+                    f"the pipeline launch exceeded {timeout_s} s; killed it (last output: "
+                    + " | ".join(tail[-3:])
+                    + ")"
+                ) from None
+            if line is None:
+                break
             if line.startswith(PROGRESS_PREFIX):
                 if on_progress is not None:
                     on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
             else:
-                tail = ([*tail, line.rstrip()])[-30:]
-            if time.monotonic() > deadline:
-                raise PipelineError(f"the pipeline launch exceeded {timeout_s} s")
+                tail = [*tail, line.rstrip()][-30:]
         code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired as exc:
         raise PipelineError(f"the pipeline launch exceeded {timeout_s} s") from exc
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
     if code != 0:
         errors = [t for t in tail if "Error" in t and "frugal" in t] or tail[-8:]
