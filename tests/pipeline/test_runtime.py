@@ -163,3 +163,26 @@ def test_a_drifted_receiver_buffer_is_detected() -> None:
     receiver._table[int(ids[0])] += 1e-3  # one row of stage 2's copy goes wrong
     with pytest.raises(BufferDriftError, match="step 1 mb 0"):
         run_local_step(runners, transport, actions, 1, _microbatches(data, ids, 2))
+
+
+def test_warmup_sends_fp32_both_ways_then_compresses() -> None:
+    model = TinyGPT(CONFIG, seed=3)
+    data = TextWindows(TEXT, CONFIG.context, num_train=48, num_eval=4)
+    transport = LocalTransport()
+    spec = CodecSpec.parse("aqsgd:fw2,bw4")
+    runners = [
+        StageRunner(module, spec, transport, learning_rate=1e-3, num_microbatches_total=3,
+                    warmup_steps=1, drift_check_every=1)
+        for module in build_stages(model, (2, 2))
+    ]  # fmt: skip
+    actions = [build_schedule("gpipe", 2, s, 3) for s in range(2)]
+    shape = (2, CONFIG.context, CONFIG.hidden)
+    for step in range(2):  # the same six examples twice
+        run_local_step(
+            runners, transport, actions, step, _microbatches(data, data.train_ids[:6], 2)
+        )
+    fp32 = message_wire_bytes(CodecSpec.parse("fp32"), 0, shape)  # 4,096 + 128
+    assert runners[0].stats.activation_bytes[0] == [fp32] * 3
+    assert runners[1].stats.gradient_bytes[0] == [fp32] * 3
+    assert runners[0].stats.activation_bytes[1] == [message_wire_bytes(spec, 0, shape)] * 3
+    assert runners[1].stats.gradient_bytes[1] == [message_wire_bytes(spec, 1, shape)] * 3

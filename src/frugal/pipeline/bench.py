@@ -84,8 +84,11 @@ class PipelineBenchConfig:
     """Codecs compared; must include fp32 (the reference)."""
     rhos: tuple[float, ...] = tuple(RHO_POINTS.values())
     """Transfer/compute ratios (the paper's 10 Gbps ... 100 Mbps)."""
-    epochs: int = 6
+    epochs: int = 16
     """Quality runs: epochs over the train windows, >= 2 (AQ-SGD needs revisits)."""
+    aqsgd_warmup_epochs: int = 1
+    """AQ-SGD quality runs send everything as fp32 for this many epochs first (the
+    reference's warm-up), >= 0."""
     speed_steps: int = 6
     """Speed runs: steps per (method, rho), >= 2; the first is excluded from medians."""
     quality_workers: int = 2
@@ -104,12 +107,16 @@ class PipelineBenchConfig:
             raise ValueError(f"methods={self.methods} must include 'fp32' (the reference)")
         if not self.rhos or min(self.rhos) <= 0:
             raise ValueError(f"rhos={self.rhos} must be a non-empty list of values > 0")
+        if self.aqsgd_warmup_epochs < 0 or self.aqsgd_warmup_epochs >= self.epochs:
+            raise ValueError(
+                f"aqsgd_warmup_epochs={self.aqsgd_warmup_epochs} must be in [0, epochs)"
+            )
         if self.epochs < 2 or self.speed_steps < 2 or self.quality_workers < 1:
             raise ValueError("epochs and speed_steps must be >= 2, quality_workers >= 1")
 
     @classmethod
     def quick(cls) -> PipelineBenchConfig:
-        """Preset `--quick`: 4 methods, 512 windows x 4 epochs, 4 speed steps (a few minutes)."""
+        """Preset `--quick`: 4 methods, 512 windows x 12 epochs (192 steps), 5 speed steps."""
         return cls(
             train=PipelineTrainConfig(
                 num_train=512,
@@ -119,7 +126,8 @@ class PipelineBenchConfig:
                 num_microbatches=8,
             ),
             methods=_QUICK_METHODS,
-            epochs=4,
+            epochs=12,
+            speed_steps=5,
         )
 
 
@@ -161,7 +169,16 @@ def run_pipeline_bench(
     train = config.train
     steps_per_epoch = train.num_train // (train.micro_batch_size * train.num_microbatches)
     quality_steps = config.epochs * steps_per_epoch
-    jobs = {m: replace(train, codec=m, steps=quality_steps) for m in config.methods}
+    warmup_steps = config.aqsgd_warmup_epochs * steps_per_epoch
+    jobs = {
+        m: replace(
+            train,
+            codec=m,
+            steps=quality_steps,
+            warmup_steps=warmup_steps if m.startswith("aqsgd") else 0,
+        )
+        for m in config.methods
+    }
     say(f"quality: {len(jobs)} methods x {quality_steps} steps (one process each)")
     quality: dict[str, LocalResult] = {}
     context = multiprocessing.get_context("spawn")
@@ -221,21 +238,24 @@ def run_pipeline_bench(
         spec = CodecSpec.parse(run.codec)
         result = quality[run.codec]
         # Per quality step: simulated time with the bytes that step sent.
-        first = message_wire_bytes(spec, 0, shape, num_new=shape[0])
+        # AQ-SGD's first epoch sends first visits as fp32 (and everything in its warm-up).
+        warm = config.aqsgd_warmup_epochs > 0
+        first = message_wire_bytes(spec, 0, shape, num_new=shape[0], warmup=warm)
+        first_grad = message_wire_bytes(spec, 1, shape, warmup=warm)
         first_sim = simulate_step(
             schedule=train.schedule,
             num_microbatches=m,
             forward_s=fwd,
             backward_s=bwd,
             activation_bytes=[[first] * m] * len(act),
-            gradient_bytes=grad,
+            gradient_bytes=[[first_grad] * m] * len(grad),
             bandwidth_bits_per_s=bandwidth,
             optimizer_s=opt,
             num_cores=cores,
         )
         elapsed, reached = 0.0, None
         for step, value in enumerate(_ema(result.losses)):
-            new_visits = spec.method == "aqsgd" and step < steps_per_epoch
+            new_visits = spec.method == "aqsgd" and step < max(steps_per_epoch, warmup_steps)
             elapsed += first_sim.step_time_s if new_visits else sim.step_time_s
             if value <= fp32_final:
                 reached = elapsed
