@@ -69,3 +69,25 @@ def test_codec_specs_and_bad_input() -> None:
         PipelineTrainConfig(num_stages=5)
     with pytest.raises(ValueError, match="not both"):
         PipelineTrainConfig(bandwidth_mbps=10.0, rho=1.0)
+
+
+def test_headers_are_checked() -> None:
+    import torch
+
+    from frugal.comm.message import LinkCodec, ProtocolError, parse_header
+
+    sender = LinkCodec(CodecSpec.parse("directq:fw2,bw4"), 0)
+    header, payload, finite = sender.encode(torch.ones(2, 3, 4), torch.arange(2), step=5, mb=1)
+    fields = parse_header(header)
+    assert finite and fields["shape"] == (2, 3, 4) and fields["payload_bytes"] == payload.numel()
+    assert fields["bits"] == 2 and fields["step"] == 5 and fields["mb"] == 1
+    receiver = LinkCodec(CodecSpec.parse("directq:fw2,bw4"), 0)
+    with pytest.raises(ProtocolError, match=r"expected \(codec, kind, step, mb\) = \(4, 0, 6, 1\)"):
+        receiver.expect(header, step=6, mb=1)
+    other = LinkCodec(CodecSpec.parse("aqsgd:fw2,bw4"), 0)
+    with pytest.raises(ProtocolError, match="different codecs"):
+        other.expect(header, step=5, mb=1)
+    bad = header.clone()
+    bad[0] = 7
+    with pytest.raises(ProtocolError, match="bad message header"):
+        parse_header(bad)

@@ -37,6 +37,8 @@ from frugal.comm.message import (
     CodecSpec,
     LinkCodec,
     NonFiniteMessageError,
+    ProtocolError,
+    parse_header,
 )
 from frugal.pipeline.models import StageModule
 from frugal.pipeline.schedule import Action
@@ -232,13 +234,17 @@ class DistTransport:
 
         Raises:
             PeerLostError: If the peer does not answer in time or has gone.
+            ProtocolError: If the header is not a frugal header or announces a size outside
+                [0, 2^31) (checked before allocating the payload).
         """
         src = self.peer_ranks[peer]
         header = torch.empty(HEADER_WORDS, dtype=torch.int64)
         work = dist.irecv(header, src, tag=tag)
         assert work is not None
         self._wait(work, src, "recv", step, mb)
-        size = int(header[12])
+        size = parse_header(header)["payload_bytes"]
+        if not 0 <= size < 1 << 31:
+            raise ProtocolError(f"rank {src} announced a {size}-byte payload; refusing it")
         payload = torch.empty(max(size, 0), dtype=torch.uint8)
         if size > 0:
             work = dist.irecv(payload, src, tag=tag)

@@ -513,25 +513,21 @@ def _run_one(
                 )
     finally:
         transport.close()
+    # Eval on the whole model: replica 0's stages send their weights to every rank (a few MB
+    # for the tiny GPT); the reporting rank reassembles and evaluates it.
     eval_loss = None
-    state = dict(model.state_dict().items())
     gathered: list[Any] = [None] * dist.get_world_size()
-    mine_state = dict(module.state_dict().items()) if replica == 0 else {}
-    dist.all_gather_object(gathered, mine_state)
+    dist.all_gather_object(gathered, module.state_dict() if replica == 0 else {})
     if reporter:
-        full = {}
-        for part, r in zip(gathered, range(len(gathered)), strict=True):
-            if r in layout.mesh[0]:
-                s = layout.mesh[0].index(r)
-                lo = sum(layout.layers[:s])
-                for k, v in part.items():
-                    if k.startswith("blocks."):
-                        idx, rest = k.split(".", 2)[1:]
-                        full[f"blocks.{lo + int(idx)}.{rest}"] = v
-                    else:
-                        full[k] = v
-        state.update(full)
-        model.load_state_dict(state)
+        full = model.state_dict()
+        for s, r in enumerate(layout.mesh[0]):
+            first_block = sum(layout.layers[:s])
+            for key, value in gathered[r].items():
+                if key.startswith("blocks."):  # stage-local block index -> model index
+                    _, index, rest = key.split(".", 2)
+                    key = f"blocks.{first_block + int(index)}.{rest}"
+                full[key] = value
+        model.load_state_dict(full)
         eval_loss = evaluate(model, data)
     stats = runner.stats
     return {
