@@ -56,7 +56,7 @@ def register(commands: Any) -> None:
         "bench", help="FP32, fp16, DirectQ and AQ-SGD side by side at five link speeds"
     )
     bench.add_argument(
-        "--quick", action="store_true", help="small preset (4 methods, 512 windows x 12 epochs)"
+        "--quick", action="store_true", help="small preset (5 methods, 512 windows x 12 epochs)"
     )
     bench.add_argument(
         "--out", default="reports/pipeline", metavar="DIR", help="folder for results.json"
