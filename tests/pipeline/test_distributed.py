@@ -138,6 +138,13 @@ def test_mismatched_configs_fail_at_start_naming_the_key(tmp_path: Path) -> None
         assert "ConfigMismatchError" in stderr and "learning_rate" in stderr, stderr[-2000:]
 
 
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_a_launch_past_its_time_limit_is_killed(tmp_path: Path) -> None:
     from frugal.pipeline.runtime import PipelineError
 
@@ -146,4 +153,8 @@ def test_a_launch_past_its_time_limit_is_killed(tmp_path: Path) -> None:
     t0 = time.monotonic()
     with pytest.raises(PipelineError, match="exceeded 8"):
         launch_torchrun(config, runs, tmp_path, nproc=2, timeout_s=8)
-    assert time.monotonic() - t0 < 30  # killed with its process group, not waited for
+    assert time.monotonic() - t0 < 40  # stopped, not waited for
+    time.sleep(1)
+    job = str(tmp_path / "job.json").encode()
+    alive = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and job in _cmdline(p)]
+    assert alive == []  # no worker of this launch survives

@@ -643,12 +643,41 @@ def launch_torchrun(
         raise PipelineError(f"the pipeline launch exceeded {timeout_s} s") from exc
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            proc.terminate()  # torchrun's agent stops its workers on SIGTERM
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            _kill_workers(job)
     if code != 0:
         errors = [t for t in tail if "Error" in t and "frugal" in t] or tail[-8:]
         raise PipelineError(f"torchrun exited with {code}: " + " | ".join(errors[-4:]))
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def _kill_workers(job: Path) -> None:
+    """SIGKILL any worker of this launch still alive (its argv names the job file).
+
+    torchrun starts workers in their own sessions, so killing its process group can miss
+    them; /proc (Linux) finds them by the job path, which is unique to the launch.
+    """
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        return
+    needle = str(job).encode()
+    for entry in proc_dir.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if b"frugal.pipeline.worker" in argv and needle in argv.split(b"\0"):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                continue
 
 
 def config_from_job(path: Path) -> tuple[PipelineTrainConfig, list[RunSpec]]:
