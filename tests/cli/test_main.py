@@ -57,6 +57,24 @@ PINNED_SURFACE = {
         "-h",
     ],
     "tgraph leaderboard": ["--help", "--metric", "-h", "RESULTS_DIR"],
+    "pipeline": ["--help", "-h"],
+    "pipeline train": [
+        "--bandwidth-mbps",
+        "--bw-bits",
+        "--codec",
+        "--config",
+        "--fw-bits",
+        "--help",
+        "--model",
+        "--out",
+        "--plan",
+        "--rho",
+        "--set",
+        "--stages",
+        "--steps",
+        "-h",
+    ],
+    "pipeline bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
 }
 
 

@@ -10,6 +10,7 @@ from typing import NoReturn
 import frugal
 from frugal import FrugalError
 from frugal.cli import data as data_command
+from frugal.cli import pipeline as pipeline_command
 from frugal.cli import plan as plan_command
 from frugal.cli import recsys as recsys_command
 from frugal.cli import reproduce as reproduce_command
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_command.register(commands)
     recsys_command.register(commands)
     tgraph_command.register(commands)
+    pipeline_command.register(commands)
     reproduce_command.register(commands)
     return parser
 

@@ -23,6 +23,8 @@ References:
 from __future__ import annotations
 
 import math
+import zlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,6 +34,7 @@ from torch import Tensor
 from frugal.comm.wire import wire_bytes
 
 __all__ = [
+    "ChannelQuantizeCodec",
     "Codec",
     "DeltaCodec",
     "Encoded",
@@ -145,6 +148,14 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
     if not 1 <= bits <= 8:
         raise ValueError(f"bits={bits} must be in [1, 8]")
     rows, cols = codes.shape
+    if 8 % bits == 0:  # whole codes per byte: shift-and-sum, no per-bit expansion
+        per_byte = 8 // bits
+        pad = (-cols) % per_byte
+        if pad:
+            codes = torch.nn.functional.pad(codes, (0, pad))
+        offsets = torch.arange(0, 8, bits, device=codes.device, dtype=torch.uint8)
+        grouped = codes.reshape(rows, -1, per_byte) << offsets  # disjoint bits: sum = or
+        return grouped.sum(dim=-1, dtype=torch.uint8)
     shifts = torch.arange(bits, device=codes.device, dtype=torch.uint8)
     bit_RCk = (codes.unsqueeze(-1) >> shifts) & 1  # (R, C, k), bit b of each code
     stream = bit_RCk.reshape(rows, cols * bits)
@@ -163,6 +174,10 @@ def unpack_bits(packed: Tensor, bits: int, cols: int) -> Tensor:
         packed: (R, B) -> (R, cols) uint8.
     """
     rows = packed.shape[0]
+    if 8 % bits == 0:
+        offsets = torch.arange(0, 8, bits, device=packed.device, dtype=torch.uint8)
+        mask = (1 << bits) - 1
+        return ((packed.unsqueeze(-1) >> offsets) & mask).reshape(rows, -1)[:, :cols]
     shifts = torch.arange(8, device=packed.device, dtype=torch.uint8)
     stream = ((packed.unsqueeze(-1) >> shifts) & 1).reshape(rows, -1)[:, : cols * bits]
     weights = (1 << torch.arange(bits, device=packed.device, dtype=torch.int32)).to(torch.int32)
@@ -198,6 +213,15 @@ class QuantizeCodec:
             TypeError: If `x` is not float32.
             ValueError: If `x` holds NaN or inf.
         """
+        return self.quantize(x)[0]
+
+    def quantize(self, x: Tensor) -> tuple[Encoded, Tensor]:
+        """`encode`, plus the value `decode` will return (bit-identical, without unpacking).
+
+        Raises:
+            TypeError: If `x` is not float32.
+            ValueError: If `x` holds NaN or inf.
+        """
         _check_float32(x)
         if not torch.isfinite(x).all():
             raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
@@ -208,9 +232,11 @@ class QuantizeCodec:
         levels = (1 << self.bits) - 1
         step = (high - low) / levels
         safe = torch.where(step > 0, step, torch.ones_like(step))
-        codes = torch.round((x_RC - low) / safe).clamp_(0, levels).to(torch.uint8)
+        codes = torch.round((x_RC - low) / safe).clamp_(0, levels)
         header = torch.cat([low, step], dim=1).contiguous()  # (R, 2) float32
-        return Encoded(tuple(x.shape), (header, pack_bits(codes, self.bits)))
+        x_hat = (header[:, :1] + codes * header[:, 1:2]).reshape(x.shape)  # as decode computes
+        packed = pack_bits(codes.to(torch.uint8), self.bits)
+        return Encoded(tuple(x.shape), (header, packed)), x_hat
 
     def decode(self, encoded: Encoded) -> Tensor:
         """Rebuild each value as min + code x step."""
@@ -220,22 +246,111 @@ class QuantizeCodec:
         return (header[:, :1] + codes * header[:, 1:2]).reshape(encoded.shape)
 
 
+class ChannelQuantizeCodec:
+    """AQ-SGD's reference quantizer: one abs-max scale per channel, symmetric k-bit codes.
+
+    The scale of channel c is s_c = max |x[:, c]| over all rows of the message, sent as fp16
+    (C scales); code = clamp(round(x / s * 2^(k-1)), -2^(k-1), 2^(k-1) - 1) + 2^(k-1),
+    round-to-nearest, packed densely over the whole message; x_hat = (code - 2^(k-1)) s /
+    2^(k-1). The top positive level is (2^(k-1) - 1) / 2^(k-1) s (0.5 s at 2 bits): the
+    reference clips positive values asymmetrically, which this codec reproduces. s = 0 gives
+    zeros. Wire size: 2 C + ceil(n k / 8) bytes for n values.
+
+    References:
+        Fine-tuning Language Models over Slow Networks using Activation Compression with
+        Guarantees, NeurIPS 2022, arXiv 2206.01299 (reference code DS3Lab/AC-SGD).
+    """
+
+    def __init__(self, bits: int) -> None:
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
+            raise ValueError(f"bits={bits!r} must be an integer in [1, 8]")
+        self.bits = bits
+        self.name = f"c{bits}"
+
+    def wire_bytes(self, shape: tuple[int, ...]) -> int:
+        """2 C (fp16 scales) + ceil(n k / 8) packed code bytes."""
+        return 2 * shape[-1] + math.ceil(math.prod(shape) * self.bits / 8)
+
+    def encode(self, x: Tensor) -> Encoded:
+        """Quantize with per-channel abs-max scales.
+
+        Raises:
+            TypeError: If `x` is not float32.
+            ValueError: If `x` holds NaN or inf.
+        """
+        return self.quantize(x)[0]
+
+    def quantize(self, x: Tensor) -> tuple[Encoded, Tensor]:
+        """`encode`, plus the value `decode` will return (bit-identical, without unpacking).
+
+        Raises:
+            TypeError: If `x` is not float32.
+            ValueError: If `x` holds NaN or inf.
+        """
+        _check_float32(x)
+        if not torch.isfinite(x).all():
+            raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
+        cols = x.shape[-1]
+        x_RC = x.reshape(-1, cols)
+        half_levels = 1 << (self.bits - 1)
+        scale_C = x_RC.abs().amax(dim=0).clamp_(max=65504.0).to(torch.float16)
+        scale = scale_C.float()  # both sides use the fp16 value that travels
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        codes = torch.round(x_RC / safe * half_levels).clamp_(-half_levels, half_levels - 1)
+        codes = torch.where(scale > 0, codes, torch.zeros_like(codes)) + half_levels
+        x_hat = ((codes - half_levels) * (scale / half_levels)).reshape(x.shape)
+        packed = pack_bits(codes.to(torch.uint8).reshape(1, -1), self.bits)
+        return Encoded(tuple(x.shape), (scale_C.contiguous(), packed)), x_hat
+
+    def decode(self, encoded: Encoded) -> Tensor:
+        """Rebuild x_hat = (code - 2^(k-1)) s / 2^(k-1)."""
+        scale_C, packed = encoded.tensors
+        n = math.prod(encoded.shape)
+        half_levels = 1 << (self.bits - 1)
+        codes = unpack_bits(packed.reshape(1, -1), self.bits, n).to(torch.float32)
+        x_RC = (codes.reshape(-1, scale_C.numel()) - half_levels) * (scale_C.float() / half_levels)
+        return x_RC.reshape(encoded.shape)  # the same expression as in quantize
+
+
 class DeltaCodec:
     """AQ-SGD: quantize the change of each example's activation against shared buffers.
 
     The sender and the receiver each hold one `DeltaCodec` with their own buffers. Call
     `encode(x, example_ids)` on the sender and `decode(encoded, example_ids)` on the receiver
     with the same ids; after each call both buffers hold the same value. An example seen for
-    the first time is sent as float32 (its row of the payload is exact).
+    the first time is sent as float32 (its row of the payload is exact). The buffers are one
+    (capacity, ...) float32 table indexed by example id, grown by doubling; no per-example
+    Python work.
 
     Shapes:
-        x: (N, ...) with one row per example; example_ids: (N,) int64.
+        x: (N, ...) with one row per example; example_ids: (N,) int64, each >= 0.
+
+    References:
+        Fine-tuning Language Models over Slow Networks using Activation Compression with
+        Guarantees, NeurIPS 2022, arXiv 2206.01299 (section 3, algorithm 1).
     """
 
-    def __init__(self, bits: int) -> None:
-        self.quantizer = QuantizeCodec(bits)
+    def __init__(self, bits: int, scale: str = "row") -> None:
+        if scale not in ("row", "channel"):
+            raise ValueError(f"scale={scale!r}; choose 'row' (min/step) or 'channel' (abs-max)")
+        self.quantizer: QuantizeCodec | ChannelQuantizeCodec = (
+            QuantizeCodec(bits) if scale == "row" else ChannelQuantizeCodec(bits)
+        )
+        self.bits = bits
         self.name = f"aqsgd{bits}"
-        self.buffers: dict[int, Tensor] = {}
+        self._table = torch.empty(0)
+        self._seen = torch.zeros(0, dtype=torch.bool)
+
+    @property
+    def buffers(self) -> Mapping[int, Tensor]:
+        """Read-only view: example id -> its buffered activation (ids seen so far)."""
+        return _BufferView(self._table, self._seen)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes held by the buffers of the examples seen so far."""
+        row = self._table[0].numel() * 4 if self._table.numel() else 0
+        return int(self._seen.sum()) * row
 
     def wire_bytes(self, shape: tuple[int, ...], num_new: int = 0) -> int:
         """Quantized deltas for the seen examples plus float32 rows for `num_new` new ones."""
@@ -244,54 +359,103 @@ class DeltaCodec:
         delta = self.quantizer.wire_bytes(seen) if seen[0] else 0
         return delta + 4 * per_example * num_new
 
-    def _split(self, example_ids: Tensor) -> tuple[list[int], Tensor]:
-        ids = [int(i) for i in example_ids.tolist()]
-        if len(set(ids)) != len(ids):
+    def num_new(self, example_ids: Tensor) -> int:
+        """How many of `example_ids` this side has not buffered yet."""
+        ids = example_ids.long()
+        inside = ids < self._seen.numel()
+        return int((~inside).sum()) + int((~self._seen[ids[inside]]).sum())
+
+    def rows_crc32(self, example_ids: Tensor) -> int:
+        """CRC32 of the buffered rows of `example_ids`, in that order (drift check)."""
+        rows = self._table[example_ids.long()].contiguous()
+        return zlib.crc32(rows.numpy().tobytes())
+
+    def _prepare(self, example_ids: Tensor, row_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+        ids = example_ids.long()
+        if ids.numel() and int(ids.min()) < 0:
+            raise ValueError(f"example_ids must be >= 0, got min {int(ids.min())}")
+        if torch.unique(ids).numel() != ids.numel():
             raise ValueError("example_ids repeat within one message; each example once")
-        new = torch.tensor([i not in self.buffers for i in ids], dtype=torch.bool)
-        return ids, new
+        need = int(ids.max()) + 1 if ids.numel() else 0
+        if need > self._seen.numel() or tuple(self._table.shape[1:]) != row_shape:
+            if self._seen.numel() and tuple(self._table.shape[1:]) != row_shape:
+                raise ValueError(
+                    f"example shape {row_shape} differs from the buffered "
+                    f"{tuple(self._table.shape[1:])}; one DeltaCodec per link and tensor"
+                )
+            capacity = max(need, 2 * self._seen.numel())
+            table = torch.zeros((capacity, *row_shape), dtype=torch.float32)
+            seen = torch.zeros(capacity, dtype=torch.bool)
+            if self._seen.numel():
+                table[: self._table.shape[0]] = self._table
+                seen[: self._seen.numel()] = self._seen
+            self._table, self._seen = table, seen
+        return ids, ~self._seen[ids]
+
+    def store(self, x: Tensor, example_ids: Tensor) -> None:
+        """Set the buffers of `example_ids` to `x` exactly (warm-up: x travelled as fp32).
+
+        Raises:
+            ValueError: If ids repeat or are negative.
+        """
+        ids, _ = self._prepare(example_ids, tuple(x.shape[1:]))
+        self._table[ids] = x
+        self._seen[ids] = True
 
     def encode(self, x: Tensor, example_ids: Tensor) -> Encoded:
         """Encode; update this side's buffers with what the receiver will decode.
 
         Raises:
             TypeError: If `x` is not float32.
-            ValueError: If ids repeat or their count differs from x's first dimension.
+            ValueError: If ids repeat, are negative or their count differs from x's first
+                dimension.
         """
         _check_float32(x)
         if example_ids.shape != (x.shape[0],):
             raise ValueError(
                 f"example_ids must have shape ({x.shape[0]},), got {tuple(example_ids.shape)}"
             )
-        ids, new = self._split(example_ids)
+        ids, new = self._prepare(example_ids, tuple(x.shape[1:]))
         seen = ~new
         tensors: list[Tensor] = [x[new].contiguous()]
         if seen.any():
-            reference = torch.stack(
-                [self.buffers[i] for i, s in zip(ids, seen.tolist(), strict=True) if s]
-            )
-            delta = self.quantizer.encode(x[seen] - reference)
+            reference = self._table[ids[seen]]
+            delta, delta_hat = self.quantizer.quantize(x[seen] - reference)
             tensors.extend(delta.tensors)
-            decoded = reference + self.quantizer.decode(delta)
-        rows_new = iter(x[new])
-        rows_seen = iter(decoded) if seen.any() else iter(())
-        for i, is_new in zip(ids, new.tolist(), strict=True):
-            self.buffers[i] = (next(rows_new) if is_new else next(rows_seen)).clone()
+            self._table[ids[seen]] = reference + delta_hat
+        self._table[ids[new]] = x[new]
+        self._seen[ids] = True
         return Encoded(tuple(x.shape), tuple(tensors))
 
     def decode(self, encoded: Encoded, example_ids: Tensor) -> Tensor:
-        """Rebuild the activations and update this side's buffers."""
-        ids, new = self._split(example_ids)
-        out = torch.empty(encoded.shape, dtype=torch.float32)
-        out[new] = encoded.tensors[0]
+        """Rebuild the activations and update this side's buffers.
+
+        Raises:
+            ValueError: If ids repeat or are negative.
+        """
+        ids, new = self._prepare(example_ids, tuple(encoded.shape[1:]))
         seen = ~new
         if seen.any():
-            reference = torch.stack(
-                [self.buffers[i] for i, s in zip(ids, seen.tolist(), strict=True) if s]
-            )
+            reference = self._table[ids[seen]]
             shape = (int(seen.sum()), *encoded.shape[1:])
             delta = self.quantizer.decode(Encoded(shape, tuple(encoded.tensors[1:])))
-            out[seen] = reference + delta
-        for k, i in enumerate(ids):
-            self.buffers[i] = out[k].clone()
-        return out
+            self._table[ids[seen]] = reference + delta
+        self._table[ids[new]] = encoded.tensors[0].reshape(-1, *encoded.shape[1:])
+        self._seen[ids] = True
+        return self._table[ids].clone()
+
+
+class _BufferView(Mapping[int, Tensor]):
+    def __init__(self, table: Tensor, seen: Tensor) -> None:
+        self._table, self._seen = table, seen
+
+    def __getitem__(self, key: int) -> Tensor:
+        if not 0 <= key < self._seen.numel() or not bool(self._seen[key]):
+            raise KeyError(key)
+        return self._table[key]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(torch.nonzero(self._seen).flatten().tolist())
+
+    def __len__(self) -> int:
+        return int(self._seen.sum())

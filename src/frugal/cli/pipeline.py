@@ -1,0 +1,213 @@
+"""`frugal pipeline train ...` and `frugal pipeline bench [--quick]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from frugal.cli.options import add_config_arguments
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    """Add the `pipeline` subcommand and its children to the top-level subparsers."""
+    parser = commands.add_parser(
+        "pipeline",
+        help="compressed pipeline-parallel training over slow links (AQ-SGD)",
+        description="frugal.pipeline: GPipe/1F1B over torch.distributed with activation codecs.",
+    )
+    children = parser.add_subparsers(dest="pipeline_command", metavar="ACTION")
+    children.required = True
+    train = children.add_parser(
+        "train", help="train a model with one process per stage (torchrun, gloo, 127.0.0.1)"
+    )
+    train.add_argument("--model", default=None, choices=["tiny-gpt"], help="model to train")
+    train.add_argument("--stages", type=int, default=None, metavar="S", help="pipeline stages")
+    train.add_argument(
+        "--codec",
+        default=None,
+        metavar="C",
+        help="fp32, fp16, bf16, directq or aqsgd (bits via --fw-bits/--bw-bits, or "
+        "directq:fw2,bw4 / aqsgd:fw2,bw4)",
+    )
+    train.add_argument("--fw-bits", type=int, default=None, metavar="K", help="activation bits")
+    train.add_argument("--bw-bits", type=int, default=None, metavar="J", help="gradient bits")
+    link = train.add_mutually_exclusive_group()
+    link.add_argument(
+        "--bandwidth-mbps", type=float, default=None, metavar="MBPS", help="emulated link speed"
+    )
+    link.add_argument(
+        "--rho",
+        default=None,
+        metavar="RHO",
+        help="transfer/compute ratio, a number or a paper link: 10gbps, 1gbps, 500mbps, "
+        "300mbps, 100mbps",
+    )
+    train.add_argument("--plan", default=None, metavar="FILE", help="planner Plan JSON to run")
+    train.add_argument("--steps", type=int, default=None, metavar="N", help="optimizer steps")
+    train.add_argument("--out", default="reports/pipeline-train", metavar="DIR", help="folder")
+    add_config_arguments(train)
+    train.set_defaults(handler=_train)
+    bench = children.add_parser(
+        "bench", help="FP32, fp16, DirectQ and AQ-SGD side by side at five link speeds"
+    )
+    bench.add_argument(
+        "--quick", action="store_true", help="small preset (5 methods, 512 windows x 12 epochs)"
+    )
+    bench.add_argument(
+        "--out", default="reports/pipeline", metavar="DIR", help="folder for results.json"
+    )
+    add_config_arguments(bench)
+    bench.set_defaults(handler=_bench)
+
+
+def _codec(args: argparse.Namespace) -> str | None:
+    codec: str | None = args.codec
+    if codec in ("directq", "aqsgd"):
+        if args.fw_bits is None or args.bw_bits is None:
+            raise ValueError(f"--codec {codec} needs --fw-bits and --bw-bits (e.g. 2 and 4)")
+        return f"{codec}:fw{args.fw_bits},bw{args.bw_bits}"
+    if args.fw_bits is not None or args.bw_bits is not None:
+        raise ValueError(
+            f"--fw-bits/--bw-bits apply to --codec directq or aqsgd, not {codec or 'fp32'}"
+        )
+    return codec
+
+
+def _rho(text: str) -> float:
+    from frugal.comm.link import RHO_POINTS
+
+    if text.lower() in RHO_POINTS:
+        return RHO_POINTS[text.lower()]
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(
+            f"--rho {text!r}: give a number > 0 or one of {', '.join(RHO_POINTS)}"
+        ) from None
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from frugal.config import config_to_dict, load_config
+    from frugal.pipeline.train import PipelineTrainConfig, RunSpec, launch_torchrun, make_layout
+
+    cli: dict[str, Any] = {}
+    for key, value in (
+        ("model", args.model),
+        ("num_stages", args.stages),
+        ("codec", _codec(args)),
+        ("bandwidth_mbps", args.bandwidth_mbps),
+        ("rho", _rho(args.rho) if args.rho is not None else None),
+        ("plan", str(Path(args.plan).resolve()) if args.plan else None),
+        ("steps", args.steps),
+    ):
+        if value is not None:
+            cli[key] = value
+    base = config_to_dict(load_config(PipelineTrainConfig, args.config, args.overrides))
+    config = load_config(PipelineTrainConfig, base={**base, **cli}, base_source="command line")
+    world_size = config.num_stages
+    if config.plan:
+        from frugal.planner.plan import Plan
+
+        plan = Plan.from_json(Path(config.plan).read_text())
+        if args.stages is not None and args.stages != plan.num_stages:
+            raise ValueError(
+                f"--stages {args.stages} but the plan has {plan.num_stages} stages; drop "
+                "--stages (the plan decides) or plan again"
+            )
+        world_size = plan.world_size
+    make_layout(config, world_size)  # a plan that does not fit fails here, before launching
+    out = Path(args.out)
+    run = RunSpec(
+        label=config.codec,
+        codec=config.codec,
+        steps=config.steps,
+        rho=config.rho,
+        bandwidth_mbps=config.bandwidth_mbps,
+        latency_ms=config.latency_ms,
+    )
+    losses: list[float] = []
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} steps"),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task(f"{config.codec}, {world_size} ranks", total=config.steps, loss="-")
+
+        def on_progress(event: dict[str, Any]) -> None:
+            if event["run"] != run.label:
+                return
+            losses.append(float(event["loss"]))
+            bar.update(task, completed=event["step"] + 1, loss=f"{event['loss']:.4f}")
+
+        ranks = launch_torchrun(
+            config,
+            [run],
+            out,
+            nproc=world_size,
+            timeout_s=max(600.0, 30.0 * config.steps),
+            on_progress=on_progress,
+        )
+    last = next(r for r in ranks if r["runs"][0]["eval_loss"] is not None)["runs"][0]
+    summary = {
+        "codec": config.codec,
+        "world_size": world_size,
+        "steps": config.steps,
+        "final_train_loss": last["losses"][-1],
+        "eval_loss": last["eval_loss"],
+        "bandwidth_bits_per_s": last["bandwidth_bits_per_s"],
+        "median_step_s": sorted(last["step_s"])[len(last["step_s"]) // 2],
+        "bytes_sent_per_rank": [
+            sum(map(sum, r["runs"][0]["activation_bytes"]))
+            + sum(map(sum, r["runs"][0]["gradient_bytes"]))
+            for r in ranks
+        ],
+    }
+    (out / "train.json").write_text(json.dumps({"summary": summary, "losses": last["losses"]}))
+    _plot_losses(last["losses"], config.codec, out / "loss_curve.png")
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {out / 'train.json'} and {out / 'loss_curve.png'}", file=sys.stderr)
+    return 0
+
+
+def _plot_losses(losses: list[float], label: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(losses) + 1), losses, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss (nats/byte)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from frugal.config import config_to_dict, load_config
+    from frugal.pipeline.bench import PipelineBenchConfig, run_pipeline_bench
+
+    preset = config_to_dict(PipelineBenchConfig.quick()) if args.quick else None
+    config = load_config(PipelineBenchConfig, args.config, args.overrides, base=preset)
+    out = Path(args.out)
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    document = run_pipeline_bench(config, out, progress=progress)
+    print(json.dumps(document["summary"], indent=1))
+    print(f"wrote {out / 'results.json'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,375 @@
+"""Pipeline messages: a 128-byte header, then one uint8 payload sized from it.
+
+A `CodecSpec` names what a pipeline link does in each direction (`fp32`, `fp16`, `bf16`,
+`directq:fw2,bw4`, `aqsgd:fw2,bw4`); a `LinkCodec` is one side (sender or receiver) of one
+link in one direction. `LinkCodec.encode` returns the header and payload that travel; the exact
+bytes on the wire are `HEADER_BYTES + payload`, known up front from `message_wire_bytes`.
+
+Header (16 x int64): magic, version, codec id, kind (0 activation, 1 gradient), step,
+micro-batch, bits, dtype, shape[4] (-1 padded), payload bytes, new examples (AQ-SGD first
+visits), flags (bit 0: non-finite values at the sender), buffer CRC32 (AQ-SGD drift check, -1
+when not checked).
+
+Shape legend: M micro-batch (examples), T tokens, H hidden.
+
+References:
+    Fine-tuning Language Models over Slow Networks using Activation Compression with
+    Guarantees, NeurIPS 2022, arXiv 2206.01299 (AQ-SGD forward deltas, DirectQ backward).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from frugal import FrugalError
+from frugal.comm.codecs import (
+    ChannelQuantizeCodec,
+    DeltaCodec,
+    Encoded,
+    HalfCodec,
+    IdentityCodec,
+    QuantizeCodec,
+)
+
+__all__ = [
+    "HEADER_BYTES",
+    "HEADER_WORDS",
+    "KIND_ACTIVATION",
+    "KIND_GRADIENT",
+    "BufferDriftError",
+    "CodecSpec",
+    "LinkCodec",
+    "NonFiniteMessageError",
+    "ProtocolError",
+    "message_wire_bytes",
+    "parse_header",
+]
+
+HEADER_WORDS = 16
+HEADER_BYTES = 8 * HEADER_WORDS
+MAGIC = 0x46525547  # "FRUG"
+VERSION = 1
+KIND_ACTIVATION = 0
+KIND_GRADIENT = 1
+FLAG_NONFINITE = 1
+MethodName = Literal["fp32", "fp16", "bf16", "directq", "aqsgd"]
+_METHOD_IDS: dict[str, int] = {"fp32": 1, "fp16": 2, "bf16": 3, "directq": 4, "aqsgd": 5}
+_DTYPE_IDS = {torch.float32: 1}
+_SPEC = re.compile(r"^(directq|aqsgd):fw([1-8]),bw([1-8])(:row|:channel)?$")
+ScaleName = Literal["channel", "row"]
+
+
+class ProtocolError(FrugalError):
+    """A message header that does not match what this side expects (magic, codec, step...)."""
+
+
+class NonFiniteMessageError(FrugalError):
+    """The peer flagged NaN/inf in the tensor it was sending."""
+
+
+class BufferDriftError(FrugalError):
+    """Sender and receiver AQ-SGD buffers differ (CRC32 mismatch after the update)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CodecSpec:
+    """What a pipeline link sends: method and bits forward (activations) / backward (grads).
+
+    Attributes:
+        method: fp32, fp16, bf16, directq (k-bit both ways) or aqsgd (k-bit deltas forward
+            against per-example buffers, DirectQ backward).
+        fw_bits: Bits per activation value (directq, aqsgd), else 32 or 16.
+        bw_bits: Bits per gradient value (directq, aqsgd), else 32 or 16.
+        scale: Quantizer scales: "channel" (AQ-SGD's reference: per-channel abs-max, fp16
+            scales; the default) or "row" (per-row min and step, finer; suffix `:row`).
+    """
+
+    method: MethodName
+    fw_bits: int
+    bw_bits: int
+    scale: ScaleName = "channel"
+
+    @classmethod
+    def parse(cls, text: str) -> CodecSpec:
+        """Parse `fp32`, `fp16`, `bf16`, `directq:fwK,bwJ` or `aqsgd:fwK,bwJ` (1 <= K, J <= 8).
+
+        A `:row` suffix selects per-row min/step scales instead of per-channel abs-max.
+
+        Raises:
+            ValueError: If the text is none of these.
+        """
+        if text in ("fp32", "fp16", "bf16"):
+            bits = 32 if text == "fp32" else 16
+            return cls(text, bits, bits)  # type: ignore[arg-type]  # narrowed by the check
+        match = _SPEC.match(text)
+        if match is None:
+            raise ValueError(
+                f"codec {text!r}: use fp32, fp16, bf16, directq:fwK,bwJ or aqsgd:fwK,bwJ "
+                "with K, J in 1..8 (e.g. aqsgd:fw2,bw4)"
+            )
+        method: MethodName = "directq" if match.group(1) == "directq" else "aqsgd"
+        scale: ScaleName = "row" if match.group(4) == ":row" else "channel"
+        return cls(method, int(match.group(2)), int(match.group(3)), scale)
+
+    @property
+    def label(self) -> str:
+        """The text form, e.g. `aqsgd:fw2,bw4`."""
+        if self.method in ("fp32", "fp16", "bf16"):
+            return self.method
+        suffix = ":row" if self.scale == "row" else ""
+        return f"{self.method}:fw{self.fw_bits},bw{self.bw_bits}{suffix}"
+
+    @property
+    def is_lossless(self) -> bool:
+        """Whether decode(encode(x)) == x."""
+        return self.method == "fp32"
+
+    def bits(self, kind: int) -> int:
+        """Bits of the direction `kind` (KIND_ACTIVATION or KIND_GRADIENT)."""
+        return self.fw_bits if kind == KIND_ACTIVATION else self.bw_bits
+
+    def quantizer(self, kind: int) -> QuantizeCodec | ChannelQuantizeCodec:
+        """The k-bit quantizer of direction `kind` (directq and aqsgd only)."""
+        bits = self.bits(kind)
+        return QuantizeCodec(bits) if self.scale == "row" else ChannelQuantizeCodec(bits)
+
+    @property
+    def codec_id(self) -> int:
+        """Method id (+ 16 for row scales), written in every header."""
+        return _METHOD_IDS[self.method] + (16 if self.scale == "row" else 0)
+
+
+def message_wire_bytes(
+    spec: CodecSpec, kind: int, shape: tuple[int, ...], num_new: int = 0, warmup: bool = False
+) -> int:
+    """Exact bytes on the wire of one message: 128-byte header + payload.
+
+    Args:
+        spec: The link's codec.
+        kind: KIND_ACTIVATION or KIND_GRADIENT.
+        shape: Shape of the float32 tensor, first dimension = examples.
+        num_new: AQ-SGD activations only: examples on their first visit (sent as fp32).
+        warmup: Whether the message falls in the fp32 warm-up.
+
+    Raises:
+        ValueError: If `kind` is unknown.
+    """
+    if kind not in (KIND_ACTIVATION, KIND_GRADIENT):
+        raise ValueError(f"kind={kind}; use KIND_ACTIVATION (0) or KIND_GRADIENT (1)")
+    n = math.prod(shape)
+    if spec.method == "fp32" or warmup:
+        payload = 4 * n
+    elif spec.method in ("fp16", "bf16"):
+        payload = 2 * n
+    elif spec.method == "aqsgd" and kind == KIND_ACTIVATION:
+        payload = DeltaCodec(spec.fw_bits, spec.scale).wire_bytes(shape, num_new)
+    else:
+        payload = spec.quantizer(kind).wire_bytes(shape)
+    return HEADER_BYTES + payload
+
+
+def parse_header(header: Tensor) -> dict[str, int]:
+    """Named fields of a received header.
+
+    Raises:
+        ProtocolError: If the magic or version is wrong.
+    """
+    words = [int(v) for v in header.tolist()]
+    if words[0] != MAGIC or words[1] != VERSION:
+        raise ProtocolError(
+            f"bad message header (magic {words[0]:#x}, version {words[1]}); expected "
+            f"{MAGIC:#x} v{VERSION}: every rank must run the same frugal"
+        )
+    return {
+        "codec": words[2],
+        "kind": words[3],
+        "step": words[4],
+        "mb": words[5],
+        "bits": words[6],
+        "dtype": words[7],
+        "shape": tuple(w for w in words[8:12] if w >= 0),  # type: ignore[dict-item]
+        "payload_bytes": words[12],
+        "num_new": words[13],
+        "flags": words[14],
+        "crc32": words[15],
+    }
+
+
+def _to_payload(encoded: Encoded) -> Tensor:
+    parts = [t.contiguous().reshape(-1).view(torch.uint8) for t in encoded.tensors]
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+
+def _take(payload: Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
+    size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    return payload[offset : offset + size].view(dtype).reshape(shape)
+
+
+def _quantized_parts(
+    payload: Tensor, offset: int, shape: tuple[int, ...], bits: int, scale: str
+) -> tuple[Tensor, Tensor]:
+    rows, cols = math.prod(shape[:-1]), shape[-1]
+    if scale == "channel":  # fp16 scale per channel, then the whole message's codes
+        scales = _take(payload, offset, torch.float16, (cols,))
+        size = math.ceil(rows * cols * bits / 8)
+        return scales, _take(payload, offset + 2 * cols, torch.uint8, (1, size))
+    header = _take(payload, offset, torch.float32, (rows, 2))
+    packed = _take(payload, offset + 8 * rows, torch.uint8, (rows, math.ceil(cols * bits / 8)))
+    return header, packed
+
+
+class LinkCodec:
+    """One side (sender or receiver) of one pipeline link in one direction.
+
+    Args:
+        spec: The link's codec.
+        kind: KIND_ACTIVATION (forward) or KIND_GRADIENT (backward).
+        warmup_steps: Steps (from 0) during which everything travels as fp32 (the reference's
+            warm-up; AQ-SGD buffers are still filled, so deltas can start after it).
+    """
+
+    def __init__(self, spec: CodecSpec, kind: int, warmup_steps: int = 0) -> None:
+        self.spec = spec
+        self.kind = kind
+        self.warmup_steps = warmup_steps
+        self.delta: DeltaCodec | None = None
+        if spec.method == "aqsgd" and kind == KIND_ACTIVATION:
+            self.delta = DeltaCodec(spec.fw_bits, spec.scale)
+        self._fp32 = IdentityCodec()
+        self.sent_bytes = 0
+        """Wire bytes this side encoded or decoded so far (header + payload)."""
+
+    def _plain(self, step: int) -> IdentityCodec | HalfCodec | QuantizeCodec | ChannelQuantizeCodec:
+        method = "fp32" if step < self.warmup_steps else self.spec.method
+        if method == "fp32":
+            return self._fp32
+        if method in ("fp16", "bf16"):
+            return HalfCodec(torch.float16 if method == "fp16" else torch.bfloat16)
+        return self.spec.quantizer(self.kind)
+
+    def encode(
+        self, x: Tensor, example_ids: Tensor, step: int, mb: int, check_crc: bool = False
+    ) -> tuple[Tensor, Tensor, bool]:
+        """Encode `x` for the wire.
+
+        Returns:
+            (header int64[16], payload uint8[P], finite). When `x` holds NaN/inf the payload is
+            empty, the header is flagged and finite is False (send it, then fail).
+
+        Raises:
+            TypeError: If `x` is not float32.
+
+        Shapes:
+            x: (M, ...) float32; example_ids: (M,) int64.
+        """
+        if x.dtype != torch.float32:
+            raise TypeError(f"pipeline messages carry float32, got {x.dtype}")
+        finite = bool(torch.isfinite(x).all())
+        num_new, crc, flags = 0, -1, 0
+        if not finite:
+            payload, flags = torch.empty(0, dtype=torch.uint8), FLAG_NONFINITE
+        elif self.delta is not None:
+            num_new = self.delta.num_new(example_ids)
+            if step < self.warmup_steps:  # warm-up: fp32, buffers filled with the exact value
+                self.delta.store(x, example_ids)
+                payload, num_new = _to_payload(self._fp32.encode(x)), x.shape[0]
+            else:
+                payload = _to_payload(self.delta.encode(x, example_ids))
+            if check_crc:
+                crc = self.delta.rows_crc32(example_ids)
+        else:
+            payload = _to_payload(self._plain(step).encode(x))
+        shape = [*x.shape, *([-1] * (4 - x.dim()))]
+        header = torch.tensor(
+            [
+                MAGIC,
+                VERSION,
+                self.spec.codec_id,
+                self.kind,
+                step,
+                mb,
+                32 if step < self.warmup_steps else self.spec.bits(self.kind),
+                _DTYPE_IDS[torch.float32],
+                *shape,
+                payload.numel(),
+                num_new,
+                flags,
+                crc,
+            ],
+            dtype=torch.int64,
+        )
+        self.sent_bytes += HEADER_BYTES + payload.numel()
+        return header, payload, finite
+
+    def expect(self, header: Tensor, step: int, mb: int) -> dict[str, int]:
+        """Parse and check a received header against (codec, kind, step, micro-batch).
+
+        Raises:
+            ProtocolError: If any field differs.
+            NonFiniteMessageError: If the sender flagged NaN/inf.
+        """
+        fields = parse_header(header)
+        want = (self.spec.codec_id, self.kind, step, mb)
+        got = (fields["codec"], fields["kind"], fields["step"], fields["mb"])
+        if got != want:
+            raise ProtocolError(
+                f"expected (codec, kind, step, mb) = {want}, received {got}: the ranks run "
+                "different codecs or schedules"
+            )
+        if fields["flags"] & FLAG_NONFINITE:
+            raise NonFiniteMessageError(
+                f"the peer sent NaN/inf in its {'activation' if self.kind == 0 else 'gradient'}"
+                f" at step {step}, micro-batch {mb}"
+            )
+        return fields
+
+    def decode(self, fields: dict[str, int], payload: Tensor, example_ids: Tensor) -> Tensor:
+        """Rebuild the float32 tensor from a checked header and its payload.
+
+        Raises:
+            ProtocolError: If the payload size or the first-visit count does not match.
+            BufferDriftError: If the header's buffer CRC32 differs from this side's.
+        """
+        shape: tuple[int, ...] = fields["shape"]  # type: ignore[assignment]
+        step = fields["step"]
+        self.sent_bytes += HEADER_BYTES + payload.numel()
+        if self.delta is not None:
+            num_new = self.delta.num_new(example_ids)
+            if step < self.warmup_steps:
+                x = _take(payload, 0, torch.float32, shape).clone()
+                self.delta.store(x, example_ids)
+            else:
+                if num_new != fields["num_new"]:
+                    raise ProtocolError(
+                        f"step {step} mb {fields['mb']}: sender saw {fields['num_new']} new "
+                        f"examples, receiver {num_new}; the example ids differ across ranks"
+                    )
+                rows_new = (num_new, *shape[1:])
+                parts: list[Tensor] = [_take(payload, 0, torch.float32, rows_new)]
+                seen = (shape[0] - num_new, *shape[1:])
+                if seen[0]:
+                    off = 4 * math.prod(rows_new)
+                    parts.extend(
+                        _quantized_parts(payload, off, seen, self.spec.fw_bits, self.spec.scale)
+                    )
+                x = self.delta.decode(Encoded(shape, tuple(parts)), example_ids)
+            if fields["crc32"] >= 0 and self.delta.rows_crc32(example_ids) != fields["crc32"]:
+                raise BufferDriftError(
+                    f"AQ-SGD buffers drifted at step {step} mb {fields['mb']} for examples "
+                    f"{example_ids.tolist()}: sender and receiver rows differ"
+                )
+            return x
+        codec = self._plain(step)
+        if isinstance(codec, IdentityCodec):
+            parts = [_take(payload, 0, torch.float32, shape)]
+        elif isinstance(codec, HalfCodec):
+            parts = [_take(payload, 0, codec.dtype, shape)]
+        else:
+            parts = list(_quantized_parts(payload, 0, shape, codec.bits, self.spec.scale))
+        return codec.decode(Encoded(shape, tuple(parts))).clone()

@@ -1,0 +1,370 @@
+"""`frugal pipeline bench`: FP32, fp16, DirectQ and AQ-SGD side by side, 4 stages, 5 rho points.
+
+Both presets run `aqsgd:fw2,bw4:row` ("ours": per-row min/step scales instead of the
+reference's per-channel abs-max over all tokens, so one outlier token no longer coarsens a
+whole channel; the same bytes up to the scale overhead).
+
+Three parts, one results.json:
+
+1. Quality: each method trains the tiny GPT for `epochs` epochs over the same windows, seed
+   and order, all stages in one process (LocalTransport: the same runtime, codecs and
+   schedule as the distributed run, no shaping). Final train loss (mean of the last epoch) and
+   eval loss of the whole model.
+2. Speed: one torchrun launch of `num_stages` gloo ranks on 127.0.0.1 runs every (method, rho)
+   for `speed_steps` steps over one repeated macro-batch (AQ-SGD's examples are all seen after
+   the first step, so later steps are steady state). The bandwidth of each rho point is
+   B = 16 S / (rho c) with c measured in the same launch (`frugal.comm.link`). tokens_per_s =
+   tokens per step / median step time after the first step (max over ranks).
+3. Simulation: `frugal.pipeline.sim` replays the same schedule from the run's median per-stage
+   forward/backward seconds and its exact wire bytes: `simulated_tokens_per_s`.
+
+`time_to_fp32_loss_s`: the first time the quality run's train-loss EMA (0.9) reaches FP32's
+final EMA, where each step costs its simulated time at that rho point, with the bytes that
+step really sent (AQ-SGD's first epoch carries first visits in fp32). None = never reached.
+
+References:
+    Fine-tuning Language Models over Slow Networks using Activation Compression with
+    Guarantees, NeurIPS 2022, arXiv 2206.01299 (section 5: methods, bit pairs, link speeds).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import math
+import multiprocessing
+import os
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from frugal.comm.link import RHO_POINTS
+from frugal.comm.message import CodecSpec, message_wire_bytes
+from frugal.config import check_types
+from frugal.pipeline.sim import simulate_step
+from frugal.pipeline.train import (
+    LocalResult,
+    PipelineTrainConfig,
+    RunSpec,
+    launch_torchrun,
+    rho_label,
+    train_local,
+)
+from frugal.results import results_document, write_results
+
+__all__ = ["PipelineBenchConfig", "quick", "run_pipeline_bench"]
+
+_QUICK_METHODS = ("fp32", "fp16", "directq:fw2,bw4", "aqsgd:fw2,bw4", "aqsgd:fw2,bw4:row")
+_FULL_METHODS = (
+    "fp32",
+    "fp16",
+    "directq:fw2,bw4",
+    "directq:fw3,bw6",
+    "directq:fw4,bw8",
+    "aqsgd:fw2,bw4",
+    "aqsgd:fw3,bw6",
+    "aqsgd:fw4,bw8",
+    "aqsgd:fw2,bw4:row",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineBenchConfig:
+    """What `frugal pipeline bench` runs; `quick()` is the small preset."""
+
+    train: PipelineTrainConfig = field(
+        default_factory=lambda: PipelineTrainConfig(
+            num_train=1024, num_eval=128, schedule="gpipe", micro_batch_size=4, num_microbatches=8
+        )
+    )
+    """Model, data, stages, schedule and batch of every run (its codec/steps are replaced)."""
+    methods: tuple[str, ...] = _FULL_METHODS
+    """Codecs compared; must include fp32 (the reference)."""
+    rhos: tuple[float, ...] = tuple(RHO_POINTS.values())
+    """Transfer/compute ratios (the paper's 10 Gbps ... 100 Mbps)."""
+    epochs: int = 16
+    """Quality runs: epochs over the train windows, >= 2 (AQ-SGD needs revisits)."""
+    aqsgd_warmup_epochs: int = 1
+    """AQ-SGD quality runs send everything as fp32 for this many epochs first (the
+    reference's warm-up), >= 0."""
+    speed_steps: int = 6
+    """Speed runs: steps per (method, rho), >= 2; the first is excluded from medians."""
+    quality_workers: int = 2
+    """Quality runs in parallel processes (each one thread), >= 1."""
+    launch_timeout_s: float = 1800.0
+    """Limit of the torchrun launch, seconds."""
+    sim_num_cores: int = 0
+    """Processors the simulated stages share (0 = the cores the unshaped calibration run
+    really used: its CPU seconds per step over its wall seconds)."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for method in self.methods:
+            CodecSpec.parse(method)
+        if "fp32" not in self.methods:
+            raise ValueError(f"methods={self.methods} must include 'fp32' (the reference)")
+        if not self.rhos or min(self.rhos) <= 0:
+            raise ValueError(f"rhos={self.rhos} must be a non-empty list of values > 0")
+        if self.aqsgd_warmup_epochs < 0 or self.aqsgd_warmup_epochs >= self.epochs:
+            raise ValueError(
+                f"aqsgd_warmup_epochs={self.aqsgd_warmup_epochs} must be in [0, epochs)"
+            )
+        if self.epochs < 2 or self.speed_steps < 2 or self.quality_workers < 1:
+            raise ValueError("epochs and speed_steps must be >= 2, quality_workers >= 1")
+
+    @classmethod
+    def quick(cls) -> PipelineBenchConfig:
+        """Preset `--quick`: 5 methods, 512 windows x 12 epochs (192 steps), 5 speed steps."""
+        return cls(
+            train=PipelineTrainConfig(
+                num_train=512,
+                num_eval=64,
+                schedule="gpipe",
+                micro_batch_size=4,
+                num_microbatches=8,
+            ),
+            methods=_QUICK_METHODS,
+            epochs=12,
+            speed_steps=5,
+        )
+
+
+def quick() -> PipelineBenchConfig:
+    """The `--quick` preset (what `frugal reproduce --quick` runs)."""
+    return PipelineBenchConfig.quick()
+
+
+def _quality_job(train: PipelineTrainConfig) -> LocalResult:
+    import torch
+
+    torch.set_num_threads(1)
+    return train_local(train)
+
+
+def _ema(values: list[float], decay: float = 0.9) -> list[float]:
+    out, acc = [], values[0]
+    for v in values:
+        acc = decay * acc + (1 - decay) * v
+        out.append(acc)
+    return out
+
+
+def run_pipeline_bench(
+    config: PipelineBenchConfig,
+    out_dir: Path,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the bench and write `results.json` and `loss_curves.png` into `out_dir`.
+
+    Returns:
+        The results document (rows and summary as documented in the module).
+
+    Raises:
+        PipelineError: If the torchrun launch fails or times out.
+        OSError: If `out_dir` cannot be written.
+    """
+    say = progress or (lambda _: None)
+    train = config.train
+    steps_per_epoch = train.num_train // (train.micro_batch_size * train.num_microbatches)
+    quality_steps = config.epochs * steps_per_epoch
+    warmup_steps = config.aqsgd_warmup_epochs * steps_per_epoch
+    jobs = {
+        m: replace(
+            train,
+            codec=m,
+            steps=quality_steps,
+            warmup_steps=warmup_steps if m.startswith("aqsgd") else 0,
+        )
+        for m in config.methods
+    }
+    say(f"quality: {len(jobs)} methods x {quality_steps} steps (one process each)")
+    quality: dict[str, LocalResult] = {}
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(config.quality_workers, mp_context=context) as ex:
+        futures = {ex.submit(_quality_job, job): m for m, job in jobs.items()}
+        for future in concurrent.futures.as_completed(futures):
+            method = futures[future]
+            quality[method] = future.result()
+            say(f"  {method}: eval loss {quality[method].eval_loss:.4f}")
+
+    runs = [
+        RunSpec(
+            label=f"{m}@{rho}", codec=m, steps=config.speed_steps, rho=rho, repeat_examples=True
+        )
+        for rho in config.rhos
+        for m in config.methods
+    ]
+    say(f"speed: {len(runs)} shaped runs on {train.num_stages} gloo ranks")
+    with tempfile.TemporaryDirectory(prefix="frugal-pipeline-") as tmp:
+        ranks = launch_torchrun(
+            train,
+            runs,
+            Path(tmp),
+            nproc=train.num_stages,
+            timeout_s=config.launch_timeout_s,
+            on_progress=None,
+        )
+    by_stage = sorted(ranks, key=lambda r: r["stage"])
+    tokens_per_step = train.micro_batch_size * train.num_microbatches * train.gpt.context
+    shape = (train.micro_batch_size, train.gpt.context, train.gpt.hidden)
+    m = train.num_microbatches
+    cores = config.sim_num_cores or _effective_cores(by_stage, train.num_stages)
+    fp32_final = _ema(quality["fp32"].losses)[-1]
+
+    rows: list[dict[str, Any]] = []
+    for k, run in enumerate(runs):
+        outs = [r["runs"][k] for r in by_stage]
+        step_s = [max(o["step_s"][i] for o in outs) for i in range(1, run.steps)]
+        measured_s = statistics.median(step_s)
+        fwd = [o["median_forward_cpu_s"] for o in outs]
+        bwd = [o["median_backward_cpu_s"] for o in outs]
+        opt = [o["median_optimizer_s"] for o in outs]
+        act = [o["activation_bytes"][-1] for o in outs[:-1]]
+        grad = [o["gradient_bytes"][-1] for o in outs[1:]]
+        bandwidth = outs[0]["bandwidth_bits_per_s"] or math.inf
+        sim = simulate_step(
+            schedule=train.schedule,
+            num_microbatches=m,
+            forward_s=fwd,
+            backward_s=bwd,
+            activation_bytes=act,
+            gradient_bytes=grad,
+            bandwidth_bits_per_s=bandwidth,
+            optimizer_s=opt,
+            num_cores=cores,
+        )
+        spec = CodecSpec.parse(run.codec)
+        result = quality[run.codec]
+        # Per quality step: simulated time with the bytes that step sent.
+        # AQ-SGD's first epoch sends first visits as fp32 (and everything in its warm-up).
+        warm = config.aqsgd_warmup_epochs > 0
+        first = message_wire_bytes(spec, 0, shape, num_new=shape[0], warmup=warm)
+        first_grad = message_wire_bytes(spec, 1, shape, warmup=warm)
+        first_sim = simulate_step(
+            schedule=train.schedule,
+            num_microbatches=m,
+            forward_s=fwd,
+            backward_s=bwd,
+            activation_bytes=[[first] * m] * len(act),
+            gradient_bytes=[[first_grad] * m] * len(grad),
+            bandwidth_bits_per_s=bandwidth,
+            optimizer_s=opt,
+            num_cores=cores,
+        )
+        elapsed, reached = 0.0, None
+        for step, value in enumerate(_ema(result.losses)):
+            new_visits = spec.method == "aqsgd" and step < max(steps_per_epoch, warmup_steps)
+            elapsed += first_sim.step_time_s if new_visits else sim.step_time_s
+            if value <= fp32_final:
+                reached = elapsed
+                break
+        rows.append(
+            {
+                "codec": spec.method,
+                "method": run.codec,
+                "fw_bits": spec.fw_bits,
+                "bw_bits": spec.bw_bits,
+                "rho": run.rho,
+                "link": rho_label(run.rho),
+                "link_mbps": bandwidth / 1e6 if math.isfinite(bandwidth) else None,
+                "tokens_per_s": tokens_per_step / measured_s,
+                "step_time_ms": measured_s * 1e3,
+                "bytes_per_step": sum(map(sum, act)) + sum(map(sum, grad)),
+                "analytic_bytes_per_step": (len(act) * m)
+                * (message_wire_bytes(spec, 0, shape) + message_wire_bytes(spec, 1, shape)),
+                "final_train_loss": statistics.fmean(result.losses[-steps_per_epoch:]),
+                "final_eval_loss": result.eval_loss,
+                "time_to_fp32_loss_s": reached,
+                "simulated_tokens_per_s": tokens_per_step / sim.step_time_s,
+                "stage_compute_ms": [1e3 * (f + b) for f, b in zip(fwd, bwd, strict=True)],
+                "buffer_bytes": result.buffer_bytes,
+            }
+        )
+        say(
+            f"  {run.label}: {rows[-1]['tokens_per_s']:.0f} tok/s (sim "
+            f"{rows[-1]['simulated_tokens_per_s']:.0f})"
+        )
+
+    summary = _summary(rows, config)
+    summary["sim_num_cores"] = cores
+    document = results_document("pipeline", config, rows, summary)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_results(out_dir / "results.json", document)
+    (out_dir / "speed_ranks.json").write_text(json.dumps(ranks))
+    _plot(quality, out_dir / "loss_curves.png")
+    return document
+
+
+def _effective_cores(by_stage: list[dict[str, Any]], num_stages: int) -> int:
+    """Cores the ranks really had: CPU seconds of an unshaped step / its wall seconds.
+
+    From the calibration run (FP32, unshaped); rounded, within [1, min(CPU count, stages)].
+    On a shared machine other jobs take cores, and the simulator should not assume them.
+    """
+    calib = [r["calibration"] for r in by_stage]
+    cpu_per_step = sum(
+        c["num_microbatches"] * (c["median_forward_cpu_s"] + c["median_backward_cpu_s"])
+        + c["median_optimizer_s"]
+        for c in calib
+    )
+    wall = statistics.median(
+        max(c["step_s"][i] for c in calib) for i in range(1, len(calib[0]["step_s"]))
+    )
+    cores = round(cpu_per_step / wall) if wall > 0 else 1
+    return max(1, min(cores, os.cpu_count() or 1, num_stages))
+
+
+def _row(rows: list[dict[str, Any]], method: str, rho: float) -> dict[str, Any] | None:
+    return next((r for r in rows if r["method"] == method and r["rho"] == rho), None)
+
+
+def _summary(rows: list[dict[str, Any]], config: PipelineBenchConfig) -> dict[str, Any]:
+    slowest = max(config.rhos)
+    fp32 = _row(rows, "fp32", slowest)
+    assert fp32 is not None
+    out: dict[str, Any] = {"slowest_link": rho_label(slowest)}
+    speedups = {}
+    for rho in sorted(config.rhos):
+        a, f = _row(rows, "aqsgd:fw2,bw4", rho), _row(rows, "fp32", rho)
+        if a is not None and f is not None:
+            speedups[rho_label(rho)] = a["tokens_per_s"] / f["tokens_per_s"]
+    aq = _row(rows, "aqsgd:fw2,bw4", slowest)
+    dq = _row(rows, "directq:fw2,bw4", slowest)
+    base = fp32["final_eval_loss"]
+    out["speedup_at_slowest"] = speedups.get(rho_label(slowest))
+    out["speedup_by_link"] = speedups
+    out["speedup_monotone"] = list(speedups.values()) == sorted(speedups.values())
+    out["loss_gap_aqsgd_fw2"] = aq["final_eval_loss"] / base - 1 if aq else None
+    out["loss_gap_directq_fw2"] = dq["final_eval_loss"] / base - 1 if dq else None
+    ours = _row(rows, "aqsgd:fw2,bw4:row", slowest)
+    out["loss_gap_ours_fw2"] = ours["final_eval_loss"] / base - 1 if ours else None
+    out["speedup_at_slowest_ours"] = ours["tokens_per_s"] / fp32["tokens_per_s"] if ours else None
+    out["fp32_final_eval_loss"] = base
+    gaps = [abs(r["tokens_per_s"] / r["simulated_tokens_per_s"] - 1) for r in rows]
+    out["max_sim_gap"] = max(gaps)
+    out["median_sim_gap"] = statistics.median(gaps)
+    out["bytes_match_analytic"] = all(
+        r["bytes_per_step"] == r["analytic_bytes_per_step"] for r in rows
+    )
+    return out
+
+
+def _plot(quality: dict[str, LocalResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for method, result in quality.items():
+        ax.plot(_ema(result.losses), label=f"{method} (eval {result.eval_loss:.3f})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss, EMA 0.9 (nats/byte)")
+    ax.set_title("tiny GPT, 4 stages: quality per codec")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

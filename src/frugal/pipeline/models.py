@@ -1,0 +1,241 @@
+"""The tiny byte-level GPT of CI, its split into pipeline stages, and its text windows.
+
+Model: byte embedding (256) + learned positions, `num_layers` pre-norm blocks (causal
+self-attention, GELU MLP 4x), final LayerNorm and a linear head; cross-entropy on the next
+byte. Stages are contiguous blocks: stage 0 also holds the embeddings, the last stage the final
+norm, the head and the loss.
+
+Data: a real text corpus from `frugal.data` (pydoc topics by default), encoded as UTF-8 bytes,
+cut into windows of T + 1 bytes with stride T; window index = example id (AQ-SGD keys its
+buffers by it); every 8th window is held out for evaluation.
+
+Shape legend: M micro-batch, T tokens (context), H hidden (d_model), V vocabulary (256).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from frugal.config import check_types
+
+__all__ = [
+    "StageModule",
+    "TextWindows",
+    "TinyGPT",
+    "TinyGPTConfig",
+    "build_stages",
+    "split_layers",
+]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TinyGPTConfig:
+    """Shape of the tiny byte-level GPT."""
+
+    context: int = 64
+    """T, tokens per example, >= 2."""
+    hidden: int = 128
+    """H (d_model), divisible by num_heads."""
+    num_heads: int = 4
+    """Attention heads, >= 1."""
+    num_layers: int = 4
+    """Transformer blocks, >= 1 (one stage needs at least one)."""
+    vocab_size: int = 256
+    """Bytes."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.context < 2 or self.num_layers < 1 or self.num_heads < 1:
+            raise ValueError(
+                f"context={self.context} must be >= 2, num_layers={self.num_layers} and "
+                f"num_heads={self.num_heads} >= 1"
+            )
+        if self.hidden % self.num_heads:
+            raise ValueError(
+                f"hidden={self.hidden} must be divisible by num_heads={self.num_heads}"
+            )
+
+
+class _Block(nn.Module):
+    def __init__(self, config: TinyGPTConfig) -> None:
+        super().__init__()
+        h = config.hidden
+        self.num_heads = config.num_heads
+        self.ln1 = nn.LayerNorm(h)
+        self.qkv = nn.Linear(h, 3 * h)
+        self.proj = nn.Linear(h, h)
+        self.ln2 = nn.LayerNorm(h)
+        self.fc = nn.Linear(h, 4 * h)
+        self.out = nn.Linear(4 * h, h)
+
+    def forward(self, x_MTH: Tensor) -> Tensor:
+        m, t, h = x_MTH.shape
+        qkv = self.qkv(self.ln1(x_MTH)).view(m, t, 3, self.num_heads, h // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (M, heads, T, H / heads)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x_MTH = x_MTH + self.proj(att.transpose(1, 2).reshape(m, t, h))
+        out: Tensor = x_MTH + self.out(F.gelu(self.fc(self.ln2(x_MTH))))
+        return out
+
+
+class TinyGPT(nn.Module):
+    """The whole (unpartitioned) model; `build_stages` splits it.
+
+    Args:
+        config: Model shape.
+        seed: Seed of the initial weights (every rank builds the same model).
+    """
+
+    def __init__(self, config: TinyGPTConfig, seed: int = 0) -> None:
+        super().__init__()
+        self.config = config
+        gen = torch.Generator().manual_seed(seed)
+        self.tok = nn.Embedding(config.vocab_size, config.hidden)
+        self.pos = nn.Parameter(torch.zeros(config.context, config.hidden))
+        self.blocks = nn.ModuleList(_Block(config) for _ in range(config.num_layers))
+        self.ln_f = nn.LayerNorm(config.hidden)
+        self.head = nn.Linear(config.hidden, config.vocab_size)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if p.dim() >= 2:
+                    std = 0.02 / math.sqrt(2 * config.num_layers) if "out" in name else 0.02
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+                elif "ln" not in name:
+                    p.zero_()
+
+    def forward(self, tokens_MT: Tensor) -> Tensor:
+        """Logits of the next byte.
+
+        Shapes:
+            tokens_MT: (M, T) int64 -> (M, T, V) float32.
+        """
+        x = self.tok(tokens_MT) + self.pos[: tokens_MT.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        logits: Tensor = self.head(self.ln_f(x))
+        return logits
+
+
+def split_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Blocks per stage, as even as possible (earlier stages take the remainder).
+
+    Raises:
+        ValueError: If num_stages is not in [1, num_layers].
+    """
+    if not 1 <= num_stages <= num_layers:
+        raise ValueError(
+            f"num_stages={num_stages} but the model has {num_layers} blocks; each stage needs "
+            f"one, so set --stages between 1 and {num_layers}"
+        )
+    base, extra = divmod(num_layers, num_stages)
+    return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
+
+
+class StageModule(nn.Module):
+    """One pipeline stage: [embeddings] + contiguous blocks + [final norm, head].
+
+    Its forward maps the stage input (tokens on stage 0, hidden states elsewhere) to its
+    output (hidden states, or logits on the last stage). With `use_recompute`, each block's
+    activations are recomputed in the backward pass (torch.utils.checkpoint).
+    """
+
+    def __init__(
+        self, model: TinyGPT, stage: int, layers: tuple[int, ...], use_recompute: bool = False
+    ) -> None:
+        super().__init__()
+        self.stage = stage
+        self.num_stages = len(layers)
+        self.is_first = stage == 0
+        self.is_last = stage == self.num_stages - 1
+        lo = sum(layers[:stage])
+        self.blocks = nn.ModuleList(model.blocks[lo : lo + layers[stage]])
+        self.use_recompute = use_recompute
+        self.tok = model.tok if self.is_first else None
+        self.pos = model.pos if self.is_first else None
+        self.ln_f = model.ln_f if self.is_last else None
+        self.head = model.head if self.is_last else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Stage output.
+
+        Shapes:
+            x: (M, T) int64 on stage 0, else (M, T, H) float32 -> (M, T, H), or (M, T, V)
+            on the last stage.
+        """
+        if self.tok is not None and self.pos is not None:
+            x = self.tok(x) + self.pos[: x.shape[1]]
+        for block in self.blocks:
+            if self.use_recompute and torch.is_grad_enabled():
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        if self.ln_f is not None and self.head is not None:
+            x = self.head(self.ln_f(x))
+        return x
+
+
+def build_stages(
+    model: TinyGPT, layers: tuple[int, ...], use_recompute: bool = False
+) -> list[StageModule]:
+    """Split `model` into stages sharing its parameters (one per entry of `layers`).
+
+    Raises:
+        ValueError: If `layers` does not sum to the model's blocks or has an entry < 1.
+    """
+    if sum(layers) != model.config.num_layers or min(layers) < 1:
+        raise ValueError(
+            f"layers per stage {layers} must be >= 1 each and sum to the model's "
+            f"{model.config.num_layers} blocks"
+        )
+    return [StageModule(model, s, layers, use_recompute) for s in range(len(layers))]
+
+
+class TextWindows:
+    """Byte windows of a real corpus, with train/eval ids.
+
+    Args:
+        text: The corpus.
+        context: T; windows hold T + 1 bytes (inputs and next-byte targets).
+        num_train: Train examples kept (the first ones in window order), >= 1.
+        num_eval: Eval examples kept, >= 1.
+
+    Raises:
+        ValueError: If the corpus has too few windows.
+    """
+
+    def __init__(self, text: str, context: int, num_train: int, num_eval: int) -> None:
+        data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        num_windows = (len(data) - 1) // context
+        is_eval = np.arange(num_windows) % 8 == 7
+        train, evals = np.flatnonzero(~is_eval), np.flatnonzero(is_eval)
+        if len(train) < num_train or len(evals) < num_eval:
+            raise ValueError(
+                f"the corpus has {len(train)} train and {len(evals)} eval windows of "
+                f"{context + 1} bytes; lower num_train={num_train} / num_eval={num_eval}"
+            )
+        starts = np.arange(num_windows) * context
+        index = starts[:, None] + np.arange(context + 1)
+        self.windows = torch.from_numpy(data[index].astype(np.int64))  # (W, T + 1)
+        self.train_ids = torch.from_numpy(train[:num_train].astype(np.int64))
+        self.eval_ids = torch.from_numpy(evals[:num_eval].astype(np.int64))
+
+    def epoch_order(self, epoch: int, seed: int) -> Tensor:
+        """Train ids in the seeded order of `epoch` (same on every rank)."""
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        return self.train_ids[torch.randperm(len(self.train_ids), generator=gen)]
+
+    def batch(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Inputs and targets of the windows `ids`.
+
+        Shapes:
+            ids: (M,) -> inputs (M, T), targets (M, T), int64.
+        """
+        w = self.windows[ids]
+        return w[:, :-1], w[:, 1:]

@@ -1,0 +1,559 @@
+"""The pipeline runtime: a stage runs its schedule's actions over a transport, with codecs.
+
+`StageRunner` owns one stage's module, optimizer and the four link codecs around it (activation
+in/out, gradient in/out). `LocalTransport` moves messages between stages in one process (the
+exactness test and quality sweeps); `DistTransport` moves them with torch.distributed isend/irecv
+(gloo on CPU), every Work waited on with a timeout, sends through the per-link shaper of
+`frugal.comm.link`. Both carry the same header + payload, so bytes are counted the same way.
+
+Shape legend: M micro-batch, T tokens, H hidden, V vocabulary.
+
+References:
+    Fine-tuning Language Models over Slow Networks using Activation Compression with
+    Guarantees, NeurIPS 2022, arXiv 2206.01299 (AQ-SGD on the pipeline links).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from frugal import FrugalError
+from frugal.comm.link import LinkError, LinkShaper, LinkSpec, SendHandle
+from frugal.comm.message import (
+    HEADER_WORDS,
+    KIND_ACTIVATION,
+    KIND_GRADIENT,
+    CodecSpec,
+    LinkCodec,
+    NonFiniteMessageError,
+    ProtocolError,
+    parse_header,
+)
+from frugal.pipeline.models import StageModule
+from frugal.pipeline.schedule import Action
+
+__all__ = [
+    "ConfigMismatchError",
+    "DistTransport",
+    "LocalTransport",
+    "Microbatch",
+    "NonFiniteError",
+    "PeerLostError",
+    "PipelineError",
+    "StageRunner",
+    "run_local_step",
+]
+
+
+class PipelineError(FrugalError):
+    """A pipeline run failed."""
+
+
+class PeerLostError(PipelineError):
+    """A peer rank did not answer within the timeout or closed its connection."""
+
+    def __init__(
+        self, *, rank: int, stage: int, peer: int, op: str, step: int, mb: int, cause: str
+    ) -> None:
+        super().__init__(
+            f"rank {rank} (stage {stage}) lost peer rank {peer} during {op} at step {step}, "
+            f"micro-batch {mb}: {cause}"
+        )
+        self.rank, self.stage, self.peer, self.op, self.step, self.mb = (
+            rank,
+            stage,
+            peer,
+            op,
+            step,
+            mb,
+        )
+
+
+class ConfigMismatchError(PipelineError):
+    """Ranks started with different configurations (the message names keys and ranks)."""
+
+
+class NonFiniteError(PipelineError):
+    """NaN or inf in an activation, gradient or loss."""
+
+    def __init__(self, *, stage: int, step: int, mb: int, tensor: str) -> None:
+        super().__init__(
+            f"NaN/inf in the {tensor} at step {step}, stage {stage}, micro-batch {mb}; lower "
+            "the learning rate or use more codec bits"
+        )
+        self.stage, self.step, self.mb, self.tensor = stage, step, mb, tensor
+
+
+class Handle(Protocol):
+    """An in-flight send."""
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until it completed."""
+        ...
+
+
+class Transport(Protocol):
+    """Moves (header, payload) between stages; `tag` 0 = activations, 1 = gradients."""
+
+    def post(
+        self, peer: int, tag: int, header: Tensor, payload: Tensor, *, step: int, mb: int
+    ) -> Handle:
+        """Send a message to stage `peer`; returns at once."""
+        ...
+
+    def fetch(self, peer: int, tag: int, *, step: int, mb: int) -> tuple[Tensor, Tensor]:
+        """Receive the next message from stage `peer` with `tag`."""
+        ...
+
+
+class _Done:
+    def wait(self, timeout_s: float) -> None:
+        return None
+
+
+class LocalTransport:
+    """In-process queues between the stages of one process (sends complete at once)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[tuple[int, int, int], collections.deque[tuple[Tensor, Tensor]]] = (
+            collections.defaultdict(collections.deque)
+        )
+        self.stage = 0
+        """The stage currently executing (the local executor sets it)."""
+
+    def post(
+        self, peer: int, tag: int, header: Tensor, payload: Tensor, *, step: int, mb: int
+    ) -> Handle:
+        """Queue the message for stage `peer`."""
+        self._queues[(self.stage, peer, tag)].append((header.clone(), payload.clone()))
+        return _Done()
+
+    def has(self, src: int, dst: int, tag: int) -> bool:
+        """Whether a message from `src` to `dst` with `tag` is waiting."""
+        return bool(self._queues[(src, dst, tag)])
+
+    def fetch(self, peer: int, tag: int, *, step: int, mb: int) -> tuple[Tensor, Tensor]:
+        """Pop the oldest message from stage `peer`.
+
+        Raises:
+            PipelineError: If none is waiting (the executor ran an action too early).
+        """
+        queue = self._queues[(peer, self.stage, tag)]
+        if not queue:
+            raise PipelineError(f"stage {self.stage}: no message from stage {peer} (tag {tag})")
+        return queue.popleft()
+
+
+class DistTransport:
+    """torch.distributed point-to-point between stage ranks, shaped per directed link.
+
+    Args:
+        rank: This process's global rank.
+        stage: Its stage.
+        peer_ranks: stage -> global rank of the neighbours in this rank's pipeline.
+        links: (src rank, dst rank) -> LinkSpec of that directed link (missing = unshaped).
+        timeout_s: Limit of every wait.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        stage: int,
+        peer_ranks: dict[int, int],
+        links: dict[tuple[int, int], LinkSpec],
+        timeout_s: float,
+    ) -> None:
+        self.rank, self.stage = rank, stage
+        self.peer_ranks = peer_ranks
+        self.timeout_s = timeout_s
+        self.shapers = {
+            peer: LinkShaper(links.get((rank, r), LinkSpec()), name=f"{rank}->{r}")
+            for peer, r in peer_ranks.items()
+        }
+
+    def _wait(self, work: dist.Work, peer: int, op: str, step: int, mb: int) -> None:
+        try:
+            ok = work.wait(datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as exc:  # gloo: timeout or connection closed by a dead peer
+            raise PeerLostError(
+                rank=self.rank,
+                stage=self.stage,
+                peer=peer,
+                op=op,
+                step=step,
+                mb=mb,
+                cause=str(exc).splitlines()[0],
+            ) from exc
+        if ok is False:
+            raise PeerLostError(
+                rank=self.rank,
+                stage=self.stage,
+                peer=peer,
+                op=op,
+                step=step,
+                mb=mb,
+                cause=f"no answer in {self.timeout_s} s",
+            )
+
+    def post(
+        self, peer: int, tag: int, header: Tensor, payload: Tensor, *, step: int, mb: int
+    ) -> Handle:
+        """Queue the message on the shaped link to stage `peer`; returns its handle."""
+        dst = self.peer_ranks[peer]
+
+        def send() -> None:
+            works = [dist.isend(header, dst, tag=tag)]
+            if payload.numel():
+                works.append(dist.isend(payload, dst, tag=tag))
+            for work in works:
+                assert work is not None  # isend always returns a Work outside coalescing
+                self._wait(work, dst, "send", step, mb)
+
+        return _CheckedHandle(
+            self,
+            self.shapers[peer].submit(header.numel() * 8 + payload.numel(), send),
+            dst,
+            step,
+            mb,
+        )
+
+    def fetch(self, peer: int, tag: int, *, step: int, mb: int) -> tuple[Tensor, Tensor]:
+        """Receive the header from stage `peer`, then the payload it announces.
+
+        Raises:
+            PeerLostError: If the peer does not answer in time or has gone.
+            ProtocolError: If the header is not a frugal header or announces a size outside
+                [0, 2^31) (checked before allocating the payload).
+        """
+        src = self.peer_ranks[peer]
+        header = torch.empty(HEADER_WORDS, dtype=torch.int64)
+        work = dist.irecv(header, src, tag=tag)
+        assert work is not None
+        self._wait(work, src, "recv", step, mb)
+        size = parse_header(header)["payload_bytes"]
+        if not 0 <= size < 1 << 31:
+            raise ProtocolError(f"rank {src} announced a {size}-byte payload; refusing it")
+        payload = torch.empty(max(size, 0), dtype=torch.uint8)
+        if size > 0:
+            work = dist.irecv(payload, src, tag=tag)
+            assert work is not None
+            self._wait(work, src, "recv", step, mb)
+        return header, payload
+
+    def close(self) -> None:
+        """Stop the shaper threads."""
+        for shaper in self.shapers.values():
+            shaper.close()
+
+
+class _CheckedHandle:
+    def __init__(
+        self, transport: DistTransport, handle: SendHandle, peer: int, step: int, mb: int
+    ) -> None:
+        self.transport, self.handle, self.peer, self.step, self.mb = (
+            transport,
+            handle,
+            peer,
+            step,
+            mb,
+        )
+
+    def wait(self, timeout_s: float) -> None:
+        t = self.transport
+        try:
+            self.handle.wait(timeout_s)
+        except TimeoutError as exc:
+            raise PeerLostError(
+                rank=t.rank,
+                stage=t.stage,
+                peer=self.peer,
+                op="send",
+                step=self.step,
+                mb=self.mb,
+                cause=str(exc),
+            ) from exc
+        except LinkError as exc:
+            if isinstance(exc.__cause__, PipelineError):
+                raise exc.__cause__ from None
+            raise
+
+
+@dataclass(frozen=True, slots=True)
+class Microbatch:
+    """One micro-batch: example ids and, on the end stages, the tokens.
+
+    Shapes:
+        ids: (M,) int64; inputs, targets: (M, T) int64.
+    """
+
+    ids: Tensor
+    inputs: Tensor
+    targets: Tensor
+
+
+@dataclass(slots=True)
+class StageStats:
+    """What one stage measured."""
+
+    forward_s: list[float] = field(default_factory=list)
+    """Per forward action: wall seconds, minus time blocked in receives."""
+    backward_s: list[float] = field(default_factory=list)
+    forward_cpu_s: list[float] = field(default_factory=list)
+    """Per forward action: CPU seconds of this thread (torch runs one thread per rank)."""
+    backward_cpu_s: list[float] = field(default_factory=list)
+    activation_bytes: list[list[int]] = field(default_factory=list)
+    """Per step, wire bytes of each activation this stage sent (one per micro-batch)."""
+    gradient_bytes: list[list[int]] = field(default_factory=list)
+    """Per step, wire bytes of each input gradient this stage sent."""
+    losses: list[float] = field(default_factory=list)
+    """Last stage: mean micro-batch loss of each step."""
+    step_s: list[float] = field(default_factory=list)
+    optimizer_s: list[float] = field(default_factory=list)
+    dp_bytes: list[int] = field(default_factory=list)
+    """Per step: bytes this rank put into the gradient all-reduce."""
+    """Per step: CPU seconds of the gradient all-reduce and optimizer step."""
+
+    def median_forward_s(self) -> float:
+        """Median forward seconds per micro-batch (0 if none)."""
+        return statistics.median(self.forward_s) if self.forward_s else 0.0
+
+    def median_backward_s(self) -> float:
+        """Median backward seconds per micro-batch (0 if none)."""
+        return statistics.median(self.backward_s) if self.backward_s else 0.0
+
+
+class StageRunner:
+    """Runs one stage's actions: codecs on its links, its module and its optimizer.
+
+    Args:
+        module: The stage's layers.
+        spec: Codec of every pipeline link.
+        transport: Message mover.
+        learning_rate: AdamW learning rate.
+        num_microbatches_total: Micro-batches per step over all replicas (the loss of each is
+            divided by it, so summed gradients are the macro-batch mean).
+        dp_group: Process group of this stage's data-parallel replicas (None: no DP).
+        dp_compression: "none" (fp32 all-reduce) or "fp16" (cast, sum in fp16, cast back:
+            the baseline of torch's fp16_compress_hook; half the bytes).
+        drift_check_every: Steps between AQ-SGD buffer CRC checks (0 = never).
+        warmup_steps: Steps sent uncompressed (fp32) first.
+        timeout_s: Limit of every wait.
+    """
+
+    def __init__(
+        self,
+        module: StageModule,
+        spec: CodecSpec,
+        transport: Transport,
+        *,
+        learning_rate: float,
+        num_microbatches_total: int,
+        dp_group: dist.ProcessGroup | None = None,
+        dp_compression: str = "none",
+        drift_check_every: int = 0,
+        warmup_steps: int = 0,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self.module = module
+        self.stage = module.stage
+        self.spec = spec
+        self.transport = transport
+        self.optimizer = torch.optim.AdamW(module.parameters(), lr=learning_rate, weight_decay=0.0)
+        self.scale = 1.0 / num_microbatches_total
+        self.dp_group = dp_group
+        if dp_compression not in ("none", "fp16"):
+            raise ValueError(f"dp_compression={dp_compression!r}; choose 'none' or 'fp16'")
+        self.dp_compression = dp_compression
+        self.drift_check_every = drift_check_every
+        self.timeout_s = timeout_s
+        self.act_out = LinkCodec(spec, KIND_ACTIVATION, warmup_steps)
+        self.act_in = LinkCodec(spec, KIND_ACTIVATION, warmup_steps)
+        self.grad_out = LinkCodec(spec, KIND_GRADIENT, warmup_steps)
+        self.grad_in = LinkCodec(spec, KIND_GRADIENT, warmup_steps)
+        self.stats = StageStats()
+        self._inputs: dict[int, Tensor] = {}
+        self._outputs: dict[int, Tensor] = {}
+        self._pending: list[Handle] = []
+        self._step = 0
+        self._mbs: Sequence[Microbatch] = ()
+        self._losses: list[float] = []
+        self._blocked_s = 0.0
+
+    def begin_step(self, step: int, microbatches: Sequence[Microbatch]) -> None:
+        """Start a step over these micro-batches (in schedule index order)."""
+        self._step, self._mbs, self._losses = step, microbatches, []
+        self.stats.activation_bytes.append([0] * len(microbatches))
+        self.stats.gradient_bytes.append([0] * len(microbatches))
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def needs(self, action: Action) -> tuple[int, int] | None:
+        """(peer stage, tag) this action receives from, or None."""
+        op, _ = action
+        if op == "F" and not self.module.is_first:
+            return self.stage - 1, KIND_ACTIVATION
+        if op == "B" and not self.module.is_last:
+            return self.stage + 1, KIND_GRADIENT
+        return None
+
+    def _send(self, codec: LinkCodec, peer: int, x: Tensor, j: int, what: str) -> int:
+        check = self.drift_check_every > 0 and self._step % self.drift_check_every == 0
+        header, payload, finite = codec.encode(x, self._mbs[j].ids, self._step, j, check)
+        self._pending.append(
+            self.transport.post(peer, codec.kind, header, payload, step=self._step, mb=j)
+        )
+        if not finite:  # the flagged header went out first, so the peer fails at once too
+            raise NonFiniteError(stage=self.stage, step=self._step, mb=j, tensor=what)
+        return HEADER_WORDS * 8 + payload.numel()
+
+    def _receive(self, codec: LinkCodec, peer: int, j: int) -> Tensor:
+        t0 = time.perf_counter()
+        header, payload = self.transport.fetch(peer, codec.kind, step=self._step, mb=j)
+        self._blocked_s += time.perf_counter() - t0  # waiting is not compute
+        try:
+            fields = codec.expect(header, self._step, j)
+        except NonFiniteMessageError as exc:
+            what = "activation" if codec.kind == KIND_ACTIVATION else "gradient"
+            raise NonFiniteError(
+                stage=peer, step=self._step, mb=j, tensor=f"{what} received by stage {self.stage}"
+            ) from exc
+        return codec.decode(fields, payload, self._mbs[j].ids)
+
+    def run(self, action: Action) -> None:
+        """Execute one action (receive, compute, send).
+
+        Raises:
+            NonFiniteError: On NaN/inf in an activation, gradient or loss.
+            PeerLostError: If a peer is gone (distributed transport).
+        """
+        op, j = action
+        mb = self._mbs[j]
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        self._blocked_s = 0.0
+        if op == "F":
+            if self.module.is_first:
+                x: Tensor = mb.inputs
+            else:
+                x = self._receive(self.act_in, self.stage - 1, j).requires_grad_(True)
+            out = self.module(x)
+            if self.module.is_last:
+                loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), mb.targets.reshape(-1))
+                if not torch.isfinite(loss):
+                    raise NonFiniteError(stage=self.stage, step=self._step, mb=j, tensor="loss")
+                self._losses.append(float(loss.detach()))
+                out = loss * self.scale
+            else:
+                sent = self._send(self.act_out, self.stage + 1, out.detach(), j, "activation")
+                self.stats.activation_bytes[-1][j] = sent
+            self._inputs[j], self._outputs[j] = x, out
+            self.stats.forward_s.append(time.perf_counter() - t0 - self._blocked_s)
+            self.stats.forward_cpu_s.append(time.thread_time() - cpu0)
+        else:
+            grad = None
+            if not self.module.is_last:
+                grad = self._receive(self.grad_in, self.stage + 1, j)
+            out = self._outputs.pop(j)
+            torch.autograd.backward(out, grad)
+            x = self._inputs.pop(j)
+            if not self.module.is_first:
+                assert x.grad is not None
+                sent = self._send(self.grad_out, self.stage - 1, x.grad, j, "input gradient")
+                self.stats.gradient_bytes[-1][j] = sent
+            self.stats.backward_s.append(time.perf_counter() - t0 - self._blocked_s)
+            self.stats.backward_cpu_s.append(time.thread_time() - cpu0)
+
+    def end_step(self) -> float | None:
+        """Wait for the sends, all-reduce gradients over DP replicas, step the optimizer.
+
+        Returns:
+            The last stage's mean micro-batch loss, else None.
+
+        Raises:
+            NonFiniteError: If a parameter gradient holds NaN/inf.
+            PeerLostError: If a send or the all-reduce does not complete in time.
+        """
+        for handle in self._pending:
+            handle.wait(self.timeout_s)
+        self._pending.clear()
+        t0 = time.thread_time()
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        if self.dp_group is not None and grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            if self.dp_compression == "fp16":  # as torch's fp16_compress_hook: sum in fp16
+                flat = flat.to(torch.float16)
+            self.stats.dp_bytes.append(flat.numel() * flat.element_size())
+            work = dist.all_reduce(flat, group=self.dp_group, async_op=True)
+            assert work is not None
+            try:
+                work.wait(datetime.timedelta(seconds=self.timeout_s))
+            except RuntimeError as exc:
+                raise PipelineError(
+                    f"stage {self.stage}: gradient all-reduce failed at step {self._step}: "
+                    f"{str(exc).splitlines()[0]}"
+                ) from exc
+            flat = flat.to(torch.float32)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+        if grads and not all(bool(torch.isfinite(g).all()) for g in grads):
+            raise NonFiniteError(stage=self.stage, step=self._step, mb=-1, tensor="weight gradient")
+        self.optimizer.step()
+        self.stats.optimizer_s.append(time.thread_time() - t0)
+        if self.module.is_last:
+            loss = sum(self._losses) / len(self._losses)
+            self.stats.losses.append(loss)
+            return loss
+        return None
+
+
+def run_local_step(
+    runners: Sequence[StageRunner],
+    transport: LocalTransport,
+    actions: Sequence[Sequence[Action]],
+    step: int,
+    microbatches: Sequence[Microbatch],
+) -> float:
+    """Run one step of all stages in this process, interleaving their actions in order.
+
+    Each stage runs its next action as soon as the message it needs is queued; the result is
+    the same as the distributed run's (same actions, same codecs, same order per link).
+
+    Returns:
+        The last stage's mean micro-batch loss.
+
+    Raises:
+        PipelineError: If no stage can make progress (a schedule bug).
+    """
+    for runner in runners:
+        runner.begin_step(step, microbatches)
+    position = [0] * len(runners)
+    while any(pos < len(a) for pos, a in zip(position, actions, strict=True)):
+        progressed = False
+        for s, runner in enumerate(runners):
+            while position[s] < len(actions[s]):
+                action = actions[s][position[s]]
+                need = runner.needs(action)
+                if need is not None and not transport.has(need[0], s, need[1]):
+                    break
+                transport.stage = s
+                runner.run(action)
+                position[s] += 1
+                progressed = True
+        if not progressed:
+            raise PipelineError("local pipeline deadlock: no stage can run its next action")
+    losses = [runner.end_step() for runner in runners]
+    loss = losses[-1]
+    assert loss is not None
+    return loss

@@ -1,0 +1,700 @@
+"""Pipeline training: the config, the layout of ranks, one-process and torchrun runs.
+
+`train_local` runs every stage in this process over `LocalTransport` (exact same runtime,
+codecs and schedule; used for quality sweeps and tests). `run_worker` is what each torchrun
+process executes (`python -m frugal.pipeline.worker`): it checks that every rank has the same
+configuration, builds its stage, and runs a list of `RunSpec`s (codec, link) one after the
+other, writing its measurements to `rank{r}.json`. `launch_torchrun` starts the workers.
+
+References:
+    Fine-tuning Language Models over Slow Networks using Activation Compression with
+    Guarantees, NeurIPS 2022, arXiv 2206.01299.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import math
+import os
+import queue
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import frugal
+from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
+from frugal.comm.message import CodecSpec
+from frugal.config import check_types, config_from_dict, config_to_dict
+from frugal.data import load_text
+from frugal.pipeline.models import TextWindows, TinyGPT, TinyGPTConfig, build_stages, split_layers
+from frugal.pipeline.runtime import (
+    ConfigMismatchError,
+    DistTransport,
+    LocalTransport,
+    Microbatch,
+    PipelineError,
+    StageRunner,
+    run_local_step,
+)
+from frugal.pipeline.schedule import build_schedule
+
+__all__ = [
+    "Layout",
+    "PipelineTrainConfig",
+    "RunSpec",
+    "evaluate",
+    "launch_torchrun",
+    "make_layout",
+    "run_worker",
+    "train_local",
+]
+
+PROGRESS_PREFIX = "FRUGAL_PROGRESS "
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineTrainConfig:
+    """A pipeline training job (`frugal pipeline train`)."""
+
+    model: Literal["tiny-gpt"] = "tiny-gpt"
+    """Model name (tiny-gpt: byte-level GPT)."""
+    gpt: TinyGPTConfig = field(default_factory=TinyGPTConfig)
+    """Shape of the tiny GPT."""
+    dataset: str = "pydoc_topics"
+    """Text corpus from frugal.data."""
+    num_train: int = 512
+    """Train windows (examples), >= micro_batch_size x num_microbatches."""
+    num_eval: int = 64
+    """Held-out windows for the eval loss."""
+    num_stages: int = 4
+    """Pipeline stages S (default layout: rank = stage); a plan overrides it."""
+    codec: str = "fp32"
+    """fp32, fp16, bf16, directq:fwK,bwJ or aqsgd:fwK,bwJ."""
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    """Pipeline schedule."""
+    micro_batch_size: int = 8
+    """Examples per micro-batch, >= 1."""
+    num_microbatches: int = 4
+    """Micro-batches per step (per replica; a plan sets its own), >= 1."""
+    steps: int = 64
+    """Optimizer steps, >= 1 (512 windows / 32 per step = 16 steps per epoch)."""
+    learning_rate: float = 3e-3
+    """AdamW learning rate, > 0."""
+    seed: int = 0
+    """Seed of the weights and the sample order."""
+    bandwidth_mbps: float = 0.0
+    """Emulated bandwidth of every pipeline link in Mbit/s; 0 = unshaped (or set by rho)."""
+    rho: float = 0.0
+    """Transfer/compute ratio to emulate (B = 16 S / (rho c) from a measured c); 0 = off."""
+    latency_ms: float = 0.0
+    """Emulated one-way latency of every link, ms."""
+    calibrate_steps: int = 3
+    """Unshaped fp32 steps that measure c when rho > 0."""
+    plan: str = ""
+    """Path of a planner Plan JSON to execute ("" = linear layout, one replica)."""
+    warmup_steps: int = 0
+    """Steps sent as fp32 first (the reference's warm-up; 0 = none)."""
+    drift_check_every: int = 0
+    """Steps between AQ-SGD sender/receiver buffer CRC32 checks (0 = never)."""
+    use_recompute: bool = False
+    """Recompute each block's activations in the backward pass."""
+    comm_timeout_s: float = 120.0
+    """Limit of every wait, collective and rendezvous, seconds."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        CodecSpec.parse(self.codec)
+        if min(self.micro_batch_size, self.num_microbatches, self.steps, self.num_eval) < 1:
+            raise ValueError("micro_batch_size, num_microbatches, steps and num_eval must be >= 1")
+        if self.num_train < self.micro_batch_size * self.num_microbatches:
+            raise ValueError(
+                f"num_train={self.num_train} is below one step's "
+                f"{self.micro_batch_size * self.num_microbatches} examples; raise num_train"
+            )
+        if not self.plan:
+            split_layers(self.gpt.num_layers, self.num_stages)
+        if self.bandwidth_mbps < 0 or self.rho < 0 or self.latency_ms < 0:
+            raise ValueError(
+                f"bandwidth_mbps={self.bandwidth_mbps}, rho={self.rho}, "
+                f"latency_ms={self.latency_ms} must be >= 0"
+            )
+        if self.bandwidth_mbps > 0 and self.rho > 0:
+            raise ValueError("set bandwidth_mbps or rho, not both")
+        if self.learning_rate <= 0 or self.comm_timeout_s <= 0:
+            raise ValueError("learning_rate and comm_timeout_s must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSpec:
+    """One run inside a torchrun launch: codec and link (the bench runs many)."""
+
+    label: str
+    """Row name, e.g. "aqsgd:fw2,bw4@100mbps"."""
+    codec: str
+    """Codec of every pipeline link."""
+    steps: int
+    """Optimizer steps."""
+    rho: float = 0.0
+    """Transfer/compute ratio (0 = use bandwidth_mbps)."""
+    bandwidth_mbps: float = 0.0
+    """Bandwidth of every link (0 with rho 0 = unshaped)."""
+    latency_ms: float = 0.0
+    """One-way latency."""
+    dp_compression: Literal["none", "fp16"] = "none"
+    """Gradient all-reduce between replicas of a stage: fp32, or fp16 (torch's hook)."""
+    repeat_examples: bool = False
+    """Every step uses the same macro-batch (a steady-state speed run: AQ-SGD's examples
+    are all seen after step 0)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where this rank sits: pipeline j, stage i, and who its neighbours are."""
+
+    num_stages: int
+    num_replicas: int
+    layers: tuple[int, ...]
+    mesh: tuple[tuple[int, ...], ...]
+    num_microbatches: tuple[int, ...]
+
+    def position(self, rank: int) -> tuple[int, int]:
+        """(replica, stage) of `rank`."""
+        for j, row in enumerate(self.mesh):
+            if rank in row:
+                return j, row.index(rank)
+        raise ValueError(f"rank {rank} is not in the layout's mesh")
+
+
+def make_layout(config: PipelineTrainConfig, world_size: int) -> Layout:
+    """The rank layout: from the plan file, or linear (rank = stage, one replica).
+
+    Raises:
+        ValueError: If the plan's world size, layers or stages do not fit this job.
+        OSError: If the plan file cannot be read.
+    """
+    if not config.plan:
+        if world_size != config.num_stages:
+            raise ValueError(
+                f"world_size={world_size} but num_stages={config.num_stages}; the linear layout "
+                "runs one process per stage: launch --nproc-per-node equal to --stages"
+            )
+        return Layout(
+            config.num_stages,
+            1,
+            split_layers(config.gpt.num_layers, config.num_stages),
+            (tuple(range(config.num_stages)),),
+            (config.num_microbatches,),
+        )
+    from frugal.planner.plan import Plan
+
+    plan = Plan.from_json(Path(config.plan).read_text())
+    if plan.world_size != world_size:
+        raise ValueError(
+            f"the plan {config.plan} is for world_size={plan.world_size} but "
+            f"{world_size} processes were launched; launch {plan.world_size} or plan again"
+        )
+    if sum(plan.num_layers_per_stage) != config.gpt.num_layers:
+        raise ValueError(
+            f"the plan places {sum(plan.num_layers_per_stage)} layers but the model has "
+            f"{config.gpt.num_layers}; set gpt.num_layers={sum(plan.num_layers_per_stage)} "
+            "or plan with workload.num_layers matching the model"
+        )
+    return Layout(
+        plan.num_stages,
+        plan.num_replicas,
+        plan.num_layers_per_stage,
+        plan.mesh,
+        plan.num_microbatches_per_replica,
+    )
+
+
+def load_windows(config: PipelineTrainConfig) -> TextWindows:
+    """The train/eval windows of the configured corpus."""
+    text = load_text(config.dataset)
+    return TextWindows(text, config.gpt.context, config.num_train, config.num_eval)
+
+
+def _step_ids(
+    data: TextWindows, config: PipelineTrainConfig, step: int, per_step: int, repeat: bool
+) -> torch.Tensor:
+    if repeat:
+        return data.epoch_order(0, config.seed)[:per_step]
+    per_epoch = len(data.train_ids) // per_step
+    epoch, k = divmod(step, per_epoch)
+    return data.epoch_order(epoch, config.seed)[k * per_step : (k + 1) * per_step]
+
+
+def _microbatches(data: TextWindows, ids: torch.Tensor, size: int) -> list[Microbatch]:
+    return [Microbatch(chunk, *data.batch(chunk)) for chunk in torch.split(ids, size)]
+
+
+def evaluate(model: TinyGPT, data: TextWindows, batch_size: int = 32) -> float:
+    """Mean next-byte cross-entropy (nats) of the unpartitioned model on the eval windows."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for chunk in torch.split(data.eval_ids, batch_size):
+            inputs, targets = data.batch(chunk)
+            logits = model(inputs)
+            total += float(
+                F.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
+                )
+            )
+            count += targets.numel()
+    return total / count
+
+
+@dataclass(slots=True)
+class LocalResult:
+    """Outcome of `train_local`."""
+
+    losses: list[float]
+    """Train loss of each step (nats per byte)."""
+    eval_loss: float
+    """Final eval loss of the whole model."""
+    activation_bytes: list[list[list[int]]]
+    """[stage][step][mb] wire bytes of the activations stage sent."""
+    gradient_bytes: list[list[list[int]]]
+    """[stage][step][mb] wire bytes of the gradients stage sent."""
+    buffer_bytes: int
+    """AQ-SGD buffer bytes over all links and both sides."""
+
+
+def train_local(
+    config: PipelineTrainConfig,
+    progress: Callable[[int, float], None] | None = None,
+    data: TextWindows | None = None,
+) -> LocalResult:
+    """Train with every stage in this process (LocalTransport, no shaping).
+
+    Raises:
+        NonFiniteError: On NaN/inf.
+    """
+    torch.manual_seed(config.seed)
+    data = data or load_windows(config)
+    model = TinyGPT(config.gpt, seed=config.seed)
+    layers = split_layers(config.gpt.num_layers, config.num_stages)
+    transport = LocalTransport()
+    spec = CodecSpec.parse(config.codec)
+    m = config.num_microbatches
+    runners = [
+        StageRunner(
+            module,
+            spec,
+            transport,
+            learning_rate=config.learning_rate,
+            num_microbatches_total=m,
+            drift_check_every=config.drift_check_every,
+            warmup_steps=config.warmup_steps,
+        )
+        for module in build_stages(model, layers, config.use_recompute)
+    ]
+    actions = [build_schedule(config.schedule, len(layers), s, m) for s in range(len(layers))]
+    per_step = m * config.micro_batch_size
+    losses = []
+    for step in range(config.steps):
+        ids = _step_ids(data, config, step, per_step, repeat=False)
+        loss = run_local_step(
+            runners, transport, actions, step, _microbatches(data, ids, config.micro_batch_size)
+        )
+        losses.append(loss)
+        if progress is not None:
+            progress(step, loss)
+    buffer_bytes = sum(
+        c.delta.buffer_bytes for r in runners for c in (r.act_in, r.act_out) if c.delta is not None
+    )
+    return LocalResult(
+        losses,
+        evaluate(model, data),
+        [r.stats.activation_bytes for r in runners],
+        [r.stats.gradient_bytes for r in runners],
+        buffer_bytes,
+    )
+
+
+# --- distributed ---------------------------------------------------------------------------
+
+
+def _digest(config: PipelineTrainConfig) -> dict[str, str]:
+    data = config_to_dict(config)
+    return {
+        k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16]
+        for k, v in data.items()
+    }
+
+
+def check_same_config(
+    config: PipelineTrainConfig, runs: Sequence[RunSpec], extra: dict[str, str], timeout_s: float
+) -> None:
+    """All ranks compare (version, torch, config keys, runs, plan and data digests).
+
+    Raises:
+        ConfigMismatchError: Naming the keys that differ and the ranks holding each value.
+    """
+    mine = {
+        "frugal": frugal.__version__,
+        "torch": torch.__version__,
+        **_digest(config),
+        "runs": hashlib.sha256(json.dumps([asdict(r) for r in runs]).encode()).hexdigest(),
+        **extra,
+    }
+    gathered: list[dict[str, str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    differing = sorted(
+        {k for g in gathered if g is not None for k in g if g.get(k) != mine.get(k)}
+        | {k for g in gathered if g is not None for k in mine if k not in g}
+    )
+    if differing:
+        detail = "; ".join(
+            f"{k}: " + ", ".join(f"rank {r}={(g or {}).get(k)}" for r, g in enumerate(gathered))
+            for k in differing
+        )
+        raise ConfigMismatchError(
+            f"ranks started with different configurations ({detail}); launch every rank with "
+            "the same config and frugal version"
+        )
+
+
+def _barrier(timeout_s: float) -> None:
+    work = dist.barrier(async_op=True)
+    assert work is not None
+    work.wait(datetime.timedelta(seconds=timeout_s))
+
+
+def _resolve_bandwidth(run: RunSpec, boundary_bytes: int, compute_s: float) -> float:
+    if run.rho > 0:
+        return bandwidth_from_rho(run.rho, boundary_bytes, compute_s)
+    return run.bandwidth_mbps * 1e6 if run.bandwidth_mbps > 0 else math.inf
+
+
+def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Path) -> None:
+    """Body of one torchrun process: init gloo, check configs, run `runs`, write rank JSON.
+
+    Raises:
+        ConfigMismatchError: If the ranks' configurations differ.
+        PeerLostError: If a peer dies or stops answering.
+        NonFiniteError: On NaN/inf (naming step and stage).
+        ValueError: If the plan does not fit the world size or the model.
+    """
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=config.comm_timeout_s)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    try:
+        layout = make_layout(config, world_size)
+        data = load_windows(config)
+        data_sha = hashlib.sha256(data.windows.numpy().tobytes()).hexdigest()[:16]
+        check_same_config(
+            config, runs, {"data": data_sha, "layout": str(layout)}, config.comm_timeout_s
+        )
+        replica, stage = layout.position(rank)
+        dp_group = None
+        for i in range(layout.num_stages):  # every rank creates every group, same order
+            group = (
+                dist.new_group([row[i] for row in layout.mesh]) if layout.num_replicas > 1 else None
+            )
+            if i == stage:
+                dp_group = group
+        results = {"rank": rank, "replica": replica, "stage": stage, "runs": []}
+        compute_s = 0.0
+        if any(r.rho > 0 for r in runs):
+            calib = RunSpec(
+                label="calibrate",
+                codec="fp32",
+                steps=max(config.calibrate_steps, 2),
+                repeat_examples=True,
+            )
+            out = _run_one(config, calib, layout, rank, replica, stage, dp_group, data, math.inf)
+            # c = the pace of one stage per micro-batch as this machine runs it: an unshaped
+            # flush step takes (m + p - 1) c, so c includes the CPU sharing of co-located
+            # ranks (4 stages on 2 cores run at half speed each).
+            pace = median_or_zero(out["step_s"][1:]) / (
+                max(layout.num_microbatches) + layout.num_stages - 1
+            )
+            mine = torch.tensor([pace])
+            dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+            compute_s = float(mine)
+            results["calibration"] = out
+        boundary = config.micro_batch_size * config.gpt.context * config.gpt.hidden * 4
+        for run in runs:
+            bandwidth = _resolve_bandwidth(run, boundary, compute_s)
+            out = _run_one(config, run, layout, rank, replica, stage, dp_group, data, bandwidth)
+            out.update(
+                label=run.label,
+                codec=run.codec,
+                rho=run.rho,
+                compute_s=compute_s,
+                bandwidth_bits_per_s=bandwidth if math.isfinite(bandwidth) else None,
+            )
+            results["runs"].append(out)  # type: ignore[attr-defined]
+            _barrier(config.comm_timeout_s)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_one(
+    config: PipelineTrainConfig,
+    run: RunSpec,
+    layout: Layout,
+    rank: int,
+    replica: int,
+    stage: int,
+    dp_group: dist.ProcessGroup | None,
+    data: TextWindows,
+    bandwidth: float,
+) -> dict[str, Any]:
+    torch.manual_seed(config.seed)
+    model = TinyGPT(config.gpt, seed=config.seed)
+    module = build_stages(model, layout.layers, config.use_recompute)[stage]
+    row = layout.mesh[replica]
+    peers = {s: row[s] for s in (stage - 1, stage + 1) if 0 <= s < layout.num_stages}
+    spec = LinkSpec(bandwidth_bits_per_s=bandwidth, latency_s=run.latency_ms / 1e3)
+    links = {(rank, r): spec for r in peers.values()}
+    transport = DistTransport(
+        rank=rank, stage=stage, peer_ranks=peers, links=links, timeout_s=config.comm_timeout_s
+    )
+    total_mbs = sum(layout.num_microbatches)
+    runner = StageRunner(
+        module,
+        CodecSpec.parse(run.codec),
+        transport,
+        learning_rate=config.learning_rate,
+        num_microbatches_total=total_mbs,
+        dp_group=dp_group,
+        dp_compression=run.dp_compression,
+        drift_check_every=config.drift_check_every,
+        warmup_steps=config.warmup_steps,
+        timeout_s=config.comm_timeout_s,
+    )
+    m = layout.num_microbatches[replica]
+    actions = build_schedule(config.schedule, layout.num_stages, stage, m)
+    offset = sum(layout.num_microbatches[:replica]) * config.micro_batch_size
+    per_step = total_mbs * config.micro_batch_size
+    reporter = stage == layout.num_stages - 1 and replica == 0
+    try:
+        _barrier(config.comm_timeout_s)
+        for step in range(run.steps):
+            ids = _step_ids(data, config, step, per_step, run.repeat_examples)
+            mine = ids[offset : offset + m * config.micro_batch_size]
+            t0 = time.perf_counter()
+            runner.begin_step(step, _microbatches(data, mine, config.micro_batch_size))
+            for action in actions:
+                runner.run(action)
+            loss = runner.end_step()
+            runner.stats.step_s.append(time.perf_counter() - t0)
+            if reporter and loss is not None:
+                print(
+                    PROGRESS_PREFIX
+                    + json.dumps(
+                        {
+                            "run": run.label,
+                            "step": step,
+                            "loss": loss,
+                            "step_s": runner.stats.step_s[-1],
+                        }
+                    ),
+                    flush=True,
+                )
+    finally:
+        transport.close()
+    # Eval on the whole model: replica 0's stages send their weights to every rank (a few MB
+    # for the tiny GPT); the reporting rank reassembles and evaluates it.
+    eval_loss = None
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, module.state_dict() if replica == 0 else {})
+    if reporter:
+        full = model.state_dict()
+        for s, r in enumerate(layout.mesh[0]):
+            first_block = sum(layout.layers[:s])
+            for key, value in gathered[r].items():
+                if key.startswith("blocks."):  # stage-local block index -> model index
+                    _, index, rest = key.split(".", 2)
+                    key = f"blocks.{first_block + int(index)}.{rest}"
+                full[key] = value
+        model.load_state_dict(full)
+        eval_loss = evaluate(model, data)
+    stats = runner.stats
+    return {
+        "steps": run.steps,
+        "losses": stats.losses,
+        "eval_loss": eval_loss,
+        "step_s": stats.step_s,
+        "median_forward_s": stats.median_forward_s(),
+        "median_backward_s": stats.median_backward_s(),
+        "median_optimizer_s": median_or_zero(stats.optimizer_s),
+        "median_forward_cpu_s": median_or_zero(stats.forward_cpu_s),
+        "median_backward_cpu_s": median_or_zero(stats.backward_cpu_s),
+        "activation_bytes": stats.activation_bytes,
+        "gradient_bytes": stats.gradient_bytes,
+        "num_microbatches": m,
+        "dp_bytes": stats.dp_bytes,
+        "buffer_bytes": sum(
+            c.delta.buffer_bytes for c in (runner.act_in, runner.act_out) if c.delta is not None
+        ),
+    }
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bind port 0)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def launch_torchrun(
+    config: PipelineTrainConfig,
+    runs: Sequence[RunSpec],
+    out_dir: Path,
+    *,
+    nproc: int,
+    timeout_s: float,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Start `nproc` workers with torchrun on 127.0.0.1; return each rank's results.
+
+    Raises:
+        PipelineError: If a worker fails (its last output lines are in the message) or the
+            launch exceeds `timeout_s`.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    job = out_dir / "job.json"
+    job.write_text(
+        json.dumps({"config": config_to_dict(config), "runs": [asdict(r) for r in runs]})
+    )
+    for old in out_dir.glob("rank*.json"):
+        old.unlink()
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        "--nnodes=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--max-restarts=0",
+        "-m",
+        "frugal.pipeline.worker",
+        str(job),
+        str(out_dir),
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+    }
+    src = str(Path(frugal.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group: a timeout kills torchrun and workers
+    )
+    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for text in proc.stdout:
+            lines.put(text)
+        lines.put(None)
+
+    threading.Thread(target=pump, name="frugal-torchrun-output", daemon=True).start()
+    tail: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise PipelineError(
+                    f"the pipeline launch exceeded {timeout_s} s; killed it (last output: "
+                    + " | ".join(tail[-3:])
+                    + ")"
+                ) from None
+            if line is None:
+                break
+            if line.startswith(PROGRESS_PREFIX):
+                if on_progress is not None:
+                    on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
+            else:
+                tail = [*tail, line.rstrip()][-30:]
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired as exc:
+        raise PipelineError(f"the pipeline launch exceeded {timeout_s} s") from exc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # torchrun's agent stops its workers on SIGTERM
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            _kill_workers(job)
+    if code != 0:
+        errors = [t for t in tail if "Error" in t and "frugal" in t] or tail[-8:]
+        raise PipelineError(f"torchrun exited with {code}: " + " | ".join(errors[-4:]))
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def _kill_workers(job: Path) -> None:
+    """SIGKILL any worker of this launch still alive (its argv names the job file).
+
+    torchrun starts workers in their own sessions, so killing its process group can miss
+    them; /proc (Linux) finds them by the job path, which is unique to the launch.
+    """
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        return
+    needle = str(job).encode()
+    for entry in proc_dir.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if b"frugal.pipeline.worker" in argv and needle in argv.split(b"\0"):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                continue
+
+
+def config_from_job(path: Path) -> tuple[PipelineTrainConfig, list[RunSpec]]:
+    """Read the job file written by `launch_torchrun`."""
+    job = json.loads(path.read_text())
+    config = config_from_dict(PipelineTrainConfig, job["config"], source=str(path))
+    return config, [RunSpec(**r) for r in job["runs"]]
+
+
+def rho_label(rho: float) -> str:
+    """The paper link a rho point stands for ("100mbps"), or "rho=X"."""
+    for name, value in RHO_POINTS.items():
+        if value == rho:
+            return name
+    return f"rho={rho}"
+
+
+def median_or_zero(values: Sequence[float]) -> float:
+    """Median, or 0 for an empty list."""
+    return statistics.median(values) if values else 0.0

@@ -1,0 +1,37 @@
+"""The bench at its smallest setting: rows and summary keys, exact bytes, simulated speed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from frugal.pipeline.bench import PipelineBenchConfig, run_pipeline_bench
+from frugal.pipeline.train import PipelineTrainConfig
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
+    config = PipelineBenchConfig(
+        train=PipelineTrainConfig(num_train=32, num_eval=8, schedule="gpipe",
+                                  micro_batch_size=4, num_microbatches=4, num_stages=2,
+                                  calibrate_steps=2),
+        methods=("fp32", "aqsgd:fw2,bw4"), rhos=(3.3,), epochs=2, speed_steps=2,
+        quality_workers=1,
+    )  # fmt: skip
+    document = run_pipeline_bench(config, tmp_path)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["benchmark"] == "pipeline" and len(saved["rows"]) == 2
+    for row in saved["rows"]:
+        for key in ("codec", "fw_bits", "bw_bits", "rho", "link_mbps", "tokens_per_s",
+                    "bytes_per_step", "final_train_loss", "final_eval_loss",
+                    "time_to_fp32_loss_s", "simulated_tokens_per_s"):  # fmt: skip
+            assert key in row
+        assert row["bytes_per_step"] == row["analytic_bytes_per_step"]
+    summary = document["summary"]
+    assert summary["bytes_match_analytic"] is True
+    assert summary["loss_gap_directq_fw2"] is None  # DirectQ was not run
+    assert summary["speedup_at_slowest"] > 0 and summary["slowest_link"] == "100mbps"
+    assert (tmp_path / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,46 @@
+"""`frugal pipeline train|bench`: bad input exits 2 before launching; a real 2-stage run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from frugal.cli.main import main
+from tests.pipeline.test_distributed import _dp_plan
+
+
+def test_bits_without_a_quantizing_codec_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pipeline", "train", "--codec", "aqsgd", "--fw-bits", "2"]) == 2
+    assert "needs --fw-bits and --bw-bits" in capsys.readouterr().err
+    assert main(["pipeline", "train", "--codec", "fp32", "--fw-bits", "2"]) == 2
+    assert main(["pipeline", "train", "--rho", "fast"]) == 2
+    assert "10gbps" in capsys.readouterr().err
+
+
+def test_plan_for_another_world_size_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = _dp_plan(tmp_path)  # 2 stages x 2 replicas, 4 layers: fits the default model
+    assert main(["pipeline", "train", "--plan", str(plan), "--set", "gpt.num_layers=6"]) == 2
+    assert "set gpt.num_layers=4" in capsys.readouterr().err
+    assert main(["pipeline", "train", "--plan", str(plan), "--stages", "4"]) == 2
+    assert "the plan has 2 stages" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+def test_train_writes_losses_and_a_curve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    args = ["pipeline", "train", "--model", "tiny-gpt", "--stages", "2", "--codec", "aqsgd",
+            "--fw-bits", "2", "--bw-bits", "4", "--rho", "100mbps", "--steps", "4", "--out",
+            str(out), "--set", "num_train=64", "--set", "calibrate_steps=2"]  # fmt: skip
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["codec"] == "aqsgd:fw2,bw4" and summary["world_size"] == 2
+    assert summary["bandwidth_bits_per_s"] > 0  # rho 3.3 resolved from the measured compute
+    saved = json.loads((out / "train.json").read_text())
+    assert len(saved["losses"]) == 4 and saved["losses"][-1] < saved["losses"][0]
+    assert (out / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
