@@ -3,29 +3,24 @@
 No agent, so a killed rank's peers must notice by themselves: N worker processes on
 127.0.0.1 with env:// rendezvous.
 
-The lead will fold this into frugal.testing.
+It differs from `frugal.testing.run_torchrun` on purpose: torchrun's agent would restart or
+stop the peers of a killed rank itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from frugal.comm.launch import free_port
 from frugal.config import config_to_dict
 from frugal.pipeline.train import PipelineTrainConfig, RunSpec
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_job(path: Path, config: PipelineTrainConfig, runs: list[RunSpec]) -> Path:

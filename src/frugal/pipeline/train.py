@@ -20,7 +20,6 @@ import math
 import os
 import queue
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import frugal
+from frugal.comm.launch import free_port, kill_launch, launch_marker
 from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
 from frugal.comm.message import CodecSpec
 from frugal.config import check_types, config_from_dict, config_to_dict
@@ -550,14 +550,6 @@ def _run_one(
     }
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (bind port 0)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def launch_torchrun(
     config: PipelineTrainConfig,
     runs: Sequence[RunSpec],
@@ -599,6 +591,7 @@ def launch_torchrun(
         "OMP_NUM_THREADS": "1",
         "MASTER_ADDR": "127.0.0.1",
         "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+        **launch_marker(),
     }
     src = str(Path(frugal.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
@@ -649,35 +642,11 @@ def launch_torchrun(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
-            _kill_workers(job)
+        kill_launch(env)  # workers live in their own sessions: killpg misses them
     if code != 0:
         errors = [t for t in tail if "Error" in t and "frugal" in t] or tail[-8:]
         raise PipelineError(f"torchrun exited with {code}: " + " | ".join(errors[-4:]))
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
-
-
-def _kill_workers(job: Path) -> None:
-    """SIGKILL any worker of this launch still alive (its argv names the job file).
-
-    torchrun starts workers in their own sessions, so killing its process group can miss
-    them; /proc (Linux) finds them by the job path, which is unique to the launch.
-    """
-    proc_dir = Path("/proc")
-    if not proc_dir.is_dir():
-        return
-    needle = str(job).encode()
-    for entry in proc_dir.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes()
-        except OSError:  # gone, or not ours to read
-            continue
-        if b"frugal.pipeline.worker" in argv and needle in argv.split(b"\0"):
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
-            except OSError:
-                continue
 
 
 def config_from_job(path: Path) -> tuple[PipelineTrainConfig, list[RunSpec]]:

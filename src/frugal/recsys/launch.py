@@ -10,25 +10,18 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from frugal.comm.launch import free_port, kill_launch, launch_marker
 from frugal.config import config_to_dict
 from frugal.recsys.config import RecsysTrainConfig
 from frugal.recsys.datasets import load_recsys_data
 from frugal.recsys.errors import RecsysError
 
 __all__ = ["launch_runs", "launch_training"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _check_features(config: RecsysTrainConfig) -> None:
@@ -100,7 +93,7 @@ def launch_runs(
         "--nnodes", "1",
         "--nproc-per-node", str(config.nproc),
         "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+        "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
         "--max-restarts", str(max(c.max_restarts for c, _ in runs)),
         "-m", "frugal.recsys.trainer", str(config_path),
     ]  # fmt: skip
@@ -111,6 +104,7 @@ def launch_runs(
         TP_SOCKET_IFNAME=env.get("TP_SOCKET_IFNAME", "lo"),
         PYTHONWARNINGS="ignore",
     )
+    env.update(launch_marker())
     log_path = job_dir / "torchrun.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -123,6 +117,8 @@ def launch_runs(
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             code = None
+        finally:
+            kill_launch(env)  # workers live in their own sessions: killpg misses them
     missing = [d for _, d in runs if not (d / "result.json").exists()]
     if code != 0 or missing:
         tail = log_path.read_text(errors="replace")[-3000:]

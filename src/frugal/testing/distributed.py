@@ -11,22 +11,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from frugal.comm.launch import free_port, kill_launch, launch_marker
+
 __all__ = ["TorchrunResult", "free_port", "run_torchrun"]
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (bind port 0, read it, release it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +117,7 @@ def run_torchrun(
         TP_SOCKET_IFNAME=full_env.get("TP_SOCKET_IFNAME", "lo"),
     )
     full_env.update(env or {})
+    full_env.update(launch_marker())
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -140,4 +134,6 @@ def run_torchrun(
             os.killpg(process.pid, signal.SIGKILL)
         launcher_output, _ = process.communicate()
         code = None
+    finally:
+        kill_launch(full_env)  # workers live in their own sessions: killpg misses them
     return TorchrunResult(code, launcher_output or "", _read_rank_logs(logs))
