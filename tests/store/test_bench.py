@@ -53,7 +53,7 @@ def test_smallest_bench_writes_complete_results(tmp_path: Path) -> None:
     # Budgets of ~40 KiB: new anonymous memory stays within budget + 32 MiB for each system.
     assert document["summary"]["budget_violations"] == []
     reference = document["summary"]["reference_hit_ratios"]["criteo_zipf"]["0.25"]
-    assert 0 < reference["lru"] <= reference["belady"] <= 1
+    assert 0 < reference["lru_demand"] <= reference["belady_demand"] <= 1
     assert {"frugal_W0", "frugal_W2"} <= set(reference)
     assert all(-16 < r["anon_rss_growth_mib"] < 64 for r in rows)
 

@@ -103,3 +103,24 @@ def test_hashed_store_rejects_negative_keys_and_overflow(tmp_path: Path) -> None
             store.get(np.array([3]))
     with pytest.raises(ValueError, match="key_space='sparse'"):
         EmbeddingStore.create(tmp_path / "t", num_rows=2, spec=SPEC, key_space="sparse")  # type: ignore[arg-type]
+
+
+def test_errors_in_a_hashed_store_name_the_users_ids(tmp_path: Path) -> None:
+    from frugal.store import NonFiniteError
+
+    spec = RowSpec(embedding_dim=2, dtype="float16")
+    with EmbeddingStore.create(tmp_path / "s", num_rows=8, spec=spec, key_space="hashed") as s:
+        s.peek(np.array([50]))
+        s.put(np.array([9, 10]), np.zeros((2, 2), dtype=np.float32))  # rows 0, 1
+        rows = np.zeros((1, 2), dtype=np.float32)
+        rows[0, 1] = 1e6
+        with pytest.raises(NonFiniteError, match="row of id 123456789 exceeds"):
+            s.put(np.array([123456789]), rows)
+
+
+def test_checkpoint_records_the_last_step_used(tmp_path: Path) -> None:
+    with EmbeddingStore.create(tmp_path / "s", num_rows=4, spec=SPEC) as store:
+        store.get(np.array([1]), step=3)
+        store.apply_gradients(np.array([1]), np.ones((1, 4), dtype=np.float32), step=3)
+        store.checkpoint()
+        assert store.step == 3

@@ -278,6 +278,12 @@ def test_more_bad_input_is_refused_before_anything_changes(small_store: Embeddin
         small_store.checkpoint(step="x")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="meta must be JSON-serialisable"):
         small_store.checkpoint(meta={"cursor": object()})
+    with pytest.raises(TypeError, match="meta must be JSON-serialisable"):
+        small_store.checkpoint(meta={"loss": float("nan")})
+    with pytest.raises(TypeError, match="meta must be a dict with str keys, got str"):
+        small_store.checkpoint(meta="abc")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="meta must be a dict with str keys"):
+        small_store.checkpoint(meta={1: "a"})  # type: ignore[dict-item]
     assert not list(small_store.directory.glob("*.tmp"))
     with pytest.raises(TypeError, match="step=-1"):
         small_store.get(np.array([1]), step=-1)
@@ -294,7 +300,7 @@ def test_non_finite_optimizer_output_writes_nothing(tmp_path: Path) -> None:
     with EmbeddingStore.create(tmp_path / "s", num_rows=4, spec=spec) as store:
         before = store.peek(np.array([1]))
         store.get(np.array([1]))
-        with pytest.raises(NonFiniteError, match="update of row 1 is not finite"):
+        with pytest.raises(NonFiniteError, match="update of id 1 is not finite"):
             store.apply_gradients(np.array([1]), np.full((1, 2), 3e38, np.float32))
         assert np.array_equal(store.peek(np.array([1])), before)
         store.put(np.array([1]), before)  # close the read

@@ -26,7 +26,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         dest="overrides",
         action="append",
         default=[],
-        help="override one setting, e.g. --set cache_dir=/tmp/frugal (repeatable)",
+        help=(
+            "override one setting (repeatable); the value is TOML: --set seed=1, "
+            '--set \'systems=["ram", "frugal"]\''
+        ),
     )
 
 

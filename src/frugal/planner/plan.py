@@ -82,8 +82,10 @@ class PlannerConfig:
             )
         if self.seed < 0:
             raise ValueError(f"seed={self.seed} must be >= 0")
-        if self.budget < 1 or self.time_limit_s <= 0:
-            raise ValueError(f"budget={self.budget} must be >= 1 and time_limit_s > 0")
+        if self.budget < 1:
+            raise ValueError(f"budget={self.budget} must be >= 1 (candidates scored)")
+        if not self.time_limit_s > 0:
+            raise ValueError(f"time_limit_s={self.time_limit_s} must be > 0 seconds")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -128,8 +128,8 @@ def write_report(path: Path, document: dict[str, Any], outcomes: list[PartOutcom
             f"Paper: {part.paper}.  ",
             f"Published claim: {part.published}.  ",
             f"Status: {outcome.status} in {outcome.wall_s:.0f} s"
-            + (" (resumed from an earlier run)" if outcome.resumed else "")
-            + f"; rows in `parts/{outcome.name}/results.json`.",
+            + (" (measured by an earlier run of this commit, reused)" if outcome.resumed else "")
+            + (f"; rows in `parts/{outcome.name}/results.json`." if outcome.error is None else "."),
             "",
         ]
         if outcome.error is not None:

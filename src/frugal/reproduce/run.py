@@ -80,7 +80,7 @@ class _Eta:
             TimeElapsedColumn(),
             TextColumn("eta"),
             TimeRemainingColumn(),
-            console=Console(stderr=True),
+            console=Console(stderr=True, soft_wrap=True),
             disable=not enabled,
             transient=False,
         )
@@ -127,18 +127,26 @@ class _Eta:
             self._progress.update(self._overall, completed=self._done_s + elapsed)
 
 
-def _load_finished(folder: Path, mode: str) -> dict[str, Any] | None:
-    """The document of a part finished earlier in this folder with the same mode, else None."""
-    marker = folder / _MARKER
-    results = folder / "results.json"
+def _load_finished(
+    folder: Path, mode: str, commit: str | None
+) -> tuple[dict[str, Any], float] | None:
+    """(document, wall_s) of a part finished earlier here, same mode and code; else None.
+
+    A part is reused only if its marker names the same mode and git commit (so a report never
+    mixes numbers of different code) and its results.json holds rows and a summary.
+    """
     try:
-        meta = json.loads(marker.read_text())
-        if meta.get("mode") != mode or meta.get("status") != "ok":
+        meta = json.loads((folder / _MARKER).read_text())
+        if (meta.get("mode"), meta.get("status"), meta.get("git_commit")) != (mode, "ok", commit):
             return None
-        document: dict[str, Any] = json.loads(results.read_text())
-    except (OSError, ValueError):
+        document: dict[str, Any] = json.loads((folder / "results.json").read_text())
+        if not isinstance(document.get("rows"), list) or not isinstance(
+            document.get("summary"), dict
+        ):
+            return None
+    except (OSError, ValueError, AttributeError):
         return None
-    return document
+    return document, float(meta.get("wall_s", 0.0))
 
 
 def run_reproduce(
@@ -151,8 +159,9 @@ def run_reproduce(
     """Run each selected part's bench, then write `results.json`, `report.md` and figures.
 
     Each part works in `out_dir/parts/NAME/`; a part that finished in an earlier call with the
-    same mode is not run again (delete its folder, or use a new `out_dir`, to redo it). A part
-    that raises is reported in its section with the error; the others still run.
+    same mode and git commit is not run again (delete its folder, or use a new `out_dir`, to
+    redo it). A part that raises is reported in its section with the error; the others still
+    run.
 
     Args:
         config: Mode and parts.
@@ -167,9 +176,13 @@ def run_reproduce(
         OSError: If `out_dir` cannot be written.
     """
     from frugal.reproduce.report import write_report
-    from frugal.results import results_document, write_results
+    from frugal.results import git_commit, results_document, write_results
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    probe = out_dir / ".write-test"
+    probe.write_text("")  # an unwritable folder fails now, not after hours of benches
+    probe.unlink()
+    commit = git_commit()
     parts = [get_part(name) for name in config.only]
     estimates = {p.name: float(p.estimate_s[config.mode]) for p in parts}
     outcomes: list[PartOutcome] = []
@@ -186,16 +199,19 @@ def run_reproduce(
             eta.begin(part.name)
             progress(f"[{part.name}] {part.title} ({config.mode})")
             start = time.monotonic()
-            document = _load_finished(folder, config.mode)
-            resumed = document is not None
+            finished = _load_finished(folder, config.mode, commit)
+            resumed = finished is not None
+            document, wall_s = finished if finished is not None else (None, 0.0)
             error = None
+            (out_dir / f"{part.name}.png").unlink(missing_ok=True)  # never a stale figure
             try:
                 if document is None:
                     (folder / _MARKER).unlink(missing_ok=True)
                     document = part.run(config.mode, folder, progress)
-                    (folder / _MARKER).write_text(
-                        json.dumps({"mode": config.mode, "status": "ok"}) + "\n"
-                    )
+                    wall_s = time.monotonic() - start
+                    marker = {"mode": config.mode, "status": "ok", "git_commit": commit,
+                              "wall_s": wall_s}  # fmt: skip
+                    (folder / _MARKER).write_text(json.dumps(marker) + "\n")
                 verdicts = tuple(part.verdicts(document))
             except Exception as exc:  # one part's failure must not stop the others
                 error = f"{type(exc).__name__}: {exc}"
@@ -213,7 +229,7 @@ def run_reproduce(
             outcome = PartOutcome(
                 name=part.name,
                 status="ok" if error is None else "failed",
-                wall_s=time.monotonic() - start,
+                wall_s=wall_s if error is None else time.monotonic() - start,
                 document=document,
                 verdicts=verdicts,
                 figure=figure,

@@ -110,6 +110,8 @@ class StoreBenchConfig:
             raise ValueError(f"memory_ratios={self.memory_ratios} must lie in (0, 1]")
         if any(w < 0 for w in self.lookaheads):
             raise ValueError(f"lookaheads={self.lookaheads} must be >= 0")
+        if self.run_timeout_s <= 0:
+            raise ValueError(f"run_timeout_s={self.run_timeout_s} must be > 0 seconds")
         if self.compute_ms < 0 or self.repeats < 1 or self.batch_size < 1:
             raise ValueError("compute_ms must be >= 0, repeats and batch_size >= 1")
 
@@ -322,7 +324,6 @@ def _execute(run: _Run) -> dict[str, Any]:
         # lmdb lives in the OS page cache and ram holds everything: their budget is not binding.
         "budget_enforced": run.system not in ("ram", "lmdb_offload"),
     }
-    rss_before = _rss_mib()
     anon_before = anon_peak = _anon_rss_mib()
     try:
         built = _build(run, budget)
@@ -386,7 +387,6 @@ def _execute(run: _Run) -> dict[str, Any]:
         "p50_step_ms": 1000 * median_s,
         "p99_step_ms": 1000 * float(np.percentile(measured, 99)),
         "peak_rss_mib": peak_rss,
-        "rss_growth_mib": peak_rss - rss_before,
         "anon_rss_growth_mib": anon_growth_mib,
         # store.md: more than 1.1 x budget + 32 MiB of new anonymous memory breaks the budget.
         "budget_violated": bool(
@@ -563,8 +563,8 @@ def _reference_hit_ratios(
             capacity = max(1, int(ratio * w.num_rows * w.spec.row_bytes) // w.spec.row_bytes)
             cell = {
                 "capacity_rows": float(capacity),
-                "lru": lru_hit_ratio(batches, w.num_rows, capacity),
-                "belady": belady_hit_ratio(batches, w.num_rows, capacity),
+                "lru_demand": lru_hit_ratio(batches, w.num_rows, capacity),
+                "belady_demand": belady_hit_ratio(batches, w.num_rows, capacity),
             }
             for r in rows:
                 if (

@@ -224,6 +224,7 @@ class EmbeddingStore:
         self.meta: dict[str, Any] = manifest.get("meta", {})
         self._lock_fd = lock_fd
         self._closed = False
+        self._last_step = self.step  # the largest step a get/put/update named
         width = self.spec.width
         budget = config.memory_budget_bytes
         recover_epoch = None if create else self.epoch
@@ -562,6 +563,7 @@ class EmbeddingStore:
         self._check_open()
         _validate_cols(cols)
         step = _validate_step(step)
+        self._last_step = max(self._last_step, step)
         flat = self._rows_of(ids)
         unique, inverse = _unique(flat)
         rows = self.cache.get(unique, step)
@@ -628,6 +630,7 @@ class EmbeddingStore:
         """
         self._check_open()
         step = _validate_step(step)
+        self._last_step = max(self._last_step, step)
         flat = self._rows_of(ids)
         checked = _validate_rows(rows, len(flat), self.spec.width, "rows")
         order = np.argsort(flat, kind="stable")
@@ -639,8 +642,9 @@ class EmbeddingStore:
         round_rows(sorted_rows, self.spec)
         if not np.isfinite(sorted_rows).all():
             row = int(np.flatnonzero(~np.isfinite(sorted_rows).all(axis=1))[0])
+            key = int(self._keys_of(sorted_ids[row : row + 1])[0])
             raise NonFiniteError(
-                f"row of id {int(sorted_ids[row])} exceeds the float16 range (|x| <= 65504) of "
+                f"row of id {key} exceeds the float16 range (|x| <= 65504) of "
                 "this table; scale it down or use a float32 table; nothing was written"
             )
         self.cache.write(sorted_ids, sorted_rows, step)
@@ -661,6 +665,7 @@ class EmbeddingStore:
         if self.spec.optimizer.kind == "none":
             raise ValueError("this store's rows have no optimizer (kind='none'); use put()")
         step = _validate_step(step)
+        self._last_step = max(self._last_step, step)
         flat = self._rows_of(ids)
         checked = _validate_rows(grads, len(flat), self.spec.embedding_dim, "grads")
         unique, summed = _sum_duplicates(flat, checked)
@@ -671,8 +676,9 @@ class EmbeddingStore:
             round_rows(rows, self.spec)
             if not np.isfinite(rows).all():
                 row = int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+                key = int(self._keys_of(unique[row : row + 1])[0])
                 raise NonFiniteError(
-                    f"the {self.spec.optimizer.kind} update of row {int(unique[row])} is not "
+                    f"the {self.spec.optimizer.kind} update of id {key} is not "
                     f"finite (gradient too large for {self.spec.dtype}?); nothing was written"
                 )
 
@@ -689,6 +695,7 @@ class EmbeddingStore:
         """
         self._check_open()
         step = _validate_step(step)
+        self._last_step = max(self._last_step, step)
         unique, _ = _unique(self._rows_of(ids))
         self.cache.prefetch(unique, step)
 
@@ -706,20 +713,26 @@ class EmbeddingStore:
 
         Args:
             meta: JSON-serialisable data stored with it (e.g. a data-loader cursor).
-            step: Training step recorded in the MANIFEST (default: the last one recorded).
+            step: Training step recorded in the MANIFEST (default: the largest step any
+                get, put, update or lookahead named since open, or the last one recorded).
 
         Raises:
             StalenessTimeoutError: If open reads do not close within timeout_s.
             StoreError: If the store is closed or a write-back failed.
         """
         self._check_open()
-        step = self.step if step is None else _validate_step(step)
-        meta = meta or {}
+        step = max(self.step, self._last_step) if step is None else _validate_step(step)
+        meta = {} if meta is None else meta
+        if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
+            raise TypeError(
+                f"checkpoint meta must be a dict with str keys, got {type(meta).__name__} "
+                f"{str(meta)[:60]!r}; e.g. meta={{'cursor': 5}}"
+            )
         try:
-            json.dumps(meta)
+            json.dumps(meta, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise TypeError(
-                f"checkpoint meta must be JSON-serialisable (dict of str, int, float, list...): "
+                f"checkpoint meta must be JSON-serialisable (str, int, finite float, list...): "
                 f"{exc}; convert numpy values with int()/float()"
             ) from exc
         self.cache.wait_quiescent()
