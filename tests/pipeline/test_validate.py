@@ -159,7 +159,7 @@ def test_validation_runs_each_plan_as_planned(tmp_path: Path) -> None:
         plan_text = (tmp_path / "plans" / f"{row['method']}.json").read_text().strip()
         assert row["plan_sha256"] == hashlib.sha256(plan_text.encode()).hexdigest()
         ranks = [
-            json.loads((tmp_path / "runs" / row["method"] / f"rank{r}.json").read_text())
+            json.loads((tmp_path / "runs" / row["method"] / "round0" / f"rank{r}.json").read_text())
             for r in range(4)
         ]
         plan = Plan.from_json(plan_text)
