@@ -144,6 +144,7 @@ def test_validation_runs_each_plan_as_planned(tmp_path: Path) -> None:
         methods=("megatron_default", "worst"),
         steps=3,
         warmup_steps=1,
+        rounds=1,
         calibrate_repeats=3,
         timeout_s=120.0,
     )

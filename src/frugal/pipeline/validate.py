@@ -16,7 +16,14 @@ micro-batch) measured in this process on one thread. Co-located ranks share the 
 cores: with `compute_sharing="cores"` each rank is priced at speed min(1, cores / world_size)
 (all ranks computing at once, a pessimistic bound); "none" prices them at full speed. Both
 predictions are reported (`predicted_*` under the chosen model, `*_unshared_s` under the
-other bound).
+other bound). The machine may also be loaded by other work, which no a-priori model sees:
+each method runs `rounds` times round-robin and keeps its fastest launch, and a `replay_*`
+prediction re-prices the plan with each rank's speed taken from its own measured median
+forward/backward seconds, separating the compute calibration's error from the schedule and
+network model's.
+
+The worst placement's Plan carries method "random" (the Plan format names planner searches
+only); its row says "worst".
 
 References:
     Decentralized Training of Foundation Models in Heterogeneous Environments, NeurIPS 2022,
@@ -91,7 +98,7 @@ class Config:
     """Placements to execute (worst = the highest predicted cost over all placements)."""
     seed: int = 0
     """Seed of the planner and of megatron_random's rank order."""
-    steps: int = 6
+    steps: int = 8
     """Steps per method, > warmup_steps."""
     warmup_steps: int = 2
     """Steps not measured."""
@@ -101,7 +108,7 @@ class Config:
     """How co-located ranks share the CPU in the prediction (see the module docstring)."""
     cores: int = 0
     """Cores the ranks share (0 = os.cpu_count())."""
-    rounds: int = 1
+    rounds: int = 3
     """Launches per method (round-robin over methods); each keeps its fastest, >= 1."""
     timeout_s: float = 300.0
     """Limit of each torchrun launch, seconds."""
