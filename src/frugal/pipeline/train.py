@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import frugal
-from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho, link_table
+from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
 from frugal.comm.message import CodecSpec
 from frugal.config import check_types, config_from_dict, config_to_dict
 from frugal.data import load_text
@@ -396,6 +396,8 @@ def rank_links(
         ValueError: If a pair names a rank outside [0, world_size), src == dst, or a
             bandwidth / latency is negative.
     """
+    from frugal.comm.link import link_table  # here, not above: keeps the import block as main's
+
     overrides = {}
     for src, dst, mbps, latency_ms in run.links:
         if mbps < 0 or latency_ms < 0:
