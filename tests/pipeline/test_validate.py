@@ -169,3 +169,14 @@ def test_validation_runs_each_plan_as_planned(tmp_path: Path) -> None:
     assert rows[0]["mesh"] == [[0, 2], [1, 3]]  # Megatron's default order
     assert document["summary"]["all_executed_as_planned"] is True
     assert np.isfinite(document["summary"]["sim_vs_measured_max_error"])
+
+
+def test_cli_rejects_a_bad_setting_before_any_launch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from frugal.cli.main import main
+
+    out = tmp_path / "out"
+    assert main(["plan", "validate", "--quick", "--out", str(out), "--set", "num_sites=1"]) == 2
+    assert "num_sites=1" in capsys.readouterr().err
+    assert not out.exists()
