@@ -26,6 +26,7 @@ PINNED_SURFACE = {
     "store bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
     "plan": ["--cluster", "--config", "--help", "--out", "--scenario", "--set", "-h"],
     "plan bench": ["--config", "--help", "--out", "--quick", "--set", "-h"],
+    "plan validate": ["--config", "--help", "--out", "--quick", "--set", "-h"],
     "reproduce": ["--full", "--help", "--only", "--out", "--quick", "--smoke", "-h"],
     "recsys": ["--help", "-h"],
     "recsys train": [

@@ -1,4 +1,8 @@
-"""`frugal plan --scenario NAME | --cluster FILE [--out plan.json]`, `frugal plan bench`."""
+"""`frugal plan --scenario NAME | --cluster FILE [--out plan.json]`, bench and validate.
+
+`frugal plan bench` compares methods under the cost models; `frugal plan validate` executes
+their plans on emulated links and compares the predictions with the measured runs.
+"""
 
 from __future__ import annotations
 
@@ -42,6 +46,18 @@ def register(commands: Any) -> None:
     bench.add_argument("--out", default="reports/plan", metavar="DIR", help="results folder")
     add_config_arguments(bench)
     bench.set_defaults(handler=_bench)
+    validate = children.add_parser(
+        "validate",
+        help="execute each method's plan on emulated links (torchrun) vs the predictions",
+    )
+    validate.add_argument(
+        "--quick", action="store_true", help="4 ranks, 2 sites, 4 methods, 5 steps each"
+    )
+    validate.add_argument(
+        "--out", default="reports/plan-validate", metavar="DIR", help="results folder"
+    )
+    add_config_arguments(validate)
+    validate.set_defaults(handler=_validate)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -88,6 +104,21 @@ def _bench(args: argparse.Namespace) -> int:
     config = load_config(PlanBenchConfig, args.config, args.overrides, base=preset)
     out = Path(args.out)
     document = run_plan_bench(config, out, progress=lambda line: print(line, file=sys.stderr))
+    print(json.dumps(document["summary"], indent=1))
+    print(f"wrote {out / 'results.json'}", file=sys.stderr)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    import json
+
+    from frugal.config import config_to_dict, load_config
+    from frugal.pipeline.validate import Config, quick, run_plan_validation
+
+    preset = config_to_dict(quick()) if args.quick else None
+    config = load_config(Config, args.config, args.overrides, base=preset)
+    out = Path(args.out)
+    document = run_plan_validation(config, out, progress=lambda line: print(line, file=sys.stderr))
     print(json.dumps(document["summary"], indent=1))
     print(f"wrote {out / 'results.json'}", file=sys.stderr)
     return 0

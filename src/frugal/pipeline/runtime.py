@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ __all__ = [
     "PeerLostError",
     "PipelineError",
     "StageRunner",
+    "ring_allreduce_s",
     "run_local_step",
 ]
 
@@ -334,6 +336,26 @@ class StageStats:
         return statistics.median(self.backward_s) if self.backward_s else 0.0
 
 
+def ring_allreduce_s(num_bytes: int, group_size: int, link: LinkSpec) -> float:
+    """Network seconds of a ring all-reduce of `num_bytes` per member over `group_size`.
+
+    2 (K - 1) steps, each moving num_bytes / K over the ring's bottleneck link and paying its
+    latency: 2 (K - 1) (8 S / (K B) + latency); 0 for K = 1 or an unshaped link.
+
+    Raises:
+        ValueError: If num_bytes < 0 or group_size < 1.
+    """
+    if num_bytes < 0 or group_size < 1:
+        raise ValueError(f"num_bytes={num_bytes} must be >= 0 and group_size={group_size} >= 1")
+    if group_size == 1 or not link.is_shaped:
+        return 0.0
+    k = group_size
+    per_step = link.latency_s
+    if math.isfinite(link.bandwidth_bits_per_s):
+        per_step += 8.0 * num_bytes / (k * link.bandwidth_bits_per_s)
+    return 2.0 * (k - 1) * per_step
+
+
 class StageRunner:
     """Runs one stage's actions: codecs on its links, its module and its optimizer.
 
@@ -350,6 +372,10 @@ class StageRunner:
         drift_check_every: Steps between AQ-SGD buffer CRC checks (0 = never).
         warmup_steps: Steps sent uncompressed (fp32) first.
         timeout_s: Limit of every wait.
+        dp_link: Emulated bottleneck link of the DP group's ring (None: the loopback
+            all-reduce is not shaped). After the real all-reduce of S bytes over K replicas
+            completes, the rank sleeps a ring all-reduce's network time on that link,
+            2 (K - 1) (S / K 8 / B + latency) seconds.
     """
 
     def __init__(
@@ -365,8 +391,10 @@ class StageRunner:
         drift_check_every: int = 0,
         warmup_steps: int = 0,
         timeout_s: float = 120.0,
+        dp_link: LinkSpec | None = None,
     ) -> None:
         self.module = module
+        self.dp_link = dp_link
         self.stage = module.stage
         self.spec = spec
         self.transport = transport
@@ -502,6 +530,14 @@ class StageRunner:
                     f"stage {self.stage}: gradient all-reduce failed at step {self._step}: "
                     f"{str(exc).splitlines()[0]}"
                 ) from exc
+            if self.dp_link is not None and self.dp_link.is_shaped:
+                time.sleep(
+                    ring_allreduce_s(
+                        flat.numel() * flat.element_size(),
+                        dist.get_world_size(self.dp_group),
+                        self.dp_link,
+                    )
+                )
             flat = flat.to(torch.float32)
             offset = 0
             for g in grads:

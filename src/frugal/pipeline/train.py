@@ -159,6 +159,10 @@ class RunSpec:
     repeat_examples: bool = False
     """Every step uses the same macro-batch (a steady-state speed run: AQ-SGD's examples
     are all seen after step 0)."""
+    links: tuple[tuple[int, int, float, float], ...] = ()
+    """Per directed pair of ranks (src, dst, bandwidth_mbps, latency_ms), overriding
+    bandwidth_mbps / latency_ms for that pair (bandwidth 0 = unshaped); a topology's link
+    table. When set, the DP all-reduce is shaped too (see `rank_links`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +385,50 @@ def _resolve_bandwidth(run: RunSpec, boundary_bytes: int, compute_s: float) -> f
     return run.bandwidth_mbps * 1e6 if run.bandwidth_mbps > 0 else math.inf
 
 
+def rank_links(
+    run: RunSpec, world_size: int, default_bandwidth: float
+) -> dict[tuple[int, int], LinkSpec]:
+    """The LinkSpec of every directed pair of ranks for `run` (`frugal.comm.link.link_table`).
+
+    Pairs not in `run.links` get (default_bandwidth bit/s, run.latency_ms).
+
+    Raises:
+        ValueError: If a pair names a rank outside [0, world_size), src == dst, or a
+            bandwidth / latency is negative.
+    """
+    from frugal.comm.link import link_table  # here, not above: keeps the import block as main's
+
+    overrides = {}
+    for src, dst, mbps, latency_ms in run.links:
+        if mbps < 0 or latency_ms < 0:
+            raise ValueError(
+                f"link ({src}, {dst}): bandwidth_mbps={mbps} and latency_ms={latency_ms} must "
+                "be >= 0"
+            )
+        overrides[(int(src), int(dst))] = LinkSpec(
+            bandwidth_bits_per_s=mbps * 1e6 if mbps > 0 else math.inf,
+            latency_s=latency_ms / 1e3,
+        )
+    default = LinkSpec(bandwidth_bits_per_s=default_bandwidth, latency_s=run.latency_ms / 1e3)
+    return link_table(world_size, default, overrides)
+
+
+def ring_bottleneck(
+    members: Sequence[int], table: dict[tuple[int, int], LinkSpec]
+) -> LinkSpec | None:
+    """Slowest bandwidth and largest latency along the ring members[0] -> members[1] -> ...
+
+    None for a group of one.
+    """
+    if len(members) < 2:
+        return None
+    edges = [table[(a, b)] for a, b in zip(members, [*members[1:], members[0]], strict=True)]
+    return LinkSpec(
+        bandwidth_bits_per_s=min(e.bandwidth_bits_per_s for e in edges),
+        latency_s=max(e.latency_s for e in edges),
+    )
+
+
 def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Path) -> None:
     """Body of one torchrun process: init gloo, check configs, run `runs`, write rank JSON.
 
@@ -464,8 +512,12 @@ def _run_one(
     module = build_stages(model, layout.layers, config.use_recompute)[stage]
     row = layout.mesh[replica]
     peers = {s: row[s] for s in (stage - 1, stage + 1) if 0 <= s < layout.num_stages}
-    spec = LinkSpec(bandwidth_bits_per_s=bandwidth, latency_s=run.latency_ms / 1e3)
-    links = {(rank, r): spec for r in peers.values()}
+    links = rank_links(run, dist.get_world_size(), bandwidth)
+    dp_link = (
+        ring_bottleneck([r[stage] for r in layout.mesh], links)
+        if run.links and dp_group is not None
+        else None
+    )
     transport = DistTransport(
         rank=rank, stage=stage, peer_ranks=peers, links=links, timeout_s=config.comm_timeout_s
     )
@@ -481,6 +533,7 @@ def _run_one(
         drift_check_every=config.drift_check_every,
         warmup_steps=config.warmup_steps,
         timeout_s=config.comm_timeout_s,
+        dp_link=dp_link,
     )
     m = layout.num_microbatches[replica]
     actions = build_schedule(config.schedule, layout.num_stages, stage, m)
@@ -653,7 +706,9 @@ def config_from_job(path: Path) -> tuple[PipelineTrainConfig, list[RunSpec]]:
     """Read the job file written by `launch_torchrun`."""
     job = json.loads(path.read_text())
     config = config_from_dict(PipelineTrainConfig, job["config"], source=str(path))
-    return config, [RunSpec(**r) for r in job["runs"]]
+    return config, [
+        RunSpec(**{**r, "links": tuple(tuple(x) for x in r.get("links", ()))}) for r in job["runs"]
+    ]
 
 
 def rho_label(rho: float) -> str:
