@@ -83,11 +83,14 @@ def test_planner_verdicts_average_the_random_seeds() -> None:
             {"scenario": "world", "method": "ours", "objective": "paper", "paper_cost_s": 5.0},
             {"scenario": "world", "method": "dtfm_ga", "objective": "paper", "paper_cost_s": 4.0},
         ],
-        "summary": {"search_s_world": 2.0},
+        "summary": {
+            "search_s_world": 2.0,
+            "validation": {"sim_vs_measured_max_error": 0.25, "ranking_matches": True},
+        },
     }
     verdicts = get_part("planner").verdicts(document)
-    assert [v.value for v in verdicts] == pytest.approx([5.0, 3.0, 0.8, 0.8, 2.0])
-    assert [v.met for v in verdicts] == [True, True, False, False, True]
+    assert [v.value for v in verdicts] == pytest.approx([5.0, 3.0, 0.8, 0.8, 0.25, 1.0, 2.0])
+    assert [v.met for v in verdicts] == [True, True, False, False, False, True, True]
 
 
 def test_verdict_table_has_one_row_per_verdict_and_names_the_baseline() -> None:
