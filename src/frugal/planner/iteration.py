@@ -45,6 +45,7 @@ from frugal.planner.topology import Topology
 __all__ = [
     "IterationCost",
     "WorkloadConfig",
+    "accumulation_steps",
     "iteration_cost",
     "stage_collective",
     "stage_memory_gib",
@@ -269,6 +270,31 @@ def _balance(fill: F64, slope: F64, total: int) -> I64:
     return counts
 
 
+def accumulation_steps(
+    mesh_JI: I64, layers_per_stage: tuple[int, ...], workload: WorkloadConfig
+) -> int:
+    """Accumulation steps A per iteration, after checking the mesh, layers and batch agree.
+
+    Raises:
+        ValueError: If layers_per_stage does not have one entry per stage summing to
+            num_layers, or the global batch does not split into whole steps per replica.
+    """
+    num_replicas, num_stages = mesh_JI.shape
+    if len(layers_per_stage) != num_stages or sum(layers_per_stage) != workload.num_layers:
+        raise ValueError(
+            f"layers_per_stage={layers_per_stage} must have {num_stages} entries summing to "
+            f"num_layers={workload.num_layers}"
+        )
+    per_replica = workload.global_batch_size // num_replicas
+    step = workload.microbatch_size * workload.microbatches_per_step
+    if per_replica * num_replicas != workload.global_batch_size or per_replica % step:
+        raise ValueError(
+            f"global_batch_size={workload.global_batch_size} must split into {num_replicas} "
+            f"replicas of whole steps of {step} sequences"
+        )
+    return int(per_replica // step)
+
+
 def iteration_cost(
     topology: Topology,
     mesh_JI: I64,
@@ -300,19 +326,7 @@ def iteration_cost(
         mesh_JI: (J replicas, I stages).
     """
     num_replicas, num_stages = mesh_JI.shape
-    if len(layers_per_stage) != num_stages or sum(layers_per_stage) != workload.num_layers:
-        raise ValueError(
-            f"layers_per_stage={layers_per_stage} must have {num_stages} entries summing to "
-            f"num_layers={workload.num_layers}"
-        )
-    per_replica = workload.global_batch_size // num_replicas
-    step = workload.microbatch_size * workload.microbatches_per_step
-    if per_replica * num_replicas != workload.global_batch_size or per_replica % step:
-        raise ValueError(
-            f"global_batch_size={workload.global_batch_size} must split into {num_replicas} "
-            f"replicas of whole steps of {step} sequences"
-        )
-    accumulation = per_replica // step
+    accumulation = accumulation_steps(mesh_JI, layers_per_stage, workload)
     m = workload.microbatches_per_step
     layers = np.array(layers_per_stage, dtype=np.float64)
     speed = np.array([d.speed for d in topology.devices])

@@ -32,7 +32,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from frugal.planner.iteration import WorkloadConfig, stage_collective
+from frugal.planner.iteration import WorkloadConfig, accumulation_steps, stage_collective
 from frugal.planner.topology import Topology
 
 __all__ = ["Schedule", "SimResult", "schedule_order", "simulate_iteration", "simulate_pipelines"]
@@ -254,19 +254,7 @@ def simulate_iteration(
         ValueError: If the mesh, layers and batch disagree (as `iteration_cost`).
     """
     num_replicas, num_stages = mesh_JI.shape
-    if len(layers_per_stage) != num_stages or sum(layers_per_stage) != workload.num_layers:
-        raise ValueError(
-            f"layers_per_stage={layers_per_stage} must have {num_stages} entries summing to "
-            f"num_layers={workload.num_layers}"
-        )
-    per_replica = workload.global_batch_size // num_replicas
-    step = workload.microbatch_size * workload.microbatches_per_step
-    if per_replica * num_replicas != workload.global_batch_size or per_replica % step:
-        raise ValueError(
-            f"global_batch_size={workload.global_batch_size} must split into {num_replicas} "
-            f"replicas of whole steps of {step} sequences"
-        )
-    accumulation = per_replica // step
+    accumulation = accumulation_steps(mesh_JI, layers_per_stage, workload)
     if microbatches_J is None:
         microbatches_J = np.full(num_replicas, workload.microbatches_per_step, dtype=np.int64)
     speed = np.array([d.speed for d in topology.devices])
