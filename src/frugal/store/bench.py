@@ -607,7 +607,29 @@ def _finished_cells(journal: Path, key: str) -> dict[str, dict[str, Any]]:
     return finished
 
 
+def _fixed_mmap_threshold(threshold_bytes: int = 128 << 10) -> bool:
+    """Pin glibc's mmap threshold (mallopt M_MMAP_THRESHOLD) so freed buffers leave RSS.
+
+    glibc raises the threshold each time a large block is freed, after which multi-MiB
+    temporaries (write-back and checksum buffers) come from the heap and stay resident after
+    use: RSS then overstates what a store holds by tens of MiB. Every system's child gets the
+    same setting. Returns False where there is no glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        return bool(libc.mallopt(-3, threshold_bytes))  # -3 = M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
 def _child_main(run: _Run, connection: Any) -> None:
+    _fixed_mmap_threshold()
     try:
         result = _execute(run)
     except BaseException as exc:  # reported as the cell's error, the bench goes on

@@ -234,6 +234,7 @@ class EmbeddingStore:
         if self.key_space == "hashed":
             key_map_bytes = HashedKeys.memory_bytes_for(self.num_rows)
         io_buffer_bytes = max(16 << 10, min(16 * _MIB, budget // 8))
+        self._io_buffer_bytes = io_buffer_bytes  # bounds every backend read and write buffer
         fixed = (
             4 * self.num_rows + key_map_bytes + self._backend_memory_bytes(budget) + io_buffer_bytes
         )
@@ -319,6 +320,7 @@ class EmbeddingStore:
                     use_direct_io=self.config.use_direct_io,
                     manifest_info=info,
                     dtype=self.spec.dtype,
+                    max_io_bytes=self._io_buffer_bytes,
                 )
             except FileNotFoundError as exc:
                 raise StoreCorruptionError(
@@ -740,7 +742,7 @@ class EmbeddingStore:
         self._write_checkpoint(self.epoch + 1, step, meta)
         return self.epoch
 
-    def table_sha256(self, chunk_rows: int = 65536) -> str:
+    def table_sha256(self, chunk_rows: int | None = None) -> str:
         """SHA-256 of all rows (vector and state) in id order, after a flush.
 
         Equal hashes mean bit-identical tables, whatever backend or cache produced them. In a
@@ -748,6 +750,8 @@ class EmbeddingStore:
         its key, so the order in which keys arrived does not matter.
         """
         self.flush()
+        if chunk_rows is None:  # stay within the I/O share of the memory budget
+            chunk_rows = max(256, self._io_buffer_bytes // (2 * self.spec.row_bytes))
         digest = hashlib.sha256()
         if self.keys is None:
             order = np.arange(self.num_rows, dtype=np.int64)

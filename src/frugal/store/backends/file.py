@@ -106,8 +106,10 @@ class FileBackend:
         use_direct_io: bool = True,
         manifest_info: dict[str, Any] | None = None,
         dtype: str = "float32",
+        max_io_bytes: int = 16 << 20,
     ) -> None:
         self.directory = directory
+        self.max_io_bytes = max(1, max_io_bytes)
         self.num_rows = num_rows
         self.width = width
         self.dtype = np.dtype(dtype)
@@ -282,10 +284,18 @@ class FileBackend:
         present: Mask = addresses >= 0
         if not present.any():
             return present
-        records = self._read_records(self.fd, addresses[present])
-        self._check_records(records, ids[present], addresses[present])
-        out[present] = records[:, : self.row_bytes].copy().view(self.dtype)
+        found = np.flatnonzero(present)
+        step = self._rows_per_io()  # record buffers stay within the store's I/O budget
+        for start in range(0, len(found), step):
+            where = found[start : start + step]
+            records = self._read_records(self.fd, addresses[where])
+            self._check_records(records, ids[where], addresses[where])
+            out[where] = records[:, : self.row_bytes].copy().view(self.dtype)
         return present
+
+    def _rows_per_io(self) -> int:
+        """Records per read or write call: max_io_bytes of record buffers, at least one."""
+        return max(1, self.max_io_bytes // self.stride)
 
     def _encode(self, ids: I64, rows: F32) -> mmap.mmap:
         stride = self.stride
@@ -323,15 +333,18 @@ class FileBackend:
         """
         if len(ids) == 0:
             return
-        with self._tail_lock:
-            start = self.tail
-            if start + len(ids) > MAX_RECORDS:
-                raise StoreCorruptionError(
-                    "the log would exceed 2^31 - 1 records; checkpoint to compact it"
-                )
-            self.tail += len(ids)
-        self._append(self.fd, start, self._encode(ids, rows))
-        self.location[ids] = np.arange(start, start + len(ids), dtype=np.int32)
+        step = self._rows_per_io()  # the encode buffer stays within the store's I/O budget
+        for first in range(0, len(ids), step):
+            part_ids, part_rows = ids[first : first + step], rows[first : first + step]
+            with self._tail_lock:
+                start = self.tail
+                if start + len(part_ids) > MAX_RECORDS:
+                    raise StoreCorruptionError(
+                        "the log would exceed 2^31 - 1 records; checkpoint to compact it"
+                    )
+                self.tail += len(part_ids)
+            self._append(self.fd, start, self._encode(part_ids, part_rows))
+            self.location[part_ids] = np.arange(start, start + len(part_ids), dtype=np.int32)
         if not self.direct_io and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
@@ -362,7 +375,7 @@ class FileBackend:
         old_generation = self.generation
         try:
             self.generation = new_generation  # stamped into the copied records' footers
-            step = max(1, (64 << 20) // self.stride)
+            step = self._rows_per_io()
             for start in range(0, len(ids), step):
                 part_ids, part_addresses = (
                     ids[start : start + step],
