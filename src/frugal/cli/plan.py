@@ -42,7 +42,11 @@ def register(commands: Any) -> None:
     bench = children.add_parser(
         "bench", help="every scenario x model size x method side by side; writes results.json"
     )
-    bench.add_argument("--quick", action="store_true", help="24 layers, batch 1024, budget 300")
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="every scenario x model cell, search budgets of 300 (about 6 min)",
+    )
     bench.add_argument("--out", default="reports/plan", metavar="DIR", help="results folder")
     add_config_arguments(bench)
     bench.set_defaults(handler=_bench)

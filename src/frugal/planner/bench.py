@@ -82,8 +82,8 @@ class PlanBenchConfig:
 
     @classmethod
     def quick(cls) -> PlanBenchConfig:
-        """Every scenario at 24 layers and batch 1024, budget 300 (about a minute)."""
-        return cls(num_layers=(24,), global_batches=(1024,), budget=300, convergence_budget=300)
+        """Every scenario x model cell of the full bench, with search budgets of 300."""
+        return cls(budget=300, convergence_budget=300)
 
 
 def run_plan_bench(

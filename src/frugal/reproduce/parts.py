@@ -227,11 +227,13 @@ def _planner_run(mode: Mode, out: Path, progress: Progress) -> Document:
 
     if mode == "full":
         config = PlanBenchConfig()
-    elif mode == "quick":
-        config = PlanBenchConfig.quick()
+    elif mode == "quick":  # the headline cell only (GPT3-XL 24 layers, batch 1024)
+        config = replace(PlanBenchConfig.quick(), num_layers=(24,), global_batches=(1024,))
     else:
         config = replace(
             PlanBenchConfig.quick(),
+            num_layers=(24,),
+            global_batches=(1024,),
             scenarios=("datacenter", "world"),
             random_seeds=(2022,),
             budget=40,
