@@ -90,6 +90,18 @@ def _ratio(ours: float | None, baseline: float | None) -> float | None:
     return ours / baseline
 
 
+def _yes_no(part: str, claim: str, flag: bool | None) -> Verdict:
+    """A verdict on a yes/no claim: met when `flag` is true, unmeasured when it is None."""
+    return Verdict(
+        part=part,
+        claim=f"{claim} (1 = yes)",
+        value=None if flag is None else float(flag),
+        target=1.0,
+        comparison=">=",
+        value_unit="",
+    )
+
+
 def _figure_axes(title: str) -> tuple[Any, Any]:
     import matplotlib
 
@@ -183,13 +195,10 @@ def _store_verdicts(document: Document) -> list[Verdict]:
         )
     identical = document["summary"].get("bit_identical_at_staleness_0", {})
     out.append(
-        Verdict(
-            part="store",
-            claim="every system ends with a bit-identical table at staleness 0 (1 = yes)",
-            value=float(all(identical.values())) if identical else None,
-            target=1.0,
-            comparison=">=",
-            value_unit="",
+        _yes_no(
+            "store",
+            "every system ends with a bit-identical table at staleness 0",
+            all(identical.values()) if identical else None,
         )
     )
     return out
@@ -331,14 +340,7 @@ def _planner_verdicts(document: Document) -> list[Verdict]:
     )
     ranking = validation.get("ranking_matches")
     out.append(
-        Verdict(
-            part="planner",
-            claim="the emulated runs rank the placements as the model does (1 = yes)",
-            value=None if ranking is None else float(ranking),
-            target=1.0,
-            comparison=">=",
-            value_unit="",
-        )
+        _yes_no("planner", "the emulated runs rank the placements as the model does", ranking)
     )
     search = document["summary"].get("search_s_world")
     out.append(
@@ -429,13 +431,10 @@ def _tgraph_verdicts(document: Document) -> list[Verdict]:
     datasets = summary.get("datasets", {})
     floors = [d.get("best_heuristic_by_ap") is not None for d in datasets.values()]
     out.append(
-        Verdict(
-            part="tgraph",
-            claim="heuristic floors appear in every dataset's table (1 = yes)",
-            value=float(all(floors)) if floors else None,
-            target=1.0,
-            comparison=">=",
-            value_unit="",
+        _yes_no(
+            "tgraph",
+            "heuristic floors appear in every dataset's table",
+            all(floors) if floors else None,
         )
     )
     return out
@@ -518,16 +517,7 @@ def _recsys_verdicts(document: Document) -> list[Verdict]:
                 )
             )
     within = summary.get("staleness_within_bound")
-    out.append(
-        Verdict(
-            part="recsys",
-            claim="measured staleness never exceeds the bound (1 = yes)",
-            value=None if within is None else float(within),
-            target=1.0,
-            comparison=">=",
-            value_unit="",
-        )
-    )
+    out.append(_yes_no("recsys", "measured staleness never exceeds the bound", within))
     return out
 
 
@@ -610,14 +600,7 @@ def _pipeline_verdicts(document: Document) -> list[Verdict]:
             target=3.0,
             comparison=">=",
         ),
-        Verdict(
-            part="pipeline",
-            claim="the speed-up grows monotonically as bandwidth falls (1 = yes)",
-            value=None if monotone is None else float(monotone),
-            target=1.0,
-            comparison=">=",
-            value_unit="",
-        ),
+        _yes_no("pipeline", "the speed-up grows monotonically as bandwidth falls", monotone),
         Verdict(
             part="pipeline",
             claim="AQ-SGD fw2/bw4 final eval loss within 1% of FP32",
@@ -645,14 +628,7 @@ def _pipeline_verdicts(document: Document) -> list[Verdict]:
             comparison="<=",
             value_unit="(relative)",
         ),
-        Verdict(
-            part="pipeline",
-            claim="bytes on the wire equal the codecs' analytic sizes (1 = yes)",
-            value=None if exact is None else float(exact),
-            target=1.0,
-            comparison=">=",
-            value_unit="",
-        ),
+        _yes_no("pipeline", "bytes on the wire equal the codecs' analytic sizes", exact),
     ]
 
 
