@@ -87,8 +87,39 @@ def test_a_second_invocation_resumes_finished_cells(tmp_path: Path) -> None:
         ({"systems": ()}, "systems is empty"),
         ({"memory_ratios": (0.0,)}, "memory_ratios=(0.0,)"),
         ({"systems": ("fast",)}, "choose one of"),
+        ({"stream_memory_ratios": (1.5,)}, "stream_memory_ratios=(1.5,)"),
+        ({"stream_lookaheads": (-1,)}, "stream_lookaheads=(-1,)"),
+        ({"stream_events_per_batch": 0}, "stream_events_per_batch=0"),
     ],
 )
 def test_bad_bench_configs(kwargs: dict[str, object], fragment: str) -> None:
     with pytest.raises(ValueError, match=re.escape(fragment)):
         StoreBenchConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_real_streams_follow_their_own_grid(tmp_path: Path) -> None:
+    from frugal.store.bench import _plan, _Workload
+    from frugal.store.rows import RowSpec
+
+    config = StoreBenchConfig(
+        systems=("ram", "frugal"),
+        workloads=("criteo_zipf", "movielens100k"),
+        memory_ratios=(1.0,),
+        lookaheads=(8,),
+        stream_memory_ratios=(0.5, 0.2),
+        stream_lookaheads=(0, 2),
+        stream_warmup_batches=3,
+        staleness_bounds=(0,),
+    )
+    spec = RowSpec(embedding_dim=4)
+    criteo = _Workload("criteo_zipf", 100, spec, "t.npy", "l.npy", 26)
+    stream = _Workload("movielens100k", 50, spec, "t.npy", "l.npy", 2)
+    runs = _plan(config, [criteo, stream], tmp_path)
+    cells = {(r.workload.name, r.system, r.memory_ratio, r.lookahead) for r in runs}
+    assert cells == {
+        ("criteo_zipf", "ram", 1.0, 0),
+        ("criteo_zipf", "frugal", 1.0, 8),
+        *{("movielens100k", "ram", ratio, 0) for ratio in (0.5, 0.2)},
+        *{("movielens100k", "frugal", ratio, w) for ratio in (0.5, 0.2) for w in (0, 2)},
+    }
+    assert {r.warmup_batches for r in runs if r.workload.name == "movielens100k"} == {3}

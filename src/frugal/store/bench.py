@@ -68,17 +68,25 @@ class StoreBenchConfig:
     alpha: float = 1.05
     """Zipf exponent of the Criteo trace."""
     batch_size: int = 1024
-    """Samples per Criteo batch (x 26 ids); the real streams use 64 events per batch."""
+    """Samples per Criteo batch (x 26 ids); see `stream_events_per_batch` for the real streams."""
     num_batches: int = 4000
-    """Criteo batches per run, including warm-up."""
+    """Criteo batches per run, including warm-up (the real streams replay every event)."""
     warmup_batches: int = 500
     """Batches excluded from the step-time medians."""
     embedding_dim: int = 16
     """D of the Criteo table (with Adam: 3D + 1 floats = 196 B per row at D = 16)."""
     memory_ratios: tuple[float, ...] = (1.0, 0.25, 0.10, 0.05)
-    """Memory budget as a fraction of the table's bytes."""
+    """Criteo memory budgets as fractions of the table's bytes."""
     lookaheads: tuple[int, ...] = (0, 1, 4, 8)
-    """Lookahead windows W for the systems that use hints (mlkv, frugal); others run W = 0."""
+    """Criteo lookahead windows W for the systems that use hints (mlkv, frugal); others W = 0."""
+    stream_memory_ratios: tuple[float, ...] = (0.25, 0.10)
+    """Memory ratios of the real streams (MovieLens-100k, CollegeMsg; small tables, store.md)."""
+    stream_lookaheads: tuple[int, ...] = (0, 4)
+    """Lookahead windows of the real streams for mlkv and frugal."""
+    stream_events_per_batch: int = 64
+    """Events per batch of the real streams; each run replays the whole stream in time order."""
+    stream_warmup_batches: int = 10
+    """Real-stream batches excluded from the step-time medians."""
     staleness_bounds: tuple[int, ...] = (0, 1, 4, 16, -1)
     """Staleness study for frugal at ratio 0.10 and W = 4 (or the nearest in the grid);
     -1 = unbounded (a reader thread 8 batches ahead)."""
@@ -93,7 +101,15 @@ class StoreBenchConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        for name in ("systems", "workloads", "memory_ratios", "lookaheads", "staleness_bounds"):
+        for name in (
+            "systems",
+            "workloads",
+            "memory_ratios",
+            "lookaheads",
+            "stream_memory_ratios",
+            "stream_lookaheads",
+            "staleness_bounds",
+        ):
             if not getattr(self, name):
                 raise ValueError(f"{name} is empty; list at least one value")
         if any(b < -1 for b in self.staleness_bounds):
@@ -106,10 +122,17 @@ class StoreBenchConfig:
             raise ValueError(
                 f"num_batches={self.num_batches} must exceed warmup_batches={self.warmup_batches}"
             )
-        if any(not 0 < r <= 1 for r in self.memory_ratios):
-            raise ValueError(f"memory_ratios={self.memory_ratios} must lie in (0, 1]")
-        if any(w < 0 for w in self.lookaheads):
-            raise ValueError(f"lookaheads={self.lookaheads} must be >= 0")
+        for name in ("memory_ratios", "stream_memory_ratios"):
+            if any(not 0 < r <= 1 for r in getattr(self, name)):
+                raise ValueError(f"{name}={getattr(self, name)} must lie in (0, 1]")
+        for name in ("lookaheads", "stream_lookaheads"):
+            if any(w < 0 for w in getattr(self, name)):
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.stream_events_per_batch < 1 or self.stream_warmup_batches < 0:
+            raise ValueError(
+                f"stream_events_per_batch={self.stream_events_per_batch} must be >= 1 and "
+                f"stream_warmup_batches={self.stream_warmup_batches} >= 0"
+            )
         if self.run_timeout_s <= 0:
             raise ValueError(f"run_timeout_s={self.run_timeout_s} must be > 0 seconds")
         if self.compute_ms < 0 or self.repeats < 1 or self.batch_size < 1:
@@ -198,6 +221,11 @@ def _events_workload(name: WorkloadName, folder: Path, events_per_batch: int = 6
 
     events = load_events(name)
     num_batches = events.num_events // events_per_batch
+    if num_batches < 2:
+        raise ValueError(
+            f"stream_events_per_batch={events_per_batch} leaves {num_batches} batches of "
+            f"{name}'s {events.num_events:,} events; use at most {events.num_events // 2}"
+        )
     used = num_batches * events_per_batch
     ids = np.stack([events.src[:used], events.dst[:used]], axis=1)
     if events.msg is not None:  # MovieLens ratings
@@ -443,17 +471,16 @@ def _reader_thread(
 def _plan(config: StoreBenchConfig, workloads: list[_Workload], work_dir: Path) -> list[_Run]:
     runs: list[_Run] = []
     for workload in workloads:
-        # The real streams are small tables: store.md runs them at ratios 0.25 and 0.10.
-        ratios = config.memory_ratios if workload.name == "criteo_zipf" else (0.25, 0.10)
+        criteo = workload.name == "criteo_zipf"
+        ratios = config.memory_ratios if criteo else config.stream_memory_ratios
         for ratio in ratios:
             for system in config.systems:
-                windows = config.lookaheads if system in _LOOKAHEAD_SYSTEMS else (0,)
-                if workload.name != "criteo_zipf":
-                    windows = tuple(w for w in windows if w in (0, 4))
+                grid = config.lookaheads if criteo else config.stream_lookaheads
+                windows = grid if system in _LOOKAHEAD_SYSTEMS else (0,)
                 for window in windows:
                     runs.append(
                         _Run(system, workload, ratio, window, 0, config.compute_ms,
-                             config.warmup_batches if workload.name == "criteo_zipf" else 10,
+                             config.warmup_batches if criteo else config.stream_warmup_batches,
                              config.seed, "")
                     )  # fmt: skip
         if workload.name == "criteo_zipf" and "frugal" in config.systems:
@@ -504,7 +531,7 @@ def run_store_bench(
             if name == "criteo_zipf":
                 workloads.append(_criteo_workload(config, traces))
             else:
-                workloads.append(_events_workload(name, traces))
+                workloads.append(_events_workload(name, traces, config.stream_events_per_batch))
         runs = _plan(config, workloads, scratch)
         rows: list[dict[str, Any]] = []
         context = multiprocessing.get_context("spawn")
@@ -558,7 +585,7 @@ def _reference_hit_ratios(
     for w in workloads:
         trace = np.load(w.trace_path, mmap_mode="r")
         batches = [np.unique(np.asarray(trace[t])) for t in range(len(trace))]
-        ratios = config.memory_ratios if w.name == "criteo_zipf" else (0.25, 0.10)
+        ratios = config.memory_ratios if w.name == "criteo_zipf" else config.stream_memory_ratios
         for ratio in ratios:
             capacity = max(1, int(ratio * w.num_rows * w.spec.row_bytes) // w.spec.row_bytes)
             cell = {
