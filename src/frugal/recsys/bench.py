@@ -6,7 +6,8 @@ and thread count; sync runs once per seed (K does not apply to it). Throughput i
 over ranks of samples/s after the warm-up steps; AUC and log loss are on the test split
 after one pass.
 
-Summary (per dataset, at the largest rtt_ms and the K nearest 4, averaged over seeds):
+Summary (per dataset, at the largest rtt_ms and the K nearest 4 of each mode, averaged over
+seeds):
 `auc_gap_hybrid_vs_sync`, `auc_gap_async_vs_sync`, `throughput_hybrid_over_sync`,
 `throughput_async_over_sync`; plus the worst |AUC(hybrid, K <= 16) - AUC(sync)|, the
 AUC(hybrid) - AUC(async) gap at K >= 16, and whether every measured staleness stayed within
@@ -39,8 +40,8 @@ _ROW_KEYS = (
     "mode", "dataset", "staleness", "rtt_ms", "seed", "test_auc", "logloss", "samples_per_s",
     "max_staleness_seen", "mean_staleness", "staleness_p99", "staleness_bound",
     "lookup_wait_ms", "allreduce_ms", "permit_wait_ms", "compute_ms", "push_enqueue_ms",
-    "push_wait_ms", "train_loss_first", "train_loss_last", "steps", "world_size",
-    "alpha_max", "staleness_hist",
+    "push_wait_ms", "step_ms", "cpu_ms_per_step", "train_loss_first", "train_loss_last",
+    "steps", "world_size", "alpha_max", "staleness_hist",
 )  # fmt: skip
 
 
@@ -54,6 +55,8 @@ class RecsysBenchConfig:
     """Training modes compared."""
     staleness: tuple[int, ...] = (1, 4, 16, 64)
     """K values of hybrid and async, each >= 1."""
+    async_staleness: tuple[int, ...] | None = None
+    """K values of async if they differ from `staleness` (None: the same), each >= 1."""
     rtt_ms: tuple[float, ...] = (0.0, 2.0, 5.0)
     """Simulated PS round trips, each >= 0."""
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -93,6 +96,12 @@ class RecsysBenchConfig:
             raise ValueError(f"modes={self.modes} must include 'sync' (the baseline of the ratios)")
         if any(k < 1 for k in self.staleness) or not self.staleness:
             raise ValueError(f"staleness={self.staleness} must be non-empty values >= 1")
+        if self.async_staleness is not None and (
+            not self.async_staleness or min(self.async_staleness) < 1
+        ):
+            raise ValueError(
+                f"async_staleness={self.async_staleness} must be non-empty values >= 1 or None"
+            )
         if any(r < 0 for r in self.rtt_ms):
             raise ValueError(f"rtt_ms={self.rtt_ms} must be >= 0")
         if self.job_timeout_s <= 0 or self.timeout_s <= 0:
@@ -102,15 +111,18 @@ class RecsysBenchConfig:
 
     @classmethod
     def quick(cls) -> RecsysBenchConfig:
-        """The `--quick` preset: both datasets, one seed, rtt 5 ms, K in {4, 16}.
+        """The `--quick` preset: both datasets, one seed, rtt 5 ms, hybrid K in {4, 16}, async K 16.
 
-        10 runs in 2 torchrun jobs (Zipf: 50k samples, 8 x 20k ids); a few minutes on 2 cores.
+        8 runs in 2 torchrun jobs. Zipf: 200k samples (625 steps of 2 x 128: far fewer and
+        the AUC is still climbing fast, where any staleness costs several 0.001 of AUC; a
+        40k-sample test split), 8 x 20k ids.
         """
         return cls(
             staleness=(4, 16),
+            async_staleness=(16,),
             rtt_ms=(5.0,),
             seeds=(0,),
-            zipf_num_samples=50_000,
+            zipf_num_samples=200_000,
             zipf_num_embeddings=20_000,
         )
 
@@ -150,7 +162,10 @@ def _cells(
         if mode == "sync":
             cells.insert(0, ("sync", 1))
         else:
-            cells += [(mode, k) for k in config.staleness]
+            ks = config.staleness
+            if mode == "async" and config.async_staleness is not None:
+                ks = config.async_staleness
+            cells += [(mode, k) for k in ks]
     return cells
 
 
@@ -172,14 +187,20 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
 def _summary(config: RecsysBenchConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
     rtt = max(config.rtt_ms)
     k = min(config.staleness, key=lambda v: (abs(v - 4), v))
-    summary: dict[str, Any] = {"rtt_ms": rtt, "staleness": k, "datasets": {}}
+    k_async = min(config.async_staleness or config.staleness, key=lambda v: (abs(v - 4), v))
+    summary: dict[str, Any] = {
+        "rtt_ms": rtt,
+        "staleness": k,
+        "async_staleness": k_async,
+        "datasets": {},
+    }
     for dataset in config.datasets:
         at = [r for r in rows if r["dataset"] == dataset and r["rtt_ms"] == rtt]
         sync = [r for r in at if r["mode"] == "sync"]
         entry: dict[str, Any] = {}
         sync_auc, sync_tput = _mean(sync, "test_auc"), _mean(sync, "samples_per_s")
-        for mode in ("hybrid", "async"):
-            runs = [r for r in at if r["mode"] == mode and r["staleness"] == k]
+        for mode, mode_k in (("hybrid", k), ("async", k_async)):
+            runs = [r for r in at if r["mode"] == mode and r["staleness"] == mode_k]
             auc, tput = _mean(runs, "test_auc"), _mean(runs, "samples_per_s")
             entry[f"auc_gap_{mode}_vs_sync"] = (
                 auc - sync_auc if auc is not None and sync_auc is not None else None

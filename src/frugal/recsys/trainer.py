@@ -7,14 +7,19 @@ samples `cursor + (s * world_size + r) * B + [0, B)` of the seeded sample order)
 
 Modes (Persia, section 3):
 - `sync`: look up batch t after every push of t - 1 is acknowledged and a barrier passed;
-  dense AllReduce every step. Measured staleness <= world_size - 1.
-- `hybrid` (K): a run-ahead thread keeps up to K batches' lookups in flight, each holding a
-  permit that is released when every shard has acknowledged applying that batch's gradients
-  (pushes are fire and forget); dense AllReduce every step. Own missed updates <= K - 1;
-  measured lag <= (K - 1) + 3K(world_size - 1) (`staleness_bound`).
-- `async` (K): as hybrid for embeddings; the dense parameters live in world_size chunks on
-  the PS (chunk i on rank i), pulled in the run-ahead thread under the stale-synchronous
-  rule (step t is read only once every rank's step t - K + 1 push is applied); no AllReduce.
+  dense AllReduce every step. Pushes carry the sequence number `step * world_size + rank`
+  and every shard applies them in that order, so a sync run is bit-reproducible. Measured
+  staleness <= world_size - 1.
+- `hybrid` (K): a run-ahead thread keeps lookups in flight, each holding a permit that is
+  released when every shard has acknowledged applying that batch's gradients (pushes are
+  fire and forget); dense AllReduce every step. At most `prefetch_depth` (default 2, capped
+  by K) lookups are started ahead of the step being computed: enough to hide the PS round
+  trip, and rows are read as late as that allows. Own missed updates <= K - 1; measured lag
+  <= (K - 1) + 3K(world_size - 1) (`staleness_bound`).
+- `async` (K): Persia's fully asynchronous baseline. Embeddings as hybrid but run ahead the
+  whole K; the dense parameters live in world_size chunks on the PS (chunk i on rank i),
+  pulled with the lookup (so up to K steps before use) under the stale-synchronous rule
+  (step t is computed only once every rank's step t - K push is applied); no AllReduce.
 
 References:
     Persia: An Open, Hybrid System Scaling Deep Learning-based Recommenders up to 100
@@ -53,7 +58,7 @@ from frugal.recsys.checkpoint import (
     read_latest,
 )
 from frugal.recsys.client import EmbeddingClient, LookupResult, PendingLookup
-from frugal.recsys.config import Mode, RecsysTrainConfig, staleness_bound
+from frugal.recsys.config import Mode, RecsysTrainConfig, prefetch_depth, staleness_bound
 from frugal.recsys.datasets import load_recsys_data
 from frugal.recsys.errors import PSUnavailableError, RecsysError, StalenessBoundError
 from frugal.recsys.group import init_group
@@ -61,7 +66,13 @@ from frugal.recsys.loader import BatchSource
 from frugal.recsys.metrics import log_loss, roc_auc
 from frugal.recsys.models import build_model
 from frugal.recsys.permits import Permits
-from frugal.recsys.ps import NUM_VIRTUAL_SHARDS, DenseShard, EmbeddingShard, default_owners
+from frugal.recsys.ps import (
+    NUM_VIRTUAL_SHARDS,
+    DenseShard,
+    EmbeddingShard,
+    default_owners,
+    shard_capacity,
+)
 from frugal.recsys.transport import Handle, RpcTransport, ShardServer
 
 __all__ = ["Mode", "RecsysTrainConfig", "staleness_bound", "train_rank"]
@@ -76,6 +87,33 @@ class _Timings:
     dense_opt_ms: list[float] = field(default_factory=list)
     push_enqueue_ms: list[float] = field(default_factory=list)
     push_wait_ms: list[float] = field(default_factory=list)
+
+
+class _DenseSGD:
+    """Plain SGD on the dense parameters: `p -= lr * p.grad`.
+
+    What torch.optim.SGD does without momentum or weight decay (bit-identical results,
+    checked); used instead of it because its first construction imports torch._dynamo:
+    seconds of start-up per trainer process.
+    """
+
+    def __init__(self, params: list[nn.Parameter], lr: float) -> None:
+        self.params, self.lr = params, lr
+
+    @torch.no_grad()
+    def step(self) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        torch._foreach_add_([p for p in self.params if p.grad is not None], grads, alpha=-self.lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "sgd", "lr": self.lr}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != "sgd" or state.get("lr") != self.lr:
+            raise RecsysError(
+                f"the checkpoint's dense optimizer is {state}, this job's sgd lr={self.lr}; "
+                "resume with the same dense_lr"
+            )
 
 
 def _allreduce_grads(model: nn.Module, world_size: int) -> None:
@@ -134,11 +172,17 @@ class _Trainer:
             optimizer=config.embedding_optimizer,
             backend=config.store_backend,
             seed=config.seed,
+            timeout_s=config.timeout_s,
         )
         shard_dir = out_dir / "ps" / f"rank{rank}"
         shutil.rmtree(shard_dir, ignore_errors=True)  # rows come back from checkpoints only
-        self.shard = EmbeddingShard(shard_dir, self.train.num_embeddings, shard_config)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.dense_lr)
+        self.shard = EmbeddingShard(
+            shard_dir,
+            self.train.num_embeddings,
+            shard_config,
+            capacity_rows=shard_capacity(self.train.num_embeddings, world_size),
+        )
+        self.optimizer = _DenseSGD(list(self.model.parameters()), config.dense_lr)
         self.resumed_from: int | None = None
         start_sample, total_samples = self._maybe_resume()
         self.chunks = (
@@ -163,6 +207,7 @@ class _Trainer:
         self.timings = _Timings()
         self.losses: list[float] = []
         self.t_warm = self.t_end = time.perf_counter()
+        self.cpu_warm = self.cpu_end = time.process_time()  # CPU of every thread (PS included)
         self.warm_step = -1
         self.max_lag_acked = 0
         self.checkpoints_written = 0
@@ -326,7 +371,8 @@ class _Trainer:
             self._forward_backward(result)
             self._dense_step()
             start = time.perf_counter()
-            handles = self.client.push(result, batch.batch_id, self.world_size)
+            seq = step * self.world_size + self.rank  # shards apply a step's pushes by rank
+            handles = self.client.push(result, batch.batch_id, self.world_size, seq=seq)
             for handle in handles:
                 lag = int(handle.wait())
                 if lag > self.bound:
@@ -344,6 +390,8 @@ class _Trainer:
         ready: queue.Queue[tuple[int, KJTBatch, PendingLookup, Any] | BaseException] = queue.Queue()
         stop = threading.Event()
         is_async = self.config.mode == "async"
+        depth = prefetch_depth(self.config)
+        slots = threading.Semaphore(depth)  # lookups started and not yet taken by compute
 
         def produce() -> None:
             try:
@@ -352,6 +400,10 @@ class _Trainer:
                         self._wait_gate(step)  # no read crosses a checkpoint
                     batch = self.source.batch(step)  # validated before taking a permit
                     start = time.perf_counter()
+                    if not slots.acquire(timeout=self.config.timeout_s):
+                        raise PSUnavailableError(
+                            f"step {step}: compute took no batch within {self.config.timeout_s} s"
+                        )
                     permits.acquire()
                     self.timings.permit_wait_ms.append((time.perf_counter() - start) * 1e3)
                     if stop.is_set():
@@ -385,6 +437,7 @@ class _Trainer:
                     ) from exc
                 if isinstance(item, BaseException):
                     raise item
+                slots.release()  # the next lookup may start while this step computes
                 step, batch, pending, pulls = item
                 result = self.client.wait(pending)
                 dense = None if pulls is None else self._check_pulls(step, pulls)
@@ -431,8 +484,10 @@ class _Trainer:
         """Note the end of `step` (throughput counts the steps after the warm-up ones)."""
         if step == self.config.warmup_steps - 1 and step < self.source.num_steps - 1:
             self.t_warm = time.perf_counter()
+            self.cpu_warm = time.process_time()
             self.warm_step = step
         self.t_end = time.perf_counter()
+        self.cpu_end = time.process_time()
 
     # --- evaluation ----------------------------------------------------------------------
     def evaluate(self, batch_size: int = 2048) -> dict[str, float]:
@@ -479,6 +534,8 @@ class _Trainer:
             "rank": self.rank,
             "steps": steps,
             "samples_per_s": timed * self.config.batch_size * self.world_size / elapsed,
+            "step_ms": elapsed / max(timed, 1) * 1e3,
+            "cpu_ms_per_step": (self.cpu_end - self.cpu_warm) / max(timed, 1) * 1e3,
             "train_loss_first": float(np.mean(self.losses[:quarter])) if self.losses else None,
             "train_loss_last": float(np.mean(self.losses[-quarter:])) if self.losses else None,
             "samples_done": self.source.samples_done(steps),
@@ -539,6 +596,8 @@ def _summarise(
         "checkpoints_written": reports[0]["checkpoints_written"],
     }
     for key in (
+        "step_ms",
+        "cpu_ms_per_step",
         "lookup_wait_ms",
         "permit_wait_ms",
         "compute_ms",
