@@ -243,8 +243,9 @@ def test_shard_capacity_leaves_slack_and_never_exceeds_the_tables() -> None:
 
 
 def test_prefetch_depth_is_capped_by_k_and_async_runs_ahead_k() -> None:
-    assert prefetch_depth(RecsysTrainConfig(mode="hybrid", staleness=16)) == 2
-    assert prefetch_depth(RecsysTrainConfig(mode="hybrid", staleness=1)) == 1
+    assert prefetch_depth(RecsysTrainConfig(mode="hybrid", staleness=16)) == 1
+    assert prefetch_depth(RecsysTrainConfig(mode="hybrid", staleness=16, prefetch_depth=3)) == 3
+    assert prefetch_depth(RecsysTrainConfig(mode="hybrid", staleness=2, prefetch_depth=3)) == 2
     assert prefetch_depth(RecsysTrainConfig(mode="hybrid", staleness=16, prefetch_depth=None)) == 16
     assert prefetch_depth(RecsysTrainConfig(mode="async", staleness=16)) == 16
     assert prefetch_depth(RecsysTrainConfig(mode="sync")) == 1

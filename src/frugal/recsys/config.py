@@ -27,11 +27,13 @@ class RecsysTrainConfig:
     staleness: int = 8
     """K: permits per trainer (batches read ahead of their applied gradients), >= 1. hybrid
     and async only: sync ignores it (`frugal recsys train` refuses --staleness with sync)."""
-    prefetch_depth: int | None = 2
-    """hybrid: lookups started ahead of the step being computed, in [1, K] (None = K: run
-    ahead as far as the permits allow, as Persia does). A lookup is read no earlier than it
-    must be to hide the PS round trip, so rows are fresher; K still bounds reads plus
-    unacknowledged pushes. async always runs ahead K (its dense pulls are meant to be stale)."""
+    prefetch_depth: int | None = 1
+    """hybrid: lookups started ahead of the step being computed, >= 1, capped by K (None = K:
+    run ahead as far as the permits allow, as Persia does). 1 = the lookup of step t + 1
+    starts when step t starts computing: it hides a PS round trip shorter than a step, and
+    rows are read as late as that allows (fresher rows, a smaller AUC gap to sync); raise it
+    for round trips longer than a step. K still bounds reads plus unacknowledged pushes.
+    async always runs ahead K (its dense pulls are meant to be up to K steps stale)."""
     nproc: int = 2
     """Trainer processes (world_size), each hosting one PS shard, in [1, 64]."""
     rtt_ms: float = 0.0

@@ -12,10 +12,10 @@ Modes (Persia, section 3):
   staleness <= world_size - 1.
 - `hybrid` (K): a run-ahead thread keeps lookups in flight, each holding a permit that is
   released when every shard has acknowledged applying that batch's gradients (pushes are
-  fire and forget); dense AllReduce every step. At most `prefetch_depth` (default 2, capped
-  by K) lookups are started ahead of the step being computed: enough to hide the PS round
-  trip, and rows are read as late as that allows. Own missed updates <= K - 1; measured lag
-  <= (K - 1) + 3K(world_size - 1) (`staleness_bound`).
+  fire and forget); dense AllReduce every step. At most `prefetch_depth` (default 1, capped
+  by K) lookups are started ahead of the step being computed: enough to hide a PS round
+  trip shorter than a step, and rows are read as late as that allows. Own missed updates
+  <= K - 1; measured lag <= (K - 1) + 3K(world_size - 1) (`staleness_bound`).
 - `async` (K): Persia's fully asynchronous baseline. Embeddings as hybrid but run ahead the
   whole K; the dense parameters live in world_size chunks on the PS (chunk i on rank i),
   pulled with the lookup (so up to K steps before use) under the stale-synchronous rule
@@ -28,6 +28,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -50,7 +51,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from frugal.config import config_from_dict, config_to_dict
-from frugal.recsys.batch import KJTBatch
+from frugal.recsys.batch import KJTBatch, RecsysData
 from frugal.recsys.checkpoint import (
     commit_checkpoint,
     export_shard_rows,
@@ -59,7 +60,7 @@ from frugal.recsys.checkpoint import (
 )
 from frugal.recsys.client import EmbeddingClient, LookupResult, PendingLookup
 from frugal.recsys.config import Mode, RecsysTrainConfig, prefetch_depth, staleness_bound
-from frugal.recsys.datasets import load_recsys_data
+from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
 from frugal.recsys.errors import PSUnavailableError, RecsysError, StalenessBoundError
 from frugal.recsys.group import init_group
 from frugal.recsys.loader import BatchSource
@@ -87,6 +88,26 @@ class _Timings:
     dense_opt_ms: list[float] = field(default_factory=list)
     push_enqueue_ms: list[float] = field(default_factory=list)
     push_wait_ms: list[float] = field(default_factory=list)
+
+
+@functools.lru_cache(maxsize=2)
+def _load_data(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
+    """The dataset of `config`, loaded once per process (a bench runs many cells on it)."""
+    return load_recsys_data(config)
+
+
+@functools.lru_cache(maxsize=2)
+def _alpha_max(config: RecsysDataConfig) -> float:
+    """Largest share of training samples that touch one row (Persia's sparsity alpha)."""
+    train = _load_data(config)[0]
+    top = 0.0
+    for f, values in enumerate(train.values):
+        offsets = train.offsets[f]
+        sample = np.repeat(np.arange(train.num_samples), np.diff(offsets))
+        pairs = np.unique(values * train.num_samples + sample)  # one per sample
+        counts = np.bincount(pairs // train.num_samples)
+        top = max(top, float(counts.max()) / train.num_samples if len(counts) else 0.0)
+    return top
 
 
 class _DenseSGD:
@@ -153,7 +174,7 @@ class _Trainer:
         transport: RpcTransport,
     ):
         self.config, self.rank, self.world_size = config, rank, world_size
-        self.train, self.test = load_recsys_data(config.data)
+        self.train, self.test = _load_data(config.data)
         if config.features is not None and tuple(config.features) != self.train.keys:
             raise ValueError(
                 f"features={list(config.features)} do not match {config.data.dataset}'s "
@@ -511,14 +532,7 @@ class _Trainer:
 
     def alpha_max(self) -> float:
         """Largest share of training samples that touch one row (Persia's sparsity alpha)."""
-        top = 0.0
-        for f, values in enumerate(self.train.values):
-            offsets = self.train.offsets[f]
-            sample = np.repeat(np.arange(self.train.num_samples), np.diff(offsets))
-            pairs = np.unique(values * self.train.num_samples + sample)  # one per sample
-            counts = np.bincount(pairs // self.train.num_samples)
-            top = max(top, float(counts.max()) / self.train.num_samples if len(counts) else 0.0)
-        return top
+        return _alpha_max(self.config.data)
 
     def rank_report(self) -> dict[str, Any]:
         steps = self.source.num_steps
