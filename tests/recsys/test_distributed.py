@@ -46,6 +46,7 @@ def _run(tmp_path: Path, runs: list[tuple[RecsysTrainConfig, str]], nproc: int =
 
 @pytest.mark.distributed
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # three runs; slow starts when other jobs load the machine
 def test_sync_and_hybrid_train_and_ranks_agree(tmp_path: Path) -> None:
     runs = [
         (_config(mode="sync", staleness=1), "sync"),
@@ -91,6 +92,7 @@ def _rows(folder: Path) -> dict[tuple[int, int], np.ndarray]:
 
 @pytest.mark.distributed
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # a torchrun restart and a second job; slow under load
 def test_killed_rank_resumes_and_loads_onto_one_shard(tmp_path: Path) -> None:
     checkpoints = tmp_path / "ckpt"
     config = _config(
