@@ -137,16 +137,14 @@ class _DenseSGD:
             )
 
 
-def _allreduce_grads(model: nn.Module, world_size: int) -> None:
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+def _allreduce_grads(params: list[nn.Parameter], world_size: int) -> None:
+    """Average the gradients of `params` over the ranks (one flat AllReduce, as DDP does)."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
     flat /= world_size
-    offset = 0
-    for p in model.parameters():
-        n = p.numel()
-        p.grad = flat[offset : offset + n].view_as(p).clone()
-        offset += n
+    for p, grad in zip(params, flat.split([p.numel() for p in params]), strict=True):
+        p.grad = grad.view_as(p)  # views of this step's fresh buffer
 
 
 def _params_sha256(model: nn.Module) -> str:
@@ -203,7 +201,8 @@ class _Trainer:
             shard_config,
             capacity_rows=shard_capacity(self.train.num_embeddings, world_size),
         )
-        self.optimizer = _DenseSGD(list(self.model.parameters()), config.dense_lr)
+        self.params = list(self.model.parameters())  # walked every step: list them once
+        self.optimizer = _DenseSGD(self.params, config.dense_lr)
         self.resumed_from: int | None = None
         start_sample, total_samples = self._maybe_resume()
         self.chunks = (
@@ -343,14 +342,15 @@ class _Trainer:
         loss = nn.functional.binary_cross_entropy_with_logits(
             logits, torch.from_numpy(batch.labels)
         )
-        self.model.zero_grad(set_to_none=True)
+        for param in self.params:
+            param.grad = None
         torch.autograd.backward(loss)
         self.losses.append(float(loss))
         self.timings.compute_ms.append((time.perf_counter() - start) * 1e3)
 
     def _dense_step(self) -> None:
         start = time.perf_counter()
-        _allreduce_grads(self.model, self.world_size)
+        _allreduce_grads(self.params, self.world_size)
         mid = time.perf_counter()
         self.optimizer.step()
         self.timings.allreduce_ms.append((mid - start) * 1e3)
@@ -473,8 +473,7 @@ class _Trainer:
                     handles = self.client.push(result, batch.batch_id, self.world_size)
                 else:
                     grads = [
-                        p.grad if p.grad is not None else torch.zeros_like(p)
-                        for p in self.model.parameters()
+                        p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params
                     ]
                     flat = torch.cat([g.reshape(-1) for g in grads]) / self.world_size
                     handles = self.client.push(result, batch.batch_id, self.world_size)
