@@ -143,7 +143,7 @@ def _allreduce_grads(params: list[nn.Parameter], world_size: int) -> None:
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
     flat /= world_size
-    for p, grad in zip(params, flat.split([p.numel() for p in params]), strict=True):
+    for p, grad in zip(params, torch.split(flat, [p.numel() for p in params]), strict=True):
         p.grad = grad.view_as(p)  # views of this step's fresh buffer
 
 
