@@ -2,9 +2,10 @@
 
 Each rtt_ms is one torchrun job of `nproc` trainers that runs every (dataset, seed, mode,
 staleness K) cell in turn on the same process group, with the same model, optimizers, seeds
-and thread count; sync runs once per seed (K does not apply to it). Throughput is the median
-over ranks of samples/s after the warm-up steps; AUC and log loss are on the test split
-after one pass.
+and thread count; sync runs once per seed (K does not apply to it). Throughput
+(`samples_per_s`) is batch_size x world_size / the median step time after the warm-up steps,
+median over ranks (`samples_per_s_mean`: steps / elapsed time, sensitive to load spikes).
+AUC and log loss are on the test split after one pass.
 
 Summary (per dataset, at the largest rtt_ms and the K nearest 4 of each mode, averaged over
 seeds):
@@ -38,6 +39,7 @@ __all__ = ["RecsysBenchConfig", "run_recsys_bench"]
 
 _ROW_KEYS = (
     "mode", "dataset", "staleness", "rtt_ms", "seed", "test_auc", "logloss", "samples_per_s",
+    "samples_per_s_mean",
     "max_staleness_seen", "mean_staleness", "staleness_p99", "staleness_bound",
     "lookup_wait_ms", "allreduce_ms", "permit_wait_ms", "compute_ms", "push_enqueue_ms",
     "push_wait_ms", "step_ms", "cpu_ms_per_step", "train_loss_first", "train_loss_last",

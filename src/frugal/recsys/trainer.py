@@ -228,6 +228,7 @@ class _Trainer:
         self.losses: list[float] = []
         self.t_warm = self.t_end = time.perf_counter()
         self.cpu_warm = self.cpu_end = time.process_time()  # CPU of every thread (PS included)
+        self.step_ends: list[tuple[int, float]] = []  # (step, end time) of every step
         self.warm_step = -1
         self.max_lag_acked = 0
         self.checkpoints_written = 0
@@ -508,6 +509,7 @@ class _Trainer:
             self.warm_step = step
         self.t_end = time.perf_counter()
         self.cpu_end = time.process_time()
+        self.step_ends.append((step, self.t_end))
 
     # --- evaluation ----------------------------------------------------------------------
     def evaluate(self, batch_size: int = 2048) -> dict[str, float]:
@@ -537,6 +539,10 @@ class _Trainer:
         steps = self.source.num_steps
         timed = steps - 1 - self.warm_step
         elapsed = max(self.t_end - self.t_warm, 1e-9)
+        ends = [t for step, t in self.step_ends if step >= self.warm_step]
+        step_ms = np.diff(ends) * 1e3  # steps after the warm-up (the last one ends at the drain)
+        step_samples = self.config.batch_size * self.world_size
+        mean_samples_per_s = timed * step_samples / elapsed
         quarter = max(1, len(self.losses) // 5)
         stats = self.shard.stats()
         if self.server.dense is not None:
@@ -546,8 +552,13 @@ class _Trainer:
         return {
             "rank": self.rank,
             "steps": steps,
-            "samples_per_s": timed * self.config.batch_size * self.world_size / elapsed,
-            "step_ms": elapsed / max(timed, 1) * 1e3,
+            "samples_per_s": (
+                step_samples * 1e3 / float(np.median(step_ms))
+                if len(step_ms)
+                else mean_samples_per_s
+            ),
+            "samples_per_s_mean": mean_samples_per_s,
+            "step_ms": float(np.median(step_ms)) if len(step_ms) else elapsed / max(timed, 1) * 1e3,
             "cpu_ms_per_step": (self.cpu_end - self.cpu_warm) / max(timed, 1) * 1e3,
             "train_loss_first": float(np.mean(self.losses[:quarter])) if self.losses else None,
             "train_loss_last": float(np.mean(self.losses[-quarter:])) if self.losses else None,
@@ -590,6 +601,7 @@ def _summarise(
         "world_size": config.nproc,
         **metrics,
         "samples_per_s": float(np.median([r["samples_per_s"] for r in reports])),
+        "samples_per_s_mean": float(np.median([r["samples_per_s_mean"] for r in reports])),
         "max_staleness_seen": max_seen,
         "mean_staleness": mean,
         "staleness_p99": p99,
