@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from frugal.recsys.bench import RecsysBenchConfig, _cells, _summary
@@ -18,11 +20,15 @@ def _row(mode: str, k: int | None, auc: float, tput: float, seed: int = 0) -> di
 def test_quick_grid_runs_sync_once_and_each_k_for_the_others() -> None:
     config = RecsysBenchConfig.quick()
     cells = _cells(config, "criteo_zipf", 5.0)
-    assert cells == [("sync", 1), ("hybrid", 4), ("hybrid", 16), ("async", 4), ("async", 16)]
+    assert cells == [("sync", 1), ("hybrid", 4), ("hybrid", 16), ("async", 16)]
     train = config.train_config("hybrid", "criteo_zipf", 16, 5.0, 0)
     assert isinstance(train, RecsysTrainConfig)
     assert (train.staleness, train.rtt_ms, train.nproc) == (16, 5.0, 2)
-    assert train.data.zipf_num_samples == 50_000
+    assert train.data.zipf_num_samples == 200_000
+    every = _cells(replace(config, async_staleness=None), "criteo_zipf", 5.0)
+    assert every[-2:] == [("async", 4), ("async", 16)]
+    with pytest.raises(ValueError, match=r"async_staleness=\(\) must be non-empty"):
+        replace(config, async_staleness=())
 
 
 def test_summary_ratios_and_gaps() -> None:
@@ -47,6 +53,13 @@ def test_summary_ratios_and_gaps() -> None:
     assert summary["staleness_within_bound"] is True
     rows[1]["max_staleness_seen"] = 16
     assert _summary(config, rows)["staleness_within_bound"] is False
+    # async measured at K = 16 only: its summary entries use that K
+    only16 = replace(config, async_staleness=(16,))
+    summary = _summary(only16, [r for r in rows if r["staleness"] != 4 or r["mode"] != "async"])
+    assert summary["async_staleness"] == 16
+    entry = summary["datasets"]["criteo_zipf"]
+    assert entry["auc_gap_async_vs_sync"] == pytest.approx(-0.010)
+    assert entry["throughput_async_over_sync"] == pytest.approx(3.1)
 
 
 def test_bench_config_needs_sync() -> None:

@@ -38,8 +38,8 @@ def _table(shards: list[EmbeddingShard], table: int) -> tuple[np.ndarray, np.nda
     versions = np.empty(len(ids), np.int64)
     for p, shard in enumerate(shards):
         mine = ids[owner == p]
-        rows[mine] = shard.stores[table].peek(mine, cols="all")
-        versions[mine] = shard.versions[table][mine]
+        rows[mine] = shard.peek_table(table, mine, cols="all")
+        versions[mine] = shard.row_versions(table, mine)
     return rows, versions
 
 

@@ -16,6 +16,15 @@ def test_bad_staleness_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(err) == 1 and "staleness=0 must be >= 1" in err[0]
 
 
+@pytest.mark.parametrize(
+    "flags", [["--staleness", "4"], ["--set", "staleness=4"]], ids=["flag", "override"]
+)
+def test_staleness_with_sync_exits_2(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["recsys", "train", "--mode", "sync", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not apply to --mode sync" in err[0]
+
+
 def test_unknown_dataset_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["recsys", "train", "--dataset", "criteo"])

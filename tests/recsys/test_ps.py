@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,14 +12,17 @@ import torch
 
 from frugal.recsys.batch import KJTBatch
 from frugal.recsys.client import EmbeddingClient
-from frugal.recsys.config import staleness_bound
+from frugal.recsys.config import RecsysTrainConfig, prefetch_depth, staleness_bound
+from frugal.recsys.errors import PSUnavailableError
 from frugal.recsys.ps import (
     NUM_VIRTUAL_SHARDS,
     EmbeddingShard,
     default_owners,
+    shard_capacity,
     virtual_shard,
 )
 from frugal.recsys.transport import LocalTransport, ShardServer
+from frugal.store import KeySpaceFullError
 
 
 def _batch() -> KJTBatch:
@@ -150,4 +155,99 @@ def test_staleness_bounds_by_mode() -> None:
     assert staleness_bound("sync", 8, 2) == 1
     assert staleness_bound("hybrid", 1, 1) == 0  # K = 1, one trainer: never stale
     assert staleness_bound("hybrid", 4, 2) == 3 + 12
-    assert staleness_bound("async", 16, 2) == 15 + 49
+    assert staleness_bound("async", 16, 2) == 15 + 79  # window t - 3K + 1 .. t + 2K - 1
+    assert staleness_bound("async", 4, 3) == 3 + 2 * 19
+
+
+def _adagrad_shard(path: Path, **fields: Any) -> EmbeddingShard:
+    config = EmbeddingShard.Config(embedding_dim=2, **fields)
+    return EmbeddingShard(path, (8,), config)
+
+
+def test_sequenced_pushes_apply_in_sequence_order(tmp_path: Path) -> None:
+    ids, counts = torch.tensor([3]), torch.tensor([1])
+    first = torch.tensor([[1.0, -2.0]], dtype=torch.float16)
+    second = torch.tensor([[4.0, 0.5]], dtype=torch.float16)
+    zero = torch.tensor([0])
+    # reference: push 0 then push 1, unsequenced, one thread (row-wise Adagrad: order matters)
+    reference = _adagrad_shard(tmp_path / "ref")
+    reference.push(ids, counts, first, zero, 1.0, 0)
+    reference.push(ids, counts, second, zero, 1.0, 0)
+    want = reference.peek_table(0, np.array([3]), cols="all")
+    swapped = _adagrad_shard(tmp_path / "swapped")
+    swapped.push(ids, counts, second, zero, 1.0, 0)
+    swapped.push(ids, counts, first, zero, 1.0, 0)
+    assert not np.array_equal(want, swapped.peek_table(0, np.array([3]), cols="all"))
+    shard = _adagrad_shard(tmp_path / "s")
+    try:
+        lags: list[int] = []
+        late = threading.Thread(
+            target=lambda: lags.append(shard.push(ids, counts, second, zero, 1.0, 0, seq=1))
+        )
+        late.start()  # arrives first, waits for push 0
+        late.join(timeout=0.2)
+        assert late.is_alive() and shard.row_versions(0, np.array([3])).tolist() == [0]
+        assert shard.push(ids, counts, first, zero, 1.0, 0, seq=0) == 0
+        late.join(timeout=10)
+        assert lags == [1]  # push 1 read version 0, applied after push 0
+        np.testing.assert_array_equal(shard.peek_table(0, np.array([3]), cols="all"), want)
+        # an empty sequenced push only advances the turn
+        empty = torch.empty(0, dtype=torch.int64)
+        assert shard.push(empty, torch.tensor([0]), torch.empty(0, 2), empty, 1.0, 0, seq=2) == 0
+    finally:
+        for s in (reference, swapped, shard):
+            s.close()
+
+
+def test_a_sequenced_push_whose_predecessor_never_comes_times_out(tmp_path: Path) -> None:
+    shard = _adagrad_shard(tmp_path / "s", timeout_s=0.05)
+    try:
+        grad = torch.ones(1, 2, dtype=torch.float16)
+        with pytest.raises(PSUnavailableError, match=r"sequenced push 1 waited 0\.05 s for push 0"):
+            shard.push(torch.tensor([1]), torch.tensor([1]), grad, torch.tensor([0]), 1.0, 0, seq=1)
+        assert shard.row_versions(0, np.array([1])).tolist() == [0]  # nothing applied
+    finally:
+        shard.close()
+
+
+def test_hashed_keys_take_any_id_below_2_56_up_to_the_capacity(tmp_path: Path) -> None:
+    config = EmbeddingShard.Config(embedding_dim=2)
+    shard = EmbeddingShard(tmp_path / "s", (4, 4), config, capacity_rows=3)
+    try:
+        big = np.array([(1 << 56) - 1, 123_456_789_012], dtype=np.int64)
+        before = shard.peek_table(1, big)
+        assert shard.peek_table(0, big[:1]).tolist() != before[:1].tolist()  # keyed by table
+        grad = torch.ones(2, 2, dtype=torch.float16)
+        unread = torch.zeros(2, dtype=torch.int64)
+        shard.push(torch.from_numpy(big), torch.tensor([0, 2]), grad, unread, 1.0, 0)
+        assert shard.row_versions(1, big).tolist() == [1, 1]
+        assert shard.row_versions(0, big).tolist() == [0, 0]  # table 0's rows untouched
+        assert not np.array_equal(shard.peek_table(1, big), before)
+        assert shard.stats()["updates_applied"] == [0, 2]
+        (ids0, _, _), (ids1, rows1, v1) = shard.updated_rows()
+        assert len(ids0) == 0 and sorted(ids1.tolist()) == sorted(big.tolist())
+        assert rows1.shape == (2, shard.row_width) and v1.tolist() == [1, 1]
+        with pytest.raises(ValueError, match=r"id 72057594037927936 is outside \[0, 2\^56\)"):
+            shard.lookup(torch.tensor([1 << 56]), torch.tensor([1, 0]))
+        with pytest.raises(KeySpaceFullError):  # a third and fourth new row: capacity 3
+            shard.push(torch.tensor([5, 6]), torch.tensor([2, 0]), grad, unread, 1.0, 0)
+    finally:
+        shard.close()
+
+
+def test_shard_capacity_leaves_slack_and_never_exceeds_the_tables() -> None:
+    assert shard_capacity((1000, 2), 1) == 1002
+    assert shard_capacity((100_000, 2), 2) == 100_002 * 5 // 8 + 1024
+    with pytest.raises(ValueError, match="num_shards=0"):
+        shard_capacity((10,), 0)
+
+
+def test_prefetch_depth_is_capped_by_k_and_async_runs_ahead_k() -> None:
+    assert prefetch_depth(RecsysTrainConfig(mode="hybrid", staleness=16)) == 1
+    assert prefetch_depth(RecsysTrainConfig(mode="hybrid", staleness=16, prefetch_depth=3)) == 3
+    assert prefetch_depth(RecsysTrainConfig(mode="hybrid", staleness=2, prefetch_depth=3)) == 2
+    assert prefetch_depth(RecsysTrainConfig(mode="hybrid", staleness=16, prefetch_depth=None)) == 16
+    assert prefetch_depth(RecsysTrainConfig(mode="async", staleness=16)) == 16
+    assert prefetch_depth(RecsysTrainConfig(mode="sync")) == 1
+    with pytest.raises(ValueError, match="prefetch_depth=0 must be >= 1"):
+        RecsysTrainConfig(prefetch_depth=0)

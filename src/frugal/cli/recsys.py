@@ -71,6 +71,14 @@ def _train(args: argparse.Namespace) -> int:
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
     config = load_config(RecsysTrainConfig, args.config, overrides)
+    staleness_given = args.staleness is not None or any(
+        o.split("=", 1)[0].strip() == "staleness" for o in args.overrides
+    )
+    if config.mode == "sync" and staleness_given:
+        raise ValueError(
+            f"--staleness {config.staleness} does not apply to --mode sync (every lookup "
+            "waits for all earlier updates); drop --staleness or use --mode hybrid or async"
+        )
     out = Path(args.out)
     result = launch_training(config, out, timeout_s=config.job_timeout_s)
     keys = ("mode", "dataset", "staleness", "test_auc", "test_logloss", "samples_per_s",

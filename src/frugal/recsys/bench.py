@@ -1,12 +1,14 @@
 """`frugal recsys bench`: sync, hybrid and async side by side on the same data and seeds.
 
-Each (dataset, rtt_ms) is one torchrun job of `nproc` trainers that runs every (seed, mode,
+Each rtt_ms is one torchrun job of `nproc` trainers that runs every (dataset, seed, mode,
 staleness K) cell in turn on the same process group, with the same model, optimizers, seeds
-and thread count; sync runs once per seed (K does not apply to it). Throughput is the median
-over ranks of samples/s after the warm-up steps; AUC and log loss are on the test split
-after one pass.
+and thread count; sync runs once per seed (K does not apply to it). Throughput
+(`samples_per_s`) is batch_size x world_size / the median step time after the warm-up steps,
+median over ranks (`samples_per_s_mean`: steps / elapsed time, sensitive to load spikes).
+AUC and log loss are on the test split after one pass.
 
-Summary (per dataset, at the largest rtt_ms and the K nearest 4, averaged over seeds):
+Summary (per dataset, at the largest rtt_ms and the K nearest 4 of each mode, averaged over
+seeds):
 `auc_gap_hybrid_vs_sync`, `auc_gap_async_vs_sync`, `throughput_hybrid_over_sync`,
 `throughput_async_over_sync`; plus the worst |AUC(hybrid, K <= 16) - AUC(sync)|, the
 AUC(hybrid) - AUC(async) gap at K >= 16, and whether every measured staleness stayed within
@@ -37,10 +39,11 @@ __all__ = ["RecsysBenchConfig", "run_recsys_bench"]
 
 _ROW_KEYS = (
     "mode", "dataset", "staleness", "rtt_ms", "seed", "test_auc", "logloss", "samples_per_s",
+    "samples_per_s_mean",
     "max_staleness_seen", "mean_staleness", "staleness_p99", "staleness_bound",
     "lookup_wait_ms", "allreduce_ms", "permit_wait_ms", "compute_ms", "push_enqueue_ms",
-    "push_wait_ms", "train_loss_first", "train_loss_last", "steps", "world_size",
-    "alpha_max", "staleness_hist",
+    "push_wait_ms", "step_ms", "cpu_ms_per_step", "train_loss_first", "train_loss_last",
+    "steps", "world_size", "alpha_max", "staleness_hist",
 )  # fmt: skip
 
 
@@ -54,8 +57,12 @@ class RecsysBenchConfig:
     """Training modes compared."""
     staleness: tuple[int, ...] = (1, 4, 16, 64)
     """K values of hybrid and async, each >= 1."""
+    async_staleness: tuple[int, ...] | None = None
+    """K values of async if they differ from `staleness` (None: the same), each >= 1."""
     rtt_ms: tuple[float, ...] = (0.0, 2.0, 5.0)
     """Simulated PS round trips, each >= 0."""
+    prefetch_depth: int | None = 1
+    """hybrid: lookups started ahead of the step computed (None = K, Persia's run-ahead)."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """Seeds (model, rows, shuffling, Zipf stream), each >= 0."""
     nproc: int = 2
@@ -83,7 +90,7 @@ class RecsysBenchConfig:
     timeout_s: float = 120.0
     """Per-call timeout inside a run (RPC, collective, permit), > 0."""
     job_timeout_s: float = 7200.0
-    """Wall-clock limit of one torchrun job (one dataset and rtt), > 0."""
+    """Wall-clock limit of one torchrun job (every dataset at one rtt), > 0."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -93,6 +100,12 @@ class RecsysBenchConfig:
             raise ValueError(f"modes={self.modes} must include 'sync' (the baseline of the ratios)")
         if any(k < 1 for k in self.staleness) or not self.staleness:
             raise ValueError(f"staleness={self.staleness} must be non-empty values >= 1")
+        if self.async_staleness is not None and (
+            not self.async_staleness or min(self.async_staleness) < 1
+        ):
+            raise ValueError(
+                f"async_staleness={self.async_staleness} must be non-empty values >= 1 or None"
+            )
         if any(r < 0 for r in self.rtt_ms):
             raise ValueError(f"rtt_ms={self.rtt_ms} must be >= 0")
         if self.job_timeout_s <= 0 or self.timeout_s <= 0:
@@ -102,15 +115,18 @@ class RecsysBenchConfig:
 
     @classmethod
     def quick(cls) -> RecsysBenchConfig:
-        """The `--quick` preset: both datasets, one seed, rtt 5 ms, K in {4, 16}.
+        """The `--quick` preset: both datasets, one seed, rtt 5 ms, hybrid K in {4, 16}, async K 16.
 
-        10 runs in 2 torchrun jobs (Zipf: 50k samples, 8 x 20k ids); a few minutes on 2 cores.
+        8 runs in 2 torchrun jobs. Zipf: 200k samples (625 steps of 2 x 128: far fewer and
+        the AUC is still climbing fast, where any staleness costs several 0.001 of AUC; a
+        40k-sample test split), 8 x 20k ids.
         """
         return cls(
             staleness=(4, 16),
+            async_staleness=(16,),
             rtt_ms=(5.0,),
             seeds=(0,),
-            zipf_num_samples=50_000,
+            zipf_num_samples=200_000,
             zipf_num_embeddings=20_000,
         )
 
@@ -129,6 +145,7 @@ class RecsysBenchConfig:
             ),
             mode=mode,
             staleness=staleness,
+            prefetch_depth=self.prefetch_depth,
             nproc=self.nproc,
             rtt_ms=rtt_ms,
             model=self.model,
@@ -150,7 +167,10 @@ def _cells(
         if mode == "sync":
             cells.insert(0, ("sync", 1))
         else:
-            cells += [(mode, k) for k in config.staleness]
+            ks = config.staleness
+            if mode == "async" and config.async_staleness is not None:
+                ks = config.async_staleness
+            cells += [(mode, k) for k in ks]
     return cells
 
 
@@ -172,14 +192,20 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
 def _summary(config: RecsysBenchConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
     rtt = max(config.rtt_ms)
     k = min(config.staleness, key=lambda v: (abs(v - 4), v))
-    summary: dict[str, Any] = {"rtt_ms": rtt, "staleness": k, "datasets": {}}
+    k_async = min(config.async_staleness or config.staleness, key=lambda v: (abs(v - 4), v))
+    summary: dict[str, Any] = {
+        "rtt_ms": rtt,
+        "staleness": k,
+        "async_staleness": k_async,
+        "datasets": {},
+    }
     for dataset in config.datasets:
         at = [r for r in rows if r["dataset"] == dataset and r["rtt_ms"] == rtt]
         sync = [r for r in at if r["mode"] == "sync"]
         entry: dict[str, Any] = {}
         sync_auc, sync_tput = _mean(sync, "test_auc"), _mean(sync, "samples_per_s")
-        for mode in ("hybrid", "async"):
-            runs = [r for r in at if r["mode"] == mode and r["staleness"] == k]
+        for mode, mode_k in (("hybrid", k), ("async", k_async)):
+            runs = [r for r in at if r["mode"] == mode and r["staleness"] == mode_k]
             auc, tput = _mean(runs, "test_auc"), _mean(runs, "samples_per_s")
             entry[f"auc_gap_{mode}_vs_sync"] = (
                 auc - sync_auc if auc is not None and sync_auc is not None else None
@@ -251,21 +277,21 @@ def run_recsys_bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     runs_dir = out_dir / "runs"
     rows: list[dict[str, Any]] = []
-    for dataset in config.datasets:
-        for rtt in config.rtt_ms:
-            runs = [
-                (
-                    config.train_config(mode, dataset, k, rtt, seed),
-                    runs_dir / f"{dataset}-rtt{rtt:g}-seed{seed}-{mode}-k{k}",
-                )
-                for seed in config.seeds
-                for mode, k in _cells(config, dataset, rtt)
-            ]
-            job_dir = runs_dir / f"{dataset}-rtt{rtt:g}"
-            results = launch_runs(runs, job_dir, timeout_s=config.job_timeout_s)
-            rows += [_row(result) for result in results]
-            if progress is not None:
-                progress(f"{dataset} rtt {rtt:g} ms: {len(results)} runs done")
+    for rtt in config.rtt_ms:  # one torchrun job per rtt: both datasets share its start-up
+        runs = [
+            (
+                config.train_config(mode, dataset, k, rtt, seed),
+                runs_dir / f"{dataset}-rtt{rtt:g}-seed{seed}-{mode}-k{k}",
+            )
+            for dataset in config.datasets
+            for seed in config.seeds
+            for mode, k in _cells(config, dataset, rtt)
+        ]
+        job_dir = runs_dir / f"rtt{rtt:g}"
+        results = launch_runs(runs, job_dir, timeout_s=config.job_timeout_s)
+        rows += [_row(result) for result in results]
+        if progress is not None:
+            progress(f"rtt {rtt:g} ms: {len(results)} runs done")
     summary = _summary(config, rows)
     for dataset in config.datasets:
         if dataset == "criteo_zipf":

@@ -73,17 +73,10 @@ def export_shard_rows(shard: EmbeddingShard, path: Path) -> None:
         OSError: If the file cannot be written.
     """
     arrays: dict[str, npt.NDArray[Any]] = {}
-    for t, store in enumerate(shard.stores):
-        with shard.locks[t]:
-            ids = np.flatnonzero(shard.versions[t] > 0).astype(np.int64)
-            rows = (
-                store.peek(ids, cols="all")
-                if len(ids)
-                else np.empty((0, store.spec.width), np.float32)
-            )
-            arrays[f"ids{t}"] = ids
-            arrays[f"rows{t}"] = rows
-            arrays[f"versions{t}"] = shard.versions[t][ids]
+    for t, (ids, rows, versions) in enumerate(shard.updated_rows()):
+        arrays[f"ids{t}"] = ids
+        arrays[f"rows{t}"] = rows
+        arrays[f"versions{t}"] = versions
     tmp = path.with_name(path.name + ".part")
     with tmp.open("wb") as fh:
         np.savez(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub wants positional arrays
@@ -112,20 +105,18 @@ def import_shard_rows(
     loaded = 0
     for path in paths:
         with np.load(path) as data:
-            for t, store in enumerate(shard.stores):
+            for t in range(shard.num_tables):
                 if f"ids{t}" not in data:
                     raise RecsysError(f"{path}: no table {t}; the checkpoint has other tables")
                 ids, rows = data[f"ids{t}"], data[f"rows{t}"]
-                if rows.shape[1:] != (store.spec.width,):
+                if rows.shape[1:] != (shard.row_width,):
                     raise RecsysError(
-                        f"{path}: table {t} rows are {rows.shape[1:]} wide, the store's "
-                        f"{store.spec.width}; resume with the same embedding_dim and optimizer"
+                        f"{path}: table {t} rows are {rows.shape[1:]} wide, the shard's "
+                        f"{shard.row_width}; resume with the same embedding_dim and optimizer"
                     )
                 mine = owners[virtual_shard(t, ids)] == rank
                 if mine.any():
-                    with shard.locks[t]:
-                        store.put(ids[mine], np.ascontiguousarray(rows[mine]))
-                        shard.versions[t][ids[mine]] = data[f"versions{t}"][mine]
+                    shard.load_rows(t, ids[mine], rows[mine], data[f"versions{t}"][mine])
                     loaded += int(mine.sum())
     return loaded
 

@@ -73,6 +73,7 @@ class EmbeddingClient:
         """Route through `transport` with `owners` (vshard -> shard)."""
         self.transport = transport
         self.owners = owners
+        self.num_shards = int(owners.max()) + 1
         self.num_tables = num_tables
         self.embedding_dim = embedding_dim
         self.wire_dtype = _WIRE[wire_dtype]
@@ -97,7 +98,7 @@ class EmbeddingClient:
             owner_U[start : start + len(unique)] = self.owners[virtual_shard(t, unique)]
             start += len(unique)
         order_U = np.argsort(owner_U, kind="stable")  # keeps table-major order per owner
-        num_shards = int(self.owners.max()) + 1
+        num_shards = self.num_shards
         per_owner = np.bincount(owner_U, minlength=num_shards)
         bounds = np.concatenate([[0], np.cumsum(per_owner)])
         counts_PT = np.bincount(
@@ -158,11 +159,15 @@ class EmbeddingClient:
         )
         return pooled.reshape(len(batch.keys), batch.batch_size, self.embedding_dim).transpose(0, 1)
 
-    def push(self, result: LookupResult, step: int, world_size: int) -> list[Handle]:
+    def push(
+        self, result: LookupResult, step: int, world_size: int, seq: int | None = None
+    ) -> list[Handle]:
         """Send `rows.grad / world_size` to the owners (fire and forget); return the handles.
 
         Encodes with the wire scale (fp16: starts at 2^10, halves and re-encodes on overflow,
-        doubles after 1000 clean pushes); the shard divides it out in fp32.
+        doubles after 1000 clean pushes); the shard divides it out in fp32. With `seq` (sync
+        mode) every shard gets a push, empty if it owns none of the batch's rows, numbered
+        `seq`, and shards apply pushes in sequence order.
         """
         grad = result.rows.grad
         if grad is None:
@@ -182,18 +187,22 @@ class EmbeddingClient:
         pending = result.pending
         handles = []
         order = torch.from_numpy(pending.owner_order)
-        for p, (lo, hi) in pending.owner_slices.items():
+        shards = range(self.num_shards) if seq is not None else pending.owner_slices
+        for p in shards:
+            lo, hi = pending.owner_slices.get(p, (0, 0))
             rows = order[lo:hi]
+            counts = pending.owner_counts.get(p, np.zeros(self.num_tables, dtype=np.int64))
             handles.append(
                 self.transport.call(
                     p,
                     "push",
                     torch.from_numpy(pending.unique_ids[pending.owner_order[lo:hi]]),
-                    torch.from_numpy(pending.owner_counts[p]),
+                    torch.from_numpy(counts),
                     wire[rows].contiguous(),
                     result.versions[rows].contiguous(),
                     scale,
                     step,
+                    seq,
                 )
             )
         return handles

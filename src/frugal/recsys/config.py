@@ -11,7 +11,7 @@ from frugal.recsys.datasets import RecsysDataConfig
 from frugal.recsys.models import ModelName
 from frugal.store import OptimizerConfig
 
-__all__ = ["Mode", "RecsysTrainConfig", "staleness_bound"]
+__all__ = ["Mode", "RecsysTrainConfig", "prefetch_depth", "staleness_bound"]
 
 Mode = Literal["sync", "hybrid", "async"]
 
@@ -25,7 +25,15 @@ class RecsysTrainConfig:
     mode: Mode = "hybrid"
     """sync, hybrid (async embeddings, sync dense) or async (both async)."""
     staleness: int = 8
-    """K: permits per trainer (batches read ahead of their applied gradients), >= 1."""
+    """K: permits per trainer (batches read ahead of their applied gradients), >= 1. hybrid
+    and async only: sync ignores it (`frugal recsys train` refuses --staleness with sync)."""
+    prefetch_depth: int | None = 1
+    """hybrid: lookups started ahead of the step being computed, >= 1, capped by K (None = K:
+    run ahead as far as the permits allow, as Persia does). 1 = the lookup of step t + 1
+    starts when step t starts computing: it hides a PS round trip shorter than a step, and
+    rows are read as late as that allows (fresher rows, a smaller AUC gap to sync); raise it
+    for round trips longer than a step. K still bounds reads plus unacknowledged pushes.
+    async always runs ahead K (its dense pulls are meant to be up to K steps stale)."""
     nproc: int = 2
     """Trainer processes (world_size), each hosting one PS shard, in [1, 64]."""
     rtt_ms: float = 0.0
@@ -90,6 +98,10 @@ class RecsysTrainConfig:
             raise ValueError(f"job_timeout_s={self.job_timeout_s} must be > 0")
         if self.staleness < 1:
             raise ValueError(f"staleness={self.staleness} must be >= 1 (K permits)")
+        if self.prefetch_depth is not None and self.prefetch_depth < 1:
+            raise ValueError(
+                f"prefetch_depth={self.prefetch_depth} must be >= 1 or None (= staleness K)"
+            )
         if not 1 <= self.nproc <= 64:
             raise ValueError(f"nproc={self.nproc} must be in [1, 64]")
         if self.rtt_ms < 0:
@@ -116,12 +128,26 @@ def staleness_bound(mode: Mode, staleness: int, world_size: int) -> int:
 
     sync: world_size - 1 (the other trainers' pushes of the same step). hybrid: (K - 1) own
     + 3K per other trainer (AllReduce keeps trainers in step; a read is at most K steps ahead
-    and each trainer has at most K pushes in flight). async: (K - 1) own + (3K + 1) per other
-    trainer: the stale-synchronous rule bounds another trainer to steps
-    [t - 2K + 1, t + K - 1] around a read for step t, but it is checked on the dense shards,
-    so one more embedding push of that trainer may still be in flight.
+    and each trainer has at most K pushes in flight). async: (K - 1) own + (5K - 1) per other
+    trainer. A read for step t needs step t - K acknowledged, and computing t - K needed
+    (stale-synchronous rule) every other trainer's step t - 2K dense push applied, so that
+    trainer's embedding pushes through t - 3K are applied (K permits): the window opens at
+    t - 3K + 1. Our push of t lands while we may compute up to t + K - 1, which lets another
+    trainer compute up to t + 2K - 1: the window closes there.
     """
     if mode == "sync":
         return world_size - 1
-    per_other = 3 * staleness + (1 if mode == "async" else 0)
+    per_other = 5 * staleness - 1 if mode == "async" else 3 * staleness
     return (staleness - 1) + per_other * (world_size - 1)
+
+
+def prefetch_depth(config: RecsysTrainConfig) -> int:
+    """Lookups a run-ahead trainer keeps started ahead of its compute: min(depth, K).
+
+    async and `prefetch_depth=None` run ahead K (Persia's run-ahead); sync never prefetches (1).
+    """
+    if config.mode == "sync":
+        return 1
+    if config.mode == "async" or config.prefetch_depth is None:
+        return config.staleness
+    return min(config.prefetch_depth, config.staleness)

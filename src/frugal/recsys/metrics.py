@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import rankdata
 
 __all__ = ["log_loss", "roc_auc"]
+
+
+def _average_ranks(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """1-based ranks, tied values getting the mean of their ranks (scipy's rankdata)."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    starts_group = np.concatenate([[True], ordered[1:] != ordered[:-1]])
+    starts = np.flatnonzero(starts_group)
+    ends = np.append(starts[1:], len(values))  # exclusive
+    mean_rank = (starts + 1 + ends) / 2.0  # mean of start + 1 .. end
+    ranks = np.empty(len(values), dtype=np.float64)
+    ranks[order] = mean_rank[np.cumsum(starts_group) - 1]
+    return ranks
 
 
 def roc_auc(labels: npt.ArrayLike, scores: npt.ArrayLike) -> float:
@@ -32,7 +44,7 @@ def roc_auc(labels: npt.ArrayLike, scores: npt.ArrayLike) -> float:
         raise ValueError(
             f"AUC needs both classes; got {positives} positives and {negatives} negatives"
         )
-    ranks = rankdata(s)  # average ranks: ties count 1/2
+    ranks = _average_ranks(s)  # ties share their mean rank: a tied pair counts 1/2
     u = float(ranks[y > 0.5].sum()) - positives * (positives + 1) / 2.0
     return u / (positives * negatives)
 

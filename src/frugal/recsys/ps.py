@@ -30,15 +30,20 @@ import torch
 from torch import Tensor
 
 from frugal.config import check_types
+from frugal.recsys.errors import PSUnavailableError
 from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
+from frugal.store.keys import HashedKeys
 from frugal.store.rows import splitmix64
 
 __all__ = [
+    "ID_BITS",
     "LAG_HISTOGRAM_BINS",
     "NUM_VIRTUAL_SHARDS",
     "DenseShard",
     "EmbeddingShard",
     "default_owners",
+    "shard_capacity",
+    "table_keys",
     "virtual_shard",
 ]
 
@@ -46,6 +51,35 @@ I64 = npt.NDArray[np.int64]
 NUM_VIRTUAL_SHARDS = 1024
 LAG_HISTOGRAM_BINS = 257  # lags 0..255, then one overflow bin
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+ID_BITS = 56  # a row key is (table << 56) | id
+ID_MASK = np.int64((1 << ID_BITS) - 1)
+MAX_TABLES = 128  # keys stay below 2^63
+
+
+def table_keys(tables: I64, ids: I64) -> I64:
+    """Store key of each (table, id): `(table << 56) | id` (ids in [0, 2^56), tables < 128).
+
+    Shapes:
+        tables, ids: (N,) -> (N,).
+    """
+    keys: I64 = (tables.astype(np.int64) << ID_BITS) | ids.astype(np.int64)
+    return keys
+
+
+def shard_capacity(num_embeddings: tuple[int, ...], num_shards: int) -> int:
+    """Rows a shard needs for tables of these sizes split over `num_shards` shards.
+
+    Each table's rows spread over the shards by virtual shard (1024 hashed buckets), so a
+    shard gets about 1/num_shards of each; 25 % slack plus 1024 rows covers the imbalance
+    of small tables and of the bucket counts.
+
+    Raises:
+        ValueError: If `num_shards` < 1.
+    """
+    if num_shards < 1:
+        raise ValueError(f"num_shards={num_shards} must be >= 1")
+    total = sum(num_embeddings)
+    return min(total, total * 5 // (4 * num_shards) + 1024)
 
 
 def virtual_shard(table: int, ids: I64) -> I64:
@@ -102,11 +136,18 @@ class _LagLog:
 
 
 class EmbeddingShard:
-    """One PS shard: a `frugal.store` store and a version clock per table.
+    """One PS shard: one hashed-key `frugal.store` store for every table, and version clocks.
 
-    Reads are untracked (`EmbeddingStore.peek`): the PS bounds staleness with permits and
-    measures it with version clocks, not with the store's read counting. A mutex per table
-    makes every read see a push wholly or not at all.
+    A row's key is `(table << 56) | id`, so ids may be any integer in [0, 2^56) (no table size
+    needs to be known: the store's `key_space="hashed"` gives each new key a row on first
+    write, up to `capacity_rows`). One store and one mutex for all tables: a lookup or a push
+    is one vectorised store call, and a read sees a push wholly or not at all. Reads are
+    untracked (`EmbeddingStore.peek`, never inserting): the PS bounds staleness with permits and
+    measures it with version clocks (updates applied per row, kept in a second hashed map).
+
+    `push(..., seq=n)` applies pushes in sequence order (push n waits for push n - 1): sync
+    trainers number their pushes `step * world_size + rank`, so every run applies them in
+    the same order and is bit-reproducible.
     """
 
     @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,57 +163,90 @@ class EmbeddingShard:
         backend: Literal["memory", "file"] = "memory"
         """`frugal.store` backend holding the rows."""
         seed: int = 0
-        """Seed of the initial rows (table t uses seed + t, the same on every shard)."""
+        """Seed of the initial rows (a row's value depends on its (table, id) key only)."""
+        timeout_s: float = 60.0
+        """Longest wait of a sequenced push for the one before it, > 0."""
 
         def __post_init__(self) -> None:
             check_types(self)
             if self.embedding_dim < 1:
                 raise ValueError(f"embedding_dim={self.embedding_dim} must be >= 1")
+            if self.timeout_s <= 0:
+                raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
 
-    def __init__(self, directory: Path, num_embeddings: tuple[int, ...], config: Config) -> None:
-        """Create empty stores (one per table) under `directory`.
+    def __init__(
+        self,
+        directory: Path,
+        num_embeddings: tuple[int, ...],
+        config: Config,
+        *,
+        capacity_rows: int | None = None,
+    ) -> None:
+        """Create an empty shard (every row at its seeded initial value) under `directory`.
 
         Args:
             directory: A new or empty folder for this shard.
-            num_embeddings: Rows of each table (ids lie in [0, rows)).
+            num_embeddings: Rows of each table; its length is the table count T, in [1, 128].
+                The sizes only set the default capacity: ids are not range-checked here.
             config: Shard settings.
-        """
-        self.config = config
-        spec = RowSpec(embedding_dim=config.embedding_dim, optimizer=config.optimizer)
-        self.stores: list[EmbeddingStore] = []
-        for t, rows in enumerate(num_embeddings):
-            budget = _budget_for_all_rows(rows, spec.row_bytes)
-            store_config = EmbeddingStore.Config(
-                backend=config.backend,
-                memory_budget_bytes=budget,
-                staleness_bound=None,
-                use_direct_io=False,
-            )
-            self.stores.append(
-                EmbeddingStore.create(
-                    directory / f"table{t}",
-                    num_rows=rows,
-                    spec=spec,
-                    config=store_config,
-                    seed=config.seed + t,
-                )
-            )
-        self.versions = [np.zeros(rows, dtype=np.int64) for rows in num_embeddings]
-        self.locks = [threading.Lock() for _ in num_embeddings]
-        self.lags = _LagLog()
+            capacity_rows: Distinct (table, id) rows the shard can hold, >= 1 (None: the sum
+                of `num_embeddings`); a new row beyond it raises `KeySpaceFullError`.
 
-    def _split(self, counts: Tensor) -> list[tuple[int, int, int]]:
-        bounds = np.concatenate([[0], np.cumsum(counts.numpy())])
-        return [
-            (t, int(bounds[t]), int(bounds[t + 1]))
-            for t in range(len(self.stores))
-            if bounds[t + 1] > bounds[t]
-        ]
+        Raises:
+            ValueError: If the table count or `capacity_rows` is out of range.
+        """
+        num_tables = len(num_embeddings)
+        if capacity_rows is None:
+            capacity_rows = max(1, sum(num_embeddings))
+        if not 1 <= num_tables <= MAX_TABLES:
+            raise ValueError(f"num_tables={num_tables} must be in [1, {MAX_TABLES}]")
+        if capacity_rows < 1:
+            raise ValueError(f"capacity_rows={capacity_rows} must be >= 1")
+        self.config = config
+        self.num_tables = num_tables
+        self.capacity_rows = capacity_rows
+        spec = RowSpec(embedding_dim=config.embedding_dim, optimizer=config.optimizer)
+        budget = _budget_for_all_rows(capacity_rows, spec.row_bytes)
+        store_config = EmbeddingStore.Config(
+            backend=config.backend,
+            memory_budget_bytes=budget + HashedKeys.memory_bytes_for(capacity_rows),
+            staleness_bound=None,
+            use_direct_io=False,
+        )
+        self.store = EmbeddingStore.create(
+            directory,
+            num_rows=capacity_rows,
+            spec=spec,
+            config=store_config,
+            seed=config.seed,
+            key_space="hashed",
+        )
+        self.row_width = spec.width
+        self._version_keys = HashedKeys(capacity_rows)  # key -> slot of its version clock
+        self._versions = np.zeros(capacity_rows, dtype=np.int64)
+        self.lock = threading.Lock()
+        self.lags = _LagLog()
+        self._turn = 0  # next sequence number a sequenced push may apply
+        self._turn_changed = threading.Condition(self.lock)
+
+    def _keys(self, ids: I64, counts: I64) -> I64:
+        if len(counts) != self.num_tables:
+            raise ValueError(f"counts has {len(counts)} tables, the shard {self.num_tables}")
+        if len(ids) and (ids.min() < 0 or ids.max() >= 1 << ID_BITS):
+            bad = int(ids[(ids < 0) | (ids >= 1 << ID_BITS)][0])
+            raise ValueError(f"id {bad} is outside [0, 2^{ID_BITS}); hash larger ids first")
+        tables = np.repeat(np.arange(self.num_tables, dtype=np.int64), counts)
+        return table_keys(tables, ids)
+
+    def _versions_of(self, keys: I64) -> I64:
+        slots = self._version_keys.lookup(keys)
+        versions: I64 = np.where(slots >= 0, self._versions[np.maximum(slots, 0)], 0)
+        return versions
 
     def lookup(
         self, ids: Tensor, counts: Tensor, wire_dtype: torch.dtype = torch.float16
     ) -> tuple[Tensor, Tensor]:
-        """Read rows and their versions.
+        """Read rows and their versions (rows never written read as their initial value).
 
         Args:
             ids: int64 ids grouped by table in table order, shape (U,).
@@ -182,13 +256,10 @@ class EmbeddingShard:
         Returns:
             (rows (U, E) in `wire_dtype`, versions int64 (U,)).
         """
-        ids_np = ids.numpy()
-        rows_UE = np.empty((len(ids_np), self.config.embedding_dim), dtype=np.float32)
-        versions = np.empty(len(ids_np), dtype=np.int64)
-        for t, lo, hi in self._split(counts):
-            with self.locks[t]:
-                rows_UE[lo:hi] = self.stores[t].peek(ids_np[lo:hi], cols="emb")
-                versions[lo:hi] = self.versions[t][ids_np[lo:hi]]
+        keys = self._keys(ids.numpy(), counts.numpy())
+        with self.lock:
+            rows_UE = self.store.peek(keys, cols="emb")
+            versions = self._versions_of(keys)
         return torch.from_numpy(rows_UE).to(wire_dtype), torch.from_numpy(versions)
 
     def push(
@@ -199,6 +270,7 @@ class EmbeddingShard:
         versions_read: Tensor,
         scale: float,
         step: int,
+        seq: int | None = None,
     ) -> int:
         """Apply summed row gradients with the shard's optimizer; return the largest lag.
 
@@ -209,44 +281,111 @@ class EmbeddingShard:
             versions_read: The versions the rows had when they were read, int64 (U,).
             scale: Wire scale the gradients were multiplied by (divided out here, in fp32).
             step: Global batch id (store recency hint).
+            seq: Sequence number (None: apply on arrival). Sequenced pushes are applied in
+                the order 0, 1, 2, ...: push n waits for push n - 1.
 
         Returns:
-            max(version_now - version_read) over the pushed rows.
+            max(version_now - version_read) over the pushed rows (0 if none).
 
         Raises:
-            NonFiniteError: If a gradient or update is not finite (nothing of that table is
-                applied).
+            NonFiniteError: If a gradient or update is not finite (nothing is applied).
+            PSUnavailableError: If push `seq - 1` does not arrive within the timeout.
         """
-        ids_np = ids.numpy()
-        grads_UE = (grads.to(torch.float32) / scale).numpy()
+        keys = self._keys(ids.numpy(), counts.numpy())
+        grads_UE = np.ascontiguousarray((grads.to(torch.float32) / scale).numpy())
         read = versions_read.numpy()
-        top = 0
-        for t, lo, hi in self._split(counts):
-            with self.locks[t]:
-                rows = ids_np[lo:hi]
-                lag = self.versions[t][rows] - read[lo:hi]
-                self.stores[t].apply_gradients(rows, np.ascontiguousarray(grads_UE[lo:hi]), step)
-                self.versions[t][rows] += 1
-            top = max(top, self.lags.record(lag))
-        return top
+        lag = np.empty(0, dtype=np.int64)
+        with self.lock:
+            if seq is not None and not self._turn_changed.wait_for(
+                lambda: self._turn == seq, timeout=self.config.timeout_s
+            ):
+                raise PSUnavailableError(
+                    f"sequenced push {seq} waited {self.config.timeout_s} s for push "
+                    f"{self._turn} (a trainer is stuck or gone)"
+                )
+            try:
+                if len(keys):
+                    lag = self._versions_of(keys) - read
+                    self.store.apply_gradients(keys, grads_UE, step)
+                    slots = self._version_keys.lookup_or_insert(keys)
+                    self._versions[slots] += 1
+            finally:
+                if seq is not None:
+                    self._turn += 1
+                    self._turn_changed.notify_all()
+        return self.lags.record(lag)
 
-    def peek_table(self, table: int, ids: I64) -> npt.NDArray[np.float32]:
-        """Current vectors of `ids` in `table` (float32, (N, E)), for tests and export."""
-        with self.locks[table]:
-            return self.stores[table].peek(ids, cols="emb")
+    def peek_table(
+        self, table: int, ids: I64, cols: Literal["emb", "all"] = "emb"
+    ) -> npt.NDArray[np.float32]:
+        """Current rows of `ids` in `table` (tests and export).
+
+        Shapes:
+            returns: float32 (N, E), or (N, W) with the optimizer state for cols="all".
+        """
+        keys = table_keys(np.full(len(ids), table, dtype=np.int64), ids)
+        with self.lock:
+            return self.store.peek(keys, cols=cols)
+
+    def row_versions(self, table: int, ids: I64) -> I64:
+        """Version clocks (updates applied) of `ids` in `table`, int64 (N,)."""
+        keys = table_keys(np.full(len(ids), table, dtype=np.int64), ids)
+        with self.lock:
+            return self._versions_of(keys)
+
+    def updated_rows(self) -> list[tuple[I64, npt.NDArray[np.float32], I64]]:
+        """Per table, the rows updated at least once: (ids sorted, rows (N, W), versions).
+
+        Rows hold the vector and the optimizer state (width `row_width`). Call it while no
+        push is in flight for a consistent snapshot.
+        """
+        with self.lock:
+            count = self._version_keys.num_keys
+            keys = self._version_keys.keys_by_row[:count].copy()
+            versions = self._versions[:count].copy()
+            order = np.argsort(keys, kind="stable")
+            keys, versions = keys[order], versions[order]
+            rows = (
+                self.store.peek(keys, cols="all")
+                if count
+                else np.empty((0, self.row_width), np.float32)
+            )
+        tables = keys >> ID_BITS
+        bounds = np.searchsorted(tables, np.arange(self.num_tables + 1))
+        out = []
+        for t in range(self.num_tables):
+            lo, hi = int(bounds[t]), int(bounds[t + 1])
+            out.append((keys[lo:hi] & ID_MASK, rows[lo:hi], versions[lo:hi]))
+        return out
+
+    def load_rows(self, table: int, ids: I64, rows: npt.NDArray[np.float32], versions: I64) -> None:
+        """Overwrite rows (vector + optimizer state, (N, W)) and their version clocks.
+
+        Raises:
+            ValueError: If the rows are not `row_width` wide or ids repeat.
+            KeySpaceFullError: If the shard has no free row left.
+        """
+        keys = table_keys(np.full(len(ids), table, dtype=np.int64), ids)
+        with self.lock:
+            self.store.put(keys, np.ascontiguousarray(rows, dtype=np.float32))
+            slots = self._version_keys.lookup_or_insert(keys)
+            self._versions[slots] = versions
 
     def stats(self) -> dict[str, Any]:
         """The lag histogram (list, 257 bins), its max, and updates applied per table."""
+        with self.lock:
+            count = self._version_keys.num_keys
+            tables = self._version_keys.keys_by_row[:count] >> ID_BITS
+            applied = np.bincount(tables, weights=self._versions[:count], minlength=self.num_tables)
         return {
             "lag_hist": self.lags.hist.tolist(),
             "lag_max": self.lags.maximum,
-            "updates_applied": [int(v.sum()) for v in self.versions],
+            "updates_applied": [int(v) for v in applied],
         }
 
     def close(self) -> None:
-        """Close every store without a checkpoint (training state lives in checkpoints)."""
-        for store in self.stores:
-            store.close(checkpoint=False)
+        """Close the store without a checkpoint (training state lives in checkpoints)."""
+        self.store.close(checkpoint=False)
 
 
 class DenseShard:

@@ -7,14 +7,19 @@ samples `cursor + (s * world_size + r) * B + [0, B)` of the seeded sample order)
 
 Modes (Persia, section 3):
 - `sync`: look up batch t after every push of t - 1 is acknowledged and a barrier passed;
-  dense AllReduce every step. Measured staleness <= world_size - 1.
-- `hybrid` (K): a run-ahead thread keeps up to K batches' lookups in flight, each holding a
-  permit that is released when every shard has acknowledged applying that batch's gradients
-  (pushes are fire and forget); dense AllReduce every step. Own missed updates <= K - 1;
-  measured lag <= (K - 1) + 3K(world_size - 1) (`staleness_bound`).
-- `async` (K): as hybrid for embeddings; the dense parameters live in world_size chunks on
-  the PS (chunk i on rank i), pulled in the run-ahead thread under the stale-synchronous
-  rule (step t is read only once every rank's step t - K + 1 push is applied); no AllReduce.
+  dense AllReduce every step. Pushes carry the sequence number `step * world_size + rank`
+  and every shard applies them in that order, so a sync run is bit-reproducible. Measured
+  staleness <= world_size - 1.
+- `hybrid` (K): a run-ahead thread keeps lookups in flight, each holding a permit that is
+  released when every shard has acknowledged applying that batch's gradients (pushes are
+  fire and forget); dense AllReduce every step. At most `prefetch_depth` (default 1, capped
+  by K) lookups are started ahead of the step being computed: enough to hide a PS round
+  trip shorter than a step, and rows are read as late as that allows. Own missed updates
+  <= K - 1; measured lag <= (K - 1) + 3K(world_size - 1) (`staleness_bound`).
+- `async` (K): Persia's fully asynchronous baseline. Embeddings as hybrid but run ahead the
+  whole K; the dense parameters live in world_size chunks on the PS (chunk i on rank i),
+  pulled with the lookup (so up to K steps before use) under the stale-synchronous rule
+  (step t is computed only once every rank's step t - K push is applied); no AllReduce.
 
 References:
     Persia: An Open, Hybrid System Scaling Deep Learning-based Recommenders up to 100
@@ -23,6 +28,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -45,7 +51,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from frugal.config import config_from_dict, config_to_dict
-from frugal.recsys.batch import KJTBatch
+from frugal.recsys.batch import KJTBatch, RecsysData
 from frugal.recsys.checkpoint import (
     commit_checkpoint,
     export_shard_rows,
@@ -53,15 +59,21 @@ from frugal.recsys.checkpoint import (
     read_latest,
 )
 from frugal.recsys.client import EmbeddingClient, LookupResult, PendingLookup
-from frugal.recsys.config import Mode, RecsysTrainConfig, staleness_bound
-from frugal.recsys.datasets import load_recsys_data
+from frugal.recsys.config import Mode, RecsysTrainConfig, prefetch_depth, staleness_bound
+from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
 from frugal.recsys.errors import PSUnavailableError, RecsysError, StalenessBoundError
 from frugal.recsys.group import init_group
 from frugal.recsys.loader import BatchSource
 from frugal.recsys.metrics import log_loss, roc_auc
 from frugal.recsys.models import build_model
 from frugal.recsys.permits import Permits
-from frugal.recsys.ps import NUM_VIRTUAL_SHARDS, DenseShard, EmbeddingShard, default_owners
+from frugal.recsys.ps import (
+    NUM_VIRTUAL_SHARDS,
+    DenseShard,
+    EmbeddingShard,
+    default_owners,
+    shard_capacity,
+)
 from frugal.recsys.transport import Handle, RpcTransport, ShardServer
 
 __all__ = ["Mode", "RecsysTrainConfig", "staleness_bound", "train_rank"]
@@ -78,16 +90,61 @@ class _Timings:
     push_wait_ms: list[float] = field(default_factory=list)
 
 
-def _allreduce_grads(model: nn.Module, world_size: int) -> None:
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+@functools.lru_cache(maxsize=2)
+def _load_data(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
+    """The dataset of `config`, loaded once per process (a bench runs many cells on it)."""
+    return load_recsys_data(config)
+
+
+@functools.lru_cache(maxsize=2)
+def _alpha_max(config: RecsysDataConfig) -> float:
+    """Largest share of training samples that touch one row (Persia's sparsity alpha)."""
+    train = _load_data(config)[0]
+    top = 0.0
+    for f, values in enumerate(train.values):
+        offsets = train.offsets[f]
+        sample = np.repeat(np.arange(train.num_samples), np.diff(offsets))
+        pairs = np.unique(values * train.num_samples + sample)  # one per sample
+        counts = np.bincount(pairs // train.num_samples)
+        top = max(top, float(counts.max()) / train.num_samples if len(counts) else 0.0)
+    return top
+
+
+class _DenseSGD:
+    """Plain SGD on the dense parameters: `p -= lr * p.grad`.
+
+    What torch.optim.SGD does without momentum or weight decay (bit-identical results,
+    checked); used instead of it because its first construction imports torch._dynamo:
+    seconds of start-up per trainer process.
+    """
+
+    def __init__(self, params: list[nn.Parameter], lr: float) -> None:
+        self.params, self.lr = params, lr
+
+    @torch.no_grad()
+    def step(self) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        torch._foreach_add_([p for p in self.params if p.grad is not None], grads, alpha=-self.lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "sgd", "lr": self.lr}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != "sgd" or state.get("lr") != self.lr:
+            raise RecsysError(
+                f"the checkpoint's dense optimizer is {state}, this job's sgd lr={self.lr}; "
+                "resume with the same dense_lr"
+            )
+
+
+def _allreduce_grads(params: list[nn.Parameter], world_size: int) -> None:
+    """Average the gradients of `params` over the ranks (one flat AllReduce, as DDP does)."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
     flat /= world_size
-    offset = 0
-    for p in model.parameters():
-        n = p.numel()
-        p.grad = flat[offset : offset + n].view_as(p).clone()
-        offset += n
+    for p, grad in zip(params, torch.split(flat, [p.numel() for p in params]), strict=True):
+        p.grad = grad.view_as(p)  # views of this step's fresh buffer
 
 
 def _params_sha256(model: nn.Module) -> str:
@@ -115,7 +172,7 @@ class _Trainer:
         transport: RpcTransport,
     ):
         self.config, self.rank, self.world_size = config, rank, world_size
-        self.train, self.test = load_recsys_data(config.data)
+        self.train, self.test = _load_data(config.data)
         if config.features is not None and tuple(config.features) != self.train.keys:
             raise ValueError(
                 f"features={list(config.features)} do not match {config.data.dataset}'s "
@@ -134,11 +191,18 @@ class _Trainer:
             optimizer=config.embedding_optimizer,
             backend=config.store_backend,
             seed=config.seed,
+            timeout_s=config.timeout_s,
         )
         shard_dir = out_dir / "ps" / f"rank{rank}"
         shutil.rmtree(shard_dir, ignore_errors=True)  # rows come back from checkpoints only
-        self.shard = EmbeddingShard(shard_dir, self.train.num_embeddings, shard_config)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.dense_lr)
+        self.shard = EmbeddingShard(
+            shard_dir,
+            self.train.num_embeddings,
+            shard_config,
+            capacity_rows=shard_capacity(self.train.num_embeddings, world_size),
+        )
+        self.params = list(self.model.parameters())  # walked every step: list them once
+        self.optimizer = _DenseSGD(self.params, config.dense_lr)
         self.resumed_from: int | None = None
         start_sample, total_samples = self._maybe_resume()
         self.chunks = (
@@ -163,6 +227,8 @@ class _Trainer:
         self.timings = _Timings()
         self.losses: list[float] = []
         self.t_warm = self.t_end = time.perf_counter()
+        self.cpu_warm = self.cpu_end = time.process_time()  # CPU of every thread (PS included)
+        self.step_ends: list[tuple[int, float]] = []  # (step, end time) of every step
         self.warm_step = -1
         self.max_lag_acked = 0
         self.checkpoints_written = 0
@@ -277,14 +343,15 @@ class _Trainer:
         loss = nn.functional.binary_cross_entropy_with_logits(
             logits, torch.from_numpy(batch.labels)
         )
-        self.model.zero_grad(set_to_none=True)
+        for param in self.params:
+            param.grad = None
         torch.autograd.backward(loss)
         self.losses.append(float(loss))
         self.timings.compute_ms.append((time.perf_counter() - start) * 1e3)
 
     def _dense_step(self) -> None:
         start = time.perf_counter()
-        _allreduce_grads(self.model, self.world_size)
+        _allreduce_grads(self.params, self.world_size)
         mid = time.perf_counter()
         self.optimizer.step()
         self.timings.allreduce_ms.append((mid - start) * 1e3)
@@ -326,7 +393,8 @@ class _Trainer:
             self._forward_backward(result)
             self._dense_step()
             start = time.perf_counter()
-            handles = self.client.push(result, batch.batch_id, self.world_size)
+            seq = step * self.world_size + self.rank  # shards apply a step's pushes by rank
+            handles = self.client.push(result, batch.batch_id, self.world_size, seq=seq)
             for handle in handles:
                 lag = int(handle.wait())
                 if lag > self.bound:
@@ -344,6 +412,8 @@ class _Trainer:
         ready: queue.Queue[tuple[int, KJTBatch, PendingLookup, Any] | BaseException] = queue.Queue()
         stop = threading.Event()
         is_async = self.config.mode == "async"
+        depth = prefetch_depth(self.config)
+        slots = threading.Semaphore(depth)  # lookups started and not yet taken by compute
 
         def produce() -> None:
             try:
@@ -352,6 +422,10 @@ class _Trainer:
                         self._wait_gate(step)  # no read crosses a checkpoint
                     batch = self.source.batch(step)  # validated before taking a permit
                     start = time.perf_counter()
+                    if not slots.acquire(timeout=self.config.timeout_s):
+                        raise PSUnavailableError(
+                            f"step {step}: compute took no batch within {self.config.timeout_s} s"
+                        )
                     permits.acquire()
                     self.timings.permit_wait_ms.append((time.perf_counter() - start) * 1e3)
                     if stop.is_set():
@@ -385,6 +459,7 @@ class _Trainer:
                     ) from exc
                 if isinstance(item, BaseException):
                     raise item
+                slots.release()  # the next lookup may start while this step computes
                 step, batch, pending, pulls = item
                 result = self.client.wait(pending)
                 dense = None if pulls is None else self._check_pulls(step, pulls)
@@ -399,8 +474,7 @@ class _Trainer:
                     handles = self.client.push(result, batch.batch_id, self.world_size)
                 else:
                     grads = [
-                        p.grad if p.grad is not None else torch.zeros_like(p)
-                        for p in self.model.parameters()
+                        p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params
                     ]
                     flat = torch.cat([g.reshape(-1) for g in grads]) / self.world_size
                     handles = self.client.push(result, batch.batch_id, self.world_size)
@@ -431,8 +505,11 @@ class _Trainer:
         """Note the end of `step` (throughput counts the steps after the warm-up ones)."""
         if step == self.config.warmup_steps - 1 and step < self.source.num_steps - 1:
             self.t_warm = time.perf_counter()
+            self.cpu_warm = time.process_time()
             self.warm_step = step
         self.t_end = time.perf_counter()
+        self.cpu_end = time.process_time()
+        self.step_ends.append((step, self.t_end))
 
     # --- evaluation ----------------------------------------------------------------------
     def evaluate(self, batch_size: int = 2048) -> dict[str, float]:
@@ -456,19 +533,16 @@ class _Trainer:
 
     def alpha_max(self) -> float:
         """Largest share of training samples that touch one row (Persia's sparsity alpha)."""
-        top = 0.0
-        for f, values in enumerate(self.train.values):
-            offsets = self.train.offsets[f]
-            sample = np.repeat(np.arange(self.train.num_samples), np.diff(offsets))
-            pairs = np.unique(values * self.train.num_samples + sample)  # one per sample
-            counts = np.bincount(pairs // self.train.num_samples)
-            top = max(top, float(counts.max()) / self.train.num_samples if len(counts) else 0.0)
-        return top
+        return _alpha_max(self.config.data)
 
     def rank_report(self) -> dict[str, Any]:
         steps = self.source.num_steps
         timed = steps - 1 - self.warm_step
         elapsed = max(self.t_end - self.t_warm, 1e-9)
+        ends = [t for step, t in self.step_ends if step >= self.warm_step]
+        step_ms = np.diff(ends) * 1e3  # steps after the warm-up (the last one ends at the drain)
+        step_samples = self.config.batch_size * self.world_size
+        mean_samples_per_s = timed * step_samples / elapsed
         quarter = max(1, len(self.losses) // 5)
         stats = self.shard.stats()
         if self.server.dense is not None:
@@ -478,7 +552,14 @@ class _Trainer:
         return {
             "rank": self.rank,
             "steps": steps,
-            "samples_per_s": timed * self.config.batch_size * self.world_size / elapsed,
+            "samples_per_s": (
+                step_samples * 1e3 / float(np.median(step_ms))
+                if len(step_ms)
+                else mean_samples_per_s
+            ),
+            "samples_per_s_mean": mean_samples_per_s,
+            "step_ms": float(np.median(step_ms)) if len(step_ms) else elapsed / max(timed, 1) * 1e3,
+            "cpu_ms_per_step": (self.cpu_end - self.cpu_warm) / max(timed, 1) * 1e3,
             "train_loss_first": float(np.mean(self.losses[:quarter])) if self.losses else None,
             "train_loss_last": float(np.mean(self.losses[-quarter:])) if self.losses else None,
             "samples_done": self.source.samples_done(steps),
@@ -520,6 +601,7 @@ def _summarise(
         "world_size": config.nproc,
         **metrics,
         "samples_per_s": float(np.median([r["samples_per_s"] for r in reports])),
+        "samples_per_s_mean": float(np.median([r["samples_per_s_mean"] for r in reports])),
         "max_staleness_seen": max_seen,
         "mean_staleness": mean,
         "staleness_p99": p99,
@@ -539,6 +621,8 @@ def _summarise(
         "checkpoints_written": reports[0]["checkpoints_written"],
     }
     for key in (
+        "step_ms",
+        "cpu_ms_per_step",
         "lookup_wait_ms",
         "permit_wait_ms",
         "compute_ms",
