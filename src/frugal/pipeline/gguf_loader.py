@@ -99,6 +99,12 @@ def _field(reader: Any, key: str) -> Any:
     return field.contents()
 
 
+def _float32(value: Any) -> float:
+    # GGUF stores these as float32: 1e-5 reads back as 9.99999974e-06; keep the shortest
+    # decimal that round-trips through float32 (numpy's repr), i.e. the value that was written.
+    return float(str(np.float32(value)))
+
+
 def _reader(path: Path) -> Any:
     from gguf import GGUFReader
 
@@ -143,10 +149,10 @@ def read_gguf_llama(path: Path) -> GGUFModel:
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
-        rope_theta=float(_field(reader, "llama.rope.freq_base"))
+        rope_theta=_float32(_field(reader, "llama.rope.freq_base"))
         if "llama.rope.freq_base" in reader.fields
         else 10000.0,
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
+        rms_norm_eps=_float32(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
         max_context=int(_field(reader, "llama.context_length")),
         tie_embeddings="output.weight" not in tensors,
     )
@@ -232,9 +238,7 @@ def _tokenizer(reader: Any, path: Path) -> Any:
         if "tokenizer.ggml.token_type" in reader.fields
         else [1] * len(tokens)
     )
-    pre = (
-        _field(reader, "tokenizer.ggml.pre") if "tokenizer.ggml.pre" in reader.fields else "gpt2"
-    )
+    pre = _field(reader, "tokenizer.ggml.pre") if "tokenizer.ggml.pre" in reader.fields else "gpt2"
     vocab = {token: i for i, token in enumerate(tokens)}
     pairs = [(left, right) for left, right in (m.split(" ", 1) for m in merges)]
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))

@@ -549,6 +549,8 @@ def _run_one(
     offset = sum(layout.num_microbatches[:replica]) * config.micro_batch_size
     per_step = total_mbs * config.micro_batch_size
     reporter = stage == layout.num_stages - 1 and replica == 0
+    # The whole model's eval loss before training (SmolLM2: its perplexity as loaded).
+    initial_eval_loss = evaluate(model, data) if reporter else None
     try:
         _barrier(config.comm_timeout_s)
         for step in range(run.steps):
@@ -598,6 +600,7 @@ def _run_one(
         "steps": run.steps,
         "losses": stats.losses,
         "eval_loss": eval_loss,
+        "initial_eval_loss": initial_eval_loss,
         "step_s": stats.step_s,
         "median_forward_s": stats.median_forward_s(),
         "median_backward_s": stats.median_backward_s(),

@@ -154,9 +154,7 @@ def default_layers(config: PipelineTrainConfig, num_stages: int) -> tuple[int, .
         ValueError: If num_stages is not in [1, blocks].
     """
     if config.model == "smollm2-135m":
-        return balanced_layers(
-            SMOLLM2_135M.num_layers, num_stages, config.smollm.head_cost_blocks
-        )
+        return balanced_layers(SMOLLM2_135M.num_layers, num_stages, config.smollm.head_cost_blocks)
     return split_layers(config.gpt.num_layers, num_stages)
 
 
@@ -256,9 +254,7 @@ def load_model_windows(config: PipelineTrainConfig) -> TextWindows:
     )
 
 
-def mean_token_loss(
-    model: nn.Module, data: TextWindows, ids: Tensor, batch_size: int = 8
-) -> float:
+def mean_token_loss(model: nn.Module, data: TextWindows, ids: Tensor, batch_size: int = 8) -> float:
     """Mean next-token cross-entropy (nats per token) of `model` on the windows `ids`.
 
     exp() of it is the perplexity.
