@@ -224,7 +224,7 @@ def test_tokenizer_from_gguf_merges_splits_digits_and_keeps_specials(
 def test_a_non_llama_file_is_refused(tmp_path: Path) -> None:
     model = Llama(TINY, seed=0)
     _write_gguf(tmp_path / "gpt2.gguf", model, arch="gpt2")
-    with pytest.raises(GGUFFormatError, match="general.architecture='gpt2'"):
+    with pytest.raises(GGUFFormatError, match=r"general\.architecture='gpt2'"):
         read_gguf_llama(tmp_path / "gpt2.gguf")
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(GGUFFormatError, match="not a readable GGUF"):
