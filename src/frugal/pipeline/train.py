@@ -625,8 +625,11 @@ def launch_torchrun(
     nproc: int,
     timeout_s: float,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
+    module: str = "frugal.pipeline.worker",
 ) -> list[dict[str, Any]]:
     """Start `nproc` workers with torchrun on 127.0.0.1; return each rank's results.
+
+    `module` is the worker's entry point (`python -m module JOB.json OUT_DIR`).
 
     Raises:
         PipelineError: If a worker fails (its last output lines are in the message) or the
@@ -649,7 +652,7 @@ def launch_torchrun(
         f"--rdzv-endpoint=127.0.0.1:{free_port()}",
         "--max-restarts=0",
         "-m",
-        "frugal.pipeline.worker",
+        module,
         str(job),
         str(out_dir),
     ]
