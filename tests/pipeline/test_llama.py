@@ -291,3 +291,17 @@ def test_balanced_layers_lighten_the_last_stage() -> None:
 def test_unigram_entropy_by_hand() -> None:
     # counts 2, 1, 1 of 4: -(1/2 ln 1/2 + 2 * 1/4 ln 1/4) = 1.5 ln 2
     assert unigram_entropy(np.array([0, 0, 1, 2]), 5) == pytest.approx(1.5 * np.log(2))
+
+
+def test_smollm2_preset_and_its_default_layout() -> None:
+    from frugal.pipeline.train import make_layout
+    from frugal.pipeline.zoo import boundary_shape, smollm2_train_config
+
+    config = smollm2_train_config()
+    assert (config.model, config.dataset, config.smollm.embeddings) == (
+        "smollm2-135m",
+        "fortunes",
+        "frozen",
+    )
+    assert make_layout(config, 4).layers == (10, 10, 9, 1)
+    assert boundary_shape(config) == (2, 64, 576)
