@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +28,12 @@ from frugal.pipeline.runtime import LocalTransport, Microbatch, StageRunner, run
 from frugal.pipeline.schedule import build_schedule
 from frugal.pipeline.zoo import (
     SMOLLM2_135M,
+    SmolLMConfig,
     balanced_layers,
+    build_model,
     load_smollm2,
     mean_token_loss,
+    smollm2_train_config,
     tokenize_corpus,
     unigram_entropy,
 )
@@ -146,3 +150,16 @@ def test_cli_fine_tunes_smollm2_on_four_ranks(
     # One macro-batch of 2 windows, seen 3 times: the pipelined model fits it.
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert 1.0 < summary["initial_eval_loss"] < 6.0
+
+
+def test_untied_head_starts_as_the_embedding(smollm: tuple[Llama, object]) -> None:
+    config = smollm2_train_config()
+    untied = build_model(replace(config, smollm=SmolLMConfig(embeddings="untied")))
+    assert isinstance(untied, Llama) and untied.head is not None
+    assert untied.tok.weight.requires_grad and untied.head.weight.requires_grad
+    assert untied.head.weight.data_ptr() != untied.tok.weight.data_ptr()
+    frozen = build_model(config)
+    assert isinstance(frozen, Llama) and not frozen.tok.weight.requires_grad
+    tokens = torch.tensor([[504, 3575, 282, 4649, 314]])
+    with torch.no_grad():
+        torch.testing.assert_close(untied(tokens), smollm[0](tokens), rtol=0, atol=0)

@@ -577,13 +577,17 @@ def _run_one(
                 )
     finally:
         transport.close()
-    # Eval on the whole model: replica 0's stages send their trained weights to every rank (a
-    # few MB for the tiny GPT; frozen ones are the same everywhere); the reporting rank
-    # reassembles and evaluates it.
+    # Eval on the whole model: replica 0's stages send their trained weights to the reporting
+    # rank (a few MB for the tiny GPT, ~400 MB for SmolLM2's blocks; frozen weights are the
+    # same everywhere and stay home), which reassembles and evaluates it.
     eval_loss = None
     gathered: list[Any] = [None] * dist.get_world_size()
     trained = {k: p.detach() for k, p in module.named_parameters() if p.requires_grad}
-    dist.all_gather_object(gathered, trained if replica == 0 else {})
+    dist.gather_object(
+        trained if replica == 0 else {},
+        gathered if reporter else None,
+        dst=layout.mesh[0][layout.num_stages - 1],
+    )
     if reporter:
         full = model.state_dict()
         for s, r in enumerate(layout.mesh[0]):
