@@ -200,12 +200,10 @@ def load_gguf_llama(path: Path) -> tuple[Llama, Any]:
         GGUFFormatError: As `read_gguf_llama`, or if a weight does not fit the model.
     """
     model_file = read_gguf_llama(path)
-    model = Llama(model_file.config)
-    missing, unexpected = model.load_state_dict(model_file.state_dict, strict=False)
-    if missing or unexpected:
-        raise GGUFFormatError(
-            f"{path}: weights do not fit the model (missing {missing}, unexpected {unexpected})"
-        )
+    try:
+        model = Llama.load_weights(model_file.config, model_file.state_dict)
+    except RuntimeError as exc:
+        raise GGUFFormatError(f"{path}: weights do not fit the model ({exc})") from exc
     return model, model_file.tokenizer
 
 

@@ -178,13 +178,13 @@ class Llama(nn.Module):
 
     Args:
         config: Model shape.
-        seed: Seed of the random initial weights (replaced when loading a checkpoint).
+        seed: Seed of the random initial weights; None skips the init (the weights are
+            loaded next: build under `torch.device("meta")` and `load_weights`).
     """
 
-    def __init__(self, config: LlamaConfig, seed: int = 0) -> None:
+    def __init__(self, config: LlamaConfig, seed: int | None = 0) -> None:
         super().__init__()
         self.config = config
-        gen = torch.Generator().manual_seed(seed)
         self.tok = nn.Embedding(config.vocab_size, config.hidden)
         self.blocks = nn.ModuleList(LlamaBlock(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden, config.rms_norm_eps)
@@ -193,11 +193,25 @@ class Llama(nn.Module):
             if config.tie_embeddings
             else nn.Linear(config.hidden, config.vocab_size, bias=False)
         )
-        with torch.no_grad():
-            for p in self.parameters():
-                if p.dim() >= 2:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+        if seed is not None:
+            gen = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for p in self.parameters():
+                    if p.dim() >= 2:
+                        p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
         self._rope: tuple[Tensor, Tensor] | None = None
+
+    @classmethod
+    def load_weights(cls, config: LlamaConfig, state: dict[str, Tensor]) -> Llama:
+        """A model holding copies of `state` (no random init: built on the meta device).
+
+        Raises:
+            RuntimeError: If `state` misses a parameter or has an unexpected one.
+        """
+        with torch.device("meta"):
+            model = cls(config, seed=None)
+        model.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)
+        return model
 
     def head_weight(self) -> Tensor:
         """The (V, H) output projection (the embedding matrix when tied)."""

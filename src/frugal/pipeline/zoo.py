@@ -196,8 +196,7 @@ def build_model(config: PipelineTrainConfig) -> nn.Module:
     if config.smollm.embeddings == "untied":
         shape = dataclasses.replace(SMOLLM2_135M, tie_embeddings=False)
         state["head.weight"] = state["tok.weight"].clone()
-    model = Llama(shape)
-    model.load_state_dict(state)
+    model = Llama.load_weights(shape, state)
     if config.smollm.embeddings == "frozen":
         model.tok.weight.requires_grad_(False)
     return model
