@@ -19,12 +19,18 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
                                   micro_batch_size=4, num_microbatches=4, num_stages=2,
                                   calibrate_steps=2),
         methods=("fp32", "aqsgd:fw2,bw4"), rhos=(3.3,), epochs=2, speed_steps=2,
-        quality_workers=1,
+        quality_workers=1, torch_pipelining=("gpipe",),
     )  # fmt: skip
     document = run_pipeline_bench(config, tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["benchmark"] == "pipeline" and len(saved["rows"]) == 2
-    for row in saved["rows"]:
+    # 2 methods at one rho, our FP32 unshaped, torch.distributed.pipelining GPipe (unshaped)
+    assert saved["benchmark"] == "pipeline" and len(saved["rows"]) == 4
+    baseline = saved["rows"][-1]
+    assert baseline["method"] == "torch.pipelining:gpipe" and baseline["skipped"] is None
+    assert baseline["tokens_per_s"] > 0 and baseline["link"] == "unshaped"
+    assert saved["rows"][-2]["method"] == "fp32" and saved["rows"][-2]["link"] == "unshaped"
+    assert document["summary"]["speedup_vs_torch_pipelining"] > 0
+    for row in saved["rows"][:-1]:
         for key in ("codec", "fw_bits", "bw_bits", "rho", "link_mbps", "tokens_per_s",
                     "bytes_per_step", "final_train_loss", "final_eval_loss",
                     "time_to_fp32_loss_s", "simulated_tokens_per_s"):  # fmt: skip

@@ -44,3 +44,9 @@ def test_train_writes_losses_and_a_curve(
     saved = json.loads((out / "train.json").read_text())
     assert len(saved["losses"]) == 4 and saved["losses"][-1] < saved["losses"][0]
     assert (out / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_smollm2_with_more_stages_than_blocks_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    # The preset applies (30 blocks of SmolLM2, not the tiny GPT's 4): rejected before launch.
+    assert main(["pipeline", "train", "--model", "smollm2-135m", "--stages", "31"]) == 2
+    assert "30 blocks" in capsys.readouterr().err

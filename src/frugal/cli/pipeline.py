@@ -25,7 +25,12 @@ def register(commands: Any) -> None:
     train = children.add_parser(
         "train", help="train a model with one process per stage (torchrun, gloo, 127.0.0.1)"
     )
-    train.add_argument("--model", default=None, choices=["tiny-gpt"], help="model to train")
+    train.add_argument(
+        "--model",
+        default=None,
+        choices=["tiny-gpt", "smollm2-135m"],
+        help="model to train (smollm2-135m: SmolLM2 from its bundled GGUF, with its preset)",
+    )
     train.add_argument("--stages", type=int, default=None, metavar="S", help="pipeline stages")
     train.add_argument(
         "--codec",
@@ -110,7 +115,14 @@ def _train(args: argparse.Namespace) -> int:
     ):
         if value is not None:
             cli[key] = value
-    base = config_to_dict(load_config(PipelineTrainConfig, args.config, args.overrides))
+    preset = None
+    if args.model == "smollm2-135m":
+        from frugal.pipeline.zoo import smollm2_train_config
+
+        preset = config_to_dict(smollm2_train_config())
+    base = config_to_dict(
+        load_config(PipelineTrainConfig, args.config, args.overrides, base=preset)
+    )
     config = load_config(PipelineTrainConfig, base={**base, **cli}, base_source="command line")
     world_size = config.num_stages
     if config.plan:
@@ -164,6 +176,7 @@ def _train(args: argparse.Namespace) -> int:
         "world_size": world_size,
         "steps": config.steps,
         "final_train_loss": last["losses"][-1],
+        "initial_eval_loss": last.get("initial_eval_loss"),
         "eval_loss": last["eval_loss"],
         "bandwidth_bits_per_s": last["bandwidth_bits_per_s"],
         "median_step_s": sorted(last["step_s"])[len(last["step_s"]) // 2],

@@ -99,6 +99,10 @@ class PipelineBenchConfig:
     sim_num_cores: int = 0
     """Processors the simulated stages share (0 = the cores the unshaped calibration run
     really used: its CPU seconds per step over its wall seconds)."""
+    torch_pipelining: tuple[str, ...] = ("gpipe", "1f1b")
+    """Schedules of the torch.distributed.pipelining FP32 baseline ("gpipe", "1f1b"), run for
+    speed_steps steps and compared with our FP32 run on the same unshaped loopback link
+    (torch's sends cannot go through our shaper); empty = skip the baseline."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -114,6 +118,11 @@ class PipelineBenchConfig:
             )
         if self.epochs < 2 or self.speed_steps < 2 or self.quality_workers < 1:
             raise ValueError("epochs and speed_steps must be >= 2, quality_workers >= 1")
+        for name in self.torch_pipelining:
+            if name not in ("gpipe", "1f1b"):
+                raise ValueError(
+                    f"torch_pipelining={self.torch_pipelining}: each must be 'gpipe' or '1f1b'"
+                )
 
     @classmethod
     def quick(cls) -> PipelineBenchConfig:
@@ -197,6 +206,11 @@ def run_pipeline_bench(
         for rho in config.rhos
         for m in config.methods
     ]
+    if config.torch_pipelining:  # our FP32 on the raw link, beside torch's pipelining
+        runs.append(
+            RunSpec(label="fp32@unshaped", codec="fp32", steps=config.speed_steps,
+                    repeat_examples=True)
+        )  # fmt: skip
     say(f"speed: {len(runs)} shaped runs on {train.num_stages} gloo ranks")
     with tempfile.TemporaryDirectory(prefix="frugal-pipeline-") as tmp:
         ranks = launch_torchrun(
@@ -268,7 +282,7 @@ def run_pipeline_bench(
                 "fw_bits": spec.fw_bits,
                 "bw_bits": spec.bw_bits,
                 "rho": run.rho,
-                "link": rho_label(run.rho),
+                "link": rho_label(run.rho) if run.rho > 0 else "unshaped",
                 "link_mbps": bandwidth / 1e6 if math.isfinite(bandwidth) else None,
                 "tokens_per_s": tokens_per_step / measured_s,
                 "step_time_ms": measured_s * 1e3,
@@ -290,12 +304,87 @@ def run_pipeline_bench(
 
     summary = _summary(rows, config)
     summary["sim_num_cores"] = cores
+    if config.torch_pipelining:
+        say(f"baseline: torch.distributed.pipelining {', '.join(config.torch_pipelining)}")
+        baseline_rows, baseline_summary = torch_pipelining_rows(config, rows)
+        rows.extend(baseline_rows)
+        summary.update(baseline_summary)
     document = results_document("pipeline", config, rows, summary)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_results(out_dir / "results.json", document)
     (out_dir / "speed_ranks.json").write_text(json.dumps(ranks))
     _plot(quality, out_dir / "loss_curves.png")
     return document
+
+
+def torch_pipelining_rows(
+    config: PipelineBenchConfig, rows: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the torch.distributed.pipelining baseline; its rows and summary keys.
+
+    Rows carry `codec` "torch.pipelining", `method` "torch.pipelining:SCHEDULE", FP32 bits,
+    rho 0 (link "unshaped"), measured tokens/s and the first step's loss; `skipped` holds
+    the reason when the launch failed or hung (the bench goes on). Summary:
+    `torch_pipelining_tokens_per_s` per schedule, `fp32_unshaped_tokens_per_s` (ours, same
+    link) and `speedup_vs_torch_pipelining` (ours over torch's, same schedule as ours).
+    """
+    from frugal.pipeline.runtime import PipelineError
+    from frugal.pipeline.torch_pipelining import launch_torch_pipelining, summarize
+
+    train = config.train
+    shape = (train.micro_batch_size, train.gpt.context, train.gpt.hidden)
+    fp32 = CodecSpec.parse("fp32")
+    analytic = (train.num_stages - 1) * train.num_microbatches * 4 * math.prod(shape) * 2
+    measured: dict[str, Any] = {}
+    reason = None
+    with tempfile.TemporaryDirectory(prefix="frugal-torch-pipelining-") as tmp:
+        try:
+            ranks = launch_torch_pipelining(
+                train,
+                config.torch_pipelining,
+                config.speed_steps,
+                Path(tmp),
+                timeout_s=min(config.launch_timeout_s, 600.0),
+            )
+            measured = summarize(train, ranks)
+        except PipelineError as exc:
+            reason = f"torch.distributed.pipelining failed or hung: {exc}"
+    out_rows = []
+    for name in config.torch_pipelining:
+        result = measured.get(name)
+        out_rows.append(
+            {
+                "codec": "torch.pipelining",
+                "method": f"torch.pipelining:{name}",
+                "fw_bits": fp32.fw_bits,
+                "bw_bits": fp32.bw_bits,
+                "rho": 0.0,
+                "link": "unshaped",
+                "link_mbps": None,
+                "tokens_per_s": result["tokens_per_s"] if result else None,
+                "step_time_ms": result["step_time_ms"] if result else None,
+                # torch sends raw fp32 tensors (no header): activation + gradient per link
+                "bytes_per_step": None,
+                "analytic_bytes_per_step": analytic,
+                "first_step_loss": result["losses"][0] if result and result["losses"] else None,
+                "final_train_loss": None,
+                "final_eval_loss": None,
+                "time_to_fp32_loss_s": None,
+                "simulated_tokens_per_s": None,
+                "skipped": reason,
+            }
+        )
+    ours = next((r for r in rows if r["method"] == "fp32" and r["rho"] == 0.0), None)
+    theirs = measured.get(train.schedule)
+    summary: dict[str, Any] = {
+        "torch_pipelining_tokens_per_s": {k: v["tokens_per_s"] for k, v in measured.items()},
+        "fp32_unshaped_tokens_per_s": ours["tokens_per_s"] if ours else None,
+        "speedup_vs_torch_pipelining": ours["tokens_per_s"] / theirs["tokens_per_s"]
+        if ours and theirs
+        else None,
+        "torch_pipelining_skipped": reason,
+    }
+    return out_rows, summary
 
 
 def _effective_cores(by_stage: list[dict[str, Any]], num_stages: int) -> int:
@@ -343,7 +432,11 @@ def _summary(rows: list[dict[str, Any]], config: PipelineBenchConfig) -> dict[st
     out["loss_gap_ours_fw2"] = ours["final_eval_loss"] / base - 1 if ours else None
     out["speedup_at_slowest_ours"] = ours["tokens_per_s"] / fp32["tokens_per_s"] if ours else None
     out["fp32_final_eval_loss"] = base
-    gaps = [abs(r["tokens_per_s"] / r["simulated_tokens_per_s"] - 1) for r in rows]
+    gaps = [
+        abs(r["tokens_per_s"] / r["simulated_tokens_per_s"] - 1)
+        for r in rows
+        if r["rho"] in config.rhos  # the rho points (not the unshaped FP32 row)
+    ]
     out["max_sim_gap"] = max(gaps)
     out["median_sim_gap"] = statistics.median(gaps)
     out["bytes_match_analytic"] = all(

@@ -15,7 +15,9 @@ Shape legend: M micro-batch, T tokens (context), H hidden (d_model), V vocabular
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -26,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from frugal.config import check_types
 
 __all__ = [
+    "PipelineStage",
     "StageModule",
     "TextWindows",
     "TinyGPT",
@@ -61,6 +64,28 @@ class TinyGPTConfig:
             raise ValueError(
                 f"hidden={self.hidden} must be divisible by num_heads={self.num_heads}"
             )
+
+
+class PipelineStage(Protocol):
+    """What the runtime needs of a stage module (StageModule, llama.LlamaStage)."""
+
+    stage: int
+    is_first: bool
+    is_last: bool
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """Stage output (tokens or hidden states in; hidden states or logits out)."""
+        ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+        """The stage's parameters (the optimizer's)."""
+        ...
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Parameter]]:
+        """The stage's parameters with their stage-local names."""
+        ...
 
 
 class _Block(nn.Module):
@@ -211,14 +236,29 @@ class TextWindows:
     """
 
     def __init__(self, text: str, context: int, num_train: int, num_eval: int) -> None:
-        data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        self._cut(np.frombuffer(text.encode("utf-8"), dtype=np.uint8), context, num_train, num_eval)
+
+    @classmethod
+    def from_tokens(
+        cls, tokens: np.ndarray, context: int, num_train: int, num_eval: int
+    ) -> TextWindows:
+        """Windows of an already tokenized corpus (e.g. BPE ids), same rules as bytes.
+
+        Raises:
+            ValueError: If the corpus has too few windows.
+        """
+        windows = cls.__new__(cls)
+        windows._cut(np.asarray(tokens), context, num_train, num_eval)
+        return windows
+
+    def _cut(self, data: np.ndarray, context: int, num_train: int, num_eval: int) -> None:
         num_windows = (len(data) - 1) // context
         is_eval = np.arange(num_windows) % 8 == 7
         train, evals = np.flatnonzero(~is_eval), np.flatnonzero(is_eval)
         if len(train) < num_train or len(evals) < num_eval:
             raise ValueError(
                 f"the corpus has {len(train)} train and {len(evals)} eval windows of "
-                f"{context + 1} bytes; lower num_train={num_train} / num_eval={num_eval}"
+                f"{context + 1} tokens; lower num_train={num_train} / num_eval={num_eval}"
             )
         starts = np.arange(num_windows) * context
         index = starts[:, None] + np.arange(context + 1)

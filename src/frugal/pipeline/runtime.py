@@ -41,7 +41,7 @@ from frugal.comm.message import (
     ProtocolError,
     parse_header,
 )
-from frugal.pipeline.models import StageModule
+from frugal.pipeline.models import PipelineStage
 from frugal.pipeline.schedule import Action
 
 __all__ = [
@@ -380,7 +380,7 @@ class StageRunner:
 
     def __init__(
         self,
-        module: StageModule,
+        module: PipelineStage,
         spec: CodecSpec,
         transport: Transport,
         *,

@@ -39,8 +39,7 @@ from frugal.comm.launch import free_port, kill_launch, launch_marker
 from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
 from frugal.comm.message import CodecSpec
 from frugal.config import check_types, config_from_dict, config_to_dict
-from frugal.data import load_text
-from frugal.pipeline.models import TextWindows, TinyGPT, TinyGPTConfig, build_stages, split_layers
+from frugal.pipeline.models import TextWindows, TinyGPTConfig, split_layers
 from frugal.pipeline.runtime import (
     ConfigMismatchError,
     DistTransport,
@@ -51,6 +50,15 @@ from frugal.pipeline.runtime import (
     run_local_step,
 )
 from frugal.pipeline.schedule import build_schedule
+from frugal.pipeline.zoo import (
+    SmolLMConfig,
+    boundary_shape,
+    build_model,
+    build_model_stages,
+    default_layers,
+    load_model_windows,
+    model_num_layers,
+)
 
 __all__ = [
     "Layout",
@@ -70,10 +78,12 @@ PROGRESS_PREFIX = "FRUGAL_PROGRESS "
 class PipelineTrainConfig:
     """A pipeline training job (`frugal pipeline train`)."""
 
-    model: Literal["tiny-gpt"] = "tiny-gpt"
-    """Model name (tiny-gpt: byte-level GPT)."""
+    model: Literal["tiny-gpt", "smollm2-135m"] = "tiny-gpt"
+    """Model name (tiny-gpt: byte-level GPT; smollm2-135m: SmolLM2 from its bundled GGUF)."""
     gpt: TinyGPTConfig = field(default_factory=TinyGPTConfig)
     """Shape of the tiny GPT."""
+    smollm: SmolLMConfig = field(default_factory=SmolLMConfig)
+    """SmolLM2-135M settings (context, embeddings, partition)."""
     dataset: str = "pydoc_topics"
     """Text corpus from frugal.data."""
     num_train: int = 512
@@ -126,7 +136,7 @@ class PipelineTrainConfig:
                 f"{self.micro_batch_size * self.num_microbatches} examples; raise num_train"
             )
         if not self.plan:
-            split_layers(self.gpt.num_layers, self.num_stages)
+            split_layers(model_num_layers(self), self.num_stages)
         if self.bandwidth_mbps < 0 or self.rho < 0 or self.latency_ms < 0:
             raise ValueError(
                 f"bandwidth_mbps={self.bandwidth_mbps}, rho={self.rho}, "
@@ -199,7 +209,7 @@ def make_layout(config: PipelineTrainConfig, world_size: int) -> Layout:
         return Layout(
             config.num_stages,
             1,
-            split_layers(config.gpt.num_layers, config.num_stages),
+            default_layers(config, config.num_stages),
             (tuple(range(config.num_stages)),),
             (config.num_microbatches,),
         )
@@ -211,10 +221,10 @@ def make_layout(config: PipelineTrainConfig, world_size: int) -> Layout:
             f"the plan {config.plan} is for world_size={plan.world_size} but "
             f"{world_size} processes were launched; launch {plan.world_size} or plan again"
         )
-    if sum(plan.num_layers_per_stage) != config.gpt.num_layers:
+    if sum(plan.num_layers_per_stage) != model_num_layers(config):
         raise ValueError(
             f"the plan places {sum(plan.num_layers_per_stage)} layers but the model has "
-            f"{config.gpt.num_layers}; set gpt.num_layers={sum(plan.num_layers_per_stage)} "
+            f"{model_num_layers(config)}; set gpt.num_layers={sum(plan.num_layers_per_stage)} "
             "or plan with workload.num_layers matching the model"
         )
     return Layout(
@@ -227,9 +237,8 @@ def make_layout(config: PipelineTrainConfig, world_size: int) -> Layout:
 
 
 def load_windows(config: PipelineTrainConfig) -> TextWindows:
-    """The train/eval windows of the configured corpus."""
-    text = load_text(config.dataset)
-    return TextWindows(text, config.gpt.context, config.num_train, config.num_eval)
+    """The train/eval windows of the configured corpus (bytes, or BPE ids for SmolLM2)."""
+    return load_model_windows(config)
 
 
 def _step_ids(
@@ -246,8 +255,8 @@ def _microbatches(data: TextWindows, ids: torch.Tensor, size: int) -> list[Micro
     return [Microbatch(chunk, *data.batch(chunk)) for chunk in torch.split(ids, size)]
 
 
-def evaluate(model: TinyGPT, data: TextWindows, batch_size: int = 32) -> float:
-    """Mean next-byte cross-entropy (nats) of the unpartitioned model on the eval windows."""
+def evaluate(model: torch.nn.Module, data: TextWindows, batch_size: int = 32) -> float:
+    """Mean next-token cross-entropy (nats) of the unpartitioned model on the eval windows."""
     total, count = 0.0, 0
     with torch.no_grad():
         for chunk in torch.split(data.eval_ids, batch_size):
@@ -290,8 +299,8 @@ def train_local(
     """
     torch.manual_seed(config.seed)
     data = data or load_windows(config)
-    model = TinyGPT(config.gpt, seed=config.seed)
-    layers = split_layers(config.gpt.num_layers, config.num_stages)
+    model = build_model(config)
+    layers = default_layers(config, config.num_stages)
     transport = LocalTransport()
     spec = CodecSpec.parse(config.codec)
     m = config.num_microbatches
@@ -305,7 +314,7 @@ def train_local(
             drift_check_every=config.drift_check_every,
             warmup_steps=config.warmup_steps,
         )
-        for module in build_stages(model, layers, config.use_recompute)
+        for module in build_model_stages(config, model, layers)
     ]
     actions = [build_schedule(config.schedule, len(layers), s, m) for s in range(len(layers))]
     per_step = m * config.micro_batch_size
@@ -477,7 +486,7 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
             compute_s = float(mine)
             results["calibration"] = out
-        boundary = config.micro_batch_size * config.gpt.context * config.gpt.hidden * 4
+        boundary = math.prod(boundary_shape(config)) * 4
         for run in runs:
             bandwidth = _resolve_bandwidth(run, boundary, compute_s)
             out = _run_one(config, run, layout, rank, replica, stage, dp_group, data, bandwidth)
@@ -508,8 +517,8 @@ def _run_one(
     bandwidth: float,
 ) -> dict[str, Any]:
     torch.manual_seed(config.seed)
-    model = TinyGPT(config.gpt, seed=config.seed)
-    module = build_stages(model, layout.layers, config.use_recompute)[stage]
+    model = build_model(config)
+    module = build_model_stages(config, model, layout.layers)[stage]
     row = layout.mesh[replica]
     peers = {s: row[s] for s in (stage - 1, stage + 1) if 0 <= s < layout.num_stages}
     links = rank_links(run, dist.get_world_size(), bandwidth)
@@ -540,6 +549,8 @@ def _run_one(
     offset = sum(layout.num_microbatches[:replica]) * config.micro_batch_size
     per_step = total_mbs * config.micro_batch_size
     reporter = stage == layout.num_stages - 1 and replica == 0
+    # The whole model's eval loss before training (SmolLM2: its perplexity as loaded).
+    initial_eval_loss = evaluate(model, data) if reporter else None
     try:
         _barrier(config.comm_timeout_s)
         for step in range(run.steps):
@@ -566,11 +577,17 @@ def _run_one(
                 )
     finally:
         transport.close()
-    # Eval on the whole model: replica 0's stages send their weights to every rank (a few MB
-    # for the tiny GPT); the reporting rank reassembles and evaluates it.
+    # Eval on the whole model: replica 0's stages send their trained weights to the reporting
+    # rank (a few MB for the tiny GPT, ~400 MB for SmolLM2's blocks; frozen weights are the
+    # same everywhere and stay home), which reassembles and evaluates it.
     eval_loss = None
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, module.state_dict() if replica == 0 else {})
+    trained = {k: p.detach() for k, p in module.named_parameters() if p.requires_grad}
+    dist.gather_object(
+        trained if replica == 0 else {},
+        gathered if reporter else None,
+        dst=layout.mesh[0][layout.num_stages - 1],
+    )
     if reporter:
         full = model.state_dict()
         for s, r in enumerate(layout.mesh[0]):
@@ -587,6 +604,7 @@ def _run_one(
         "steps": run.steps,
         "losses": stats.losses,
         "eval_loss": eval_loss,
+        "initial_eval_loss": initial_eval_loss,
         "step_s": stats.step_s,
         "median_forward_s": stats.median_forward_s(),
         "median_backward_s": stats.median_backward_s(),
@@ -611,8 +629,11 @@ def launch_torchrun(
     nproc: int,
     timeout_s: float,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
+    module: str = "frugal.pipeline.worker",
 ) -> list[dict[str, Any]]:
     """Start `nproc` workers with torchrun on 127.0.0.1; return each rank's results.
+
+    `module` is the worker's entry point (`python -m module JOB.json OUT_DIR`).
 
     Raises:
         PipelineError: If a worker fails (its last output lines are in the message) or the
@@ -635,7 +656,7 @@ def launch_torchrun(
         f"--rdzv-endpoint=127.0.0.1:{free_port()}",
         "--max-restarts=0",
         "-m",
-        "frugal.pipeline.worker",
+        module,
         str(job),
         str(out_dir),
     ]
