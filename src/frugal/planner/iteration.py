@@ -7,8 +7,11 @@ per stage group. For pipeline j with stages i (device d = mesh[j][i], l_i layers
 - f_i = l_i tau_f(d), g_i = l_i tau_b(d), tau(d) = tau_ref / speed(d) (forward : backward
   incl. recompute = 1 : 3);
 - x_i = alpha(d_i, d_{i+1}) + w / beta(d_i, d_{i+1}): one micro-batch's activation message of
-  w bytes (the wire size of the codec);
-- T_fwd(j) = sum_i (f_i + x_i) + (M - 1) max_i max(f_i, x_i); T_bwd alike with g;
+  w bytes (the wire size of the codec) from send to arrival; the link itself is busy for
+  o_i = w / beta only (`message_latency = "overlapped"`: the delay is propagation, which
+  overlaps the next message's transfer, as in `frugal.comm.link`'s shaper and tc netem) or for
+  o_i = x_i (`"serialised"`: a stop-and-wait transport that holds the link for the delay);
+- T_fwd(j) = sum_i (f_i + x_i) + (M - 1) max_i max(f_i, o_i); T_bwd alike with g;
   T_pp(j) = A (T_fwd + T_bwd) for A accumulation steps of M micro-batches (GPipe);
 - T_coll(i): the cheapest of the paper's sequential peer exchange, a ring all-reduce along the
   best ring of the group (bottleneck-optimal cycle) and a central parameter server;
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +51,7 @@ __all__ = [
     "WorkloadConfig",
     "accumulation_steps",
     "iteration_cost",
+    "microbatches_in_flight",
     "stage_collective",
     "stage_memory_gib",
 ]
@@ -84,6 +89,14 @@ class WorkloadConfig:
     """Wire bytes per gradient value in the DP exchange, > 0."""
     tau_ref_s: float = TAU_REF_S
     """Seconds per layer per micro-batch on a speed-1.0 device, > 0."""
+    message_latency: Literal["overlapped", "serialised"] = "overlapped"
+    """How a pipeline message's one-way delay uses its link: "overlapped" (the link is busy
+    for bytes / bandwidth, the message arrives one delay later, so back-to-back messages
+    overlap their delays: `frugal.comm.link`'s shaper, tc netem) or "serialised" (the link is
+    held for delay + bytes / bandwidth per message: a stop-and-wait transport)."""
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"
+    """Pipeline schedule the plan runs; it sets the activations each stage keeps in flight
+    (GPipe: every micro-batch of a step; 1F1B: at most num_stages - stage)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -112,16 +125,43 @@ _TRAINING_BYTES_PER_PARAM = 4.0  # fp16 weights + fp16 gradients on the GPU (fp3
 _ACTIVATION_BUFFERS = 4  # per micro-batch: checkpointed input, send, receive, recompute
 
 
-def stage_memory_gib(workload: WorkloadConfig, layers: int) -> float:
-    """GPU memory a stage of `layers` layers needs, GiB.
+def microbatches_in_flight(workload: WorkloadConfig, stage: int, num_stages: int) -> int:
+    """Micro-batches whose activations stage `stage` holds at once under the workload's schedule.
+
+    GPipe runs every forward of a step before any backward, so each stage holds all M
+    micro-batches; 1F1B (PipeDream-Flush) starts the backward of micro-batch k after the warm-up
+    forwards, so stage i holds at most min(num_stages - i, M).
+
+    Raises:
+        ValueError: If stage is not in [0, num_stages).
+
+    References:
+        GPipe, NeurIPS 2019, arXiv 1811.06965; Memory-Efficient Pipeline-Parallel DNN Training
+        (PipeDream-Flush / 1F1B), ICML 2021, arXiv 2006.09503 (section 3.1).
+    """
+    if not 0 <= stage < num_stages:
+        raise ValueError(f"stage={stage} must lie in [0, num_stages={num_stages})")
+    m = workload.microbatches_per_step
+    return m if workload.schedule == "gpipe" else min(num_stages - stage, m)
+
+
+def stage_memory_gib(
+    workload: WorkloadConfig, layers: int, stage: int = 0, num_stages: int = 1
+) -> float:
+    """GPU memory stage `stage` (of `num_stages`, with `layers` layers) needs, GiB.
 
     Weights and gradients in fp16 (4 B per parameter; fp32 master weights live on the CPU, as in
-    the DT-FM runs) plus, with full recomputation, four activation-sized buffers per micro-batch
-    in flight. At 3 layers and 64 micro-batches: 0.56 + 2.0 GiB (the brief's 1.73 GB + 3 GB at
-    96 micro-batches is of this order).
+    the DT-FM runs) plus, with full recomputation, four activation-sized buffers (checkpointed
+    input, send, receive, recompute) per micro-batch in flight (`microbatches_in_flight`: M under
+    GPipe, min(num_stages - stage, M) under 1F1B). At 3 layers and 64 micro-batches (GPipe):
+    0.56 + 2.0 GiB (the brief's 1.73 GB + 3 GB at 96 micro-batches is of this order).
+
+    Raises:
+        ValueError: If stage is not in [0, num_stages).
     """
     weights = layers * workload.params_per_layer * _TRAINING_BYTES_PER_PARAM
-    activations = workload.microbatches_per_step * workload.activation_bytes * _ACTIVATION_BUFFERS
+    in_flight = microbatches_in_flight(workload, stage, num_stages)
+    activations = in_flight * workload.activation_bytes * _ACTIVATION_BUFFERS
     return (weights + activations) / _GIB
 
 
@@ -345,7 +385,14 @@ def iteration_cost(
             _effective_gbps(topology, recv, send) * _GBIT
         )
     fill = (f + x).sum(axis=1) + (g + xb).sum(axis=1)  # one micro-batch through and back
-    slope = np.maximum(f, x).max(axis=1) + np.maximum(g, xb).max(axis=1)  # each further one
+    if workload.message_latency == "overlapped" and num_stages > 1:
+        # Back-to-back messages overlap their delays: a link is busy for the transfer only.
+        o, ob = np.zeros_like(f), np.zeros_like(f)
+        o[:, :-1] = x[:, :-1] - topology.delay_ms[send, recv] / 1000.0
+        ob[:, :-1] = xb[:, :-1] - topology.delay_ms[recv, send] / 1000.0
+    else:
+        o, ob = x, xb
+    slope = np.maximum(f, o).max(axis=1) + np.maximum(g, ob).max(axis=1)  # each further one
     if balance_microbatches:
         counts = _balance(fill, slope, num_replicas * m)
     else:

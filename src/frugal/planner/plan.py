@@ -248,6 +248,9 @@ def check_memory(
 ) -> None:  # fmt: skip
     """Check every device can hold its stage.
 
+    The need is `stage_memory_gib`: weights, gradients and the activations the workload's
+    schedule keeps in flight on that stage.
+
     Raises:
         InfeasiblePlanError: constraint "memory", naming the stage, device, need and have.
     """
@@ -255,13 +258,14 @@ def check_memory(
 
     for row in mesh:
         for stage, rank in enumerate(row):
-            need = stage_memory_gib(workload, layers[stage])
+            need = stage_memory_gib(workload, layers[stage], stage, len(row))
             device = topology.devices[rank]
             if need > device.memory_gib:
                 raise InfeasiblePlanError(
-                    f"stage {stage} ({layers[stage]} layers) needs {need:.2f} GiB but device "
-                    f"{device.name} has {device.memory_gib:.2f} GiB; use more stages, fewer "
-                    "micro-batches per step, or larger devices",
+                    f"stage {stage} ({layers[stage]} layers, {workload.schedule}) needs "
+                    f"{need:.2f} GiB but device {device.name} has {device.memory_gib:.2f} GiB; "
+                    "use more stages, fewer micro-batches per step, the 1f1b schedule, or "
+                    "larger devices",
                     constraint="memory",
                 )
 
@@ -441,6 +445,13 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         microbatches = it.microbatches
         predicted = it.total_s
         breakdown = (("pipeline_s", it.pipeline_s), ("dp_exposed_s", it.dp_exposed_s))
+        if config.workload.schedule == "1f1b":  # the closed form is GPipe's: simulate 1F1B
+            from frugal.planner.sim import simulate_iteration
+
+            sim = simulate_iteration(topology, mesh, layers, config.workload,
+                                     microbatches_J=np.array(microbatches), schedule="1f1b")  # fmt: skip
+            predicted = sim.total_s
+            breakdown = (("pipeline_s", max(sim.pipeline_s)), ("dp_exposed_s", sim.dp_exposed_s))
         bound = _compute_lower_bound(topology, config)
     return Plan(
         world_size=topology.num_devices,

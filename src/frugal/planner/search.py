@@ -338,7 +338,8 @@ def iteration_search(
     candidates = 0
     best_mesh, best = seeds[0], None
     history: list[tuple[int, float]] = []
-    need = np.array([stage_memory_gib(workload, layer) for layer in layers_per_stage])
+    need = np.array([stage_memory_gib(workload, layer, i, num_stages)
+                     for i, layer in enumerate(layers_per_stage)])  # fmt: skip
     memory = np.array([d.memory_gib for d in topology.devices])
 
     def fits(mesh: I64) -> bool:
