@@ -448,8 +448,10 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         if config.workload.schedule == "1f1b":  # the closed form is GPipe's: simulate 1F1B
             from frugal.planner.sim import simulate_iteration
 
-            sim = simulate_iteration(topology, mesh, layers, config.workload,
-                                     microbatches_J=np.array(microbatches), schedule="1f1b")  # fmt: skip
+            counts = np.array(microbatches, dtype=np.int64)
+            sim = simulate_iteration(
+                topology, mesh, layers, config.workload, microbatches_J=counts, schedule="1f1b"
+            )
             predicted = sim.total_s
             breakdown = (("pipeline_s", max(sim.pipeline_s)), ("dp_exposed_s", sim.dp_exposed_s))
         bound = _compute_lower_bound(topology, config)
