@@ -49,6 +49,18 @@ def test_open_path_equals_brute_force(seed: int) -> None:
     assert sum(w[order[i], order[i + 1]] for i in range(5)) == pytest.approx(total)
 
 
+@pytest.mark.parametrize("g", [2, 5, 8])
+def test_path_enumeration_equals_held_karp(g: int) -> None:
+    from frugal.planner.cost import _held_karp
+
+    rng = np.random.default_rng(g)
+    w = rng.random((g, g))
+    w = w + w.T
+    total, order = open_path(w)
+    assert total == pytest.approx(_held_karp(w)[0])
+    assert sum(w[order[i], order[i + 1]] for i in range(g - 1)) == pytest.approx(total)
+
+
 def test_paper_cost_by_hand() -> None:
     # 4 devices, 2 stages x 2 replicas. Sites: {0, 1} fast (1 ms, 8 Gbps), {2, 3} likewise,
     # across sites 10 ms, 1 Gbps. c_pp = 1 GB, c_dp = 0.5 GB.

@@ -178,6 +178,10 @@ class IterationCost:
     """Chosen collective per stage: seq_peer, ring or central_ps."""
     microbatches: tuple[int, ...] = ()
     """Micro-batches per accumulation step of each pipeline."""
+    tiebreak_s: float = 0.0
+    """Mean over pipelines of T_pp(j) plus mean over stages of the exposed collective time: it
+    falls when a pipeline or stage that is not the slowest improves (a search tie-breaker on
+    plateaus of the max terms)."""
 
 
 _RINGS: dict[int, I64] = {}
@@ -342,6 +346,7 @@ def iteration_cost(
     workload: WorkloadConfig,
     *,
     balance_microbatches: bool = False,
+    collective_cache: dict[tuple[bytes, float], tuple[str, float]] | None = None,
 ) -> IterationCost:
     """Predict seconds per iteration of a placement (see the module docstring).
 
@@ -355,6 +360,9 @@ def iteration_cost(
         layers_per_stage: l_i per stage (sum = num_layers).
         workload: The training job.
         balance_microbatches: Share micro-batches in proportion to pipeline speed.
+        collective_cache: A dict owned by the caller (one per topology and workload) that
+            memoises each stage group's collective by its member set, so a search re-scores
+            only the groups a move changed.
 
     Returns:
         The prediction and its parts.
@@ -397,19 +405,29 @@ def iteration_cost(
         counts = _balance(fill, slope, num_replicas * m)
     else:
         counts = np.full(num_replicas, m, dtype=np.int64)
-    pipeline = float((accumulation * (fill + (counts - 1) * slope)).max())
+    pipeline_J = accumulation * (fill + (counts - 1) * slope)
+    pipeline = float(pipeline_J.max())
+    exposed_I = np.zeros(num_stages)
     exposed = 0.0
     choices = []
     for i in range(num_stages):
         size = layers[i] * workload.params_per_layer * workload.gradient_bytes_per_value
-        name, seconds = stage_collective(mesh_JI[:, i], topology, size)
+        if collective_cache is None:
+            name, seconds = stage_collective(mesh_JI[:, i], topology, size)
+        else:  # a group's collective depends on its member set only: re-score changed groups
+            key = (np.sort(mesh_JI[:, i]).tobytes(), size)
+            if key not in collective_cache:
+                collective_cache[key] = stage_collective(mesh_JI[:, i], topology, size)
+            name, seconds = collective_cache[key]
         choices.append(name)
         slack = float((g[:, :i] + xb[:, :i]).sum(axis=1).min()) if i else 0.0
         exposed = max(exposed, seconds - slack)
+        exposed_I[i] = max(0.0, seconds - slack)
     return IterationCost(
         total_s=pipeline + exposed,
         pipeline_s=pipeline,
         dp_exposed_s=exposed,
         microbatches=tuple(int(c) for c in counts),
+        tiebreak_s=float(pipeline_J.mean() + exposed_I.mean()),
         collective=tuple(choices),
     )

@@ -55,9 +55,11 @@ class PlannerConfig:
     objective: Literal["iteration", "paper"] = "iteration"
     """Cost model: seconds per iteration (compute, pipeline, overlapped DP; analytic), or the
     DT-FM paper's communication cost."""
-    method: Literal["ours", "megatron_default", "megatron_random", "random"] = "ours"
-    """Search: ours (seeds + swaps), Megatron's default order, Megatron's order on a seeded
-    random rank permutation, or the best of `budget` random placements."""
+    method: Literal["ours", "swap", "megatron_default", "megatron_random", "random"] = "ours"
+    """Search: ours (structured seeds, then a memetic search: aligned crossover + swaps), swap
+    (the seeds' swap local search alone, the memetic search's component), Megatron's default
+    order, Megatron's order on a seeded random rank permutation, or the best of `budget`
+    random placements."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     """The training job the iteration objective prices."""
     budget: int = 2000
@@ -123,7 +125,7 @@ class Plan:
     stage_order: tuple[int, ...]
     devices: tuple[tuple[str, str, str], ...]
     objective: Literal["iteration", "paper"]
-    method: Literal["ours", "megatron_default", "megatron_random", "random"]
+    method: Literal["ours", "swap", "megatron_default", "megatron_random", "random"]
     predicted_cost_s: float
     breakdown: tuple[tuple[str, float], ...]
     lower_bound_s: float
@@ -358,6 +360,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         check_grid,
         iteration_search,
         megatron_default_groups,
+        memetic_search,
         random_search,
         swap_search,
     )
@@ -403,17 +406,19 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
             ranks[1:] = np.random.default_rng(config.seed).permutation(np.arange(1, n))
         mesh = ranks[np.ascontiguousarray(megatron_default_groups(d_pp, d_dp).T)]
     elif config.objective == "paper":
-        if config.method == "ours":
-            paper = swap_search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed,
-                                time_limit_s=config.time_limit_s).cost  # fmt: skip
+        if config.method in ("ours", "swap"):
+            search = memetic_search if config.method == "ours" else swap_search
+            paper = search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed,
+                           time_limit_s=config.time_limit_s).cost  # fmt: skip
         else:
             paper = random_search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed,
                                   time_limit_s=config.time_limit_s).cost  # fmt: skip
         mesh, stage_order = np.array(paper.mesh, dtype=np.int64), paper.stage_order
-    elif config.method == "ours":
+    elif config.method in ("ours", "swap"):
         mesh = iteration_search(topology, d_pp, d_dp, layers, config.workload,
                                 budget=config.budget, seed=config.seed,
-                                time_limit_s=config.time_limit_s).mesh  # fmt: skip
+                                time_limit_s=config.time_limit_s,
+                                population=8 if config.method == "ours" else 1).mesh  # fmt: skip
     else:
         import time
 
@@ -441,7 +446,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         bound = paper_lower_bound(topology, d_pp, d_dp)
     else:
         it = iteration_cost(topology, mesh, layers, config.workload,
-                            balance_microbatches=config.method == "ours")  # fmt: skip
+                            balance_microbatches=config.method in ("ours", "swap"))  # fmt: skip
         microbatches = it.microbatches
         predicted = it.total_s
         breakdown = (("pipeline_s", it.pipeline_s), ("dp_exposed_s", it.dp_exposed_s))
