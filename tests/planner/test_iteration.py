@@ -171,3 +171,23 @@ def test_the_codec_wire_size_prices_pipeline_messages() -> None:
     assert q2.predicted_cost_s < 0.7 * fp16.predicted_cost_s
     with pytest.raises(ValueError, match="choose one of"):
         WorkloadConfig(codec="q9")  # type: ignore[arg-type]
+
+
+def test_best_ring_equals_brute_force() -> None:
+    import itertools
+
+    from frugal.planner.iteration import _ring_seconds
+
+    rng = np.random.default_rng(7)
+    n = 6
+    delay, bandwidth = rng.uniform(1, 50, (n, n)), rng.uniform(0.1, 2.0, (n, n))
+    devices = tuple(Device(name=f"d{i}", host=f"h{i}", site="s") for i in range(n))
+    top = Topology(devices=devices, delay_ms=delay, bandwidth_gbps=bandwidth)
+    members = np.array([5, 0, 3, 1, 4])
+    size = 1e8
+    brute = min(
+        2 * 4 * (size / 5 * 8 / (min(bandwidth[r[i], r[(i + 1) % 5]] for i in range(5)) * 1e9)
+                 + max(delay[r[i], r[(i + 1) % 5]] for i in range(5)) / 1000)
+        for r in itertools.permutations(members.tolist())
+    )  # fmt: skip
+    assert _ring_seconds(members, top, size) == pytest.approx(brute)

@@ -184,32 +184,42 @@ class IterationCost:
     plateaus of the max terms)."""
 
 
-_RINGS: dict[int, I64] = {}
+_RING_EDGES: dict[int, I64] = {}
 
 
-def _rings(k: int) -> I64:
-    """All rings through K members starting at member 0, as (R, K) member positions."""
-    if k not in _RINGS:
+def _ring_edges(k: int) -> I64:
+    """Every ring through K members starting at member 0, as flat edge indices.
+
+    Returns (K, R) indices a K + b of each ring's directed edges (a -> b) into a K x K
+    matrix, R = (K-1)! rings (edge-major, so reductions over a ring's edges run along the
+    contiguous axis).
+    """
+    if k not in _RING_EDGES:
         perms = np.array(list(itertools.permutations(range(1, k))), dtype=np.int64).reshape(
             -1, k - 1
         )
-        _RINGS[k] = np.concatenate([np.zeros((len(perms), 1), dtype=np.int64), perms], axis=1)
-    return _RINGS[k]
+        rings = np.concatenate([np.zeros((len(perms), 1), dtype=np.int64), perms], axis=1)
+        _RING_EDGES[k] = np.ascontiguousarray((rings * k + np.roll(rings, -1, axis=1)).T)
+    return _RING_EDGES[k]
 
 
 def _ring_seconds(members: I64, topology: Topology, size_bytes: float) -> float:
     """Ring all-reduce on the best ring: 2 (K-1)/K size over the slowest edge + 2 (K-1) delays.
 
-    Every ring is scored (vectorised; (K-1)! rings, K <= 8); larger groups keep their order.
+    Every ring is scored (vectorised gather on the group's K x K link matrices; (K-1)! rings,
+    K <= 8); larger groups keep their order.
     """
     k = len(members)
     if k == 1:
         return 0.0
-    rings = _rings(k) if k <= 8 else np.arange(k, dtype=np.int64)[None, :]
-    nodes = members[rings]  # (R, K) device ids
-    nxt = np.roll(nodes, -1, axis=1)
-    bandwidth = topology.bandwidth_gbps[nodes, nxt].min(axis=1)
-    delay = topology.delay_ms[nodes, nxt].max(axis=1) / 1000.0
+    if k <= 8:
+        edges = _ring_edges(k)
+    else:
+        order = np.arange(k, dtype=np.int64)
+        edges = (order * k + np.roll(order, -1))[:, None]
+    sub = np.ix_(members, members)
+    bandwidth = topology.bandwidth_gbps[sub].ravel()[edges].min(axis=0)
+    delay = topology.delay_ms[sub].ravel()[edges].max(axis=0) / 1000.0
     seconds = 2 * (k - 1) * (size_bytes / k * _BITS_PER_BYTE / (bandwidth * _GBIT) + delay)
     return float(seconds.min())
 
