@@ -150,10 +150,10 @@ def test_backward_messages_use_the_reverse_link() -> None:
     slow_back.bandwidth_gbps[1, 0] = 0.00016
     a = iteration_cost(fast, np.array([[0, 1]]), (1, 1), workload).total_s
     b = iteration_cost(slow_back, np.array([[0, 1]]), (1, 1), workload).total_s
-    # Backward message 0.01 + 0.1 = 0.11 s, link busy 0.1 s (the delay overlaps):
-    # T_bwd = (0.03 + 0.11) + 0.03 + 3 * 0.1 = 0.47; T_fwd = 0.07 (test above).
-    assert a == pytest.approx(0.24)
-    assert b == pytest.approx(0.07 + 0.47)
+    # Backward message 0.01 + 0.1 = 0.11 s (serialised, the default: the link is held for it):
+    # T_bwd = (0.03 + 0.11) + 0.03 + 3 * 0.11 = 0.50; T_fwd = 0.10 (test above).
+    assert a == pytest.approx(0.27)
+    assert b == pytest.approx(0.10 + 0.50)
 
 
 def test_the_codec_wire_size_prices_pipeline_messages() -> None:

@@ -8,9 +8,9 @@ per stage group. For pipeline j with stages i (device d = mesh[j][i], l_i layers
   incl. recompute = 1 : 3);
 - x_i = alpha(d_i, d_{i+1}) + w / beta(d_i, d_{i+1}): one micro-batch's activation message of
   w bytes (the wire size of the codec) from send to arrival; the link itself is busy for
-  o_i = w / beta only (`message_latency = "overlapped"`: the delay is propagation, which
-  overlaps the next message's transfer, as in `frugal.comm.link`'s shaper and tc netem) or for
-  o_i = x_i (`"serialised"`: a stop-and-wait transport that holds the link for the delay);
+  o_i = x_i (`message_latency = "serialised"`, the default: the delay is paid per message, as
+  NCCL over TCP on the DT-FM testbed) or o_i = w / beta only (`"overlapped"`: the delay
+  overlaps the next message's transfer, as in `frugal.comm.link`'s shaper);
 - T_fwd(j) = sum_i (f_i + x_i) + (M - 1) max_i max(f_i, o_i); T_bwd alike with g;
   T_pp(j) = A (T_fwd + T_bwd) for A accumulation steps of M micro-batches (GPipe);
 - T_coll(i): the cheapest of the paper's sequential peer exchange, a ring all-reduce along the
@@ -89,11 +89,14 @@ class WorkloadConfig:
     """Wire bytes per gradient value in the DP exchange, > 0."""
     tau_ref_s: float = TAU_REF_S
     """Seconds per layer per micro-batch on a speed-1.0 device, > 0."""
-    message_latency: Literal["overlapped", "serialised"] = "overlapped"
-    """How a pipeline message's one-way delay uses its link: "overlapped" (the link is busy
-    for bytes / bandwidth, the message arrives one delay later, so back-to-back messages
-    overlap their delays: `frugal.comm.link`'s shaper, tc netem) or "serialised" (the link is
-    held for delay + bytes / bandwidth per message: a stop-and-wait transport)."""
+    message_latency: Literal["overlapped", "serialised"] = "serialised"
+    """How a pipeline message's one-way delay uses its link: "serialised" (default: the link
+    is held for delay + bytes / bandwidth per message, as NCCL over TCP on the DT-FM testbed,
+    where an added one-way delay of 1 / 5 / 10 ms made a 64 MB send 4 / 25 / 58 ms slower,
+    i.e. several delays per message, never overlapped; planner.md, section 3) or "overlapped"
+    (the link is busy for bytes / bandwidth and the message arrives one delay later, so
+    back-to-back messages overlap their delays: `frugal.comm.link`'s shaper, which `frugal
+    plan validate` runs on)."""
     schedule: Literal["gpipe", "1f1b"] = "gpipe"
     """Pipeline schedule the plan runs; it sets the activations each stage keeps in flight
     (GPipe: every micro-batch of a step; 1F1B: at most num_stages - stage)."""
