@@ -15,9 +15,9 @@ from the model's real parameter count, the link shaper's message semantics (a me
 overlaps the next one's transfer: `message_latency = "overlapped"`), and tau_ref_s (forward +
 backward seconds per layer per micro-batch) measured in this process on one thread.
 Co-located ranks share the machine's cores: with `compute_sharing="cores"` each rank is priced
-at speed min(1, cores / world_size) (all ranks computing at once, a pessimistic bound); "none" prices them at full speed. Both
-predictions are reported (`predicted_*` under the chosen model, `*_unshared_s` under the
-other bound). The machine may also be loaded by other work, which no a-priori model sees:
+at speed min(1, cores / world_size) (all ranks computing at once, a pessimistic bound);
+"none" prices them at full speed. Both predictions are reported (`predicted_*` under the
+chosen model, `*_unshared_s` under the other bound). The machine may also be loaded by other work, which no a-priori model sees:
 each method runs `rounds` times round-robin and keeps its fastest launch, and a `replay_*`
 prediction re-prices the plan with each rank's speed taken from its own measured median
 forward/backward seconds, separating the compute calibration's error from the schedule and
