@@ -10,18 +10,18 @@ Per method: the analytic `iteration` prediction, the event simulation (`frugal.p
 GPipe), and the measured median seconds per iteration after warm-up (max over ranks).
 
 The workload the planner prices is the tiny GPT job itself: its layers, hidden size, context,
-micro-batch size and count, the fp32 activation codec, gradient bytes per value calibrated
-from the model's real parameter count, the link shaper's message semantics (a message's delay
+micro-batch size and count, the fp32 activation codec, gradient bytes per value calibrated from
+the model's real parameter count, the link shaper's message semantics (a message's delay
 overlaps the next one's transfer: `message_latency = "overlapped"`), and tau_ref_s (forward +
-backward seconds per layer per micro-batch) measured in this process on one thread.
-Co-located ranks share the machine's cores: with `compute_sharing="cores"` each rank is priced
-at speed min(1, cores / world_size) (all ranks computing at once, a pessimistic bound);
-"none" prices them at full speed. Both predictions are reported (`predicted_*` under the
-chosen model, `*_unshared_s` under the other bound). The machine may also be loaded by other work, which no a-priori model sees:
-each method runs `rounds` times round-robin and keeps its fastest launch, and a `replay_*`
-prediction re-prices the plan with each rank's speed taken from its own measured median
-forward/backward seconds, separating the compute calibration's error from the schedule and
-network model's.
+backward seconds per layer per micro-batch) measured in this process on one thread. Co-located
+ranks share the machine's cores: with `compute_sharing="cores"` each rank is priced at speed
+min(1, cores / world_size) (all ranks computing at once, a pessimistic bound); "none" prices
+them at full speed. Both predictions are reported (`predicted_*` under the chosen model,
+`*_unshared_s` under the other bound). The machine may also be loaded by other work, which no
+a-priori model sees: each method runs `rounds` times round-robin and keeps its fastest launch,
+and a `replay_*` prediction re-prices the plan with each rank's speed taken from its own
+measured median forward/backward seconds, separating the compute calibration's error from the
+schedule and network model's.
 
 The worst placement's Plan carries method "random" (the Plan format names planner searches
 only); its row says "worst".
