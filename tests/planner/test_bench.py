@@ -14,7 +14,7 @@ from frugal.planner.bench import PlanBenchConfig, run_plan_bench
 def test_smallest_plan_bench(tmp_path: Path) -> None:
     config = PlanBenchConfig(
         scenarios=("world",), num_layers=(24,), global_batches=(1024,), budget=5,
-        random_seeds=(2022,), convergence_budget=5,
+        random_seeds=(2022,), convergence_budget=5, convergence_scenarios=("world",),
     )  # fmt: skip
     document = run_plan_bench(config, tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
