@@ -129,3 +129,21 @@ def test_bad_topologies(delay: np.ndarray, bandwidth: np.ndarray, fragment: str)
     n = len(delay)
     with pytest.raises(ValueError, match=fragment):
         _topology(delay, bandwidth, ["s"] * n)
+
+
+@pytest.mark.parametrize("k", [6, 20])
+def test_perfect_matching_test_agrees_with_scipy_matching(k: int) -> None:
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_bipartite_matching
+
+    from frugal.planner.cost import _has_perfect_matching
+
+    rng = np.random.default_rng(k)
+    seen = set()
+    for density in (0.1, 0.2, 0.3, 0.5, 0.8):
+        allowed = rng.random((k, k)) < density
+        matched = maximum_bipartite_matching(csr_matrix(allowed), perm_type="column")
+        expected = bool((matched >= 0).all())
+        assert _has_perfect_matching(allowed) == expected
+        seen.add(expected)
+    assert seen == {True, False}  # both outcomes exercised
