@@ -27,9 +27,21 @@ from frugal.pipeline.validate import (
 )
 from frugal.planner.plan import Plan, PlannerConfig, build_plan
 
+_FOUR = Config(ranks_per_site=2, num_stages=2)  # 4 ranks: 2 stages x 2 replicas on 2 sites
+
+
+def test_default_is_eight_processes_and_quick_four() -> None:
+    from frugal.pipeline.validate import quick
+
+    config = Config()
+    assert (config.world_size, config.num_stages, config.num_replicas) == (8, 4, 2)
+    assert [d.site for d in build_topology(config).devices] == ["site0"] * 4 + ["site1"] * 4
+    assert (quick().world_size, quick().num_stages) == (4, 2)
+
 
 def test_topology_has_fast_sites_and_slow_links_between_them() -> None:
-    config = Config(intra_site_mbps=200.0, inter_site_mbps=10.0, inter_site_latency_ms=20.0)
+    config = Config(ranks_per_site=2, num_stages=2, intra_site_mbps=200.0, inter_site_mbps=10.0,
+                    inter_site_latency_ms=20.0)  # fmt: skip
     topology = build_topology(config)
     assert [d.site for d in topology.devices] == ["site0", "site0", "site1", "site1"]
     assert len({d.host for d in topology.devices}) == 4
@@ -40,7 +52,7 @@ def test_topology_has_fast_sites_and_slow_links_between_them() -> None:
 
 
 def test_link_rows_map_every_pair_to_the_runtime_link_table() -> None:
-    topology = build_topology(Config())
+    topology = build_topology(_FOUR)
     rows = link_rows(topology)
     assert len(rows) == 12  # 4 x 3 directed pairs
     by_pair = {(a, b): (mbps, ms) for a, b, mbps, ms in rows}
@@ -61,7 +73,7 @@ def test_link_rows_map_every_pair_to_the_runtime_link_table() -> None:
 
 def test_dp_ring_is_priced_on_its_slowest_link() -> None:
     table = rank_links(RunSpec(label="x", codec="fp32", steps=1, links=link_rows(
-        build_topology(Config()))), 4, math.inf)  # fmt: skip
+        build_topology(_FOUR))), 4, math.inf)  # fmt: skip
     link = ring_bottleneck([0, 2], table)
     assert link == LinkSpec(bandwidth_bits_per_s=10e6, latency_s=0.02)
     assert ring_bottleneck([1, 0], table) == LinkSpec(bandwidth_bits_per_s=200e6, latency_s=0.001)
@@ -75,7 +87,7 @@ def test_dp_ring_is_priced_on_its_slowest_link() -> None:
 
 
 def test_workload_describes_the_tiny_gpt_job() -> None:
-    config = Config(micro_batch_size=8, num_microbatches=4)
+    config = Config(ranks_per_site=2, num_stages=2, micro_batch_size=8, num_microbatches=4)
     workload = workload_for(config, tau_ref_s=0.01)
     gpt = config.gpt
     assert (workload.num_layers, workload.hidden_size, workload.seq_len) == (4, 128, 64)
@@ -99,7 +111,7 @@ def test_tau_is_positive_and_leaves_the_thread_count_alone() -> None:
 
 
 def test_worst_plan_crosses_sites_in_pipelines_and_dp_groups() -> None:
-    config = Config()
+    config = _FOUR
     topology = build_topology(config)
     workload = workload_for(config, tau_ref_s=0.02)
     reference = build_plan(
@@ -137,6 +149,8 @@ def test_config_rejects_bad_settings() -> None:
 @pytest.mark.distributed
 def test_validation_runs_each_plan_as_planned(tmp_path: Path) -> None:
     config = Config(
+        ranks_per_site=2,
+        num_stages=2,
         gpt=TinyGPTConfig(context=32, hidden=64, num_heads=2, num_layers=2),
         micro_batch_size=4,
         num_microbatches=2,

@@ -14,17 +14,19 @@ from frugal.planner.bench import PlanBenchConfig, run_plan_bench
 def test_smallest_plan_bench(tmp_path: Path) -> None:
     config = PlanBenchConfig(
         scenarios=("world",), num_layers=(24,), global_batches=(1024,), budget=5,
-        random_seeds=(2022,), convergence_budget=5,
+        random_seeds=(2022,), convergence_budget=5, convergence_scenarios=("world",),
     )  # fmt: skip
     document = run_plan_bench(config, tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["benchmark"] == "plan"
     iteration_rows = [r for r in saved["rows"] if r.get("objective") != "paper"]
     assert [r["method"] for r in iteration_rows] == [
-        "ours", "megatron_default", "megatron_random", "deepspeed_pp", "random",
+        "ours", "swap", "ours_grid", "megatron_default", "megatron_random", "deepspeed_pp",
+        "random",
     ]  # fmt: skip
     curves = [r for r in saved["rows"] if r.get("objective") == "paper"]
-    assert [r["method"] for r in curves] == ["random", "dtfm_ga", "ours"]
+    assert [r["method"] for r in curves] == ["random", "dtfm_ga", "swap", "ours"]
+    assert all(0 < r["lower_bound_s"] <= r["paper_cost_s"] for r in curves)
     assert all(r["candidates"] == 5 and r["curve"] for r in curves)
     assert (tmp_path / "convergence.png").stat().st_size > 1000
     keys = {"scenario", "num_layers", "global_batch", "method", "predicted_iteration_s",
@@ -38,7 +40,14 @@ def test_smallest_plan_bench(tmp_path: Path) -> None:
     deepspeed = by_method["deepspeed_pp"]
     assert deepspeed["predicted_iteration_s"] == deepspeed["simulated_1f1b_s"]
     assert all(r["lower_bound_s"] <= r["predicted_iteration_s"] for r in iteration_rows)
-    assert document["summary"]["world_speedup_vs_megatron_random"] > 1.0
+    summary = document["summary"]
+    assert summary["world_speedup_vs_megatron_random"] > 1.0
+    assert set(summary["world_speedup_vs_megatron_random_best_schedule_by_cell"]) == {"L24/B1024"}
+    assert summary["memetic_vs_swap_iteration_min"] > 0
+    assert set(summary["convergence_memetic_vs_swap"]) == {"world"}
+    # ours_grid may choose another grid; its rows say which (D_pp x D_dp = 64).
+    grid_row = next(r for r in iteration_rows if r["method"] == "ours_grid")
+    assert grid_row["num_stages"] * grid_row["num_replicas"] == 64
 
 
 def test_bad_bench_config() -> None:

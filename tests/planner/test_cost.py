@@ -49,6 +49,18 @@ def test_open_path_equals_brute_force(seed: int) -> None:
     assert sum(w[order[i], order[i + 1]] for i in range(5)) == pytest.approx(total)
 
 
+@pytest.mark.parametrize("g", [2, 5, 8])
+def test_path_enumeration_equals_held_karp(g: int) -> None:
+    from frugal.planner.cost import _held_karp
+
+    rng = np.random.default_rng(g)
+    w = rng.random((g, g))
+    w = w + w.T
+    total, order = open_path(w)
+    assert total == pytest.approx(_held_karp(w)[0])
+    assert sum(w[order[i], order[i + 1]] for i in range(g - 1)) == pytest.approx(total)
+
+
 def test_paper_cost_by_hand() -> None:
     # 4 devices, 2 stages x 2 replicas. Sites: {0, 1} fast (1 ms, 8 Gbps), {2, 3} likewise,
     # across sites 10 ms, 1 Gbps. c_pp = 1 GB, c_dp = 0.5 GB.
@@ -117,3 +129,21 @@ def test_bad_topologies(delay: np.ndarray, bandwidth: np.ndarray, fragment: str)
     n = len(delay)
     with pytest.raises(ValueError, match=fragment):
         _topology(delay, bandwidth, ["s"] * n)
+
+
+@pytest.mark.parametrize("k", [6, 20])
+def test_perfect_matching_test_agrees_with_scipy_matching(k: int) -> None:
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_bipartite_matching
+
+    from frugal.planner.cost import _has_perfect_matching
+
+    rng = np.random.default_rng(k)
+    seen = set()
+    for density in (0.1, 0.2, 0.3, 0.5, 0.8):
+        allowed = rng.random((k, k)) < density
+        matched = maximum_bipartite_matching(csr_matrix(allowed), perm_type="column")
+        expected = bool((matched >= 0).all())
+        assert _has_perfect_matching(allowed) == expected
+        seen.add(expected)
+    assert seen == {True, False}  # both outcomes exercised

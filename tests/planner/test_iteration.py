@@ -8,6 +8,7 @@ import pytest
 from frugal.planner import build_scenario
 from frugal.planner.iteration import WorkloadConfig, iteration_cost
 from frugal.planner.plan import PlannerConfig, build_plan
+from frugal.planner.sim import simulate_iteration
 from frugal.planner.topology import Device, Topology
 
 
@@ -18,20 +19,72 @@ def _pair(delay_ms: float, bandwidth_gbps: float, n: int = 2) -> Topology:
     return Topology(devices=devices, delay_ms=delay, bandwidth_gbps=bandwidth)
 
 
-def test_two_stage_gpipe_by_hand() -> None:
+@pytest.mark.parametrize(
+    ("message_latency", "expected_s"), [("serialised", 0.27), ("overlapped", 0.24)]
+)
+def test_two_stage_gpipe_by_hand(message_latency: str, expected_s: float) -> None:
     # 1 replica x 2 stages, 1 layer each, tau = 0.04 s -> f = 0.01, g = 0.03 per stage.
     # Activation: 1 x 1 x 1000 values x 2 B = 16,000 bits at 0.0016 Gbps = 0.01 s, + 10 ms
     # delay -> x0 = 0.02 s (the last stage sends nothing). M = 4, A = 1.
-    # T_fwd = (0.01 + 0.02) + (0.01 + 0) + 3 * max(0.02, 0.01) = 0.10
-    # T_bwd = (0.03 + 0.02) + (0.03 + 0) + 3 * 0.03 = 0.17 -> 0.27 s; no DP with 1 replica.
+    # serialised (the link is held for the delay too, o0 = x0 = 0.02):
+    #   T_fwd = (0.01 + 0.02) + (0.01 + 0) + 3 * max(0.02, 0.01) = 0.10
+    #   T_bwd = (0.03 + 0.02) + (0.03 + 0) + 3 * 0.03 = 0.17 -> 0.27 s.
+    # overlapped (the link is busy for the 0.01 s transfer only, o0 = 0.01):
+    #   T_fwd = 0.04 + 3 * max(0.01, 0.01) = 0.07; T_bwd = 0.17 -> 0.24 s. No DP (1 replica).
     workload = WorkloadConfig(
         num_layers=2, hidden_size=1000, seq_len=1, global_batch_size=4,
-        microbatches_per_step=4, tau_ref_s=0.04,
+        microbatches_per_step=4, tau_ref_s=0.04, message_latency=message_latency,  # type: ignore[arg-type]
     )  # fmt: skip
     cost = iteration_cost(_pair(10.0, 0.0016), np.array([[0, 1]]), (1, 1), workload)
-    assert cost.pipeline_s == pytest.approx(0.27)
+    assert cost.pipeline_s == pytest.approx(expected_s)
     assert cost.dp_exposed_s == pytest.approx(0.0)
-    assert cost.total_s == pytest.approx(0.27)
+    assert cost.total_s == pytest.approx(expected_s)
+    sim = simulate_iteration(_pair(10.0, 0.0016), np.array([[0, 1]]), (1, 1), workload)
+    assert sim.total_s == pytest.approx(expected_s)  # the event simulator agrees exactly
+
+
+def test_activation_memory_gpipe_vs_1f1b_by_hand() -> None:
+    # h = 1024, seq 1024, micro-batch 1, fp16: one activation = 1024 * 1024 * 2 B = 2 MiB; four
+    # buffers per micro-batch in flight = 8 MiB. 2 layers of 12 h^2 params at 4 B = 96 MiB.
+    # M = 16: GPipe holds 16 in flight on every stage -> 96 + 128 = 224 MiB = 0.21875 GiB.
+    # 1F1B with 4 stages holds min(4 - i, 16) = 4, 3, 2, 1 -> 128, 120, 112, 104 MiB.
+    from frugal.planner.iteration import microbatches_in_flight, stage_memory_gib
+
+    base = {"num_layers": 8, "hidden_size": 1024, "seq_len": 1024, "global_batch_size": 16,
+            "microbatches_per_step": 16}  # fmt: skip
+    gpipe = WorkloadConfig(**base)  # type: ignore[arg-type]
+    one_f = WorkloadConfig(**base, schedule="1f1b")  # type: ignore[arg-type]
+    assert [microbatches_in_flight(gpipe, i, 4) for i in range(4)] == [16] * 4
+    assert [microbatches_in_flight(one_f, i, 4) for i in range(4)] == [4, 3, 2, 1]
+    assert stage_memory_gib(gpipe, 2, 0, 4) == pytest.approx(224 / 1024)
+    mib = [stage_memory_gib(one_f, 2, i, 4) * 1024 for i in range(4)]
+    assert mib == pytest.approx([128, 120, 112, 104])
+    short = WorkloadConfig(**{**base, "microbatches_per_step": 2}, schedule="1f1b")  # type: ignore[arg-type]
+    assert microbatches_in_flight(short, 0, 4) == 2  # never more than M
+    with pytest.raises(ValueError, match="stage=4"):
+        microbatches_in_flight(gpipe, 4, 4)
+
+
+def test_a_plan_that_fits_only_under_1f1b_is_rejected_under_gpipe() -> None:
+    # 4 devices of 0.2 GiB, 4 stages x 1 replica, 2 layers each: GPipe needs 0.219 GiB on every
+    # stage (rejected, naming the stage and the schedule); 1F1B needs at most 0.125 GiB.
+    from frugal.planner.plan import InfeasiblePlanError
+
+    devices = tuple(Device(name=f"d{i}", host=f"h{i}", site="s", memory_gib=0.2) for i in range(4))
+    top = Topology(devices=devices, delay_ms=np.zeros((4, 4)), bandwidth_gbps=np.full((4, 4), 1.0))
+    base = {"num_layers": 8, "hidden_size": 1024, "seq_len": 1024, "global_batch_size": 16,
+            "microbatches_per_step": 16}  # fmt: skip
+    config = PlannerConfig(num_stages=4, num_replicas=1, budget=5,
+                           workload=WorkloadConfig(**base))  # type: ignore[arg-type]  # fmt: skip
+    with pytest.raises(InfeasiblePlanError, match=r"stage 0 \(2 layers, gpipe\) needs 0.22 GiB"):
+        build_plan(top, config)
+    plan = build_plan(top, PlannerConfig(num_stages=4, num_replicas=1, budget=5,
+                                         workload=WorkloadConfig(**base, schedule="1f1b")))  # type: ignore[arg-type]  # fmt: skip
+    assert plan.num_layers_per_stage == (2, 2, 2, 2)
+    # The 1F1B plan is priced by the simulator: one replica, 16 micro-batches, free links.
+    sim = simulate_iteration(top, np.array(plan.mesh), (2, 2, 2, 2),
+                             WorkloadConfig(**base, schedule="1f1b"), schedule="1f1b")  # type: ignore[arg-type]  # fmt: skip
+    assert plan.predicted_cost_s == pytest.approx(sim.total_s)
 
 
 def test_exposed_dp_time_is_what_the_backward_pass_cannot_hide() -> None:
@@ -97,7 +150,8 @@ def test_backward_messages_use_the_reverse_link() -> None:
     slow_back.bandwidth_gbps[1, 0] = 0.00016
     a = iteration_cost(fast, np.array([[0, 1]]), (1, 1), workload).total_s
     b = iteration_cost(slow_back, np.array([[0, 1]]), (1, 1), workload).total_s
-    # Backward message 0.01 + 0.1 = 0.11 s: T_bwd = (0.03 + 0.11) + 0.03 + 3 * 0.11 = 0.50.
+    # Backward message 0.01 + 0.1 = 0.11 s (serialised, the default: the link is held for it):
+    # T_bwd = (0.03 + 0.11) + 0.03 + 3 * 0.11 = 0.50; T_fwd = 0.10 (test above).
     assert a == pytest.approx(0.27)
     assert b == pytest.approx(0.10 + 0.50)
 
@@ -117,3 +171,23 @@ def test_the_codec_wire_size_prices_pipeline_messages() -> None:
     assert q2.predicted_cost_s < 0.7 * fp16.predicted_cost_s
     with pytest.raises(ValueError, match="choose one of"):
         WorkloadConfig(codec="q9")  # type: ignore[arg-type]
+
+
+def test_best_ring_equals_brute_force() -> None:
+    import itertools
+
+    from frugal.planner.iteration import _ring_seconds
+
+    rng = np.random.default_rng(7)
+    n = 6
+    delay, bandwidth = rng.uniform(1, 50, (n, n)), rng.uniform(0.1, 2.0, (n, n))
+    devices = tuple(Device(name=f"d{i}", host=f"h{i}", site="s") for i in range(n))
+    top = Topology(devices=devices, delay_ms=delay, bandwidth_gbps=bandwidth)
+    members = np.array([5, 0, 3, 1, 4])
+    size = 1e8
+    brute = min(
+        2 * 4 * (size / 5 * 8 / (min(bandwidth[r[i], r[(i + 1) % 5]] for i in range(5)) * 1e9)
+                 + max(delay[r[i], r[(i + 1) % 5]] for i in range(5)) / 1000)
+        for r in itertools.permutations(members.tolist())
+    )  # fmt: skip
+    assert _ring_seconds(members, top, size) == pytest.approx(brute)

@@ -119,3 +119,28 @@ def test_simulate_iteration_rejects_layers_that_do_not_sum() -> None:
     mesh = np.arange(64, dtype=np.int64).reshape(8, 8)
     with pytest.raises(ValueError, match="summing to num_layers=24"):
         simulate_iteration(topology, mesh, (3,) * 7 + (2,), WorkloadConfig())
+
+
+@pytest.mark.parametrize(("holds", "expected_s"), [(False, 5.2), (True, 9.2)])
+def test_message_delay_overlaps_the_next_transfer_as_in_the_link_shaper(
+    holds: bool, expected_s: float
+) -> None:
+    # 2 stages, f = 0.1 s, g = 0 s, 3 micro-batches; a message is 0.5 s of transfer + 1 s delay.
+    # Overlapped (frugal.comm.link: the link is free again after 8 L / B, the message arrives one
+    # delay later): forward messages leave at 0.1, 0.6, 1.1 and arrive at 1.6, 2.1, 2.6; stage 1
+    # ends its forwards at 2.7, its backward messages leave at 2.7, 3.2, 3.7 and the last
+    # arrives at 3.7 + 1.5 = 5.2. Held (stop-and-wait): forwards arrive at 1.6, 3.1, 4.6; the
+    # backwards leave at 4.7, 6.2, 7.7 and the last arrives at 9.2.
+    end, _ = simulate_pipelines(
+        np.array([[0.1, 0.1]]),
+        np.zeros((1, 2)),
+        np.array([[0, 1]]),
+        1.0,
+        delay_s_NN=np.ones((2, 2)),
+        bandwidth_bytes_per_s_NN=np.full((2, 2), 2.0),
+        host_N=np.array([0, 1]),
+        nic_bytes_per_s_N=np.full(2, np.inf),
+        microbatches_J=np.array([3]),
+        latency_holds_link=holds,
+    )
+    assert end.tolist() == pytest.approx([expected_s])

@@ -10,17 +10,18 @@ Per method: the analytic `iteration` prediction, the event simulation (`frugal.p
 GPipe), and the measured median seconds per iteration after warm-up (max over ranks).
 
 The workload the planner prices is the tiny GPT job itself: its layers, hidden size, context,
-micro-batch size and count, the fp32 activation codec, gradient bytes per value calibrated
-from the model's real parameter count, and tau_ref_s (forward + backward seconds per layer per
-micro-batch) measured in this process on one thread. Co-located ranks share the machine's
-cores: with `compute_sharing="cores"` each rank is priced at speed min(1, cores / world_size)
-(all ranks computing at once, a pessimistic bound); "none" prices them at full speed. Both
-predictions are reported (`predicted_*` under the chosen model, `*_unshared_s` under the
-other bound). The machine may also be loaded by other work, which no a-priori model sees:
-each method runs `rounds` times round-robin and keeps its fastest launch, and a `replay_*`
-prediction re-prices the plan with each rank's speed taken from its own measured median
-forward/backward seconds, separating the compute calibration's error from the schedule and
-network model's.
+micro-batch size and count, the fp32 activation codec, gradient bytes per value calibrated from
+the model's real parameter count, the link shaper's message semantics (a message's delay
+overlaps the next one's transfer: `message_latency = "overlapped"`), and tau_ref_s (forward +
+backward seconds per layer per micro-batch) measured in this process on one thread. Co-located
+ranks share the machine's cores: with `compute_sharing="cores"` each rank is priced at speed
+min(1, cores / world_size) (all ranks computing at once, a pessimistic bound); "none" prices
+them at full speed. Both predictions are reported (`predicted_*` under the chosen model,
+`*_unshared_s` under the other bound). The machine may also be loaded by other work, which no
+a-priori model sees: each method runs `rounds` times round-robin and keeps its fastest launch,
+and a `replay_*` prediction re-prices the plan with each rank's speed taken from its own
+measured median forward/backward seconds, separating the compute calibration's error from the
+schedule and network model's.
 
 The worst placement's Plan carries method "random" (the Plan format names planner searches
 only); its row says "worst".
@@ -76,9 +77,10 @@ class Config:
 
     num_sites: int = 2
     """Sites, >= 2; rank r sits at site r // ranks_per_site."""
-    ranks_per_site: int = 2
-    """Ranks per site, >= 1; world size = num_sites x ranks_per_site <= 8."""
-    num_stages: int = 2
+    ranks_per_site: int = 4
+    """Ranks per site, >= 1; world size = num_sites x ranks_per_site <= 8 (default 8
+    processes: 4 stages x 2 replicas, the brief's validation grid)."""
+    num_stages: int = 4
     """Pipeline stages D_pp (divides the world size)."""
     intra_site_mbps: float = 200.0
     """Bandwidth between ranks of one site, Mbit/s, > 0."""
@@ -156,7 +158,9 @@ class Config:
 
 def quick() -> Config:
     """The `--quick` preset: 4 ranks on 2 sites, 2 stages x 2 replicas, 4 methods, 2 rounds."""
-    return Config(steps=6, warmup_steps=1, calibrate_repeats=5, rounds=2)
+    return Config(
+        ranks_per_site=2, num_stages=2, steps=6, warmup_steps=1, calibrate_repeats=5, rounds=2
+    )
 
 
 def build_topology(config: Config) -> Topology:
@@ -252,21 +256,26 @@ def workload_for(config: Config, tau_ref_s: float) -> WorkloadConfig:
         codec="fp32",
         gradient_bytes_per_value=4.0 * params / (gpt.num_layers * 12.0 * gpt.hidden**2),
         tau_ref_s=tau_ref_s,
+        message_latency="overlapped",  # frugal.comm.link's shaper overlaps delay and transfer
     )
 
 
 def worst_plan(topology: Topology, reference: Plan, workload: WorkloadConfig) -> Plan:
-    """The placement with the highest `iteration` prediction (all N! meshes up to N = 8).
+    """The placement with the highest `iteration` prediction (all meshes up to N = 8).
 
-    The result copies `reference` (same grid and layers) with the worst mesh; its `method`
-    field reads "random" (a placement no search chose).
+    Meshes that differ only in the order of their pipelines cost the same, so one order each
+    is scored (N! / D_dp! meshes). The result copies `reference` (same grid and layers) with
+    the worst mesh; its `method` field reads "random" (a placement no search chose).
     """
     n, d_dp, d_pp = topology.num_devices, reference.num_replicas, reference.num_stages
     layers = reference.num_layers_per_stage
     worst_s, worst = -math.inf, None
+    cache: dict[tuple[bytes, float], tuple[str, float]] = {}
     for perm in itertools.permutations(range(n)):
         mesh = np.array(perm, dtype=np.int64).reshape(d_dp, d_pp)
-        cost = iteration_cost(topology, mesh, layers, workload)
+        if (np.diff(mesh[:, 0]) < 0).any():
+            continue  # the cost ignores the order of the pipelines: one order per mesh
+        cost = iteration_cost(topology, mesh, layers, workload, collective_cache=cache)
         if cost.total_s > worst_s:
             worst_s, worst = cost.total_s, (mesh, cost)
     assert worst is not None

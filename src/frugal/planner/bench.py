@@ -1,14 +1,19 @@
 """`frugal plan bench`: every scenario x model size x method, side by side, in one run.
 
-Rows: `scenario, num_layers, global_batch, method, seed, predicted_iteration_s,
-simulated_gpipe_s, simulated_1f1b_s, lower_bound_s, paper_cost_s, search_s`. The prediction is
-the analytic `iteration` model (GPipe), except for `deepspeed_pp` (Megatron's layout, uniform
-layers, 1F1B), which the event simulator (`frugal.planner.sim`) scores; every row also carries
-both simulated schedules. Summary: `world_speedup_vs_megatron_random` (mean over the random
-seeds), `world_speedup_vs_megatron_default`, `search_s_world`, and per scenario the speed-up of
-ours over each baseline. The iteration times are predictions of the `iteration` model; the
-validation against measured emulated runs needs `frugal.pipeline` and is not part of this
-bench yet (`sim_vs_measured_max_error` is null).
+Rows: `scenario, num_layers, global_batch, method, seed, num_stages, num_replicas,
+predicted_iteration_s, best_schedule_s, gap, simulated_gpipe_s, simulated_1f1b_s,
+lower_bound_s, paper_cost_s, search_s`. The prediction is the analytic `iteration` model
+(GPipe), except for `deepspeed_pp` (Megatron's layout, uniform layers, 1F1B), which the event
+simulator (`frugal.planner.sim`) scores; every row also carries both simulated schedules and
+`best_schedule_s`, the faster of them. Methods: ours (memetic search), swap (its swap local
+search alone at the same budget), ours_grid (ours choosing D_pp x D_dp), and the baselines.
+Summary: `world_speedup_vs_megatron_random` (mean over the random seeds, first world cell),
+`world_speedup_vs_megatron_default`, the same per world cell and with both sides on their
+faster schedule (`*_best_schedule_by_cell`), `search_s_world`, per cell the speed-up of ours
+over each baseline, memetic vs swap (iteration table and the paper-cost convergence study at
+equal candidates scored) and the lower-bound gap of ours under the paper cost. The validation
+against measured emulated runs is `frugal plan validate` (`sim_vs_measured_max_error` is null
+here; `frugal reproduce` fills it).
 
 References:
     Decentralized Training of Foundation Models in Heterogeneous Environments, NeurIPS 2022,
@@ -34,7 +39,9 @@ from frugal.planner.sim import simulate_iteration
 
 __all__ = ["PlanBenchConfig", "run_plan_bench"]
 
-Method = Literal["ours", "megatron_default", "megatron_random", "deepspeed_pp", "random"]
+Method = Literal[
+    "ours", "swap", "ours_grid", "megatron_default", "megatron_random", "deepspeed_pp", "random"
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,12 +56,35 @@ class PlanBenchConfig:
     """Sequences per iteration."""
     methods: tuple[Method, ...] = (
         "ours",
+        "swap",
+        "ours_grid",
         "megatron_default",
         "megatron_random",
         "deepspeed_pp",
         "random",
     )
-    """Placement methods compared."""
+    """Placement methods compared: ours (memetic search), swap (its swap local search alone, same
+    budget), ours_grid (ours choosing D_pp x D_dp among the factor pairs that split the batch,
+    the budget shared), Megatron's default and random rank orders, DeepSpeed's pipeline
+    (Megatron's layout, 1F1B, uniform layers) and the best of `budget` random placements."""
+    ablation_scenarios: tuple[str, ...] = (
+        "datacenter",
+        "spot",
+        "two_sites",
+        "regional",
+        "world",
+    )
+    """Scenarios where the ablation rows (swap, ours_grid) run; the others skip them."""
+    convergence_scenarios: tuple[str, ...] = (
+        "datacenter",
+        "spot",
+        "two_sites",
+        "regional",
+        "world",
+        "world_uneven",
+    )
+    """Scenarios of the paper-cost convergence study (symmetric, 64 devices, 8 x 8 grid);
+    world_uneven is the case where the structured seeds are not already a local optimum."""
     random_seeds: tuple[int, ...] = (2022, 2023, 2024)
     """Seeds of `megatron_random` (the paper's)."""
     budget: int = 2000
@@ -70,7 +100,7 @@ class PlanBenchConfig:
         for name in ("scenarios", "num_layers", "global_batches", "methods", "random_seeds"):
             if not getattr(self, name):
                 raise ValueError(f"{name} is empty; list at least one value")
-        for name in self.scenarios:
+        for name in self.scenarios + self.convergence_scenarios:
             build_scenario(name)  # unknown names fail here, before any work
         if self.budget < 1 or self.convergence_budget < 1:
             raise ValueError(
@@ -82,8 +112,11 @@ class PlanBenchConfig:
 
     @classmethod
     def quick(cls) -> PlanBenchConfig:
-        """Every scenario x model cell of the full bench, with search budgets of 300."""
-        return cls(budget=300, convergence_budget=300)
+        """Every scenario x model cell of the full bench, with search budgets of 300.
+
+        The ablation rows (swap, ours_grid) run in the world scenario only.
+        """
+        return cls(budget=300, convergence_budget=300, ablation_scenarios=("world",))
 
 
 def run_plan_bench(
@@ -108,12 +141,24 @@ def run_plan_bench(
                 base = PlannerConfig(num_stages=8, num_replicas=8, workload=workload,
                                      budget=config.budget, seed=config.seed)  # fmt: skip
                 for method in config.methods:
+                    if (
+                        method in ("swap", "ours_grid")
+                        and scenario not in config.ablation_scenarios
+                    ):
+                        continue
                     seeds = config.random_seeds if method == "megatron_random" else (config.seed,)
                     for seed in seeds:
                         start = time.perf_counter()
                         # DeepSpeed's pipeline engine: Megatron's layout, 1F1B, uniform layers.
-                        plan_method = "megatron_default" if method == "deepspeed_pp" else method
-                        plan = build_plan(topology, replace(base, method=plan_method, seed=seed))
+                        plan_config = replace(base, seed=seed)
+                        if method == "deepspeed_pp":
+                            plan_config = replace(plan_config, method="megatron_default")
+                        elif method == "ours_grid":
+                            plan_config = replace(plan_config, method="ours", num_stages=0,
+                                                  num_replicas=0)  # fmt: skip
+                        else:
+                            plan_config = replace(plan_config, method=method)
+                        plan = build_plan(topology, plan_config)
                         search_s = time.perf_counter() - start
                         mesh = np.array(plan.mesh, dtype=np.int64)
                         layers_per_stage = plan.num_layers_per_stage
@@ -137,7 +182,11 @@ def run_plan_bench(
                             "global_batch": batch,
                             "method": method,
                             "seed": seed,
+                            "num_stages": plan.num_stages,
+                            "num_replicas": plan.num_replicas,
                             "predicted_iteration_s": predicted,
+                            "best_schedule_s": min(predicted, sim_gpipe.total_s, sim_1f1b.total_s),
+                            "gap": predicted / plan.lower_bound_s - 1.0,
                             "simulated_gpipe_s": sim_gpipe.total_s,
                             "simulated_1f1b_s": sim_1f1b.total_s,
                             "lower_bound_s": plan.lower_bound_s,
@@ -157,6 +206,12 @@ def run_plan_bench(
     summary["convergence_paper_cost"] = {
         f"{r['scenario']}/{r['method']}": r["paper_cost_s"] for r in curves
     }
+    costs = {(r["scenario"], r["method"]): r["paper_cost_s"] for r in curves}
+    summary["convergence_memetic_vs_swap"] = {  # > 1: ours (memetic) lower at equal budget
+        s: costs[(s, "swap")] / costs[(s, "ours")] for s, m in costs if m == "ours"
+    }
+    summary["convergence_gap_of_ours"] = {r["scenario"]: r["gap"] for r in curves
+                                          if r["method"] == "ours"}  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     _plot_convergence(curves, out_dir / "convergence.png")
     document = results_document("plan", config, rows, summary)
@@ -174,10 +229,17 @@ def _convergence(
     config: PlanBenchConfig, progress: Callable[[str], None] | None
 ) -> list[dict[str, Any]]:
     """Best paper cost vs candidates scored for random, the DT-FM GA and ours, per scenario."""
-    from frugal.planner.search import SearchResult, dtfm_ga, random_search, swap_search
+    from frugal.planner.cost import paper_lower_bound
+    from frugal.planner.search import (
+        SearchResult,
+        dtfm_ga,
+        memetic_search,
+        random_search,
+        swap_search,
+    )
 
     rows = []
-    for scenario in config.scenarios:
+    for scenario in config.convergence_scenarios:
         topology = build_scenario(scenario)
         if not topology.is_symmetric():
             continue  # the paper's cost needs symmetric links
@@ -186,8 +248,10 @@ def _convergence(
         searches: dict[str, Callable[..., SearchResult]] = {
             "random": random_search,
             "dtfm_ga": dtfm_ga,
-            "ours": swap_search,
+            "swap": swap_search,
+            "ours": memetic_search,
         }
+        bound = paper_lower_bound(topology, 8, 8)
         for method, search in searches.items():
             result = search(topology, 8, 8, budget=config.convergence_budget, seed=config.seed)
             rows.append(
@@ -196,6 +260,8 @@ def _convergence(
                     "method": method,
                     "objective": "paper",
                     "paper_cost_s": result.cost.total_s,
+                    "lower_bound_s": bound,
+                    "gap": result.cost.total_s / bound - 1.0,
                     "search_s": result.search_s,
                     "candidates": result.candidates,
                     "curve": [list(point) for point in result.history],
@@ -238,9 +304,11 @@ def _plot_convergence(curves: list[dict[str, Any]], path: Path) -> None:
 def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [r for r in all_rows if r.get("objective") != "paper"]  # the iteration table only
 
-    def mean_time(scenario: str, method: str, layers: int, batch: int) -> float | None:
+    def mean_time(
+        scenario: str, method: str, layers: int, batch: int, key: str = "predicted_iteration_s"
+    ) -> float | None:
         times = [
-            r["predicted_iteration_s"]
+            r[key]
             for r in rows
             if (r["scenario"], r["method"], r["num_layers"], r["global_batch"])
             == (scenario, method, layers, batch)
@@ -255,7 +323,8 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
         ours = mean_time(scenario, "ours", layers, batch)
         if ours is None:
             continue
-        for baseline in ("megatron_default", "megatron_random", "deepspeed_pp", "random"):
+        for baseline in ("swap", "ours_grid", "megatron_default", "megatron_random",
+                         "deepspeed_pp", "random"):  # fmt: skip
             other = mean_time(scenario, baseline, layers, batch)
             if other is not None:
                 key = f"{scenario}/L{layers}/B{batch}/vs_{baseline}"
@@ -271,6 +340,41 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary["search_s_world"] = max(
             r["search_s"] for r in rows if r["scenario"] == "world" and r["method"] == "ours"
         )
+    world_cells = [c for c in cells if c[0] == "world"]
+    for baseline in ("megatron_random", "megatron_default"):
+        by_cell: dict[str, float] = {}
+        best_schedule: dict[str, float] = {}
+        for _, layers, batch in world_cells:
+            ours = mean_time("world", "ours", layers, batch)
+            other = mean_time("world", baseline, layers, batch)
+            ours_best = mean_time("world", "ours", layers, batch, "best_schedule_s")
+            other_best = mean_time("world", baseline, layers, batch, "best_schedule_s")
+            if ours and other:
+                by_cell[f"L{layers}/B{batch}"] = other / ours
+            if ours_best and other_best:
+                best_schedule[f"L{layers}/B{batch}"] = other_best / ours_best
+        if by_cell:
+            summary[f"world_speedup_vs_{baseline}_by_cell"] = by_cell
+            # Both sides on their faster schedule (GPipe or 1F1B, event simulator): Megatron's
+            # own schedule is 1F1B, which helps communication-bound placements.
+            summary[f"world_speedup_vs_{baseline}_best_schedule_by_cell"] = best_schedule
+    memetic_vs_swap = {}
+    for scenario, layers, batch in cells:
+        ours = mean_time(scenario, "ours", layers, batch)
+        swap = mean_time(scenario, "swap", layers, batch)
+        if ours and swap:
+            memetic_vs_swap[f"{scenario}/L{layers}/B{batch}"] = swap / ours
+    if memetic_vs_swap:
+        summary["memetic_vs_swap_iteration_min"] = min(memetic_vs_swap.values())
+        summary["memetic_vs_swap_iteration_max"] = max(memetic_vs_swap.values())
+    grid = {}
+    for scenario, layers, batch in cells:
+        ours = mean_time(scenario, "ours", layers, batch)
+        chosen = mean_time(scenario, "ours_grid", layers, batch)
+        if ours and chosen:
+            grid[f"{scenario}/L{layers}/B{batch}"] = ours / chosen
+    if grid:
+        summary["ours_grid_vs_8x8"] = grid
     summary["sim_vs_measured_max_error"] = None  # needs frugal.pipeline (emulated runs)
     summary["objective"] = "iteration (analytic GPipe model; see frugal.planner.iteration)"
     return summary

@@ -84,6 +84,21 @@ def dp_costs(topology: Topology, groups_GK: I64, c_dp_gb: float = PAPER_C_DP_GB)
     return result
 
 
+def _has_perfect_matching(allowed_KK: npt.NDArray[np.bool_]) -> bool:
+    """Whether the bipartite graph of allowed edges has a perfect matching.
+
+    Small graphs (K <= 16): a min-sum assignment on 0/1 costs (zero iff a perfect matching of
+    allowed edges exists; scipy's C solver, no sparse-matrix overhead); larger ones: maximum
+    bipartite matching on a sparse matrix.
+    """
+    if allowed_KK.shape[0] <= 16:
+        penalty = (~allowed_KK).astype(np.float64)
+        rows, cols = linear_sum_assignment(penalty)
+        return not penalty[rows, cols].any()
+    matched = maximum_bipartite_matching(csr_matrix(allowed_KK), perm_type="column")
+    return bool((matched >= 0).all())
+
+
 def bottleneck_matching(cost_KK: F64) -> tuple[float, I64]:
     """Exact bottleneck perfect matching: minimise the largest matched cost.
 
@@ -99,12 +114,13 @@ def bottleneck_matching(cost_KK: F64) -> tuple[float, I64]:
     """
     k = cost_KK.shape[0]
     values = np.unique(cost_KK)
-    lo, hi = 0, len(values) - 1
+    # Every row and column needs one edge, so the bottleneck is at least the largest row or
+    # column minimum: start the bisection there.
+    floor = max(float(cost_KK.min(axis=1).max()), float(cost_KK.min(axis=0).max()))
+    lo, hi = int(np.searchsorted(values, floor)), len(values) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        allowed = csr_matrix(cost_KK <= values[mid])
-        matched = maximum_bipartite_matching(allowed, perm_type="column")
-        if (matched >= 0).all():
+        if _has_perfect_matching(cost_KK <= values[mid]):
             hi = mid
         else:
             lo = mid + 1
@@ -116,10 +132,24 @@ def bottleneck_matching(cost_KK: F64) -> tuple[float, I64]:
     return float(threshold), perm
 
 
+_ENUMERATE_MAX = 8
+_PATHS: dict[int, I64] = {}
+
+
+def _all_paths(g: int) -> I64:
+    """Every open path through g nodes once per direction pair (first node < last), (P, g)."""
+    if g not in _PATHS:
+        perms = np.array(list(itertools.permutations(range(g))), dtype=np.int64)
+        _PATHS[g] = np.ascontiguousarray(perms[perms[:, 0] < perms[:, -1]])
+    return _PATHS[g]
+
+
 def open_path(weight_GG: F64) -> tuple[float, I64]:
     """Cheapest open Hamiltonian path (any start, any end) through G nodes, exactly.
 
-    Held-Karp dynamic programming over subsets (G <= 16).
+    Up to 8 nodes: one gather over all G!/2 paths (vectorised, about 1 ms at G = 8); up to 16:
+    Held-Karp dynamic programming over subsets. Ties go to the first path in lexicographic
+    order (enumeration) or the DP's order, deterministically.
 
     Returns:
         (total weight, order of the nodes along the path).
@@ -135,6 +165,17 @@ def open_path(weight_GG: F64) -> tuple[float, I64]:
         return 0.0, np.zeros(1, dtype=np.int64)
     if g > _HELD_KARP_MAX:
         raise ValueError(f"open_path is exact up to {_HELD_KARP_MAX} groups, got {g}")
+    if g <= _ENUMERATE_MAX:
+        paths = _all_paths(g)
+        totals = weight_GG[paths[:, :-1], paths[:, 1:]].sum(axis=1)
+        best_path = int(np.argmin(totals))
+        return float(totals[best_path]), paths[best_path].copy()
+    return _held_karp(weight_GG)
+
+
+def _held_karp(weight_GG: F64) -> tuple[float, I64]:
+    """Held-Karp DP for the cheapest open path (G >= 2), O(2^G G^2)."""
+    g = weight_GG.shape[0]
     full = 1 << g
     best = np.full((full, g), np.inf)
     parent = np.full((full, g), -1, dtype=np.int64)

@@ -7,8 +7,11 @@ per stage group. For pipeline j with stages i (device d = mesh[j][i], l_i layers
 - f_i = l_i tau_f(d), g_i = l_i tau_b(d), tau(d) = tau_ref / speed(d) (forward : backward
   incl. recompute = 1 : 3);
 - x_i = alpha(d_i, d_{i+1}) + w / beta(d_i, d_{i+1}): one micro-batch's activation message of
-  w bytes (the wire size of the codec);
-- T_fwd(j) = sum_i (f_i + x_i) + (M - 1) max_i max(f_i, x_i); T_bwd alike with g;
+  w bytes (the wire size of the codec) from send to arrival; the link itself is busy for
+  o_i = x_i (`message_latency = "serialised"`, the default: the delay is paid per message, as
+  NCCL over TCP on the DT-FM testbed) or o_i = w / beta only (`"overlapped"`: the delay
+  overlaps the next message's transfer, as in `frugal.comm.link`'s shaper);
+- T_fwd(j) = sum_i (f_i + x_i) + (M - 1) max_i max(f_i, o_i); T_bwd alike with g;
   T_pp(j) = A (T_fwd + T_bwd) for A accumulation steps of M micro-batches (GPipe);
 - T_coll(i): the cheapest of the paper's sequential peer exchange, a ring all-reduce along the
   best ring of the group (bottleneck-optimal cycle) and a central parameter server;
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +51,7 @@ __all__ = [
     "WorkloadConfig",
     "accumulation_steps",
     "iteration_cost",
+    "microbatches_in_flight",
     "stage_collective",
     "stage_memory_gib",
 ]
@@ -84,6 +89,17 @@ class WorkloadConfig:
     """Wire bytes per gradient value in the DP exchange, > 0."""
     tau_ref_s: float = TAU_REF_S
     """Seconds per layer per micro-batch on a speed-1.0 device, > 0."""
+    message_latency: Literal["overlapped", "serialised"] = "serialised"
+    """How a pipeline message's one-way delay uses its link: "serialised" (default: the link
+    is held for delay + bytes / bandwidth per message, as NCCL over TCP on the DT-FM testbed,
+    where an added one-way delay of 1 / 5 / 10 ms made a 64 MB send 4 / 25 / 58 ms slower,
+    i.e. several delays per message, never overlapped; planner.md, section 3) or "overlapped"
+    (the link is busy for bytes / bandwidth and the message arrives one delay later, so
+    back-to-back messages overlap their delays: `frugal.comm.link`'s shaper, which `frugal
+    plan validate` runs on)."""
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"
+    """Pipeline schedule the plan runs; it sets the activations each stage keeps in flight
+    (GPipe: every micro-batch of a step; 1F1B: at most num_stages - stage)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -112,16 +128,43 @@ _TRAINING_BYTES_PER_PARAM = 4.0  # fp16 weights + fp16 gradients on the GPU (fp3
 _ACTIVATION_BUFFERS = 4  # per micro-batch: checkpointed input, send, receive, recompute
 
 
-def stage_memory_gib(workload: WorkloadConfig, layers: int) -> float:
-    """GPU memory a stage of `layers` layers needs, GiB.
+def microbatches_in_flight(workload: WorkloadConfig, stage: int, num_stages: int) -> int:
+    """Micro-batches whose activations stage `stage` holds at once under the workload's schedule.
+
+    GPipe runs every forward of a step before any backward, so each stage holds all M
+    micro-batches; 1F1B (PipeDream-Flush) starts the backward of micro-batch k after the warm-up
+    forwards, so stage i holds at most min(num_stages - i, M).
+
+    Raises:
+        ValueError: If stage is not in [0, num_stages).
+
+    References:
+        GPipe, NeurIPS 2019, arXiv 1811.06965; Memory-Efficient Pipeline-Parallel DNN Training
+        (PipeDream-Flush / 1F1B), ICML 2021, arXiv 2006.09503 (section 3.1).
+    """
+    if not 0 <= stage < num_stages:
+        raise ValueError(f"stage={stage} must lie in [0, num_stages={num_stages})")
+    m = workload.microbatches_per_step
+    return m if workload.schedule == "gpipe" else min(num_stages - stage, m)
+
+
+def stage_memory_gib(
+    workload: WorkloadConfig, layers: int, stage: int = 0, num_stages: int = 1
+) -> float:
+    """GPU memory stage `stage` (of `num_stages`, with `layers` layers) needs, GiB.
 
     Weights and gradients in fp16 (4 B per parameter; fp32 master weights live on the CPU, as in
-    the DT-FM runs) plus, with full recomputation, four activation-sized buffers per micro-batch
-    in flight. At 3 layers and 64 micro-batches: 0.56 + 2.0 GiB (the brief's 1.73 GB + 3 GB at
-    96 micro-batches is of this order).
+    the DT-FM runs) plus, with full recomputation, four activation-sized buffers (checkpointed
+    input, send, receive, recompute) per micro-batch in flight (`microbatches_in_flight`: M under
+    GPipe, min(num_stages - stage, M) under 1F1B). At 3 layers and 64 micro-batches (GPipe):
+    0.56 + 2.0 GiB (the brief's 1.73 GB + 3 GB at 96 micro-batches is of this order).
+
+    Raises:
+        ValueError: If stage is not in [0, num_stages).
     """
     weights = layers * workload.params_per_layer * _TRAINING_BYTES_PER_PARAM
-    activations = workload.microbatches_per_step * workload.activation_bytes * _ACTIVATION_BUFFERS
+    in_flight = microbatches_in_flight(workload, stage, num_stages)
+    activations = in_flight * workload.activation_bytes * _ACTIVATION_BUFFERS
     return (weights + activations) / _GIB
 
 
@@ -138,34 +181,48 @@ class IterationCost:
     """Chosen collective per stage: seq_peer, ring or central_ps."""
     microbatches: tuple[int, ...] = ()
     """Micro-batches per accumulation step of each pipeline."""
+    tiebreak_s: float = 0.0
+    """Mean over pipelines of T_pp(j) plus mean over stages of the exposed collective time: it
+    falls when a pipeline or stage that is not the slowest improves (a search tie-breaker on
+    plateaus of the max terms)."""
 
 
-_RINGS: dict[int, I64] = {}
+_RING_EDGES: dict[int, I64] = {}
 
 
-def _rings(k: int) -> I64:
-    """All rings through K members starting at member 0, as (R, K) member positions."""
-    if k not in _RINGS:
+def _ring_edges(k: int) -> I64:
+    """Every ring through K members starting at member 0, as flat edge indices.
+
+    Returns (K, R) indices a K + b of each ring's directed edges (a -> b) into a K x K
+    matrix, R = (K-1)! rings (edge-major, so reductions over a ring's edges run along the
+    contiguous axis).
+    """
+    if k not in _RING_EDGES:
         perms = np.array(list(itertools.permutations(range(1, k))), dtype=np.int64).reshape(
             -1, k - 1
         )
-        _RINGS[k] = np.concatenate([np.zeros((len(perms), 1), dtype=np.int64), perms], axis=1)
-    return _RINGS[k]
+        rings = np.concatenate([np.zeros((len(perms), 1), dtype=np.int64), perms], axis=1)
+        _RING_EDGES[k] = np.ascontiguousarray((rings * k + np.roll(rings, -1, axis=1)).T)
+    return _RING_EDGES[k]
 
 
 def _ring_seconds(members: I64, topology: Topology, size_bytes: float) -> float:
     """Ring all-reduce on the best ring: 2 (K-1)/K size over the slowest edge + 2 (K-1) delays.
 
-    Every ring is scored (vectorised; (K-1)! rings, K <= 8); larger groups keep their order.
+    Every ring is scored (vectorised gather on the group's K x K link matrices; (K-1)! rings,
+    K <= 8); larger groups keep their order.
     """
     k = len(members)
     if k == 1:
         return 0.0
-    rings = _rings(k) if k <= 8 else np.arange(k, dtype=np.int64)[None, :]
-    nodes = members[rings]  # (R, K) device ids
-    nxt = np.roll(nodes, -1, axis=1)
-    bandwidth = topology.bandwidth_gbps[nodes, nxt].min(axis=1)
-    delay = topology.delay_ms[nodes, nxt].max(axis=1) / 1000.0
+    if k <= 8:
+        edges = _ring_edges(k)
+    else:
+        order = np.arange(k, dtype=np.int64)
+        edges = (order * k + np.roll(order, -1))[:, None]
+    sub = np.ix_(members, members)
+    bandwidth = topology.bandwidth_gbps[sub].ravel()[edges].min(axis=0)
+    delay = topology.delay_ms[sub].ravel()[edges].max(axis=0) / 1000.0
     seconds = 2 * (k - 1) * (size_bytes / k * _BITS_PER_BYTE / (bandwidth * _GBIT) + delay)
     return float(seconds.min())
 
@@ -302,6 +359,7 @@ def iteration_cost(
     workload: WorkloadConfig,
     *,
     balance_microbatches: bool = False,
+    collective_cache: dict[tuple[bytes, float], tuple[str, float]] | None = None,
 ) -> IterationCost:
     """Predict seconds per iteration of a placement (see the module docstring).
 
@@ -315,6 +373,9 @@ def iteration_cost(
         layers_per_stage: l_i per stage (sum = num_layers).
         workload: The training job.
         balance_microbatches: Share micro-batches in proportion to pipeline speed.
+        collective_cache: A dict owned by the caller (one per topology and workload) that
+            memoises each stage group's collective by its member set, so a search re-scores
+            only the groups a move changed.
 
     Returns:
         The prediction and its parts.
@@ -345,24 +406,41 @@ def iteration_cost(
             _effective_gbps(topology, recv, send) * _GBIT
         )
     fill = (f + x).sum(axis=1) + (g + xb).sum(axis=1)  # one micro-batch through and back
-    slope = np.maximum(f, x).max(axis=1) + np.maximum(g, xb).max(axis=1)  # each further one
+    if workload.message_latency == "overlapped" and num_stages > 1:
+        # Back-to-back messages overlap their delays: a link is busy for the transfer only.
+        o, ob = np.zeros_like(f), np.zeros_like(f)
+        o[:, :-1] = x[:, :-1] - topology.delay_ms[send, recv] / 1000.0
+        ob[:, :-1] = xb[:, :-1] - topology.delay_ms[recv, send] / 1000.0
+    else:
+        o, ob = x, xb
+    slope = np.maximum(f, o).max(axis=1) + np.maximum(g, ob).max(axis=1)  # each further one
     if balance_microbatches:
         counts = _balance(fill, slope, num_replicas * m)
     else:
         counts = np.full(num_replicas, m, dtype=np.int64)
-    pipeline = float((accumulation * (fill + (counts - 1) * slope)).max())
+    pipeline_J = accumulation * (fill + (counts - 1) * slope)
+    pipeline = float(pipeline_J.max())
+    exposed_I = np.zeros(num_stages)
     exposed = 0.0
     choices = []
     for i in range(num_stages):
         size = layers[i] * workload.params_per_layer * workload.gradient_bytes_per_value
-        name, seconds = stage_collective(mesh_JI[:, i], topology, size)
+        if collective_cache is None:
+            name, seconds = stage_collective(mesh_JI[:, i], topology, size)
+        else:  # a group's collective depends on its member set only: re-score changed groups
+            key = (np.sort(mesh_JI[:, i]).tobytes(), size)
+            if key not in collective_cache:
+                collective_cache[key] = stage_collective(mesh_JI[:, i], topology, size)
+            name, seconds = collective_cache[key]
         choices.append(name)
         slack = float((g[:, :i] + xb[:, :i]).sum(axis=1).min()) if i else 0.0
         exposed = max(exposed, seconds - slack)
+        exposed_I[i] = max(0.0, seconds - slack)
     return IterationCost(
         total_s=pipeline + exposed,
         pipeline_s=pipeline,
         dp_exposed_s=exposed,
         microbatches=tuple(int(c) for c in counts),
+        tiebreak_s=float(pipeline_J.mean() + exposed_I.mean()),
         collective=tuple(choices),
     )

@@ -55,9 +55,11 @@ class PlannerConfig:
     objective: Literal["iteration", "paper"] = "iteration"
     """Cost model: seconds per iteration (compute, pipeline, overlapped DP; analytic), or the
     DT-FM paper's communication cost."""
-    method: Literal["ours", "megatron_default", "megatron_random", "random"] = "ours"
-    """Search: ours (seeds + swaps), Megatron's default order, Megatron's order on a seeded
-    random rank permutation, or the best of `budget` random placements."""
+    method: Literal["ours", "swap", "megatron_default", "megatron_random", "random"] = "ours"
+    """Search: ours (structured seeds, then a memetic search: aligned crossover + swaps), swap
+    (the seeds' swap local search alone, the memetic search's component), Megatron's default
+    order, Megatron's order on a seeded random rank permutation, or the best of `budget`
+    random placements."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     """The training job the iteration objective prices."""
     budget: int = 2000
@@ -123,7 +125,7 @@ class Plan:
     stage_order: tuple[int, ...]
     devices: tuple[tuple[str, str, str], ...]
     objective: Literal["iteration", "paper"]
-    method: Literal["ours", "megatron_default", "megatron_random", "random"]
+    method: Literal["ours", "swap", "megatron_default", "megatron_random", "random"]
     predicted_cost_s: float
     breakdown: tuple[tuple[str, float], ...]
     lower_bound_s: float
@@ -248,6 +250,9 @@ def check_memory(
 ) -> None:  # fmt: skip
     """Check every device can hold its stage.
 
+    The need is `stage_memory_gib`: weights, gradients and the activations the workload's
+    schedule keeps in flight on that stage.
+
     Raises:
         InfeasiblePlanError: constraint "memory", naming the stage, device, need and have.
     """
@@ -255,13 +260,14 @@ def check_memory(
 
     for row in mesh:
         for stage, rank in enumerate(row):
-            need = stage_memory_gib(workload, layers[stage])
+            need = stage_memory_gib(workload, layers[stage], stage, len(row))
             device = topology.devices[rank]
             if need > device.memory_gib:
                 raise InfeasiblePlanError(
-                    f"stage {stage} ({layers[stage]} layers) needs {need:.2f} GiB but device "
-                    f"{device.name} has {device.memory_gib:.2f} GiB; use more stages, fewer "
-                    "micro-batches per step, or larger devices",
+                    f"stage {stage} ({layers[stage]} layers, {workload.schedule}) needs "
+                    f"{need:.2f} GiB but device {device.name} has {device.memory_gib:.2f} GiB; "
+                    "use more stages, fewer micro-batches per step, the 1f1b schedule, or "
+                    "larger devices",
                     constraint="memory",
                 )
 
@@ -354,6 +360,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         check_grid,
         iteration_search,
         megatron_default_groups,
+        memetic_search,
         random_search,
         swap_search,
     )
@@ -399,17 +406,19 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
             ranks[1:] = np.random.default_rng(config.seed).permutation(np.arange(1, n))
         mesh = ranks[np.ascontiguousarray(megatron_default_groups(d_pp, d_dp).T)]
     elif config.objective == "paper":
-        if config.method == "ours":
-            paper = swap_search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed,
-                                time_limit_s=config.time_limit_s).cost  # fmt: skip
+        if config.method in ("ours", "swap"):
+            search = memetic_search if config.method == "ours" else swap_search
+            paper = search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed,
+                           time_limit_s=config.time_limit_s).cost  # fmt: skip
         else:
             paper = random_search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed,
                                   time_limit_s=config.time_limit_s).cost  # fmt: skip
         mesh, stage_order = np.array(paper.mesh, dtype=np.int64), paper.stage_order
-    elif config.method == "ours":
+    elif config.method in ("ours", "swap"):
         mesh = iteration_search(topology, d_pp, d_dp, layers, config.workload,
                                 budget=config.budget, seed=config.seed,
-                                time_limit_s=config.time_limit_s).mesh  # fmt: skip
+                                time_limit_s=config.time_limit_s,
+                                population=8 if config.method == "ours" else 1).mesh  # fmt: skip
     else:
         import time
 
@@ -437,10 +446,19 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         bound = paper_lower_bound(topology, d_pp, d_dp)
     else:
         it = iteration_cost(topology, mesh, layers, config.workload,
-                            balance_microbatches=config.method == "ours")  # fmt: skip
+                            balance_microbatches=config.method in ("ours", "swap"))  # fmt: skip
         microbatches = it.microbatches
         predicted = it.total_s
         breakdown = (("pipeline_s", it.pipeline_s), ("dp_exposed_s", it.dp_exposed_s))
+        if config.workload.schedule == "1f1b":  # the closed form is GPipe's: simulate 1F1B
+            from frugal.planner.sim import simulate_iteration
+
+            counts = np.array(microbatches, dtype=np.int64)
+            sim = simulate_iteration(
+                topology, mesh, layers, config.workload, microbatches_J=counts, schedule="1f1b"
+            )
+            predicted = sim.total_s
+            breakdown = (("pipeline_s", max(sim.pipeline_s)), ("dp_exposed_s", sim.dp_exposed_s))
         bound = _compute_lower_bound(topology, config)
     return Plan(
         world_size=topology.num_devices,

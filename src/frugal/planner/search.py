@@ -43,10 +43,13 @@ from frugal.planner.topology import Topology
 __all__ = [
     "MeshSearchResult",
     "SearchResult",
+    "aligned_crossover",
     "check_grid",
     "dtfm_ga",
     "iteration_search",
     "megatron_default_groups",
+    "memetic_search",
+    "message_seconds",
     "random_search",
     "site_transversal_groups",
     "swap_search",
@@ -150,6 +153,15 @@ class _State:
     def total(self) -> float:
         return float(self.dp.max() + 2.0 * self.pp)
 
+    @property
+    def secondary(self) -> float:
+        """A tie-breaker for plateaus of the max terms.
+
+        Every DP term and every group pair's bottleneck, summed: it falls when a group that
+        is not the critical one improves.
+        """
+        return float(self.dp.sum() + self.weight.sum() / 2.0)
+
     def try_swap(self, a: int, x: int, b: int, y: int) -> tuple[float, I64, F64, F64, float]:
         """Cost after swapping groups[a][x] with groups[b][y] (state unchanged)."""
         groups = self.groups.copy()
@@ -243,6 +255,241 @@ def swap_search(
     )
 
 
+def _owner(groups: I64) -> I64:
+    """owner[d] = the group (row) holding device d."""
+    g, k = groups.shape
+    owner = np.empty(groups.size, dtype=np.int64)
+    owner[groups.ravel()] = np.repeat(np.arange(g), k)
+    return owner
+
+
+def aligned_crossover(p1: I64, p2: I64, rng: np.random.Generator, hop: F64) -> I64:
+    """Label-aligned crossover of two partitions: inherit whole groups, then repair greedily.
+
+    Parent 2's groups are relabelled to overlap parent 1's most (a linear sum assignment on
+    the G x G overlap counts), so group a of both parents means the same thing. Child group a
+    comes from parent 1 or aligned parent 2 (a fair coin per group); groups, visited in random
+    order, keep their inherited devices that are still free. Each device left over joins, in
+    random order, the under-full group it reaches cheapest (mean hop to its members).
+
+    Args:
+        p1: First parent, (G, K) device ids.
+        p2: Second parent, same shape.
+        rng: Random source (the only one: same state, same child).
+        hop: (N, N) pairwise cost used by the repair.
+
+    Returns:
+        The child, (G, K); every device exactly once.
+    """
+    g, k = p1.shape
+    coin = rng.random(size=(g, 1)) < 0.5
+    source: I64 = np.where(coin, p1, _align_labels(p1, p2))
+    taken = np.zeros(p1.size, dtype=bool)
+    members: list[list[int]] = [[] for _ in range(g)]
+    for a in rng.permutation(g).tolist():
+        free = source[a][~taken[source[a]]]
+        members[a] = free.tolist()
+        taken[free] = True
+    for device in rng.permutation(np.flatnonzero(~taken)).tolist():
+        open_groups = [a for a in range(g) if len(members[a]) < k]
+        cost = [float(hop[device, members[a]].mean()) if members[a] else np.inf
+                for a in open_groups]  # fmt: skip
+        choice = open_groups[int(np.argmin(cost))] if np.isfinite(min(cost)) else open_groups[0]
+        members[choice].append(device)
+    child: I64 = np.array(members, dtype=np.int64)
+    return child
+
+
+_MUTATION_RATE = 0.2
+"""Share of crossover children that also get random swaps (besides those equal to a member)."""
+
+
+def _perturb(groups: I64, rng: np.random.Generator, swaps: int) -> None:
+    """Swap `swaps` random device pairs between distinct groups, in place."""
+    g, k = groups.shape
+    if g < 2:
+        return
+    for _ in range(swaps):
+        a, b = rng.choice(g, size=2, replace=False)
+        x, y = rng.integers(0, k, size=2)
+        groups[a, x], groups[b, y] = groups[b, y], groups[a, x]
+
+
+def _partition_key(groups: I64) -> bytes:
+    """The same bytes for partitions that differ only in group order or member order."""
+    rows = np.sort(groups, axis=1)
+    return rows[np.lexsort(rows.T[::-1])].tobytes()
+
+
+def _tournament(costs: list[float], rng: np.random.Generator) -> int:
+    a, b = rng.choice(len(costs), size=2, replace=False)
+    return int(a) if costs[int(a)] <= costs[int(b)] else int(b)
+
+
+def memetic_search(
+    topology: Topology,
+    num_stages: int,
+    num_replicas: int,
+    *,
+    budget: int = 2000,
+    seed: int = 0,
+    population: int = 16,
+    local_steps: int = 0,
+    c_pp_gb: float = PAPER_C_PP_GB,
+    c_dp_gb: float = PAPER_C_DP_GB,
+    time_limit_s: float = 30.0,
+) -> SearchResult:
+    """Our search under the paper's cost: structured seeds, then a memetic algorithm.
+
+    The population starts from the structured seeds of `swap_search` (site transversal, its
+    transpose, Megatron's default) and seeded random partitions. The best seed is improved
+    first by `local_steps` swaps; then, until the budget is spent, two parents chosen by binary
+    tournaments give a child by `aligned_crossover`, the child is improved by `local_steps`
+    first-improvement swaps (`swap_search`'s move, re-scored incrementally: 2 DP terms,
+    2 (G-1) - 1 bottleneck matchings and one exact open path), and it replaces the worst
+    member when better and not already present. A child equal to a member, and a fifth of the
+    others, first get K/2 random swaps (mutation). Every partition scored, crossover child or
+    swap, counts as one candidate, so budgets compare with `swap_search` and `dtfm_ga`.
+    Deterministic for a seed and budget (the time limit only cuts it short).
+
+    Args:
+        topology: Devices and links (symmetric).
+        num_stages: D_pp.
+        num_replicas: D_dp.
+        budget: Candidates to score at most (seeds included).
+        seed: Seed of every random choice.
+        population: Members kept, >= 2.
+        local_steps: Swaps per local search; 0 = max(10, min(200, budget // 25)).
+        c_pp_gb: Activation gigabytes per stage boundary.
+        c_dp_gb: Gradient gigabytes per device.
+        time_limit_s: Stop after this many seconds even if budget remains.
+
+    Returns:
+        The best partition with its cost and convergence history.
+
+    Raises:
+        ValueError: If num_stages x num_replicas != number of devices, population < 2, or
+            links are asymmetric.
+
+    References:
+        Decentralized Training of Foundation Models in Heterogeneous Environments, NeurIPS
+        2022, arXiv 2206.01288 (section 3.3: the cost it minimises; its GA is `dtfm_ga`).
+        Moscato, On Evolution, Search, Optimization, Genetic Algorithms and Martial Arts
+        (Caltech C3P report 826, 1989): memetic algorithms (crossover + local search).
+    """
+    check_grid(topology, num_stages, num_replicas)
+    if population < 2:
+        raise ValueError(f"population={population} must be >= 2")
+    start = time.perf_counter()
+    hop = hop_seconds(topology, c_pp_gb)
+    rng = np.random.default_rng(seed)
+    steps = local_steps or max(10, min(200, budget // 25))
+    stall = 4 * num_stages * num_replicas  # rejected swaps in a row that end a local search
+    n = topology.num_devices
+    g, k = num_stages, num_replicas
+    starts = [
+        site_transversal_groups(topology, g, k),
+        np.ascontiguousarray(site_transversal_groups(topology, k, g).T)
+        if g == k
+        else megatron_default_groups(g, k),
+        megatron_default_groups(g, k),
+    ]
+    candidates = 0
+    history: list[tuple[int, float]] = []
+    best_total = np.inf
+
+    def scored(total: float) -> None:
+        nonlocal best_total
+        if total < best_total - 1e-12:
+            best_total = total
+            history.append((candidates, total))
+
+    def out_of_time() -> bool:
+        return candidates >= budget or time.perf_counter() - start >= time_limit_s
+
+    pool: list[_State] = []
+    keys: set[bytes] = set()
+
+    def improve(state: _State, max_steps: int) -> None:
+        """First-improvement swaps until `max_steps` or `stall` in a row are rejected."""
+        nonlocal candidates
+        rejected = 0
+        for _ in range(max_steps):
+            if g < 2 or rejected >= stall or out_of_time():
+                return
+            a, b = rng.choice(g, size=2, replace=False)
+            x, y = rng.integers(0, k, size=2)
+            total, groups, dp, weight, pp = state.try_swap(int(a), int(x), int(b), int(y))
+            candidates += 1
+            # Lexicographic acceptance: lower cost, or equal cost and a lower tie-breaker
+            # (walks the plateaus of the max terms, where strict improvement stalls).
+            if total < state.total - 1e-12 or (
+                total <= state.total + 1e-12
+                and float(dp.sum() + weight.sum() / 2.0) < state.secondary - 1e-12
+            ):
+                state.accept(groups, dp, weight, pp)
+                scored(total)
+                rejected = 0
+            else:
+                rejected += 1
+
+    # Population: the structured seeds, one random partition, and the seeds perturbed by K
+    # random swaps each (diverse but good parents; random partitions alone give poor children).
+    while len(pool) < population and not (pool and out_of_time()):
+        if len(pool) < len(starts):
+            groups = np.asarray(starts[len(pool)], dtype=np.int64)
+        elif len(pool) == len(starts):
+            groups = rng.permutation(n).reshape(g, k)
+        else:
+            groups = np.array(starts[len(pool) % len(starts)], dtype=np.int64)
+            _perturb(groups, rng, k)
+        key = _partition_key(groups)
+        if key in keys:  # a duplicate seed (e.g. the transpose equals the default)
+            groups = rng.permutation(n).reshape(g, k)
+            key = _partition_key(groups)
+        state = _State(topology, np.asarray(groups, dtype=np.int64), hop, c_dp_gb)
+        candidates += 1
+        scored(state.total)
+        pool.append(state)
+        keys.add(key)
+    # Intensify first: the best seed's local search runs until it stalls, so the memetic
+    # phase starts from the local optimum `swap_search` would reach.
+    elite = min(range(len(pool)), key=lambda i: pool[i].total)
+    keys.discard(_partition_key(pool[elite].groups))
+    improve(pool[elite], budget)
+    keys.add(_partition_key(pool[elite].groups))
+    while len(pool) >= 2 and not out_of_time():
+        costs = [member.total for member in pool]
+        i = _tournament(costs, rng)
+        j = _tournament(costs, rng)
+        if i == j:
+            j = (i + 1 + int(rng.integers(0, len(pool) - 1))) % len(pool)
+        child_groups = aligned_crossover(pool[i].groups, pool[j].groups, rng, hop)
+        if _partition_key(child_groups) in keys or rng.random() < _MUTATION_RATE:
+            _perturb(child_groups, rng, max(1, k // 2))  # a copy of a member teaches nothing
+        child = _State(topology, child_groups, hop, c_dp_gb)
+        candidates += 1
+        scored(child.total)
+        improve(child, steps)
+        if child.total <= best_total + 1e-12:  # a new best: intensify it as the seed was
+            improve(child, budget)
+        key = _partition_key(child.groups)
+        worst = int(np.argmax(costs))
+        if child.total < costs[worst] and key not in keys:
+            keys.discard(_partition_key(pool[worst].groups))
+            pool[worst] = child
+            keys.add(key)
+    best = min(pool, key=lambda member: member.total)
+    cost = paper_cost(topology, best.groups, c_pp_gb=c_pp_gb, c_dp_gb=c_dp_gb, hop_NN=hop)
+    return SearchResult(
+        groups=best.groups,
+        cost=cost,
+        candidates=candidates,
+        search_s=time.perf_counter() - start,
+        history=tuple(history),
+    )
+
+
 def random_search(
     topology: Topology,
     num_stages: int,
@@ -300,6 +547,40 @@ class MeshSearchResult:
     history: tuple[tuple[int, float], ...]
 
 
+def _wire(groups_GK: I64, hop_NN: F64) -> I64:
+    """Pipelines through stage groups in order: chained bottleneck matchings (exact per pair).
+
+    Stage 0's devices start the pipelines in group order; each next stage is matched to the
+    previous one by `bottleneck_matching` on `hop_NN`.
+
+    Shapes:
+        groups_GK: (G stages, K replicas); returns the mesh (K, G).
+    """
+    g, k = groups_GK.shape
+    mesh = np.empty((k, g), dtype=np.int64)
+    mesh[:, 0] = groups_GK[0]
+    for i in range(1, g):
+        _, perm = bottleneck_matching(hop_NN[mesh[:, i - 1][:, None], groups_GK[i][None, :]])
+        mesh[:, i] = groups_GK[i][perm]
+    return mesh
+
+
+def message_seconds(topology: Topology, workload: WorkloadConfig) -> F64:
+    """Seconds of one activation message between every pair, the larger of both directions.
+
+    A message costs delay + bytes / bandwidth (the workload codec's wire bytes).
+
+    Shapes:
+        returns (N, N); the diagonal is 0.
+    """
+    bits = workload.activation_bytes * 8.0
+    with np.errstate(divide="ignore"):
+        one_way = topology.delay_ms / 1000.0 + bits / (topology.bandwidth_gbps * 1e9)
+    both: F64 = np.maximum(one_way, one_way.T)
+    np.fill_diagonal(both, 0.0)
+    return both
+
+
 def iteration_search(
     topology: Topology,
     num_stages: int,
@@ -311,22 +592,34 @@ def iteration_search(
     seed: int = 0,
     time_limit_s: float = 30.0,
     balance_microbatches: bool = True,
+    population: int = 8,
 ) -> MeshSearchResult:
-    """Our search under the iteration objective: structured seeds, then exact-scored swaps.
+    """Our search under the iteration objective: structured seeds, then a memetic search.
 
     Seeds: pipelines inside sites with DP across them (site transversal), Megatron's default,
-    the paper-cost optimum's mesh, and a random mesh; the best is improved by swapping two
-    devices of the mesh (first improvement, seeded draws). Deterministic for a seed and budget.
-    Micro-batches are shared in proportion to pipeline speed unless `balance_microbatches` is
-    False.
+    the paper-cost seed's mesh, and a random mesh. The best seed is improved by swapping two
+    devices of the mesh (first improvement, seeded draws) until `4 N` swaps in a row fail;
+    then, while budget remains, two parents chosen by binary tournaments give a child: their
+    stage groups are crossed by `aligned_crossover` (labels = stages), the pipelines are wired
+    by chained exact bottleneck matchings on message seconds (`_wire`), and the child is
+    improved by swaps and replaces the worst member when better. Stage groups' collectives are
+    memoised by member set, so a swap re-prices at most two collectives (incremental
+    re-scoring). With `population` = 1 it is the plain swap search (the whole budget on the
+    best seed's swaps; the baseline the memetic search is compared with). Micro-batches are
+    shared in proportion to pipeline speed unless `balance_microbatches` is False. Meshes that
+    do not fit device memory (`stage_memory_gib`) are never kept. Deterministic for a seed and
+    budget (the time limit only cuts it short).
 
     Raises:
-        ValueError: If num_stages x num_replicas != number of devices.
+        ValueError: If num_stages x num_replicas != number of devices or population < 1.
     """
     check_grid(topology, num_stages, num_replicas)
+    if population < 1:
+        raise ValueError(f"population={population} must be >= 1")
     start = time.perf_counter()
     balance = balance_microbatches
     rng = np.random.default_rng(seed)
+    cache: dict[tuple[bytes, float], tuple[str, float]] = {}
     seeds: list[I64] = [
         np.ascontiguousarray(site_transversal_groups(topology, num_stages, num_replicas).T),
         np.ascontiguousarray(megatron_default_groups(num_stages, num_replicas).T),
@@ -336,46 +629,107 @@ def iteration_search(
         paper = swap_search(topology, num_stages, num_replicas, budget=1, seed=seed)
         seeds.append(np.array(paper.cost.mesh, dtype=np.int64))
     candidates = 0
-    best_mesh, best = seeds[0], None
     history: list[tuple[int, float]] = []
-    need = np.array([stage_memory_gib(workload, layer) for layer in layers_per_stage])
+    need = np.array([stage_memory_gib(workload, layer, i, num_stages)
+                     for i, layer in enumerate(layers_per_stage)])  # fmt: skip
     memory = np.array([d.memory_gib for d in topology.devices])
+    n = topology.num_devices
+    best_s = np.inf
 
     def fits(mesh: I64) -> bool:
         return bool((memory[mesh] >= need[None, :]).all())
 
-    for mesh in seeds:
-        cost = iteration_cost(
-            topology, mesh, layers_per_stage, workload, balance_microbatches=balance
-        )
+    def score(mesh: I64) -> IterationCost:
+        nonlocal candidates, best_s
+        cost = iteration_cost(topology, mesh, layers_per_stage, workload,
+                              balance_microbatches=balance, collective_cache=cache)  # fmt: skip
         candidates += 1
-        if fits(mesh) and (best is None or cost.total_s < best.total_s):
-            best_mesh, best = mesh, cost
+        if cost.total_s < best_s - 1e-12 and fits(mesh):
+            best_s = cost.total_s
             history.append((candidates, cost.total_s))
-    if best is None:  # no seed fits: place the largest stages on the largest devices
+        return cost
+
+    def out_of_time() -> bool:
+        return candidates >= budget or time.perf_counter() - start >= time_limit_s
+
+    pool: list[tuple[I64, IterationCost]] = []
+    for mesh in seeds:
+        cost = score(mesh)
+        if fits(mesh):
+            pool.append((mesh, cost))
+    if not pool:  # no seed fits: place the largest stages on the largest devices
         by_memory = np.argsort(-memory, kind="stable")
         stage_rank = np.argsort(-need, kind="stable")
         mesh = np.empty((num_replicas, num_stages), dtype=np.int64)
         for position, stage in enumerate(stage_rank):
             mesh[:, stage] = by_memory[position * num_replicas : (position + 1) * num_replicas]
-        best_mesh = mesh
-        best = iteration_cost(
-            topology, mesh, layers_per_stage, workload, balance_microbatches=balance
-        )
-        history.append((candidates, best.total_s))
-    n = topology.num_devices
-    while candidates < budget and n > 1 and time.perf_counter() - start < time_limit_s:
-        a, b = rng.choice(n, size=2, replace=False)
-        mesh = best_mesh.copy()
-        flat = mesh.reshape(-1)
-        flat[a], flat[b] = flat[b], flat[a]
-        cost = iteration_cost(
-            topology, mesh, layers_per_stage, workload, balance_microbatches=balance
-        )
-        candidates += 1
-        if cost.total_s < best.total_s - 1e-12 and fits(mesh):
-            best_mesh, best = mesh, cost
+        cost = score(mesh)
+        if not history:
             history.append((candidates, cost.total_s))
+        pool.append((mesh, cost))
+    pool.sort(key=lambda member: member[1].total_s)
+    pool = pool[: max(population, 1)]
+    stall = 4 * n if population > 1 else budget
+
+    def improve(mesh: I64, cost: IterationCost, max_steps: int) -> tuple[I64, IterationCost]:
+        rejected = 0
+        for _ in range(max_steps):
+            if n < 2 or rejected >= stall or out_of_time():
+                break
+            a, b = rng.choice(n, size=2, replace=False)
+            trial = mesh.copy()
+            flat = trial.reshape(-1)
+            flat[a], flat[b] = flat[b], flat[a]
+            trial_cost = score(trial)
+            better = trial_cost.total_s < cost.total_s - 1e-12 or (
+                population > 1  # lexicographic: equal cost, lower tie-breaker (plateaus)
+                and trial_cost.total_s <= cost.total_s + 1e-12
+                and trial_cost.tiebreak_s < cost.tiebreak_s - 1e-12
+            )
+            if better and fits(trial):
+                mesh, cost, rejected = trial, trial_cost, 0
+            else:
+                rejected += 1
+        return mesh, cost
+
+    pool[0] = improve(pool[0][0], pool[0][1], budget)
+    if population > 1:
+        hop = message_seconds(topology, workload)
+        steps = max(10, min(200, budget // 25))
+        bases = len(pool)
+        while len(pool) < population and not out_of_time():  # perturbed copies of the seeds
+            trial = pool[len(pool) % bases][0].copy().reshape(-1)
+            for _ in range(num_replicas):
+                a, b = rng.choice(n, size=2, replace=False)
+                trial[a], trial[b] = trial[b], trial[a]
+            trial_mesh = trial.reshape(num_replicas, num_stages)
+            cost = score(trial_mesh)
+            if fits(trial_mesh):
+                pool.append((trial_mesh, cost))
+        while len(pool) >= 2 and not out_of_time():
+            costs = [member[1].total_s for member in pool]
+            i, j = _tournament(costs, rng), _tournament(costs, rng)
+            if i == j:
+                j = (i + 1 + int(rng.integers(0, len(pool) - 1))) % len(pool)
+            groups = aligned_crossover(np.ascontiguousarray(pool[i][0].T),
+                                       np.ascontiguousarray(pool[j][0].T), rng, hop)  # fmt: skip
+            if rng.random() < _MUTATION_RATE:
+                _perturb(groups, rng, max(1, num_replicas // 2))
+            child = _wire(groups, hop)
+            if any(np.array_equal(child, member[0]) for member in pool):
+                _perturb(groups, rng, max(1, num_replicas // 2))  # a copy teaches nothing
+                child = _wire(groups, hop)
+            child_cost = score(child)
+            if not fits(child):
+                continue
+            child, child_cost = improve(child, child_cost, steps)
+            if child_cost.total_s <= best_s + 1e-12:  # a new best: intensify it
+                child, child_cost = improve(child, child_cost, budget)
+            worst = int(np.argmax(costs))
+            duplicate = any(np.array_equal(child, member[0]) for member in pool)
+            if child_cost.total_s < costs[worst] and not duplicate:
+                pool[worst] = (child, child_cost)
+    best_mesh, best = min(pool, key=lambda member: member[1].total_s)
     return MeshSearchResult(
         mesh=best_mesh,
         cost=best,

@@ -7,9 +7,11 @@ forward / one backward, then cool-down backwards). A forward of micro-batch m at
 for the activation from stage i-1, a backward for the gradient from stage i+1. Every message
 queues, first come first served, on three resources: its directed link, the sender host's NIC
 (out) and the receiver host's NIC (in), when the two devices sit on different hosts. It starts
-when all three are free, arrives `delay + bytes / link bandwidth` later, holds its link until
-then (one delay per message, like the analytic model) and each NIC for `bytes / NIC capacity`,
-so n messages through one NIC of capacity C take at least n bytes / C (FIFO sharing).
+when all three are free, arrives `bytes / link bandwidth + delay` later, holds its link for
+`bytes / link bandwidth` (the delay is propagation and overlaps the next message, as in
+`frugal.comm.link`'s shaper; with `latency_holds_link` the link is held until the arrival, a
+stop-and-wait transport) and each NIC for `bytes / NIC capacity`, so n messages through one NIC
+of capacity C take at least n bytes / C (FIFO sharing).
 After the last backward of the last accumulation step, each stage's DP group runs its cheapest
 collective (`stage_collective`); the iteration ends when the last collective does.
 
@@ -98,6 +100,7 @@ def simulate_pipelines(
     microbatches_J: I64,
     schedule: Schedule = "gpipe",
     backward_message_bytes: float | None = None,
+    latency_holds_link: bool = False,
 ) -> tuple[F64, F64]:
     """Simulate one accumulation step of J pipelines that share links and NICs.
 
@@ -113,6 +116,8 @@ def simulate_pipelines(
         microbatches_J: Micro-batches of each pipeline, >= 1.
         schedule: "gpipe" or "1f1b".
         backward_message_bytes: Wire bytes of one gradient message (default: message_bytes).
+        latency_holds_link: Hold a link for delay + transfer per message (stop-and-wait)
+            instead of the transfer only (the delay overlaps the next message).
 
     Returns:
         (end_J, last_backward_end_JI): each pipeline's makespan and the end of stage i's last
@@ -183,11 +188,11 @@ def simulate_pipelines(
         if cross_host:
             start = max(start, nic_out_free.get(int(host_N[a]), 0.0))
             start = max(start, nic_in_free.get(int(host_N[b]), 0.0))
-        arrival = start + float(delay_s_NN[a, b]) + size / rate
-        # The link is held until the message has arrived (one delay per message, as the
-        # analytic model's x = alpha + w / beta: a windowed transport does not overlap the
-        # propagation of one message with the next); each NIC only for its own share.
-        link_free[(a, b)] = arrival
+        arrival = start + size / rate + float(delay_s_NN[a, b])
+        # The link is busy for the transfer; the delay is propagation, which the next message's
+        # transfer overlaps (the link shaper's and tc netem's semantics), unless the transport
+        # is stop-and-wait. Each NIC is busy only for its own share.
+        link_free[(a, b)] = arrival if latency_holds_link else start + size / rate
         if cross_host:
             host_a, host_b = int(host_N[a]), int(host_N[b])
             nic_out_free[host_a] = start + size / float(nic_bytes_per_s_N[a])
@@ -277,6 +282,7 @@ def simulate_iteration(
         nic_bytes_per_s_N=nic,
         microbatches_J=microbatches_J,
         schedule=schedule,
+        latency_holds_link=workload.message_latency == "serialised",
     )
     # Accumulation steps flush the pipeline, so they repeat; gradients are exchanged after the
     # last one, per stage, as soon as every replica's last backward of that stage is done.
