@@ -49,6 +49,15 @@ def register(commands: Any) -> None:
     )
     train.add_argument("--plan", default=None, metavar="FILE", help="planner Plan JSON to run")
     train.add_argument("--steps", type=int, default=None, metavar="N", help="optimizer steps")
+    train.add_argument(
+        "--dp-compress",
+        default=None,
+        choices=["none", "fp16", "powersgd", "ef-kbit", "qadam"],
+        help="how the data-parallel replicas of a stage (a --plan with DP) agree on gradients",
+    )
+    train.add_argument(
+        "--dp-bits", type=int, default=None, metavar="K", help="bits of ef-kbit / qadam (8)"
+    )
     train.add_argument("--out", default="reports/pipeline-train", metavar="DIR", help="folder")
     add_config_arguments(train)
     train.set_defaults(handler=_train)
@@ -107,6 +116,8 @@ def _train(args: argparse.Namespace) -> int:
         ("rho", _rho(args.rho) if args.rho is not None else None),
         ("plan", str(Path(args.plan).resolve()) if args.plan else None),
         ("steps", args.steps),
+        ("dp_compression", args.dp_compress),
+        ("dp_bits", args.dp_bits),
     ):
         if value is not None:
             cli[key] = value
@@ -132,6 +143,8 @@ def _train(args: argparse.Namespace) -> int:
         rho=config.rho,
         bandwidth_mbps=config.bandwidth_mbps,
         latency_ms=config.latency_ms,
+        dp_compression=config.dp_compression,
+        dp_bits=config.dp_bits,
     )
     losses: list[float] = []
     columns = (

@@ -114,6 +114,10 @@ class PipelineTrainConfig:
     """Recompute each block's activations in the backward pass."""
     comm_timeout_s: float = 120.0
     """Limit of every wait, collective and rendezvous, seconds."""
+    dp_compression: Literal["none", "fp16", "powersgd", "ef-kbit", "qadam"] = "none"
+    """How the replicas of a stage (a plan with DP) agree on gradients; see RunSpec."""
+    dp_bits: int = 8
+    """Bits of the ef-kbit / qadam gradient exchange, 1..8."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -136,6 +140,13 @@ class PipelineTrainConfig:
             raise ValueError("set bandwidth_mbps or rho, not both")
         if self.learning_rate <= 0 or self.comm_timeout_s <= 0:
             raise ValueError("learning_rate and comm_timeout_s must be > 0")
+        if not 1 <= self.dp_bits <= 8:
+            raise ValueError(f"dp_bits={self.dp_bits} must be in [1, 8]")
+        if self.dp_compression == "qadam" and self.warmup_steps < 1:
+            raise ValueError(
+                "dp_compression='qadam' freezes Adam's variance after the warm-up; set "
+                "warmup_steps >= 1"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -154,8 +165,11 @@ class RunSpec:
     """Bandwidth of every link (0 with rho 0 = unshaped)."""
     latency_ms: float = 0.0
     """One-way latency."""
-    dp_compression: Literal["none", "fp16"] = "none"
-    """Gradient all-reduce between replicas of a stage: fp32, or fp16 (torch's hook)."""
+    dp_compression: Literal["none", "fp16", "powersgd", "ef-kbit", "qadam"] = "none"
+    """How replicas of a stage agree (`frugal.comm.gradcomp`): fp32 all-reduce, torch's
+    fp16 / PowerSGD hooks, k-bit gradients with error feedback, or AQ-SGD's qadam."""
+    dp_bits: int = 8
+    """Bits of ef-kbit / qadam."""
     repeat_examples: bool = False
     """Every step uses the same macro-batch (a steady-state speed run: AQ-SGD's examples
     are all seen after step 0)."""
@@ -453,7 +467,9 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
         dp_group = None
         for i in range(layout.num_stages):  # every rank creates every group, same order
             group = (
-                dist.new_group([row[i] for row in layout.mesh]) if layout.num_replicas > 1 else None
+                dist.new_group([row[i] for row in layout.mesh], timeout=timeout)
+                if layout.num_replicas > 1
+                else None
             )
             if i == stage:
                 dp_group = group
@@ -530,6 +546,7 @@ def _run_one(
         num_microbatches_total=total_mbs,
         dp_group=dp_group,
         dp_compression=run.dp_compression,
+        dp_bits=run.dp_bits,
         drift_check_every=config.drift_check_every,
         warmup_steps=config.warmup_steps,
         timeout_s=config.comm_timeout_s,
