@@ -53,7 +53,8 @@ def main() -> None:
     syncs = {}
     for method in DP_METHODS:
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.Tanh(), torch.nn.Linear(48, 8))
+        layers = (torch.nn.Linear(64, 48), torch.nn.Tanh(), torch.nn.Linear(48, 8))
+        model = torch.nn.Sequential(*layers)
         sync = GradientSync(
             method, list(model.parameters()), group, bits=8, warmup_steps=1, learning_rate=1e-2
         )

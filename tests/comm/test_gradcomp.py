@@ -64,7 +64,8 @@ def test_wire_bytes_by_hand() -> None:
     # 4 fp16 scales + 2,048 codes = 2,056 B per chunk, S = 2 x 2,056.
     assert dp_wire_bytes("qadam", SHAPES, 2, 3, warmup_steps=1) == 2 * 2056
     assert dp_wire_bytes("qadam", SHAPES, 2, 0, warmup_steps=1) == 4 * n
-    assert dp_wire_bytes("ef-kbit", SHAPES, 2, 0, bits=4) == 2 * (8 + 1024)  # 4 scales + 2,048 x 4 bits
+    # 4 bits: 4 scales + 2,048 x 4 bits per chunk.
+    assert dp_wire_bytes("ef-kbit", SHAPES, 2, 0, bits=4) == 2 * (8 + 1024)
     with pytest.raises(ValueError, match="choose one of"):
         dp_wire_bytes("topk", SHAPES, 2, 0)
 

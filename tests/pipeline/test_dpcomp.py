@@ -28,9 +28,7 @@ def test_compressed_dp_trains_like_fp32_dp_with_exact_bytes(tmp_path: Path) -> N
     for rank in ranks:
         shapes = [tuple(p.shape) for p in stages[rank["stage"]].parameters()]
         for method, run in zip(methods, rank["runs"], strict=True):
-            analytic = [
-                dp_wire_bytes(method, shapes, 2, step, warmup_steps=2) for step in range(8)
-            ]
+            analytic = [dp_wire_bytes(method, shapes, 2, step, warmup_steps=2) for step in range(8)]
             assert run["dp_bytes"] == analytic, (rank["rank"], method)
     reporter = next(r for r in ranks if r["runs"][0]["eval_loss"] is not None)
     by_method = dict(zip(methods, reporter["runs"], strict=True))
@@ -38,7 +36,8 @@ def test_compressed_dp_trains_like_fp32_dp_with_exact_bytes(tmp_path: Path) -> N
     assert base["losses"][-1] < base["losses"][0] - 0.5
     # 8-bit momentum (qadam) and gradients (ef-kbit) with error feedback, and fp16, track
     # fp32 closely; PowerSGD rank 1 is a coarser approximation (looser bound).
-    for method, tolerance in (("qadam", 0.02), ("ef-kbit", 0.02), ("fp16", 0.01), ("powersgd", 0.1)):
+    bounds = {"qadam": 0.02, "ef-kbit": 0.02, "fp16": 0.01, "powersgd": 0.1}
+    for method, tolerance in bounds.items():
         assert by_method[method]["eval_loss"] == pytest.approx(base["eval_loss"], rel=tolerance)
     # The compressed steps really are smaller: qadam at 8 bits ~ 1/4 of fp32.
     stage0 = next(r for r in ranks if r["stage"] == 0)

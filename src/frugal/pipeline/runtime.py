@@ -20,7 +20,7 @@ import datetime
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,12 +30,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from frugal import FrugalError
+from frugal.comm.buffers import BufferFactory
 from frugal.comm.gradcomp import DP_METHODS, DPSyncError, GradientSync
 from frugal.comm.link import LinkError, LinkShaper, LinkSpec, SendHandle
 from frugal.comm.message import (
     HEADER_WORDS,
     KIND_ACTIVATION,
     KIND_GRADIENT,
+    BufferDriftError,
     CodecSpec,
     LinkCodec,
     NonFiniteMessageError,
@@ -373,6 +375,8 @@ class StageRunner:
             (k-bit sharded parameter server with error feedback) or "qadam" (AQ-SGD's
             reference: compressed Adam momentum, variance frozen after the warm-up).
         dp_bits: Bits of ef-kbit and qadam (1..8).
+        buffers: AQ-SGD buffer factory per (link, side) name, e.g. `BufferSet.factory`
+            (None: RAM).
         drift_check_every: Steps between AQ-SGD buffer CRC checks (0 = never).
         warmup_steps: Steps sent uncompressed (fp32) first.
         timeout_s: Limit of every wait.
@@ -397,6 +401,7 @@ class StageRunner:
         timeout_s: float = 120.0,
         dp_link: LinkSpec | None = None,
         dp_bits: int = 8,
+        buffers: Callable[[str], BufferFactory] | None = None,
     ) -> None:
         self.module = module
         self.dp_link = dp_link
@@ -422,8 +427,11 @@ class StageRunner:
             raise ValueError(f"dp_compression={dp_compression!r}; choose one of {DP_METHODS}")
         self.drift_check_every = drift_check_every
         self.timeout_s = timeout_s
-        self.act_out = LinkCodec(spec, KIND_ACTIVATION, warmup_steps)
-        self.act_in = LinkCodec(spec, KIND_ACTIVATION, warmup_steps)
+        s = self.stage
+        send = buffers(f"link{s}-{s + 1}.send") if buffers is not None else None
+        recv = buffers(f"link{s - 1}-{s}.recv") if buffers is not None else None
+        self.act_out = LinkCodec(spec, KIND_ACTIVATION, warmup_steps, send)
+        self.act_in = LinkCodec(spec, KIND_ACTIVATION, warmup_steps, recv)
         self.grad_out = LinkCodec(spec, KIND_GRADIENT, warmup_steps)
         self.grad_in = LinkCodec(spec, KIND_GRADIENT, warmup_steps)
         self.stats = StageStats()
@@ -441,6 +449,18 @@ class StageRunner:
         self.stats.activation_bytes.append([0] * len(microbatches))
         self.stats.gradient_bytes.append([0] * len(microbatches))
         self.optimizer.zero_grad(set_to_none=True)
+
+    def prefetch(self, ids: Tensor, step: int) -> None:
+        """Hint the AQ-SGD buffers that the examples `ids` come at `step` (sample order)."""
+        for codec in (self.act_in, self.act_out):
+            if codec.delta is not None:
+                codec.delta.prefetch(ids, step)
+
+    def close_buffers(self) -> None:
+        """Release the AQ-SGD buffers' files and threads."""
+        for codec in (self.act_in, self.act_out):
+            if codec.delta is not None:
+                codec.delta.close()
 
     def needs(self, action: Action) -> tuple[int, int] | None:
         """(peer stage, tag) this action receives from, or None."""
@@ -472,7 +492,12 @@ class StageRunner:
             raise NonFiniteError(
                 stage=peer, step=self._step, mb=j, tensor=f"{what} received by stage {self.stage}"
             ) from exc
-        return codec.decode(fields, payload, self._mbs[j].ids)
+        try:
+            return codec.decode(fields, payload, self._mbs[j].ids)
+        except BufferDriftError as exc:
+            raise BufferDriftError(
+                f"stage {self.stage} (link {peer}->{self.stage}, receiver side): {exc}"
+            ) from exc
 
     def run(self, action: Action) -> None:
         """Execute one action (receive, compute, send).
