@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from frugal.comm.gradcomp import dp_wire_bytes
+from frugal.pipeline.dpbench import DPBenchConfig, run_dp_section
 from frugal.pipeline.models import TinyGPT, build_stages
-from frugal.pipeline.train import RunSpec, launch_torchrun
+from frugal.pipeline.train import PipelineTrainConfig, RunSpec, launch_torchrun
 from tests.pipeline.test_distributed import CONFIG, _dp_plan
 
 pytestmark = pytest.mark.distributed
@@ -43,3 +44,26 @@ def test_compressed_dp_trains_like_fp32_dp_with_exact_bytes(tmp_path: Path) -> N
     stage0 = next(r for r in ranks if r["stage"] == 0)
     none_bytes, qadam_bytes = stage0["runs"][0]["dp_bytes"], stage0["runs"][1]["dp_bytes"]
     assert qadam_bytes[:2] == none_bytes[:2] and qadam_bytes[-1] < none_bytes[-1] / 3.9
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dp_bench_section_rows_and_summary() -> None:
+    config = DPBenchConfig(
+        pairs=(("fp32", "none"), ("aqsgd:fw2,bw4", "qadam")), rhos=(3.3,), speed_steps=2
+    )
+    train = PipelineTrainConfig(
+        num_train=32, num_eval=8, micro_batch_size=4, num_microbatches=4, calibrate_steps=2
+    )
+    rows, summary = run_dp_section(config, train)
+    assert [(r["codec"], r["dp_compression"]) for r in rows] == list(config.pairs)
+    for row in rows:
+        assert row["dp_bytes_per_step"] == row["analytic_dp_bytes_per_step"] > 0
+        assert row["bandwidth_mbps"] > 0 and row["tokens_per_s"] > 0
+    fp32, ours = rows
+    assert fp32["speedup_vs_fp32"] == 1.0
+    # 2-bit activations, 4-bit gradients, 8-bit momentum: far fewer bytes both ways.
+    assert ours["pipeline_bytes_per_step"] < fp32["pipeline_bytes_per_step"] / 5
+    assert ours["dp_bytes_per_step"] < fp32["dp_bytes_per_step"] / 3.9
+    assert summary["dp_bytes_match_analytic"] is True
+    assert summary["dp_speedup_at_slowest"] == ours["speedup_vs_fp32"]

@@ -180,6 +180,8 @@ class RunSpec:
     fp16 / PowerSGD hooks, k-bit gradients with error feedback, or AQ-SGD's qadam."""
     dp_bits: int = 8
     """Bits of ef-kbit / qadam."""
+    shape_dp: bool = False
+    """Shape each stage's DP ring at the run's link bandwidth too (without `links`)."""
     repeat_examples: bool = False
     """Every step uses the same macro-batch (a steady-state speed run: AQ-SGD's examples
     are all seen after step 0)."""
@@ -564,7 +566,7 @@ def _run_one(
     links = rank_links(run, dist.get_world_size(), bandwidth)
     dp_link = (
         ring_bottleneck([r[stage] for r in layout.mesh], links)
-        if run.links and dp_group is not None
+        if (run.links or run.shape_dp) and dp_group is not None
         else None
     )
     transport = DistTransport(
