@@ -134,7 +134,12 @@ def _train(args: argparse.Namespace) -> int:
                 "--stages (the plan decides) or plan again"
             )
         world_size = plan.world_size
-    make_layout(config, world_size)  # a plan that does not fit fails here, before launching
+    layout = make_layout(config, world_size)  # a plan that does not fit fails here
+    if config.dp_compression != "none" and layout.num_replicas == 1:
+        raise ValueError(
+            f"--dp-compress {config.dp_compression} needs data-parallel replicas: give a --plan "
+            "with num_replicas >= 2 (the linear layout has one pipeline)"
+        )
     out = Path(args.out)
     run = RunSpec(
         label=config.codec,
