@@ -190,6 +190,8 @@ def _train(args: argparse.Namespace) -> int:
             + sum(map(sum, r["runs"][0]["gradient_bytes"]))
             for r in ranks
         ],
+        "dp_compression": config.dp_compression,
+        "dp_bytes_last_step_per_rank": [(r["runs"][0]["dp_bytes"] or [0])[-1] for r in ranks],
     }
     (out / "train.json").write_text(json.dumps({"summary": summary, "losses": last["losses"]}))
     _plot_losses(last["losses"], config.codec, out / "loss_curve.png")
