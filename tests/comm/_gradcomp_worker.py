@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
@@ -67,6 +68,12 @@ def main() -> None:
             local = torch.cat([p.grad.reshape(-1) for p in model.parameters()])  # type: ignore[union-attr]
             exact = local.clone()
             dist.all_reduce(exact, group=group)
+            reference = copy.deepcopy(model)  # torch's AdamW on the exact summed gradient
+            offset = 0
+            for p in reference.parameters():
+                p.grad = exact[offset : offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+            torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.0).step()
             sent = sync.step(step)
             if sync.owns_optimizer:
                 sync.apply()
@@ -79,6 +86,9 @@ def main() -> None:
                     "analytic": sync.wire_bytes(step),
                     "after": after.tolist(),
                     "exact_sum": exact.tolist(),
+                    "adamw_first_step": torch.cat(
+                        [p.detach().reshape(-1) for p in reference.parameters()]
+                    ).tolist(),
                 }
             )
         syncs[method] = rows

@@ -58,7 +58,7 @@ def _step(data: TextWindows, runners: list[StageRunner], transport: LocalTranspo
 def test_three_backends_train_bit_identically() -> None:
     config = PipelineTrainConfig(
         gpt=GPT, num_stages=2, num_train=24, num_eval=4, micro_batch_size=2,
-        num_microbatches=3, steps=10, codec="aqsgd:fw2,bw4", drift_check_every=1,
+        num_microbatches=3, steps=6, codec="aqsgd:fw2,bw4", drift_check_every=1,
     )  # fmt: skip
     data = TextWindows(TEXT, GPT.context, 24, 4)  # 4 steps per epoch: revisits from step 4
     results = [train_local(replace(config, buffer_backend=b), data=data) for b in BACKENDS]

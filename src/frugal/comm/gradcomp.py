@@ -14,7 +14,8 @@ process group (one per stage, never WORLD) with one of `DP_METHODS`:
 - `qadam`: AQ-SGD's reference data parallelism (DS3Lab/AC-SGD, `ShardedPSDPCompressed`):
   after the warm-up each rank folds its *local* gradient into Adam's first moment m and the
   ranks average m through the k-bit sharded parameter server; Adam's second moment is frozen
-  at its warm-up value. Warm-up steps all-reduce the float32 gradient and run Adam.
+  at its warm-up value (bias-corrected, as 1-bit Adam; see `GradientSync.apply`). Warm-up
+  steps all-reduce the float32 gradient and run Adam.
 
 **k-bit sharded parameter server** (`ShardedExchange`): the flat vector (zero-padded to a
 multiple of K x bucket) is cut into K chunks of c values. Worker side: chunk i plus its
@@ -447,6 +448,7 @@ class GradientSync:
         self.exp_avg = torch.zeros(self.numel)
         self.exp_avg_sq = torch.zeros(self.numel)
         self._adam_steps = 0
+        self._variance_steps = 0
 
     @property
     def owns_optimizer(self) -> bool:
@@ -553,13 +555,18 @@ class GradientSync:
         self.exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
         if update_variance:
             self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            self._variance_steps += 1
 
     @torch.no_grad()
     def apply(self) -> None:
         """qadam: Adam's step with the exchanged momentum; variance frozen after the warm-up.
 
-        As the reference's `step_update`: step size lr sqrt(1 - b2^t) / (1 - b1^t),
-        denominator sqrt(v) + eps.
+        update = -lr / (1 - b1^t) m / (sqrt(v / (1 - b2^w)) + eps), t = Adam steps so far,
+        w = steps that updated v (frozen at the warm-up's count): during the warm-up this is
+        torch's AdamW (weight decay 0); afterwards the *bias-corrected* variance stays fixed,
+        as in 1-bit Adam. (The reference's `step_update` freezes v but keeps raising
+        sqrt(1 - b2^t) with t, so its effective learning rate grows like sqrt(t / w) while
+        t << 1 / (1 - b2); we do not copy that.)
 
         Raises:
             RuntimeError: If the method is not qadam.
@@ -568,9 +575,9 @@ class GradientSync:
             raise RuntimeError(f"apply() belongs to qadam, not {self.method!r}")
         beta1, beta2 = _BETAS
         self._adam_steps += 1
-        t = self._adam_steps
-        size = self.learning_rate * math.sqrt(1 - beta2**t) / (1 - beta1**t)
-        update = self.exp_avg / (self.exp_avg_sq.sqrt() + _EPS) * -size
+        t, w = self._adam_steps, max(self._variance_steps, 1)
+        denom = (self.exp_avg_sq / (1 - beta2**w)).sqrt_().add_(_EPS)
+        update = self.exp_avg / denom * (-self.learning_rate / (1 - beta1**t))
         offset = 0
         for p in self.params:
             p.add_(update[offset : offset + p.numel()].view_as(p))
