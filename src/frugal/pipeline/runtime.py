@@ -416,7 +416,7 @@ class StageRunner:
         if dp_group is not None:
             self.dp_sync = GradientSync(
                 dp_compression,
-                list(module.parameters()),
+                [p for p in module.parameters() if p.requires_grad],  # frozen weights: no traffic
                 dp_group,
                 bits=dp_bits,
                 warmup_steps=warmup_steps,
