@@ -64,6 +64,8 @@ PINNED_SURFACE = {
         "--bw-bits",
         "--codec",
         "--config",
+        "--dp-bits",
+        "--dp-compress",
         "--fw-bits",
         "--help",
         "--model",

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from frugal.pipeline.bench import PipelineBenchConfig, run_pipeline_bench
+from frugal.pipeline.dpbench import DPBenchConfig
 from frugal.pipeline.train import PipelineTrainConfig
 
 
@@ -19,7 +20,7 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
                                   micro_batch_size=4, num_microbatches=4, num_stages=2,
                                   calibrate_steps=2),
         methods=("fp32", "aqsgd:fw2,bw4"), rhos=(3.3,), epochs=2, speed_steps=2,
-        quality_workers=1, torch_pipelining=("gpipe",),
+        quality_workers=1, torch_pipelining=("gpipe",), dp=DPBenchConfig(enabled=False),
     )  # fmt: skip
     document = run_pipeline_bench(config, tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())

@@ -54,6 +54,15 @@ def register(commands: Any) -> None:
     )
     train.add_argument("--plan", default=None, metavar="FILE", help="planner Plan JSON to run")
     train.add_argument("--steps", type=int, default=None, metavar="N", help="optimizer steps")
+    train.add_argument(
+        "--dp-compress",
+        default=None,
+        choices=["none", "fp16", "powersgd", "ef-kbit", "qadam"],
+        help="how the data-parallel replicas of a stage (a --plan with DP) agree on gradients",
+    )
+    train.add_argument(
+        "--dp-bits", type=int, default=None, metavar="K", help="bits of ef-kbit / qadam (8)"
+    )
     train.add_argument("--out", default="reports/pipeline-train", metavar="DIR", help="folder")
     add_config_arguments(train)
     train.set_defaults(handler=_train)
@@ -112,6 +121,8 @@ def _train(args: argparse.Namespace) -> int:
         ("rho", _rho(args.rho) if args.rho is not None else None),
         ("plan", str(Path(args.plan).resolve()) if args.plan else None),
         ("steps", args.steps),
+        ("dp_compression", args.dp_compress),
+        ("dp_bits", args.dp_bits),
     ):
         if value is not None:
             cli[key] = value
@@ -135,7 +146,12 @@ def _train(args: argparse.Namespace) -> int:
                 "--stages (the plan decides) or plan again"
             )
         world_size = plan.world_size
-    make_layout(config, world_size)  # a plan that does not fit fails here, before launching
+    layout = make_layout(config, world_size)  # a plan that does not fit fails here
+    if config.dp_compression != "none" and layout.num_replicas == 1:
+        raise ValueError(
+            f"--dp-compress {config.dp_compression} needs data-parallel replicas: give a --plan "
+            "with num_replicas >= 2 (the linear layout has one pipeline)"
+        )
     out = Path(args.out)
     run = RunSpec(
         label=config.codec,
@@ -144,6 +160,8 @@ def _train(args: argparse.Namespace) -> int:
         rho=config.rho,
         bandwidth_mbps=config.bandwidth_mbps,
         latency_ms=config.latency_ms,
+        dp_compression=config.dp_compression,
+        dp_bits=config.dp_bits,
     )
     losses: list[float] = []
     columns = (
@@ -185,6 +203,8 @@ def _train(args: argparse.Namespace) -> int:
             + sum(map(sum, r["runs"][0]["gradient_bytes"]))
             for r in ranks
         ],
+        "dp_compression": config.dp_compression,
+        "dp_bytes_last_step_per_rank": [(r["runs"][0]["dp_bytes"] or [0])[-1] for r in ranks],
     }
     (out / "train.json").write_text(json.dumps({"summary": summary, "losses": last["losses"]}))
     _plot_losses(last["losses"], config.codec, out / "loss_curve.png")

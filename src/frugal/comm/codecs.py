@@ -31,6 +31,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from frugal.comm.buffers import ActivationBuffer, BufferFactory, MemoryBuffer
 from frugal.comm.wire import wire_bytes
 
 __all__ = [
@@ -318,9 +319,10 @@ class DeltaCodec:
     The sender and the receiver each hold one `DeltaCodec` with their own buffers. Call
     `encode(x, example_ids)` on the sender and `decode(encoded, example_ids)` on the receiver
     with the same ids; after each call both buffers hold the same value. An example seen for
-    the first time is sent as float32 (its row of the payload is exact). The buffers are one
-    (capacity, ...) float32 table indexed by example id, grown by doubling; no per-example
-    Python work.
+    the first time is sent as float32 (its row of the payload is exact). The buffers are an
+    `ActivationBuffer` (`frugal.comm.buffers`): a float32 table in RAM by default, or what
+    `buffer_factory` makes (a memory-mapped file, `frugal.store`); one read of the seen rows
+    and one write of all rows per message, no per-example Python work.
 
     Shapes:
         x: (N, ...) with one row per example; example_ids: (N,) int64, each >= 0.
@@ -330,7 +332,9 @@ class DeltaCodec:
         Guarantees, NeurIPS 2022, arXiv 2206.01299 (section 3, algorithm 1).
     """
 
-    def __init__(self, bits: int, scale: str = "row") -> None:
+    def __init__(
+        self, bits: int, scale: str = "row", buffer_factory: BufferFactory | None = None
+    ) -> None:
         if scale not in ("row", "channel"):
             raise ValueError(f"scale={scale!r}; choose 'row' (min/step) or 'channel' (abs-max)")
         self.quantizer: QuantizeCodec | ChannelQuantizeCodec = (
@@ -338,19 +342,22 @@ class DeltaCodec:
         )
         self.bits = bits
         self.name = f"aqsgd{bits}"
-        self._table = torch.empty(0)
-        self._seen = torch.zeros(0, dtype=torch.bool)
+        self._factory: BufferFactory = buffer_factory or MemoryBuffer
+        self.buffer: ActivationBuffer | None = None
+        self._row_shape: tuple[int, ...] = ()
+        self._last: tuple[Tensor, Tensor] | None = None  # (ids, rows) of the last update
 
     @property
     def buffers(self) -> Mapping[int, Tensor]:
         """Read-only view: example id -> its buffered activation (ids seen so far)."""
-        return _BufferView(self._table, self._seen)
+        return _BufferView(self.buffer)
 
     @property
     def buffer_bytes(self) -> int:
         """Bytes held by the buffers of the examples seen so far."""
-        row = self._table[0].numel() * 4 if self._table.numel() else 0
-        return int(self._seen.sum()) * row
+        if self.buffer is None:
+            return 0
+        return int(self.buffer.seen_ids().numel()) * self.buffer.row_bytes
 
     def wire_bytes(self, shape: tuple[int, ...], num_new: int = 0) -> int:
         """Quantized deltas for the seen examples plus float32 rows for `num_new` new ones."""
@@ -361,14 +368,32 @@ class DeltaCodec:
 
     def num_new(self, example_ids: Tensor) -> int:
         """How many of `example_ids` this side has not buffered yet."""
-        ids = example_ids.long()
-        inside = ids < self._seen.numel()
-        return int((~inside).sum()) + int((~self._seen[ids[inside]]).sum())
+        if self.buffer is None:
+            return int(example_ids.numel())
+        return int((~self.buffer.seen(example_ids.long())).sum())
 
     def rows_crc32(self, example_ids: Tensor) -> int:
-        """CRC32 of the buffered rows of `example_ids`, in that order (drift check)."""
-        rows = self._table[example_ids.long()].contiguous()
-        return zlib.crc32(rows.numpy().tobytes())
+        """CRC32 of the buffered rows of `example_ids`, in that order (drift check).
+
+        Right after an update of these ids, the rows just written are hashed (no read-back).
+        """
+        ids = example_ids.long()
+        if self._last is not None and torch.equal(self._last[0], ids):
+            rows = self._last[1]
+        else:
+            assert self.buffer is not None
+            rows = self.buffer.peek(ids)
+        return zlib.crc32(rows.contiguous().numpy().tobytes())
+
+    def prefetch(self, example_ids: Tensor, step: int) -> None:
+        """Hint the buffers that `example_ids` come at `step` (a store reads them ahead)."""
+        if self.buffer is not None:
+            self.buffer.prefetch(example_ids.long(), step)
+
+    def close(self) -> None:
+        """Release the buffers' files and threads."""
+        if self.buffer is not None:
+            self.buffer.close()
 
     def _prepare(self, example_ids: Tensor, row_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
         ids = example_ids.long()
@@ -376,33 +401,30 @@ class DeltaCodec:
             raise ValueError(f"example_ids must be >= 0, got min {int(ids.min())}")
         if torch.unique(ids).numel() != ids.numel():
             raise ValueError("example_ids repeat within one message; each example once")
-        need = int(ids.max()) + 1 if ids.numel() else 0
-        if need > self._seen.numel() or tuple(self._table.shape[1:]) != row_shape:
-            if self._seen.numel() and tuple(self._table.shape[1:]) != row_shape:
-                raise ValueError(
-                    f"example shape {row_shape} differs from the buffered "
-                    f"{tuple(self._table.shape[1:])}; one DeltaCodec per link and tensor"
-                )
-            capacity = max(need, 2 * self._seen.numel())
-            table = torch.zeros((capacity, *row_shape), dtype=torch.float32)
-            seen = torch.zeros(capacity, dtype=torch.bool)
-            if self._seen.numel():
-                table[: self._table.shape[0]] = self._table
-                seen[: self._seen.numel()] = self._seen
-            self._table, self._seen = table, seen
-        return ids, ~self._seen[ids]
+        if self.buffer is None:
+            self.buffer, self._row_shape = self._factory(row_shape), row_shape
+        elif self._row_shape != row_shape:
+            raise ValueError(
+                f"example shape {row_shape} differs from the buffered {self._row_shape}; one "
+                "DeltaCodec per link and tensor"
+            )
+        return ids, ~self.buffer.seen(ids)
 
-    def store(self, x: Tensor, example_ids: Tensor) -> None:
+    def _write(self, ids: Tensor, rows: Tensor, step: int) -> None:
+        assert self.buffer is not None
+        self.buffer.write(ids, rows, step)
+        self._last = (ids, rows)
+
+    def store(self, x: Tensor, example_ids: Tensor, step: int = 0) -> None:
         """Set the buffers of `example_ids` to `x` exactly (warm-up: x travelled as fp32).
 
         Raises:
             ValueError: If ids repeat or are negative.
         """
         ids, _ = self._prepare(example_ids, tuple(x.shape[1:]))
-        self._table[ids] = x
-        self._seen[ids] = True
+        self._write(ids, x.clone(), step)
 
-    def encode(self, x: Tensor, example_ids: Tensor) -> Encoded:
+    def encode(self, x: Tensor, example_ids: Tensor, step: int = 0) -> Encoded:
         """Encode; update this side's buffers with what the receiver will decode.
 
         Raises:
@@ -416,46 +438,50 @@ class DeltaCodec:
                 f"example_ids must have shape ({x.shape[0]},), got {tuple(example_ids.shape)}"
             )
         ids, new = self._prepare(example_ids, tuple(x.shape[1:]))
+        assert self.buffer is not None
         seen = ~new
         tensors: list[Tensor] = [x[new].contiguous()]
+        rows = x.clone()
         if seen.any():
-            reference = self._table[ids[seen]]
+            reference = self.buffer.read(ids[seen], step)
             delta, delta_hat = self.quantizer.quantize(x[seen] - reference)
             tensors.extend(delta.tensors)
-            self._table[ids[seen]] = reference + delta_hat
-        self._table[ids[new]] = x[new]
-        self._seen[ids] = True
+            rows[seen] = reference + delta_hat
+        self._write(ids, rows, step)
         return Encoded(tuple(x.shape), tuple(tensors))
 
-    def decode(self, encoded: Encoded, example_ids: Tensor) -> Tensor:
+    def decode(self, encoded: Encoded, example_ids: Tensor, step: int = 0) -> Tensor:
         """Rebuild the activations and update this side's buffers.
 
         Raises:
             ValueError: If ids repeat or are negative.
         """
         ids, new = self._prepare(example_ids, tuple(encoded.shape[1:]))
+        assert self.buffer is not None
         seen = ~new
+        rows = torch.empty(encoded.shape, dtype=torch.float32)
         if seen.any():
-            reference = self._table[ids[seen]]
+            reference = self.buffer.read(ids[seen], step)
             shape = (int(seen.sum()), *encoded.shape[1:])
             delta = self.quantizer.decode(Encoded(shape, tuple(encoded.tensors[1:])))
-            self._table[ids[seen]] = reference + delta
-        self._table[ids[new]] = encoded.tensors[0].reshape(-1, *encoded.shape[1:])
-        self._seen[ids] = True
-        return self._table[ids].clone()
+            rows[seen] = reference + delta
+        rows[new] = encoded.tensors[0].reshape(-1, *encoded.shape[1:])
+        self._write(ids, rows, step)
+        return rows.clone()
 
 
 class _BufferView(Mapping[int, Tensor]):
-    def __init__(self, table: Tensor, seen: Tensor) -> None:
-        self._table, self._seen = table, seen
+    def __init__(self, buffer: ActivationBuffer | None) -> None:
+        self._buffer = buffer
+        self._ids = buffer.seen_ids() if buffer is not None else torch.zeros(0, dtype=torch.long)
 
     def __getitem__(self, key: int) -> Tensor:
-        if not 0 <= key < self._seen.numel() or not bool(self._seen[key]):
+        if self._buffer is None or key < 0 or not bool(self._buffer.seen(torch.tensor([key]))[0]):
             raise KeyError(key)
-        return self._table[key]
+        return self._buffer.peek(torch.tensor([key]))[0]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(torch.nonzero(self._seen).flatten().tolist())
+        return iter(self._ids.tolist())
 
     def __len__(self) -> int:
-        return int(self._seen.sum())
+        return int(self._ids.numel())

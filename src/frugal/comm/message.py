@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from frugal import FrugalError
+from frugal.comm.buffers import BufferFactory
 from frugal.comm.codecs import (
     ChannelQuantizeCodec,
     DeltaCodec,
@@ -232,15 +233,23 @@ class LinkCodec:
         kind: KIND_ACTIVATION (forward) or KIND_GRADIENT (backward).
         warmup_steps: Steps (from 0) during which everything travels as fp32 (the reference's
             warm-up; AQ-SGD buffers are still filled, so deltas can start after it).
+        buffer_factory: Where AQ-SGD's per-example buffers live (`frugal.comm.buffers`;
+            None: RAM).
     """
 
-    def __init__(self, spec: CodecSpec, kind: int, warmup_steps: int = 0) -> None:
+    def __init__(
+        self,
+        spec: CodecSpec,
+        kind: int,
+        warmup_steps: int = 0,
+        buffer_factory: BufferFactory | None = None,
+    ) -> None:
         self.spec = spec
         self.kind = kind
         self.warmup_steps = warmup_steps
         self.delta: DeltaCodec | None = None
         if spec.method == "aqsgd" and kind == KIND_ACTIVATION:
-            self.delta = DeltaCodec(spec.fw_bits, spec.scale)
+            self.delta = DeltaCodec(spec.fw_bits, spec.scale, buffer_factory)
         self._fp32 = IdentityCodec()
         self.sent_bytes = 0
         """Wire bytes this side encoded or decoded so far (header + payload)."""
@@ -277,10 +286,10 @@ class LinkCodec:
         elif self.delta is not None:
             num_new = self.delta.num_new(example_ids)
             if step < self.warmup_steps:  # warm-up: fp32, buffers filled with the exact value
-                self.delta.store(x, example_ids)
+                self.delta.store(x, example_ids, step)
                 payload, num_new = _to_payload(self._fp32.encode(x)), x.shape[0]
             else:
-                payload = _to_payload(self.delta.encode(x, example_ids))
+                payload = _to_payload(self.delta.encode(x, example_ids, step))
             if check_crc:
                 crc = self.delta.rows_crc32(example_ids)
         else:
@@ -343,7 +352,7 @@ class LinkCodec:
             num_new = self.delta.num_new(example_ids)
             if step < self.warmup_steps:
                 x = _take(payload, 0, torch.float32, shape).clone()
-                self.delta.store(x, example_ids)
+                self.delta.store(x, example_ids, step)
             else:
                 if num_new != fields["num_new"]:
                     raise ProtocolError(
@@ -358,7 +367,7 @@ class LinkCodec:
                     parts.extend(
                         _quantized_parts(payload, off, seen, self.spec.fw_bits, self.spec.scale)
                     )
-                x = self.delta.decode(Encoded(shape, tuple(parts)), example_ids)
+                x = self.delta.decode(Encoded(shape, tuple(parts)), example_ids, step)
             if fields["crc32"] >= 0 and self.delta.rows_crc32(example_ids) != fields["crc32"]:
                 raise BufferDriftError(
                     f"AQ-SGD buffers drifted at step {step} mb {fields['mb']} for examples "

@@ -44,6 +44,7 @@ from typing import Any
 from frugal.comm.link import RHO_POINTS
 from frugal.comm.message import CodecSpec, message_wire_bytes
 from frugal.config import check_types
+from frugal.pipeline.dpbench import DPBenchConfig, run_dp_section
 from frugal.pipeline.sim import simulate_step
 from frugal.pipeline.train import (
     LocalResult,
@@ -103,6 +104,8 @@ class PipelineBenchConfig:
     """Schedules of the torch.distributed.pipelining FP32 baseline ("gpipe", "1f1b"), run for
     speed_steps steps and compared with our FP32 run on the same unshaped loopback link
     (torch's sends cannot go through our shaper); empty = skip the baseline."""
+    dp: DPBenchConfig = field(default_factory=DPBenchConfig)
+    """The data-parallel section (2 stages x 2 replicas, AQ-SGD + DP compression)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -138,6 +141,7 @@ class PipelineBenchConfig:
             methods=_QUICK_METHODS,
             epochs=12,
             speed_steps=5,
+            dp=DPBenchConfig.quick(),
         )
 
 
@@ -309,6 +313,10 @@ def run_pipeline_bench(
         baseline_rows, baseline_summary = torch_pipelining_rows(config, rows)
         rows.extend(baseline_rows)
         summary.update(baseline_summary)
+    if config.dp.enabled:  # the main bench has no DP replicas: its own launch, 2 x 2 ranks
+        dp_rows, dp_summary = run_dp_section(config.dp, train, say)
+        rows.extend(dp_rows)
+        summary.update(dp_summary)
     document = results_document("pipeline", config, rows, summary)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_results(out_dir / "results.json", document)

@@ -20,7 +20,7 @@ import datetime
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,11 +30,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from frugal import FrugalError
+from frugal.comm.buffers import BufferFactory
+from frugal.comm.gradcomp import DP_METHODS, DPSyncError, GradientSync
 from frugal.comm.link import LinkError, LinkShaper, LinkSpec, SendHandle
 from frugal.comm.message import (
     HEADER_WORDS,
     KIND_ACTIVATION,
     KIND_GRADIENT,
+    BufferDriftError,
     CodecSpec,
     LinkCodec,
     NonFiniteMessageError,
@@ -367,8 +370,13 @@ class StageRunner:
         num_microbatches_total: Micro-batches per step over all replicas (the loss of each is
             divided by it, so summed gradients are the macro-batch mean).
         dp_group: Process group of this stage's data-parallel replicas (None: no DP).
-        dp_compression: "none" (fp32 all-reduce) or "fp16" (cast, sum in fp16, cast back:
-            the baseline of torch's fp16_compress_hook; half the bytes).
+        dp_compression: How DP replicas agree (`frugal.comm.gradcomp.DP_METHODS`): "none"
+            (fp32 all-reduce), "fp16" / "powersgd" (torch's DDP comm hooks), "ef-kbit"
+            (k-bit sharded parameter server with error feedback) or "qadam" (AQ-SGD's
+            reference: compressed Adam momentum, variance frozen after the warm-up).
+        dp_bits: Bits of ef-kbit and qadam (1..8).
+        buffers: AQ-SGD buffer factory per (link, side) name, e.g. `BufferSet.factory`
+            (None: RAM).
         drift_check_every: Steps between AQ-SGD buffer CRC checks (0 = never).
         warmup_steps: Steps sent uncompressed (fp32) first.
         timeout_s: Limit of every wait.
@@ -392,6 +400,8 @@ class StageRunner:
         warmup_steps: int = 0,
         timeout_s: float = 120.0,
         dp_link: LinkSpec | None = None,
+        dp_bits: int = 8,
+        buffers: Callable[[str], BufferFactory] | None = None,
     ) -> None:
         self.module = module
         self.dp_link = dp_link
@@ -401,13 +411,27 @@ class StageRunner:
         self.optimizer = torch.optim.AdamW(module.parameters(), lr=learning_rate, weight_decay=0.0)
         self.scale = 1.0 / num_microbatches_total
         self.dp_group = dp_group
-        if dp_compression not in ("none", "fp16"):
-            raise ValueError(f"dp_compression={dp_compression!r}; choose 'none' or 'fp16'")
         self.dp_compression = dp_compression
+        self.dp_sync: GradientSync | None = None
+        if dp_group is not None:
+            self.dp_sync = GradientSync(
+                dp_compression,
+                [p for p in module.parameters() if p.requires_grad],  # frozen weights: no traffic
+                dp_group,
+                bits=dp_bits,
+                warmup_steps=warmup_steps,
+                learning_rate=learning_rate,
+                timeout_s=timeout_s,
+            )
+        elif dp_compression not in DP_METHODS:
+            raise ValueError(f"dp_compression={dp_compression!r}; choose one of {DP_METHODS}")
         self.drift_check_every = drift_check_every
         self.timeout_s = timeout_s
-        self.act_out = LinkCodec(spec, KIND_ACTIVATION, warmup_steps)
-        self.act_in = LinkCodec(spec, KIND_ACTIVATION, warmup_steps)
+        s = self.stage
+        send = buffers(f"link{s}-{s + 1}.send") if buffers is not None else None
+        recv = buffers(f"link{s - 1}-{s}.recv") if buffers is not None else None
+        self.act_out = LinkCodec(spec, KIND_ACTIVATION, warmup_steps, send)
+        self.act_in = LinkCodec(spec, KIND_ACTIVATION, warmup_steps, recv)
         self.grad_out = LinkCodec(spec, KIND_GRADIENT, warmup_steps)
         self.grad_in = LinkCodec(spec, KIND_GRADIENT, warmup_steps)
         self.stats = StageStats()
@@ -425,6 +449,18 @@ class StageRunner:
         self.stats.activation_bytes.append([0] * len(microbatches))
         self.stats.gradient_bytes.append([0] * len(microbatches))
         self.optimizer.zero_grad(set_to_none=True)
+
+    def prefetch(self, ids: Tensor, step: int) -> None:
+        """Hint the AQ-SGD buffers that the examples `ids` come at `step` (sample order)."""
+        for codec in (self.act_in, self.act_out):
+            if codec.delta is not None:
+                codec.delta.prefetch(ids, step)
+
+    def close_buffers(self) -> None:
+        """Release the AQ-SGD buffers' files and threads."""
+        for codec in (self.act_in, self.act_out):
+            if codec.delta is not None:
+                codec.delta.close()
 
     def needs(self, action: Action) -> tuple[int, int] | None:
         """(peer stage, tag) this action receives from, or None."""
@@ -456,7 +492,12 @@ class StageRunner:
             raise NonFiniteError(
                 stage=peer, step=self._step, mb=j, tensor=f"{what} received by stage {self.stage}"
             ) from exc
-        return codec.decode(fields, payload, self._mbs[j].ids)
+        try:
+            return codec.decode(fields, payload, self._mbs[j].ids)
+        except BufferDriftError as exc:
+            raise BufferDriftError(
+                f"stage {self.stage} (link {peer}->{self.stage}, receiver side): {exc}"
+            ) from exc
 
     def run(self, action: Action) -> None:
         """Execute one action (receive, compute, send).
@@ -516,36 +557,25 @@ class StageRunner:
         self._pending.clear()
         t0 = time.thread_time()
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        if self.dp_group is not None and grads:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            if self.dp_compression == "fp16":  # as torch's fp16_compress_hook: sum in fp16
-                flat = flat.to(torch.float16)
-            self.stats.dp_bytes.append(flat.numel() * flat.element_size())
-            work = dist.all_reduce(flat, group=self.dp_group, async_op=True)
-            assert work is not None
-            try:
-                work.wait(datetime.timedelta(seconds=self.timeout_s))
-            except RuntimeError as exc:
-                raise PipelineError(
-                    f"stage {self.stage}: gradient all-reduce failed at step {self._step}: "
-                    f"{str(exc).splitlines()[0]}"
-                ) from exc
-            if self.dp_link is not None and self.dp_link.is_shaped:
-                time.sleep(
-                    ring_allreduce_s(
-                        flat.numel() * flat.element_size(),
-                        dist.get_world_size(self.dp_group),
-                        self.dp_link,
-                    )
+        if self.dp_sync is not None and grads:
+            if not all(bool(torch.isfinite(g).all()) for g in grads):  # before compressing it
+                raise NonFiniteError(
+                    stage=self.stage, step=self._step, mb=-1, tensor="local weight gradient"
                 )
-            flat = flat.to(torch.float32)
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+            try:
+                nbytes = self.dp_sync.step(self._step)
+            except DPSyncError as exc:
+                raise PipelineError(f"stage {self.stage}: {exc}") from exc
+            self.stats.dp_bytes.append(nbytes)
+            if self.dp_link is not None and self.dp_link.is_shaped:
+                time.sleep(ring_allreduce_s(nbytes, self.dp_sync.size, self.dp_link))
+            grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         if grads and not all(bool(torch.isfinite(g).all()) for g in grads):
             raise NonFiniteError(stage=self.stage, step=self._step, mb=-1, tensor="weight gradient")
-        self.optimizer.step()
+        if self.dp_sync is not None and self.dp_sync.owns_optimizer:
+            self.dp_sync.apply()
+        else:
+            self.optimizer.step()
         self.stats.optimizer_s.append(time.thread_time() - t0)
         if self.module.is_last:
             loss = sum(self._losses) / len(self._losses)

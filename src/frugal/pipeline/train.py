@@ -39,6 +39,7 @@ from frugal.comm.launch import free_port, kill_launch, launch_marker
 from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
 from frugal.comm.message import CodecSpec
 from frugal.config import check_types, config_from_dict, config_to_dict
+from frugal.pipeline.buffers import BufferSet
 from frugal.pipeline.models import TextWindows, TinyGPTConfig, split_layers
 from frugal.pipeline.runtime import (
     ConfigMismatchError,
@@ -124,6 +125,17 @@ class PipelineTrainConfig:
     """Recompute each block's activations in the backward pass."""
     comm_timeout_s: float = 120.0
     """Limit of every wait, collective and rendezvous, seconds."""
+    dp_compression: Literal["none", "fp16", "powersgd", "ef-kbit", "qadam"] = "none"
+    """How the replicas of a stage (a plan with DP) agree on gradients; see RunSpec."""
+    dp_bits: int = 8
+    """Bits of the ef-kbit / qadam gradient exchange, 1..8."""
+    buffer_backend: Literal["memory", "memmap", "store"] = "memory"
+    """Where AQ-SGD's per-example buffers live: RAM, a memory-mapped file, or frugal.store."""
+    buffer_dir: str = ""
+    """Where memmap / store buffers go: a fresh folder inside it, removed at the end ("" =
+    the system's temporary folder)."""
+    buffer_budget_mib: int = 64
+    """RAM budget of each store-backed buffer (one per link side), MiB, >= 1."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -146,6 +158,15 @@ class PipelineTrainConfig:
             raise ValueError("set bandwidth_mbps or rho, not both")
         if self.learning_rate <= 0 or self.comm_timeout_s <= 0:
             raise ValueError("learning_rate and comm_timeout_s must be > 0")
+        if self.buffer_budget_mib < 1:
+            raise ValueError(f"buffer_budget_mib={self.buffer_budget_mib} must be >= 1")
+        if not 1 <= self.dp_bits <= 8:
+            raise ValueError(f"dp_bits={self.dp_bits} must be in [1, 8]")
+        if self.dp_compression == "qadam" and self.warmup_steps < 1:
+            raise ValueError(
+                "dp_compression='qadam' freezes Adam's variance after the warm-up; set "
+                "warmup_steps >= 1"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -164,8 +185,13 @@ class RunSpec:
     """Bandwidth of every link (0 with rho 0 = unshaped)."""
     latency_ms: float = 0.0
     """One-way latency."""
-    dp_compression: Literal["none", "fp16"] = "none"
-    """Gradient all-reduce between replicas of a stage: fp32, or fp16 (torch's hook)."""
+    dp_compression: Literal["none", "fp16", "powersgd", "ef-kbit", "qadam"] = "none"
+    """How replicas of a stage agree (`frugal.comm.gradcomp`): fp32 all-reduce, torch's
+    fp16 / PowerSGD hooks, k-bit gradients with error feedback, or AQ-SGD's qadam."""
+    dp_bits: int = 8
+    """Bits of ef-kbit / qadam."""
+    shape_dp: bool = False
+    """Shape each stage's DP ring at the run's link bandwidth too (without `links`)."""
     repeat_examples: bool = False
     """Every step uses the same macro-batch (a steady-state speed run: AQ-SGD's examples
     are all seen after step 0)."""
@@ -255,6 +281,17 @@ def _microbatches(data: TextWindows, ids: torch.Tensor, size: int) -> list[Micro
     return [Microbatch(chunk, *data.batch(chunk)) for chunk in torch.split(ids, size)]
 
 
+def _buffer_set(config: PipelineTrainConfig, data: TextWindows) -> BufferSet:
+    """The AQ-SGD buffers of a run (ids are window indices: N = all windows)."""
+    return BufferSet(
+        config.buffer_backend,
+        int(data.windows.shape[0]),
+        config.buffer_dir,
+        store_budget_bytes=config.buffer_budget_mib << 20,
+        timeout_s=config.comm_timeout_s,
+    )
+
+
 def evaluate(model: torch.nn.Module, data: TextWindows, batch_size: int = 32) -> float:
     """Mean next-token cross-entropy (nats) of the unpartitioned model on the eval windows."""
     total, count = 0.0, 0
@@ -304,6 +341,7 @@ def train_local(
     transport = LocalTransport()
     spec = CodecSpec.parse(config.codec)
     m = config.num_microbatches
+    buffers = _buffer_set(config, data)
     runners = [
         StageRunner(
             module,
@@ -313,23 +351,34 @@ def train_local(
             num_microbatches_total=m,
             drift_check_every=config.drift_check_every,
             warmup_steps=config.warmup_steps,
+            buffers=buffers.factory,
         )
         for module in build_model_stages(config, model, layers)
     ]
     actions = [build_schedule(config.schedule, len(layers), s, m) for s in range(len(layers))]
     per_step = m * config.micro_batch_size
     losses = []
-    for step in range(config.steps):
-        ids = _step_ids(data, config, step, per_step, repeat=False)
-        loss = run_local_step(
-            runners, transport, actions, step, _microbatches(data, ids, config.micro_batch_size)
+    try:
+        for step in range(config.steps):
+            ids = _step_ids(data, config, step, per_step, repeat=False)
+            if step + 1 < config.steps:  # the loader knows the order: read the next rows ahead
+                upcoming = _step_ids(data, config, step + 1, per_step, repeat=False)
+                for runner in runners:
+                    runner.prefetch(upcoming, step + 1)
+            loss = run_local_step(
+                runners, transport, actions, step, _microbatches(data, ids, config.micro_batch_size)
+            )
+            losses.append(loss)
+            if progress is not None:
+                progress(step, loss)
+        buffer_bytes = sum(
+            c.delta.buffer_bytes
+            for r in runners
+            for c in (r.act_in, r.act_out)
+            if c.delta is not None
         )
-        losses.append(loss)
-        if progress is not None:
-            progress(step, loss)
-    buffer_bytes = sum(
-        c.delta.buffer_bytes for r in runners for c in (r.act_in, r.act_out) if c.delta is not None
-    )
+    finally:
+        buffers.close()
     return LocalResult(
         losses,
         evaluate(model, data),
@@ -462,7 +511,9 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
         dp_group = None
         for i in range(layout.num_stages):  # every rank creates every group, same order
             group = (
-                dist.new_group([row[i] for row in layout.mesh]) if layout.num_replicas > 1 else None
+                dist.new_group([row[i] for row in layout.mesh], timeout=timeout)
+                if layout.num_replicas > 1
+                else None
             )
             if i == stage:
                 dp_group = group
@@ -524,13 +575,14 @@ def _run_one(
     links = rank_links(run, dist.get_world_size(), bandwidth)
     dp_link = (
         ring_bottleneck([r[stage] for r in layout.mesh], links)
-        if run.links and dp_group is not None
+        if (run.links or run.shape_dp) and dp_group is not None
         else None
     )
     transport = DistTransport(
         rank=rank, stage=stage, peer_ranks=peers, links=links, timeout_s=config.comm_timeout_s
     )
     total_mbs = sum(layout.num_microbatches)
+    buffers = _buffer_set(config, data)
     runner = StageRunner(
         module,
         CodecSpec.parse(run.codec),
@@ -539,10 +591,12 @@ def _run_one(
         num_microbatches_total=total_mbs,
         dp_group=dp_group,
         dp_compression=run.dp_compression,
+        dp_bits=run.dp_bits,
         drift_check_every=config.drift_check_every,
         warmup_steps=config.warmup_steps,
         timeout_s=config.comm_timeout_s,
         dp_link=dp_link,
+        buffers=buffers.factory,
     )
     m = layout.num_microbatches[replica]
     actions = build_schedule(config.schedule, layout.num_stages, stage, m)
@@ -556,6 +610,9 @@ def _run_one(
         for step in range(run.steps):
             ids = _step_ids(data, config, step, per_step, run.repeat_examples)
             mine = ids[offset : offset + m * config.micro_batch_size]
+            if step + 1 < run.steps:  # read the next step's rows ahead (sample order)
+                upcoming = _step_ids(data, config, step + 1, per_step, run.repeat_examples)
+                runner.prefetch(upcoming[offset : offset + m * config.micro_batch_size], step + 1)
             t0 = time.perf_counter()
             runner.begin_step(step, _microbatches(data, mine, config.micro_batch_size))
             for action in actions:
@@ -575,8 +632,12 @@ def _run_one(
                     ),
                     flush=True,
                 )
+        buffer_bytes = sum(
+            c.delta.buffer_bytes for c in (runner.act_in, runner.act_out) if c.delta is not None
+        )
     finally:
         transport.close()
+        buffers.close()
     # Eval on the whole model: replica 0's stages send their trained weights to the reporting
     # rank (a few MB for the tiny GPT, ~400 MB for SmolLM2's blocks; frozen weights are the
     # same everywhere and stay home), which reassembles and evaluates it.
@@ -615,9 +676,7 @@ def _run_one(
         "gradient_bytes": stats.gradient_bytes,
         "num_microbatches": m,
         "dp_bytes": stats.dp_bytes,
-        "buffer_bytes": sum(
-            c.delta.buffer_bytes for c in (runner.act_in, runner.act_out) if c.delta is not None
-        ),
+        "buffer_bytes": buffer_bytes,
     }
 
 

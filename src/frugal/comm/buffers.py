@@ -1,0 +1,225 @@
+"""Where AQ-SGD's per-example activation buffers live: RAM or a memory-mapped file.
+
+Each side of a pipeline link keeps one buffer row per training example (its last decoded
+activation, (T, H) float32 for the tiny GPT). `ActivationBuffer` is what `DeltaCodec` needs:
+which ids were seen, read rows, write rows, and a prefetch hint in sample order (the data
+loader knows the next step's ids). Backends:
+
+- `MemoryBuffer`: one float32 table in RAM, grown by doubling (the default).
+- `MemmapBuffer`: an [N, T, H] float32 file mapped into memory (as the reference's memmap);
+  the OS pages rows in and out, so the buffers may exceed RAM.
+- `frugal.pipeline.buffers.StoreBuffer`: rows in `frugal.store` (a disk-backed EmbeddingStore
+  keyed by example id, bounded RAM, lookahead prefetch).
+
+Every backend stores float32 and returns exactly what was written, so training is
+bit-identical whichever holds the buffers. Which ids were seen is a bitmap in RAM (N bytes).
+
+Shape legend: M examples of one message, N examples (ids in [0, N)), R row shape (T, H).
+
+References:
+    Fine-tuning Language Models over Slow Networks using Activation Compression with
+    Guarantees, NeurIPS 2022, arXiv 2206.01299 (section 3: the per-example buffers m(xi)).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["ActivationBuffer", "BufferFactory", "MemmapBuffer", "MemoryBuffer"]
+
+
+class ActivationBuffer(Protocol):
+    """Per-example float32 rows keyed by example id (one side of one link)."""
+
+    def seen(self, ids: Tensor) -> Tensor:
+        """(M,) bool: whether each id has a row."""
+        ...
+
+    def seen_ids(self) -> Tensor:
+        """Sorted int64 ids that have a row."""
+        ...
+
+    def read(self, ids: Tensor, step: int) -> Tensor:
+        """(M, *R) float32 rows of seen ids (for an update: each is written back after)."""
+        ...
+
+    def peek(self, ids: Tensor) -> Tensor:
+        """(M, *R) float32 rows of seen ids, for inspection (no side effects)."""
+        ...
+
+    def write(self, ids: Tensor, rows: Tensor, step: int) -> None:
+        """Store rows (M, *R) float32 for unique ids; they count as seen."""
+        ...
+
+    def prefetch(self, ids: Tensor, step: int) -> None:
+        """Hint: these ids will be read at `step` (never blocks, never changes values)."""
+        ...
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row (0 before the first write)."""
+        ...
+
+    def close(self) -> None:
+        """Release files and threads."""
+        ...
+
+
+class BufferFactory(Protocol):
+    """Makes the buffer of one side of one link once its row shape is known."""
+
+    def __call__(self, row_shape: tuple[int, ...]) -> ActivationBuffer:
+        """A new, empty buffer for rows of `row_shape`."""
+        ...
+
+
+def _check_ids(ids: Tensor, limit: int | None) -> Tensor:
+    ids = ids.long()
+    if ids.numel() and int(ids.min()) < 0:
+        raise ValueError(f"example ids must be >= 0, got {int(ids.min())}")
+    if limit is not None and ids.numel() and int(ids.max()) >= limit:
+        raise ValueError(
+            f"example id {int(ids.max())} is beyond this buffer's {limit} rows; size it with "
+            "num_examples = the largest example id + 1"
+        )
+    return ids
+
+
+class _Seen:
+    """Bitmap of ids that have a row, grown on demand."""
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.flags = torch.zeros(capacity, dtype=torch.bool)
+
+    def get(self, ids: Tensor) -> Tensor:
+        inside = ids < self.flags.numel()
+        out = torch.zeros(ids.shape, dtype=torch.bool)
+        out[inside] = self.flags[ids[inside]]
+        return out
+
+    def set(self, ids: Tensor) -> None:
+        need = int(ids.max()) + 1 if ids.numel() else 0
+        if need > self.flags.numel():
+            grown = torch.zeros(max(need, 2 * self.flags.numel()), dtype=torch.bool)
+            grown[: self.flags.numel()] = self.flags
+            self.flags = grown
+        self.flags[ids] = True
+
+    def ids(self) -> Tensor:
+        return torch.nonzero(self.flags).flatten()
+
+
+class MemoryBuffer:
+    """Rows in one (capacity, *R) float32 table in RAM, grown by doubling."""
+
+    def __init__(self, row_shape: tuple[int, ...]) -> None:
+        self.row_shape = row_shape
+        self.table = torch.zeros((0, *row_shape), dtype=torch.float32)
+        self._seen = _Seen()
+
+    @property
+    def row_bytes(self) -> int:
+        """4 x prod(R)."""
+        return 4 * math.prod(self.row_shape)
+
+    def seen(self, ids: Tensor) -> Tensor:
+        """(M,) bool."""
+        return self._seen.get(_check_ids(ids, None))
+
+    def seen_ids(self) -> Tensor:
+        """Ids with a row."""
+        return self._seen.ids()
+
+    def read(self, ids: Tensor, step: int) -> Tensor:
+        """Rows of seen ids (a copy)."""
+        return self.table[_check_ids(ids, None)]
+
+    def peek(self, ids: Tensor) -> Tensor:
+        """Rows of seen ids (a copy)."""
+        return self.table[_check_ids(ids, None)]
+
+    def write(self, ids: Tensor, rows: Tensor, step: int) -> None:
+        """Store rows; the table doubles when an id is beyond it."""
+        ids = _check_ids(ids, None)
+        need = int(ids.max()) + 1 if ids.numel() else 0
+        if need > self.table.shape[0]:
+            grown = torch.zeros((max(need, 2 * self.table.shape[0]), *self.row_shape))
+            grown[: self.table.shape[0]] = self.table
+            self.table = grown
+        self.table[ids] = rows
+        self._seen.set(ids)
+
+    def prefetch(self, ids: Tensor, step: int) -> None:
+        """Nothing to do: every row is in RAM."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class MemmapBuffer:
+    """Rows in an [N, *R] float32 file mapped into memory (numpy.memmap).
+
+    Args:
+        path: The file (created, or overwritten).
+        num_examples: N; ids must be in [0, N).
+        row_shape: R.
+
+    Raises:
+        ValueError: If num_examples < 1.
+        OSError: If the file cannot be created.
+    """
+
+    def __init__(self, path: str | Path, num_examples: int, row_shape: tuple[int, ...]) -> None:
+        if num_examples < 1:
+            raise ValueError(f"num_examples={num_examples} must be >= 1")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.row_shape = row_shape
+        self.num_examples = num_examples
+        self._array = np.memmap(
+            self.path, dtype=np.float32, mode="w+", shape=(num_examples, *row_shape)
+        )
+        self.table = torch.from_numpy(self._array)  # shares the mapping: writes go to the file
+        self._seen = _Seen(num_examples)
+
+    @property
+    def row_bytes(self) -> int:
+        """4 x prod(R)."""
+        return 4 * math.prod(self.row_shape)
+
+    def seen(self, ids: Tensor) -> Tensor:
+        """(M,) bool."""
+        return self._seen.get(_check_ids(ids, self.num_examples))
+
+    def seen_ids(self) -> Tensor:
+        """Ids with a row."""
+        return self._seen.ids()
+
+    def read(self, ids: Tensor, step: int) -> Tensor:
+        """Rows of seen ids (a copy out of the mapping)."""
+        return self.table[_check_ids(ids, self.num_examples)]
+
+    def peek(self, ids: Tensor) -> Tensor:
+        """Rows of seen ids (a copy)."""
+        return self.table[_check_ids(ids, self.num_examples)]
+
+    def write(self, ids: Tensor, rows: Tensor, step: int) -> None:
+        """Store rows into the mapping (the OS writes them back to the file)."""
+        ids = _check_ids(ids, self.num_examples)
+        self.table[ids] = rows
+        self._seen.set(ids)
+
+    def prefetch(self, ids: Tensor, step: int) -> None:
+        """Nothing to do: the OS pages rows in on access."""
+
+    def close(self) -> None:
+        """Flush the mapping to the file and drop it."""
+        self._array.flush()
+        del self.table
+        del self._array
