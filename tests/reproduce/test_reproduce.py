@@ -71,6 +71,28 @@ def test_store_verdicts_divide_the_right_cells() -> None:
     assert verdicts[0].baseline == 200.0 and verdicts[0].ours == 900.0
 
 
+def test_pipeline_verdicts_include_dp_and_torch_baseline_only_when_measured() -> None:
+    summary: dict[str, Any] = {
+        "slowest_link": "100mbps",
+        "speedup_at_slowest": 3.5,
+        "speedup_monotone": True,
+        "loss_gap_aqsgd_fw2": 0.004,
+        "loss_gap_directq_fw2": 0.02,
+        "max_sim_gap": 0.2,
+        "bytes_match_analytic": True,
+    }
+    part = get_part("pipeline")
+    base = part.verdicts({"rows": [], "summary": summary})
+    assert [v.met for v in base] == [True, True, True, True, False, True]
+    summary |= {
+        "dp_speedup_at_slowest": 2.5,
+        "torch_pipelining_tokens_per_s": {"gpipe": 100.0},
+        "speedup_vs_torch_pipelining": 1.2,
+    }
+    extra = part.verdicts({"rows": [], "summary": summary})[len(base) :]
+    assert [(v.value, v.met) for v in extra] == [(2.5, False), (1.2, True)]
+
+
 def test_planner_verdicts_average_the_random_seeds() -> None:
     cell = {"scenario": "world", "num_layers": 24, "global_batch": 1024, "status": "ok"}
     document = {
