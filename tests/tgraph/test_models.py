@@ -181,15 +181,23 @@ def test_fresh_memory_counts_time_from_the_stream_start() -> None:
     assert last_update[:2].tolist() == [1_700_000_000, 1_700_000_000]  # the pending event's t
 
 
-def test_time_encoder_is_fixed_by_default() -> None:
+def test_time_encoder_learns_frequencies_in_log_space() -> None:
     from frugal.tgraph.models import TimeEncoder
 
-    fixed, learnable = TimeEncoder(4), TimeEncoder(4, learnable=True)
-    assert not fixed.weight.requires_grad and learnable.weight.requires_grad
+    learnable, fixed = TimeEncoder(4), TimeEncoder(4, learnable=False)
+    assert learnable.log_scale.requires_grad and not fixed.log_scale.requires_grad
     # w = 10^-[0, 3, 6, 9], b = 0: phi(0) = 1 everywhere, phi(1)[0] = cos(1).
-    torch.testing.assert_close(fixed.weight, torch.tensor([1.0, 1e-3, 1e-6, 1e-9]))
-    torch.testing.assert_close(fixed(torch.zeros(1)), torch.ones(1, 4))
-    assert fixed(torch.ones(1))[0, 0].item() == pytest.approx(np.cos(1.0), abs=1e-6)
+    torch.testing.assert_close(learnable.weight, torch.tensor([1.0, 1e-3, 1e-6, 1e-9]))
+    torch.testing.assert_close(learnable(torch.zeros(1)), torch.ones(1, 4))
+    assert learnable(torch.ones(1))[0, 0].item() == pytest.approx(np.cos(1.0), abs=1e-6)
+    # One Adam step at lr 1e-3 moves every frequency by about 0.1 % of itself: the lowest
+    # one stays near 1e-9 (a linear parametrisation would move it to about 1e-3).
+    optimizer = torch.optim.Adam(learnable.parameters(), lr=1e-3)
+    learnable(torch.tensor([1e6, 3e6])).sum().backward()
+    optimizer.step()
+    ratio = learnable.weight.detach() / torch.tensor([1.0, 1e-3, 1e-6, 1e-9])
+    assert torch.all((ratio - 1).abs() <= 1.01e-3)
+    assert torch.any((ratio - 1).abs() > 1e-4)  # it did learn
 
 
 def _textbook_attention(
