@@ -36,7 +36,7 @@ def register(commands: Any) -> None:
     bench.add_argument("--out", default="reports/tgraph", metavar="DIR",
                        help="folder for results.json")  # fmt: skip
     bench.add_argument("--quick", action="store_true",
-                       help="small preset: sp_hospital + collegemsg, 1 seed, 3 epochs")  # fmt: skip
+                       help="small preset: sp_hospital + collegemsg, 1 seed, 2 epochs")  # fmt: skip
     add_config_arguments(bench)
     bench.set_defaults(handler=_bench)
     board = children.add_parser("leaderboard", help="Markdown tables and a PNG from results")

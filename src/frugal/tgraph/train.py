@@ -161,14 +161,15 @@ def evaluate_split(
                 rank_s += time.perf_counter() - rank_began
             model.observe(src, dst, t)
             continue
-        logits, memory_ND, last_update_N, other_vec = model.forward_batch(
-            src, [dst, *negs], t, g_lo, finder
-        )
+        logits, _, _, other_vec = model.forward_batch(src, [dst, *negs], t, g_lo, finder)
         pos[lo:hi] = logits[0].numpy()
         for key, arr, logit in zip(keys, neg_arrays, logits[1:], strict=True):
             neg[key][lo:hi] = np.where(arr[lo:hi] >= 0, logit.numpy(), np.nan)
         if ranks is not None:
             rank_began = time.perf_counter()
+            # Candidates read memory outside the batch: flush every stored message (out of
+            # place; a node's flushed memory does not depend on which others are flushed).
+            memory_ND, last_update_N = model.peek_memory()
             z_src = model.embed(src, t, np.full(len(src), g_lo), finder, memory_ND, last_update_N)
             # Candidates are embedded once per batch at the batch's first time; the true
             # destination is scored inside the same matrix, so its rank is consistent.
@@ -490,7 +491,7 @@ def run_node_classification(
             _, _, _, other_vec = model.forward_batch(src, [dst], t, lo, finder)
             model.commit_numpy(src, dst, t, np.arange(lo, hi), other_vec)
         nodes = np.flatnonzero(events.node_label >= 0).astype(np.int64)
-        memory_ND, last_update_N = model._flushed_memory(torch.from_numpy(nodes))
+        memory_ND, last_update_N = model.peek_memory()
         end_t = np.full(len(nodes), events.t[-1] + 1)
         z = model.embed(
             nodes, end_t, np.full(len(nodes), events.num_events), finder, memory_ND,

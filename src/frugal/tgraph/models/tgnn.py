@@ -33,7 +33,7 @@ References:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -49,34 +49,56 @@ IntArray = npt.NDArray[np.int64]
 Variant = Literal["tgn", "jodie", "dyrep", "tgat"]
 
 
-class TimeEncoder(nn.Module):
-    """phi(dt) = cos(w * dt + b), w initialised to 10^(-linspace(0, 9, T)), b = 0.
+def _rows(x_ND: Tensor, index: IntArray) -> Tensor:
+    """x[index] for a numpy index of any shape -> (*index.shape, D).
 
-    With dt in raw seconds (up to 1e7 on CollegeMsg), Adam moves a learnable w by about the
-    learning rate per step, i.e. w * dt by up to 1e4 radians: the encoding turns to noise
-    (measured: TGN's val AP on CollegeMsg 0.68 learnable vs 0.81 fixed after one epoch at
-    lr 1e-3). So w and b are fixed by default, as in GraphMixer; `learnable=True` restores
-    the TGAT/TGN behaviour.
+    `index_select`, whose backward is a vectorised `index_add_`, not advanced indexing, whose
+    CPU backward (an accumulating `index_put_`) is an order of magnitude slower here.
+    """
+    flat = torch.from_numpy(np.ascontiguousarray(index).reshape(-1))
+    return x_ND.index_select(0, flat).view(*index.shape, *x_ND.shape[1:])
+
+
+class TimeEncoder(nn.Module):
+    """phi(dt) = cos(w * dt + b), w initialised to 10^(-linspace(0, 9, T)), b = 0, learnable.
+
+    The frequencies are learned in log space, w = w0 * exp(s) with s initialised to 0: Adam
+    moves a parameter by about the learning rate per step whatever its scale, so a linear w
+    (TGAT's parametrisation) moves its low frequencies by orders of magnitude within an
+    epoch, and with dt in raw seconds (up to 1e7 on CollegeMsg) the encoding turns to noise
+    (measured on CollegeMsg, TGN, lr 1e-4: val AP 0.66-0.71 over five epochs with a linear
+    w, 0.848 with log-space w after eight, 0.848 with w fixed). In log space each step
+    changes every frequency by the same small relative amount.
 
     Args:
         out_channels: T, the encoding width.
-        learnable: Whether w and b are trained.
+        learnable: Whether w (in log space) and b are trained; False fixes them, as in
+            GraphMixer.
 
     Shapes:
         forward: dt (...) float -> (..., T).
 
     References:
         Inductive Representation Learning on Temporal Graphs, ICLR 2020, arXiv 2002.07962
-        (section 3.2); fixed frequencies from Do We Really Need Complicated Model
-        Architectures for Temporal Networks? (GraphMixer), ICLR 2023, arXiv 2302.11636.
+        (section 3.2, functional time encoding); fixed frequencies from Do We Really Need
+        Complicated Model Architectures for Temporal Networks? (GraphMixer), ICLR 2023,
+        arXiv 2302.11636.
     """
 
-    def __init__(self, out_channels: int, learnable: bool = False) -> None:
+    base: Tensor
+
+    def __init__(self, out_channels: int, learnable: bool = True) -> None:
         super().__init__()
         self.out_channels = out_channels
-        weight = torch.from_numpy(10.0 ** -np.linspace(0, 9, out_channels)).float()
-        self.weight = nn.Parameter(weight, requires_grad=learnable)
+        base = torch.from_numpy(10.0 ** -np.linspace(0, 9, out_channels)).float()
+        self.register_buffer("base", base)
+        self.log_scale = nn.Parameter(torch.zeros(out_channels), requires_grad=learnable)
         self.bias = nn.Parameter(torch.zeros(out_channels), requires_grad=learnable)
+
+    @property
+    def weight(self) -> Tensor:
+        """The frequencies w, shape (T,)."""
+        return self.base * self.log_scale.exp()
 
     def forward(self, dt: Tensor) -> Tensor:
         """Encode time differences (any shape, in the dataset's time unit)."""
@@ -88,9 +110,14 @@ class TemporalAttention(nn.Module):
 
     Query q = W_q [h_u || phi(0)]; key k_j = W_k h_j + W_e [e_j || phi(t - t_j)]; value
     v_j = W_v h_j + W_e [e_j || phi(t - t_j)] (the edge term is shared by key and value, as in
-    PyG's `TransformerConv`), so the node terms are projected once per distinct neighbour and
-    only the (F + T) -> D edge projection runs per (query, neighbour) pair. Output:
-    MLP([attention || h_u]).
+    PyG's `TransformerConv`). Output: MLP([attention || h_u]).
+
+    The linear maps are re-associated with the attention sums, so no (B, K, D) key, value or
+    edge projection is ever formed: per head h (width c = D / H),
+    q_h . k_j = (W_k,h^T q_h) . h_j + q_h . b_k,h + (W_e,h^T q_h) . [e_j || phi_j], and
+    sum_j a_j v_j = W_v,h (sum_j a_j h_j) + (sum_j a_j) b_v,h + W_e,h (sum_j a_j [e_j || phi_j]).
+    A (query, neighbour) pair then costs O(H (D + F + T)) instead of O(D (D + F + T)); the
+    result equals the textbook form up to float rounding (tested against it).
 
     Args:
         node_dim: D, width of h; must be divisible by `num_heads`.
@@ -100,9 +127,8 @@ class TemporalAttention(nn.Module):
         dropout: Dropout of the attention weights.
 
     Shapes:
-        project_nodes: h (U, D) -> (U, D), (U, D) (key and value node terms).
-        forward: h_self (B, D), key_nbr (B, K, D), value_nbr (B, K, D), e_nbr (B, K, F),
-        phi_zero (T,), phi_nbr (B, K, T), mask (B, K) -> (B, D).
+        forward: h_self (B, D), h_nbr (B, K, D) or None (all-zero neighbour features),
+        e_nbr (B, K, F), phi_zero (T,), phi_nbr (B, K, T), mask (B, K) -> (B, D).
 
     References:
         Temporal Graph Networks for Deep Learning on Dynamic Graphs, arXiv 2006.10637
@@ -118,6 +144,7 @@ class TemporalAttention(nn.Module):
         if node_dim % num_heads:
             raise ValueError(f"embedding_dim={node_dim} must be divisible by num_heads={num_heads}")
         self.num_heads = num_heads
+        self.edge_dim = edge_dim
         self.query = nn.Linear(node_dim + time_dim, node_dim)
         self.node_key = nn.Linear(node_dim, node_dim)
         self.node_value = nn.Linear(node_dim, node_dim)
@@ -127,42 +154,79 @@ class TemporalAttention(nn.Module):
             nn.Linear(2 * node_dim, node_dim), nn.ReLU(), nn.Linear(node_dim, node_dim)
         )
 
-    def project_nodes(self, h_UD: Tensor) -> tuple[Tensor, Tensor]:
-        """Key and value node terms of neighbours, (U, D) -> ((U, D), (U, D))."""
-        key_UD: Tensor = self.node_key(h_UD)
-        value_UD: Tensor = self.node_value(h_UD)
-        return key_UD, value_UD
-
     def forward(
         self,
         h_self_BD: Tensor,
-        key_nbr_BKD: Tensor,
-        value_nbr_BKD: Tensor,
+        h_nbr_BKD: Tensor | None,
         e_nbr_BKF: Tensor,
         phi_zero_T: Tensor,
         phi_nbr_BKT: Tensor,
         mask_BK: Tensor,
     ) -> Tensor:
         """Attend from each query node over its neighbours; nodes without any get zeros."""
-        num, k, _ = key_nbr_BKD.shape
-        d = h_self_BD.shape[1]
+        num, d = h_self_BD.shape
         heads = self.num_heads
+        c = d // heads
         query_BD = self.query(torch.cat([h_self_BD, phi_zero_T.expand(num, -1)], dim=1))
-        edge_BKD = self.edge(torch.cat([e_nbr_BKF, phi_nbr_BKT], dim=2))
-        key_BKD = key_nbr_BKD + edge_BKD
-        value_BKD = value_nbr_BKD + edge_BKD
-        q_BHd = query_BD.view(num, heads, d // heads)
-        logits_BKH = torch.einsum("bhc,bkhc->bkh", q_BHd, key_BKD.view(num, k, heads, d // heads))
-        logits_BKH = logits_BKH / (d // heads) ** 0.5
-        logits_BKH = logits_BKH.masked_fill(~mask_BK.unsqueeze(2), float("-inf"))
-        has_any_B = mask_BK.any(dim=1)
-        # A query without neighbours would get NaN weights: give it zeros instead.
-        weight_BKH = torch.softmax(logits_BKH, dim=1).nan_to_num(0.0)
-        weight_BKH = self.dropout(weight_BKH)
-        out_BHd = torch.einsum("bkh,bkhc->bhc", weight_BKH, value_BKD.view(num, k, heads, -1))
-        out_BD = out_BHd.reshape(num, d) * has_any_B.unsqueeze(1)
-        out: Tensor = self.merge(torch.cat([out_BD, h_self_BD], dim=1))
+        q_BHc = query_BD.view(num, heads, c)
+        # Per-pair features f_j = [h_j || phi_j || e_j || 1] (G wide); the trailing 1 carries
+        # the value bias, sum_j a_j b_v (dropout makes sum_j a_j differ from 1).
+        w_edge_HcX = self.edge.weight.view(heads, c, -1)  # X = F + T: features, then time
+        w_e_HcF, w_t_HcT = w_edge_HcX[:, :, : self.edge_dim], w_edge_HcX[:, :, self.edge_dim :]
+        parts = [phi_nbr_BKT, e_nbr_BKF, phi_nbr_BKT.new_ones(num, phi_nbr_BKT.shape[1], 1)]
+        key_parts = [w_t_HcT, w_e_HcF, w_t_HcT.new_zeros(heads, c, 1)]
+        value_parts = [w_t_HcT, w_e_HcF, self.node_value.bias.view(heads, c, 1)]
+        if h_nbr_BKD is not None:
+            parts.insert(0, h_nbr_BKD)
+            key_parts.insert(0, self.node_key.weight.view(heads, c, d))
+            value_parts.insert(0, self.node_value.weight.view(heads, c, d))
+        f_BKG = torch.cat(parts, dim=2)
+        # q . b_k is equal for every neighbour of a query and cancels in the softmax.
+        qk_BHG = torch.einsum("bhc,hcg->bhg", q_BHc * c**-0.5, torch.cat(key_parts, dim=2))
+        p = self.dropout.p if self.training else 0.0
+        agg_BHG: Tensor = _PairAttention.apply(qk_BHG, f_BKG, mask_BK, p)  # type: ignore[no-untyped-call]
+        out_BHc = torch.einsum("bhg,hcg->bhc", agg_BHG, torch.cat(value_parts, dim=2))
+        out: Tensor = self.merge(torch.cat([out_BHc.reshape(num, d), h_self_BD], dim=1))
         return out
+
+
+class _PairAttention(torch.autograd.Function):
+    """Masked, dropped-out softmax attention of each query over its own K neighbours.
+
+    agg_b = dropout(softmax_k(q_b f_bk^T, masked)) f_b for queries (B, H, G) and features
+    (B, K, G) -> (B, H, G); a query without neighbours gets zeros. A hand-written backward
+    packs both gradients of f into one batched product (autograd's generic one runs four
+    inner-dimension-H products), so a layer costs five small batched matmuls in all.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, qk_BHG: Tensor, f_BKG: Tensor, mask_BK: Tensor, p: float) -> Tensor:
+        logits_BHK = torch.bmm(qk_BHG, f_BKG.transpose(1, 2))
+        logits_BHK.masked_fill_(~mask_BK.unsqueeze(1), float("-inf"))
+        weight_BHK = torch.softmax(logits_BHK, dim=2).nan_to_num_(0.0)
+        keep_BHK = None
+        dropped_BHK = weight_BHK
+        if p > 0:
+            keep_BHK = torch.empty_like(weight_BHK).bernoulli_(1.0 - p).div_(1.0 - p)
+            dropped_BHK = weight_BHK * keep_BHK
+        ctx.save_for_backward(qk_BHG, f_BKG, weight_BHK, dropped_BHK, keep_BHK)
+        return torch.bmm(dropped_BHK, f_BKG)
+
+    @staticmethod
+    def backward(ctx: Any, grad_BHG: Tensor) -> tuple[Tensor, Tensor, None, None]:
+        qk_BHG, f_BKG, weight_BHK, dropped_BHK, keep_BHK = ctx.saved_tensors
+        grad_w_BHK = torch.bmm(grad_BHG, f_BKG.transpose(1, 2))
+        if keep_BHK is not None:
+            grad_w_BHK = grad_w_BHK * keep_BHK
+        # Softmax backward; masked slots have weight 0 and so get gradient 0.
+        grad_logits_BHK = weight_BHK * (
+            grad_w_BHK - (grad_w_BHK * weight_BHK).sum(dim=2, keepdim=True)
+        )
+        grad_qk_BHG = torch.bmm(grad_logits_BHK, f_BKG)
+        # f enters through the logits and through the weighted sum: one product for both.
+        left_BK2H = torch.cat([grad_logits_BHK, dropped_BHK], dim=1).transpose(1, 2)
+        grad_f_BKG = torch.bmm(left_BK2H, torch.cat([qk_BHG, grad_BHG], dim=1))
+        return grad_qk_BHG, grad_f_BKG, None, None
 
 
 class TemporalGNN(nn.Module):
@@ -206,9 +270,9 @@ class TemporalGNN(nn.Module):
         """Dropout in attention and decoder."""
         neighbor_strategy: Literal["recent", "uniform"] = "recent"
         """Neighbour sampling: most recent K or uniform over the past (TGAT's original)."""
-        use_learnable_time: bool = False
-        """Train the time encoder's frequencies (TGAT/TGN) instead of fixing them
-        (GraphMixer); see `TimeEncoder`."""
+        use_learnable_time: bool = True
+        """Train the time encoder's frequencies (TGAT/TGN, in log space) instead of fixing
+        them (GraphMixer); see `TimeEncoder`."""
 
         def __post_init__(self) -> None:
             check_types(self)
@@ -291,8 +355,11 @@ class TemporalGNN(nn.Module):
         self._staged = None
 
     # -- memory ------------------------------------------------------------------------
-    def _flushed_memory(self, n_id: Tensor) -> tuple[Tensor, Tensor]:
+    def _flushed_memory(self, n_id: Tensor, stage: bool = True) -> tuple[Tensor, Tensor]:
         """Memory of every node after applying the stored messages of `n_id` (out of place).
+
+        A node's flushed memory depends only on the stored state, not on which other nodes
+        are flushed with it. With `stage`, the update is kept for the next `commit`.
 
         Returns:
             (memory (N, D) with grad to the updater, last_update (N,)).
@@ -302,7 +369,8 @@ class TemporalGNN(nn.Module):
             return memory_ND, last_update_N
         n_id = n_id[self.pending[n_id]]
         if n_id.numel() == 0:
-            self._staged = (n_id, memory_ND[n_id], last_update_N[n_id])
+            if stage:
+                self._staged = (n_id, memory_ND[n_id], last_update_N[n_id])
             return memory_ND, last_update_N
         other = self.pending_other[n_id]
         t = self.pending_t[n_id]
@@ -317,10 +385,19 @@ class TemporalGNN(nn.Module):
             dim=1,
         )
         updated: Tensor = self.updater(message, memory_ND[n_id])
-        memory_ND = memory_ND.index_put((n_id,), updated)
+        memory_ND = memory_ND.index_copy(0, n_id, updated)
         last_update_N = last_update_N.index_put((n_id,), t)
-        self._staged = (n_id, updated, t)
+        if stage:
+            self._staged = (n_id, updated, t)
         return memory_ND, last_update_N
+
+    def peek_memory(self) -> tuple[Tensor, Tensor]:
+        """Memory and last update of every node with all stored messages applied, (N, D), (N,).
+
+        Nothing is staged: the next `commit` writes only what `forward_batch` flushed. Used
+        to embed nodes outside the batch (ranking candidates, node classification).
+        """
+        return self._flushed_memory(torch.arange(self.num_nodes), stage=False)
 
     @torch.no_grad()
     def commit(
@@ -376,22 +453,18 @@ class TemporalGNN(nn.Module):
         )
 
     # -- embeddings --------------------------------------------------------------------
-    def _attend(
+    def _plan(
         self,
         layer: int,
         node: IntArray,
         t: IntArray,
         max_eid: IntArray,
         finder: NeighborFinder,
-        memory_ND: Tensor,
         rng: np.random.Generator | None,
-    ) -> Tensor:
-        """Embedding of `node` at `t` from `layer` attention layers (0 = memory / features)."""
-        h0 = memory_ND if self.use_memory else None
+    ) -> _Plan:
+        """Sample the computation tree of `layer` attention layers (numpy only, no tensors)."""
         if layer == 0:
-            if h0 is None:
-                return torch.zeros(len(node), self.config.embedding_dim)
-            return h0[torch.from_numpy(node)]
+            return _Plan(layer=0, node=node, t=t)
         k = self.config.num_neighbors
         cutoff = finder.cutoff_before(t, max_eid)
         nb = finder.sample(node, cutoff, k, strategy=self.config.neighbor_strategy, rng=rng)
@@ -404,38 +477,84 @@ class TemporalGNN(nn.Module):
                 nb.nbr[:, k - width :], nb.eid[:, k - width :], nb.t[:, k - width :],
                 nb.mask[:, k - width :],
             )  # fmt: skip
-            k = width
-        h_self = self._attend(layer - 1, node, t, max_eid, finder, memory_ND, rng)
-        flat_nbr, flat_t, flat_eid = nb.nbr.ravel(), nb.t.ravel(), nb.eid.ravel()
-        attention = self.layers[layer - 1]
-        assert isinstance(attention, TemporalAttention)
+        self_plan = self._plan(layer - 1, node, t, max_eid, finder, rng)
         if layer == 1:
-            # Layer-0 inputs depend on the node only: project each distinct neighbour once.
-            unique_nbr, inverse = np.unique(flat_nbr, return_inverse=True)
-            h_unique = self._attend(0, unique_nbr, unique_nbr, unique_nbr, finder, memory_ND, rng)
-            gather = torch.from_numpy(inverse.ravel())
-            key_U, value_U = attention.project_nodes(h_unique)
-            key_flat, value_flat = key_U[gather], value_U[gather]
+            return _Plan(layer=1, node=node, t=t, nbr=nb, self_plan=self_plan)
+        # A neighbour's own embedding is computed at its event time, before its event.
+        # Identical (node, t, bound) rows (padding slots, shared events) are computed once.
+        rows = np.stack([nb.nbr.ravel(), nb.t.ravel(), nb.eid.ravel()])
+        unique, inverse = np.unique(rows, axis=1, return_inverse=True)
+        child = self._plan(layer - 1, unique[0], unique[1], unique[2], finder, rng)
+        return _Plan(
+            layer=layer, node=node, t=t, nbr=nb, self_plan=self_plan, child=child,
+            inverse=inverse.ravel(),
+        )  # fmt: skip
+
+    def _compute(self, plan: _Plan, memory_ND: Tensor) -> Tensor:
+        """Embeddings of a sampled plan, (B, D); layer 0 = memory (or zero features)."""
+        num = len(plan.node)
+        if plan.layer == 0:
+            if not self.use_memory:
+                return memory_ND.new_zeros((num, self.config.embedding_dim))
+            return _rows(memory_ND, plan.node)
+        nb, self_plan = plan.nbr, plan.self_plan
+        assert nb is not None
+        assert self_plan is not None
+        h_self_BD = self._compute(self_plan, memory_ND)
+        h_nbr_BKD: Tensor | None = None
+        if plan.layer == 1:
+            if self.use_memory:
+                h_nbr_BKD = _rows(memory_ND, nb.nbr)
         else:
-            # A neighbour's own embedding is computed at its event time, before its event.
-            # Identical (node, t, bound) rows (padding slots, shared events) are computed once.
-            rows = np.stack([flat_nbr, flat_t, flat_eid])
-            unique, inverse = np.unique(rows, axis=1, return_inverse=True)
-            h_unique = self._attend(
-                layer - 1, unique[0], unique[1], unique[2], finder, memory_ND, rng
-            )
-            key_U, value_U = attention.project_nodes(h_unique)
-            gather = torch.from_numpy(inverse.ravel())
-            key_flat, value_flat = key_U[gather], value_U[gather]
-        key_BKD = key_flat.view(len(node), k, -1)
-        value_BKD = value_flat.view(len(node), k, -1)
+            assert plan.child is not None
+            assert plan.inverse is not None
+            h_child = self._compute(plan.child, memory_ND)
+            h_nbr_BKD = _rows(h_child, plan.inverse).view(num, nb.nbr.shape[1], -1)
         mask_BK = torch.from_numpy(nb.mask)
-        e_BKF = self.edge_msg[torch.from_numpy(nb.eid)]
-        dt_BK = torch.from_numpy(t[:, None] - nb.t).float() * mask_BK
+        e_BKF = _rows(self.edge_msg, nb.eid)
+        dt_BK = torch.from_numpy(plan.t[:, None] - nb.t).float() * mask_BK
         phi_BKT = self.time_encoder(dt_BK)
         phi_zero_T = self.time_encoder(torch.zeros(1))
-        out: Tensor = attention(h_self, key_BKD, value_BKD, e_BKF, phi_zero_T, phi_BKT, mask_BK)
+        attention = self.layers[plan.layer - 1]
+        assert isinstance(attention, TemporalAttention)
+        out: Tensor = attention(h_self_BD, h_nbr_BKD, e_BKF, phi_zero_T, phi_BKT, mask_BK)
         return out
+
+    def _prepare(
+        self,
+        node: IntArray,
+        t: IntArray,
+        max_eid: IntArray,
+        finder: NeighborFinder,
+        rng: np.random.Generator | None,
+    ) -> tuple[_Plan, IntArray] | None:
+        """Dedup (node, t, bound) queries and sample their plan (TGN, TGAT), else None."""
+        if self.config.variant not in ("tgn", "tgat"):
+            return None
+        # Identical (node, t, bound) queries give identical embeddings: compute each once.
+        rows = np.stack([node, t, max_eid])
+        unique, inverse = np.unique(rows, axis=1, return_inverse=True)
+        plan = self._plan(self.num_layers, unique[0], unique[1], unique[2], finder, rng)
+        return plan, inverse.ravel()
+
+    def _embed_prepared(
+        self,
+        prepared: tuple[_Plan, IntArray] | None,
+        node: IntArray,
+        t: IntArray,
+        memory_ND: Tensor,
+        last_update_N: Tensor,
+    ) -> Tensor:
+        if prepared is not None:
+            plan, inverse = prepared
+            return _rows(self._compute(plan, memory_ND), inverse)
+        z = _rows(memory_ND, node)
+        if self.config.variant == "jodie":
+            assert self.time_projection is not None
+            dt = torch.from_numpy(t).float() - last_update_N[torch.from_numpy(node)].float()
+            dt_hat = ((dt - self.dt_mean) / self.dt_std).unsqueeze(1)
+            z = z * (1 + self.time_projection(dt_hat))
+        return z
 
     def embed(
         self,
@@ -449,36 +568,28 @@ class TemporalGNN(nn.Module):
     ) -> Tensor:
         """Temporal embeddings z(node, t) seeing only events with id < max_eid and time < t.
 
+        `memory_ND` must hold the flushed memory of every node the embedding reads (the
+        queries and their sampled neighbours); `peek_memory()` flushes all of them.
+
         Shapes:
             node, t, max_eid: (B,) -> (B, D).
         """
-        variant = self.config.variant
-        if variant in ("tgn", "tgat"):
-            # Identical (node, t, bound) queries give identical embeddings: compute each once.
-            rows = np.stack([node, t, max_eid])
-            unique, inverse = np.unique(rows, axis=1, return_inverse=True)
-            z_unique = self._attend(
-                self.num_layers, unique[0], unique[1], unique[2], finder, memory_ND, rng
-            )
-            return z_unique[torch.from_numpy(inverse.ravel())]
-        z = memory_ND[torch.from_numpy(node)]
-        if variant == "jodie":
-            assert self.time_projection is not None
-            dt = torch.from_numpy(t).float() - last_update_N[torch.from_numpy(node)].float()
-            dt_hat = ((dt - self.dt_mean) / self.dt_std).unsqueeze(1)
-            z = z * (1 + self.time_projection(dt_hat))
-        return z
+        prepared = self._prepare(node, t, max_eid, finder, rng)
+        return self._embed_prepared(prepared, node, t, memory_ND, last_update_N)
 
     def score(self, z_src_BD: Tensor, z_dst_BD: Tensor) -> Tensor:
         """Decoder logits of (src, dst) pairs, shape (B,)."""
         logits_B1: Tensor = self.decoder(torch.cat([z_src_BD, z_dst_BD], dim=1))
         return logits_B1.squeeze(1)
 
-    def score_all(self, z_src_BD: Tensor, z_cand_CD: Tensor, chunk_size: int = 64) -> Tensor:
-        """Logits of every (src, candidate) pair, shape (B, C), chunked over B.
+    @torch.no_grad()
+    def score_all(self, z_src_BD: Tensor, z_cand_CD: Tensor, chunk_size: int = 8) -> Tensor:
+        """Logits of every (src, candidate) pair, shape (B, C), chunked over B (no autograd).
 
         The first decoder layer splits into a src part and a candidate part, so the (B, C)
-        matrix costs one (B, C, D) ReLU instead of B * C concatenations.
+        matrix costs one (B, C, D) ReLU instead of B * C concatenations. Small chunks keep
+        the (chunk, C, D) hidden tensor in cache, and the ReLU and product write in place
+        (13x faster than 64-row chunks on CollegeMsg's 1,899 candidates).
         """
         first, _, _, last = self.decoder
         assert isinstance(first, nn.Linear)
@@ -486,11 +597,11 @@ class TemporalGNN(nn.Module):
         d = z_src_BD.shape[1]
         src_part_BD = z_src_BD @ first.weight[:, :d].T + first.bias
         cand_part_CD = z_cand_CD @ first.weight[:, d:].T
-        rows = []
+        out_BC = z_src_BD.new_empty((z_src_BD.shape[0], z_cand_CD.shape[0]))
         for lo in range(0, src_part_BD.shape[0], chunk_size):  # one step per chunk of rows
-            hidden = torch.relu(src_part_BD[lo : lo + chunk_size, None, :] + cand_part_CD[None])
-            rows.append(hidden @ last.weight[0] + last.bias[0])
-        return torch.cat(rows) if rows else z_src_BD.new_zeros((0, z_cand_CD.shape[0]))
+            hidden = src_part_BD[lo : lo + chunk_size, None, :] + cand_part_CD[None]
+            torch.matmul(hidden.relu_(), last.weight[0], out=out_BC[lo : lo + chunk_size])
+        return out_BC + last.bias[0]
 
     def forward_batch(
         self,
@@ -502,6 +613,9 @@ class TemporalGNN(nn.Module):
         rng: np.random.Generator | None = None,
     ) -> tuple[list[Tensor], Tensor, Tensor, Tensor | None]:
         """Flush memory for the batch's nodes and embed src and every destination set.
+
+        Neighbours are sampled first, so the memory read by the embedding (queries and
+        their sampled neighbours) is flushed in the same GRU call, as in TGN and PyG.
 
         Args:
             src: Sources, (B,).
@@ -516,17 +630,59 @@ class TemporalGNN(nn.Module):
             embedding of [src; true dst] or None).
         """
         all_nodes = np.concatenate([src, *dst_sets])
-        n_id = torch.from_numpy(np.unique(all_nodes))
-        memory_ND, last_update_N = self._flushed_memory(n_id)
         times = np.tile(t, 1 + len(dst_sets))
         max_eid = np.full(len(all_nodes), first_eid, dtype=np.int64)
-        z = self.embed(all_nodes, times, max_eid, finder, memory_ND, last_update_N, rng)
-        z_parts = torch.split(z, len(src))
-        logits = [self.score(z_parts[0], part) for part in z_parts[1:]]
-        other_vec = None
+        prepared = self._prepare(all_nodes, times, max_eid, finder, rng)
+        dyrep_plan = None
         if self.config.variant == "dyrep":
             pair = np.concatenate([src, dst_sets[0]])
-            other_vec = self._attend(
-                1, pair, np.tile(t, 2), max_eid[: 2 * len(src)], finder, memory_ND, rng
-            )
+            dyrep_plan = self._plan(1, pair, np.tile(t, 2), max_eid[: 2 * len(src)], finder, rng)
+        read = [all_nodes]
+        for plan in (prepared[0] if prepared is not None else None, dyrep_plan):
+            if plan is not None:
+                read.extend(plan.memory_nodes())
+        memory_ND, last_update_N = self._flushed_memory(
+            torch.from_numpy(np.unique(np.concatenate(read)))
+        )
+        z = self._embed_prepared(prepared, all_nodes, times, memory_ND, last_update_N)
+        z_parts = torch.split(z, len(src))
+        logits = [self.score(z_parts[0], part) for part in z_parts[1:]]
+        other_vec = None if dyrep_plan is None else self._compute(dyrep_plan, memory_ND)
         return logits, memory_ND, last_update_N, other_vec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Plan:
+    """The sampled computation tree of one attention layer's embeddings (numpy only).
+
+    Attributes:
+        layer: Attention layers below and including this one (0 = memory / features).
+        node: Query nodes, (B,).
+        t: Query times, (B,).
+        nbr: Sampled neighbours, (B, K') (layer >= 1).
+        self_plan: Plan of the same queries one layer down (layer >= 1).
+        child: Plan of the distinct (neighbour, time, bound) rows one layer down (layer >= 2).
+        inverse: Row of `child` of every neighbour slot, (B * K',) (layer >= 2).
+    """
+
+    layer: int
+    node: IntArray
+    t: IntArray
+    nbr: Neighbors | None = None
+    self_plan: _Plan | None = None
+    child: _Plan | None = None
+    inverse: IntArray | None = None
+
+    def memory_nodes(self) -> list[IntArray]:
+        """Nodes whose layer-0 input (memory) the plan reads (with repeats)."""
+        if self.layer == 0:
+            return [self.node]
+        assert self.nbr is not None
+        assert self.self_plan is not None
+        out = self.self_plan.memory_nodes()
+        if self.layer == 1:
+            out.append(self.nbr.nbr[self.nbr.mask])
+        else:
+            assert self.child is not None
+            out.extend(self.child.memory_nodes())
+        return out
