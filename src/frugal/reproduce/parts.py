@@ -731,7 +731,7 @@ _PARTS: dict[str, Part] = {
         run=_tgraph_run,
         verdicts=_tgraph_verdicts,
         figure=_tgraph_figure,
-        estimate_s={"smoke": 15.0, "quick": 120.0, "full": 7200.0},
+        estimate_s={"smoke": 15.0, "quick": 60.0, "full": 7200.0},
     ),
     "recsys": Part(
         name="recsys",
@@ -744,7 +744,7 @@ _PARTS: dict[str, Part] = {
         run=_recsys_run,
         verdicts=_recsys_verdicts,
         figure=_recsys_figure,
-        estimate_s={"smoke": 30.0, "quick": 150.0, "full": 7200.0},
+        estimate_s={"smoke": 30.0, "quick": 90.0, "full": 7200.0},
     ),
     "pipeline": Part(
         name="pipeline",
@@ -757,7 +757,7 @@ _PARTS: dict[str, Part] = {
         run=_pipeline_run,
         verdicts=_pipeline_verdicts,
         figure=_pipeline_figure,
-        estimate_s={"smoke": 30.0, "quick": 150.0, "full": 7200.0},
+        estimate_s={"smoke": 30.0, "quick": 240.0, "full": 7200.0},
     ),
     "planner": Part(
         name="planner",
@@ -770,7 +770,7 @@ _PARTS: dict[str, Part] = {
         run=_planner_run,
         verdicts=_planner_verdicts,
         figure=_planner_figure,
-        estimate_s={"smoke": 10.0, "quick": 60.0, "full": 1800.0},
+        estimate_s={"smoke": 10.0, "quick": 270.0, "full": 1800.0},
     ),
 }
 
