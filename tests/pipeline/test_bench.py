@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,26 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
     assert summary["loss_gap_directq_fw2"] is None  # DirectQ was not run
     assert summary["speedup_at_slowest"] > 0 and summary["slowest_link"] == "100mbps"
     assert (tmp_path / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_effective_cores_fit_the_calibration_step() -> None:
+    from frugal.pipeline.bench import _effective_cores
+
+    # 2 stages, m = 2, GPipe, F = 1 s, B = 2 s: 12 s on one core, 9 s on two (see
+    # test_link.py). A measured step of 11.25 s is 1.25 cores; 9 s is both cores.
+    def ranks(wall_s: float) -> list[dict[str, object]]:
+        calib = {
+            "num_microbatches": 2,
+            "median_forward_cpu_s": 1.0,
+            "median_backward_cpu_s": 2.0,
+            "median_optimizer_s": 0.0,
+            "step_s": [99.0, wall_s, wall_s],
+        }
+        return [{"stage": s, "calibration": calib} for s in range(2)]
+
+    if (os.cpu_count() or 1) >= 2:
+        assert _effective_cores(ranks(11.25), "gpipe") == pytest.approx(1.25)
+        assert _effective_cores(ranks(8.0), "gpipe") == pytest.approx(2.0)
+    assert _effective_cores(ranks(20.0), "gpipe") == pytest.approx(1.0)
+    with pytest.raises(ValueError, match=r"sim_num_cores=0.5 must be >= 1"):
+        PipelineBenchConfig(sim_num_cores=0.5)

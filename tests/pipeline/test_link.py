@@ -126,3 +126,8 @@ def test_simulator_shares_cores_between_co_located_stages() -> None:
     )  # fmt: skip
     assert sim().step_time_s == pytest.approx(9.0)
     assert sim(num_cores=1).step_time_s == pytest.approx(12.0)
+    assert sim(num_cores=2).step_time_s == pytest.approx(9.0)
+    # 1.25 cores: a quarter of the way from one core (12 s) to two (9 s).
+    assert sim(num_cores=1.25).step_time_s == pytest.approx(11.25)
+    with pytest.raises(ValueError, match=r"num_cores=0.5 must be >= 1"):
+        sim(num_cores=0.5)

@@ -7,6 +7,8 @@ order; F(j) waits for j's activation, B(j) for j's gradient, and every action fo
 (list scheduling: the action that can start first goes first); a send holds its directed link
 (FIFO) for 8 L / B seconds and lands `latency_s` later; compute overlaps sends. The step ends
 when the last action finished and the last message landed, plus each stage's optimizer step.
+A fractional core count c (ranks time-sharing a machine whose other jobs hold part of it) is
+the linear interpolation between floor(c) and ceil(c) cores.
 
 References:
     Fine-tuning Language Models over Slow Networks using Activation Compression with
@@ -15,6 +17,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,7 +50,7 @@ def simulate_step(
     bandwidth_bits_per_s: float,
     latency_s: float = 0.0,
     optimizer_s: Sequence[float] | None = None,
-    num_cores: int | None = None,
+    num_cores: float | None = None,
 ) -> SimulatedStep:
     """Simulate one step of a p-stage pipeline.
 
@@ -63,15 +66,57 @@ def simulate_step(
         latency_s: Every link's one-way latency.
         optimizer_s: Per stage, seconds of the optimizer step after the stage's last action
             and its last send (None = 0).
-        num_cores: Processors shared by all stages (co-located ranks); None = one per
-            stage. A compute action waits for a free core.
+        num_cores: Processors shared by all stages (co-located ranks), >= 1; None = one per
+            stage. A compute action waits for a free core. A fractional value interpolates
+            the step time linearly between floor and ceil cores.
 
     Returns:
         The step time and busy times.
 
     Raises:
-        ValueError: If the lengths disagree or the schedule deadlocks.
+        ValueError: If the lengths disagree, num_cores < 1, or the schedule deadlocks.
     """
+    run = functools.partial(
+        _simulate,
+        schedule=schedule,
+        num_microbatches=num_microbatches,
+        forward_s=forward_s,
+        backward_s=backward_s,
+        activation_bytes=activation_bytes,
+        gradient_bytes=gradient_bytes,
+        bandwidth_bits_per_s=bandwidth_bits_per_s,
+        latency_s=latency_s,
+        optimizer_s=optimizer_s,
+    )
+    if num_cores is None:
+        return run(num_cores=len(forward_s))
+    if not num_cores >= 1:
+        raise ValueError(f"num_cores={num_cores} must be >= 1 (or None for one per stage)")
+    low = run(num_cores=math.floor(num_cores))
+    weight = num_cores - math.floor(num_cores)
+    if weight == 0:
+        return low
+    high = run(num_cores=math.ceil(num_cores))
+    return SimulatedStep(
+        (1 - weight) * low.step_time_s + weight * high.step_time_s,
+        low.stage_busy_s,
+        low.link_busy_s,
+    )
+
+
+def _simulate(
+    *,
+    schedule: str,
+    num_microbatches: int,
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    activation_bytes: Sequence[Sequence[int]],
+    gradient_bytes: Sequence[Sequence[int]],
+    bandwidth_bits_per_s: float,
+    latency_s: float,
+    optimizer_s: Sequence[float] | None,
+    num_cores: int,
+) -> SimulatedStep:
     p, m = len(forward_s), num_microbatches
     if len(backward_s) != p or len(activation_bytes) != p - 1 or len(gradient_bytes) != p - 1:
         raise ValueError(
@@ -88,7 +133,7 @@ def simulate_step(
     bwd_arrival: dict[tuple[int, int], float] = {}
     link_free = {(s, d): 0.0 for s in range(p) for d in (s - 1, s + 1) if 0 <= d < p}
     link_busy = dict.fromkeys(link_free, 0.0)
-    cores = [0.0] * (num_cores or p)  # when each core is free; one per stage by default
+    cores = [0.0] * num_cores  # when each core is free
     end = 0.0
 
     def candidate(s: int) -> float:
