@@ -25,3 +25,17 @@ def test_dp_compression_needs_replicas_warmup_and_sane_bits(
     assert info.value.code == 2
     assert main(["pipeline", "train", "--set", "buffer_backend=disk"]) == 2
     assert main(["pipeline", "train", "--set", "buffer_budget_mib=0"]) == 2
+
+
+def test_plan_batch_larger_than_the_data_and_a_missing_plan_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = str(_dp_plan(tmp_path))  # 2 replicas x 2 micro-batches of 8 = 32 windows per step
+    args = ["pipeline", "train", "--plan", plan, "--set", "num_train=24"]
+    assert main([*args, "--set", "num_microbatches=2"]) == 2
+    assert "one step needs 32 training windows" in capsys.readouterr().err
+    assert main(["pipeline", "train", "--plan", str(tmp_path / "none.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    for key in ("warmup_steps=-3", "drift_check_every=-1"):
+        assert main(["pipeline", "train", "--set", key]) == 2
+        assert key in capsys.readouterr().err

@@ -91,3 +91,10 @@ def test_tiny_bench_writes_rows_with_the_protocol_hash(tmp_path: Path) -> None:
         assert key in jodie[0], key
     assert len(list((tmp_path / "negatives").glob("*.npz"))) == 1
     assert (tmp_path / "results.jsonl").read_text().count("\n") == len(rows)
+
+
+def test_tgraph_leaderboard_of_a_missing_folder_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["tgraph", "leaderboard", str(tmp_path / "nothing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err

@@ -139,6 +139,10 @@ def _train(args: argparse.Namespace) -> int:
     if config.plan:
         from frugal.planner.plan import Plan
 
+        if not Path(config.plan).is_file():
+            raise ValueError(
+                f"--plan {args.plan}: no such file; write one with `frugal plan --out FILE`"
+            )
         plan = Plan.from_json(Path(config.plan).read_text())
         if args.stages is not None and args.stages != plan.num_stages:
             raise ValueError(
@@ -147,6 +151,13 @@ def _train(args: argparse.Namespace) -> int:
             )
         world_size = plan.world_size
     layout = make_layout(config, world_size)  # a plan that does not fit fails here
+    per_step = sum(layout.num_microbatches) * config.micro_batch_size
+    if per_step > config.num_train:
+        raise ValueError(
+            f"one step needs {per_step} training windows ({sum(layout.num_microbatches)} "
+            f"micro-batches of {config.micro_batch_size}) but num_train={config.num_train}; "
+            f"raise it (--set num_train={per_step}) or plan a smaller global batch"
+        )
     if config.dp_compression != "none" and layout.num_replicas == 1:
         raise ValueError(
             f"--dp-compress {config.dp_compression} needs data-parallel replicas: give a --plan "

@@ -89,6 +89,10 @@ def _bench(args: argparse.Namespace) -> int:
 def _leaderboard(args: argparse.Namespace) -> int:
     from frugal.tgraph.leaderboard import write_leaderboard
 
+    if not Path(args.results_dir).is_dir():
+        raise ValueError(
+            f"{args.results_dir} is not a folder; give the --out folder of `frugal tgraph bench`"
+        )
     path = write_leaderboard(Path(args.results_dir), args.metric)
     print(path.read_text())
     print(f"wrote {path} and {path.with_suffix('.png')}", file=sys.stderr)

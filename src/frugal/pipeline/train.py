@@ -19,6 +19,7 @@ import json
 import math
 import os
 import queue
+import re
 import signal
 import statistics
 import subprocess
@@ -162,6 +163,11 @@ class PipelineTrainConfig:
             raise ValueError(f"buffer_budget_mib={self.buffer_budget_mib} must be >= 1")
         if not 1 <= self.dp_bits <= 8:
             raise ValueError(f"dp_bits={self.dp_bits} must be in [1, 8]")
+        if self.warmup_steps < 0 or self.drift_check_every < 0:
+            raise ValueError(
+                f"warmup_steps={self.warmup_steps} and drift_check_every="
+                f"{self.drift_check_every} must be >= 0 (0 = off)"
+            )
         if self.dp_compression == "qadam" and self.warmup_steps < 1:
             raise ValueError(
                 "dp_compression='qadam' freezes Adam's variance after the warm-up; set "
@@ -273,6 +279,11 @@ def _step_ids(
     if repeat:
         return data.epoch_order(0, config.seed)[:per_step]
     per_epoch = len(data.train_ids) // per_step
+    if per_epoch == 0:
+        raise ValueError(
+            f"one step needs {per_step} training windows but there are "
+            f"{len(data.train_ids)}; raise num_train or use a smaller global batch"
+        )
     epoch, k = divmod(step, per_epoch)
     return data.epoch_order(epoch, config.seed)[k * per_step : (k + 1) * per_step]
 
@@ -746,6 +757,10 @@ def launch_torchrun(
 
     threading.Thread(target=pump, name="frugal-torchrun-output", daemon=True).start()
     tail: list[str] = []
+    # Workers' exception lines ("ValueError: ...", "[rank1]: frugal...Error: ..."): torchrun's
+    # own summary at the end of the output hides the cause otherwise.
+    exception = re.compile(r"\b\w*(Error|Exception)\b: ")
+    raised: list[str] = []
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -764,6 +779,8 @@ def launch_torchrun(
                     on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
             else:
                 tail = [*tail, line.rstrip()][-30:]
+                if exception.search(line):
+                    raised = [*raised, line.strip()][-16:]
         code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired as exc:
         raise PipelineError(f"the pipeline launch exceeded {timeout_s} s") from exc
@@ -777,7 +794,7 @@ def launch_torchrun(
                 proc.wait(10)
         kill_launch(env)  # workers live in their own sessions: killpg misses them
     if code != 0:
-        errors = [t for t in tail if "Error" in t and "frugal" in t] or tail[-8:]
+        errors = list(dict.fromkeys(raised)) or tail[-8:]
         raise PipelineError(f"torchrun exited with {code}: " + " | ".join(errors[-4:]))
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
 
