@@ -139,3 +139,19 @@ def test_both_sides_hold_equal_rows_for_every_backend(tmp_path: Path) -> None:
             assert all(torch.equal(a.buffers[i], b.buffers[i]) for i in a.buffers)
         buffers.close()
     assert list(tmp_path.iterdir()) == []  # every temporary buffer folder removed
+
+
+def test_buffer_set_removes_the_parent_it_made_but_keeps_a_users(tmp_path: Path) -> None:
+    made = tmp_path / "new" / "buffers"
+    buffers = BufferSet("memmap", 8, str(made))
+    buffers.factory("link0-1.send")((4,))
+    assert len(list(made.iterdir())) == 1  # the run's own fresh folder
+    buffers.close()
+    assert not (tmp_path / "new").exists()  # made by the set, empty again: removed
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    buffers = BufferSet("memmap", 8, str(kept))
+    buffers.factory("link0-1.send")((4,))
+    buffers.close()
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]  # the user's folder stays as it was

@@ -50,3 +50,14 @@ def test_smollm2_with_more_stages_than_blocks_exits_2(capsys: pytest.CaptureFixt
     # The preset applies (30 blocks of SmolLM2, not the tiny GPT's 4): rejected before launch.
     assert main(["pipeline", "train", "--model", "smollm2-135m", "--stages", "31"]) == 2
     assert "30 blocks" in capsys.readouterr().err
+
+
+def test_bits_out_of_range_and_dp_bits_without_a_kbit_method_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["pipeline", "train", "--codec", "aqsgd", "--fw-bits", "0", "--bw-bits", "4"]) == 2
+    assert "--fw-bits 0: bits must be in 1..8" in capsys.readouterr().err
+    assert main(["pipeline", "train", "--dp-compress", "fp16", "--dp-bits", "4"]) == 2
+    assert "--dp-bits 4 applies to --dp-compress ef-kbit or qadam, not fp16" in (
+        capsys.readouterr().err
+    )

@@ -126,3 +126,12 @@ def test_tampered_plans_are_value_errors(world_plan: Plan, edit: object, fragmen
 def test_seed_must_be_non_negative() -> None:
     with pytest.raises(ValueError, match="seed=-1 must be >= 0"):
         PlannerConfig(seed=-1)
+
+
+def test_scenario_or_cluster_before_bench_or_validate_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["plan", "--scenario", "world", "validate"]) == 2
+    assert "--scenario world applies to `frugal plan` alone" in capsys.readouterr().err
+    assert main(["plan", "--cluster", "sites.toml", "bench", "--quick"]) == 2
+    assert "not to `frugal plan bench`" in capsys.readouterr().err

@@ -249,5 +249,5 @@ def test_prefetch_depth_is_capped_by_k_and_async_runs_ahead_k() -> None:
     assert prefetch_depth(RecsysTrainConfig(mode="hybrid", staleness=16, prefetch_depth=None)) == 16
     assert prefetch_depth(RecsysTrainConfig(mode="async", staleness=16)) == 16
     assert prefetch_depth(RecsysTrainConfig(mode="sync")) == 1
-    with pytest.raises(ValueError, match="prefetch_depth=0 must be >= 1"):
+    with pytest.raises(ValueError, match=r"prefetch_depth=0 must be >= 1 \(lookups started ahead"):
         RecsysTrainConfig(prefetch_depth=0)

@@ -84,6 +84,11 @@ def _codec(args: argparse.Namespace) -> str | None:
     if codec in ("directq", "aqsgd"):
         if args.fw_bits is None or args.bw_bits is None:
             raise ValueError(f"--codec {codec} needs --fw-bits and --bw-bits (e.g. 2 and 4)")
+        for flag, bits in (("--fw-bits", args.fw_bits), ("--bw-bits", args.bw_bits)):
+            if not 1 <= bits <= 8:
+                raise ValueError(
+                    f"{flag} {bits}: bits must be in 1..8 (e.g. --fw-bits 2 --bw-bits 4)"
+                )
         return f"{codec}:fw{args.fw_bits},bw{args.bw_bits}"
     if args.fw_bits is not None or args.bw_bits is not None:
         raise ValueError(
@@ -157,6 +162,12 @@ def _train(args: argparse.Namespace) -> int:
             f"one step needs {per_step} training windows ({sum(layout.num_microbatches)} "
             f"micro-batches of {config.micro_batch_size}) but num_train={config.num_train}; "
             f"raise it (--set num_train={per_step}) or plan a smaller global batch"
+        )
+    if args.dp_bits is not None and config.dp_compression not in ("ef-kbit", "qadam"):
+        raise ValueError(
+            f"--dp-bits {args.dp_bits} applies to --dp-compress ef-kbit or qadam, not "
+            f"{config.dp_compression} (fp16 sends 16 bits, powersgd a rank-r factorisation); "
+            "drop --dp-bits or choose ef-kbit/qadam"
         )
     if config.dp_compression != "none" and layout.num_replicas == 1:
         raise ValueError(

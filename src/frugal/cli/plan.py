@@ -98,12 +98,23 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _no_cluster_flags(args: argparse.Namespace, action: str, instead: str) -> None:
+    """`--scenario`/`--cluster` belong to `frugal plan` itself; refuse them before an action."""
+    for flag, value in (("--scenario", args.scenario), ("--cluster", args.cluster)):
+        if value is not None:
+            raise ValueError(
+                f"{flag} {value} applies to `frugal plan` alone, not to `frugal plan {action}`, "
+                f"which would ignore it; {instead}"
+            )
+
+
 def _bench(args: argparse.Namespace) -> int:
     import json
 
     from frugal.config import config_to_dict, load_config
     from frugal.planner.bench import PlanBenchConfig, run_plan_bench
 
+    _no_cluster_flags(args, "bench", "choose scenarios with --set 'scenarios=[\"world\"]'")
     preset = config_to_dict(PlanBenchConfig.quick()) if args.quick else None
     config = load_config(PlanBenchConfig, args.config, args.overrides, base=preset)
     out = Path(args.out)
@@ -119,6 +130,11 @@ def _validate(args: argparse.Namespace) -> int:
     from frugal.config import config_to_dict, load_config
     from frugal.pipeline.validate import Config, quick, run_plan_validation
 
+    _no_cluster_flags(
+        args,
+        "validate",
+        "it builds its own two-site cluster (--set num_sites=2, --set inter_site_mbps=10, ...)",
+    )
     preset = config_to_dict(quick()) if args.quick else None
     config = load_config(Config, args.config, args.overrides, base=preset)
     out = Path(args.out)

@@ -55,11 +55,10 @@ def register(commands: Any) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from frugal.config import load_config
+    from frugal.config import apply_overrides, config_from_dict, config_to_dict, load_config
     from frugal.recsys.config import RecsysTrainConfig
     from frugal.recsys.launch import launch_training
 
-    overrides = list(args.overrides)
     flags = {
         "data.dataset": args.dataset,
         "mode": args.mode,
@@ -67,10 +66,14 @@ def _train(args: argparse.Namespace) -> int:
         "nproc": args.nproc,
         "rtt_ms": args.rtt_ms,
     }
-    for key, value in flags.items():
-        if value is not None:
-            overrides.append(f"{key}={json.dumps(value)}")
-    config = load_config(RecsysTrainConfig, args.config, overrides)
+    given = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
+    if given:  # file and --set first, then the flags; errors name the command line
+        base = config_to_dict(load_config(RecsysTrainConfig, args.config, args.overrides))
+        config = config_from_dict(
+            RecsysTrainConfig, apply_overrides(base, given), source="command line"
+        )
+    else:
+        config = load_config(RecsysTrainConfig, args.config, args.overrides)
     staleness_given = args.staleness is not None or any(
         o.split("=", 1)[0].strip() == "staleness" for o in args.overrides
     )

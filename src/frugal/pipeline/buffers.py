@@ -158,8 +158,13 @@ class BufferSet:
         self.backend = backend
         self.num_examples = num_examples
         self.directory: Path | None = None
+        self._created: list[Path] = []  # folders this set made, deepest first
         if backend != "memory":
             if parent:
+                folder = Path(parent).absolute()
+                while not folder.exists():
+                    self._created.append(folder)
+                    folder = folder.parent
                 Path(parent).mkdir(parents=True, exist_ok=True)
             self.directory = Path(tempfile.mkdtemp(prefix="frugal-buffers-", dir=parent or None))
         self.store_budget_bytes = store_budget_bytes
@@ -192,9 +197,16 @@ class BufferSet:
         return make
 
     def close(self) -> None:
-        """Close every buffer and remove their folder."""
+        """Close every buffer; remove their folder and the parents this set made, if empty."""
         for buffer in self.buffers:
             buffer.close()
         self.buffers.clear()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
+        for folder in self._created:
+            try:
+                folder.rmdir()  # only when empty: other ranks may share it
+            except OSError:
+                break
+        self._created.clear()

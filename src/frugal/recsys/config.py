@@ -100,7 +100,8 @@ class RecsysTrainConfig:
             raise ValueError(f"staleness={self.staleness} must be >= 1 (K permits)")
         if self.prefetch_depth is not None and self.prefetch_depth < 1:
             raise ValueError(
-                f"prefetch_depth={self.prefetch_depth} must be >= 1 or None (= staleness K)"
+                f"prefetch_depth={self.prefetch_depth} must be >= 1 (lookups started ahead; "
+                "values above staleness K act as K); from Python, None runs ahead K"
             )
         if not 1 <= self.nproc <= 64:
             raise ValueError(f"nproc={self.nproc} must be in [1, 64]")

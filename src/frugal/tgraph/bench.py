@@ -27,7 +27,7 @@ import numpy as np
 
 from frugal import FrugalError
 from frugal.config import check_types
-from frugal.data import get_dataset_info, load_events
+from frugal.data import DATASETS, get_dataset_info, load_events
 from frugal.results import results_document, write_results
 from frugal.tgraph.models import HEURISTICS, MODELS, ModelName
 from frugal.tgraph.protocol import Protocol, ProtocolConfig, build_protocol
@@ -68,6 +68,13 @@ class TgraphBenchConfig:
         check_types(self)
         if not self.datasets or not self.models:
             raise ValueError("datasets and models must each list at least one name")
+        temporal = [d.name for d in DATASETS if d.kind == "temporal_graph"]
+        bad = [d for d in self.datasets if d not in temporal]
+        if bad:
+            raise ValueError(
+                f"dataset {', '.join(map(repr, bad))} is not a temporal event stream; choose "
+                f"from {', '.join(temporal)} (see `frugal data list`)"
+            )
         unknown = [m for m in self.models if m not in MODELS]
         if unknown:
             raise ValueError(f"unknown models {unknown}; choose from {MODELS}")
