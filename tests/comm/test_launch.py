@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from frugal.comm.launch import LAUNCH_ENV, free_port, kill_launch, launch_marker
+from frugal.comm.launch import LAUNCH_ENV, exception_lines, free_port, kill_launch, launch_marker
 
 
 def test_free_port_can_be_bound() -> None:
@@ -46,3 +46,23 @@ def test_kill_launch_reaches_a_grandchild_in_its_own_session() -> None:
         raise AssertionError(f"process {grandchild} still running after kill_launch")
     assert kill_launch(marker) == 0
     assert kill_launch({}) == 0
+
+
+def test_exception_lines_pick_the_workers_errors_not_torchruns_summary() -> None:
+    log = "\n".join(
+        [
+            "W1129 starting 2 workers",
+            "[rank1]: Traceback (most recent call last):",
+            "[rank1]: frugal.recsys.errors.RecsysError: id 9 out of range [0, 8) in feature c3",
+            "[rank0]: ValueError: empty batch",
+            "[rank1]: frugal.recsys.errors.RecsysError: id 9 out of range [0, 8) in feature c3",
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+            "============================================================",
+        ]
+    )
+    assert exception_lines(log, limit=2) == [
+        "[rank0]: ValueError: empty batch",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    ]
+    assert exception_lines(log)[0].endswith("id 9 out of range [0, 8) in feature c3")
+    assert exception_lines("all good\n") == []

@@ -9,15 +9,36 @@ every process that carries it (Linux /proc; elsewhere it kills nothing and says 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import uuid
 from pathlib import Path
 
-__all__ = ["LAUNCH_ENV", "free_port", "kill_launch", "launch_marker"]
+__all__ = [
+    "EXCEPTION_LINE",
+    "LAUNCH_ENV",
+    "exception_lines",
+    "free_port",
+    "kill_launch",
+    "launch_marker",
+]
 
 LAUNCH_ENV = "FRUGAL_LAUNCH_ID"
 """Environment variable holding a launch's marker."""
+
+EXCEPTION_LINE = re.compile(r"\b\w*(Error|Exception)\b: ")
+"""Matches a worker's exception line ("ValueError: ...", "[rank1]: frugal...Error: ...")."""
+
+
+def exception_lines(text: str, limit: int = 4) -> list[str]:
+    """The last `limit` distinct exception lines of a launch's output, oldest first.
+
+    torchrun ends a failed job with its own summary, which hides the workers' errors; these
+    lines name the cause.
+    """
+    found = [line.strip() for line in text.splitlines() if EXCEPTION_LINE.search(line)]
+    return list(dict.fromkeys(found))[-limit:]
 
 
 def free_port() -> int:

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import queue
-import re
 import signal
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import frugal
-from frugal.comm.launch import free_port, kill_launch, launch_marker
+from frugal.comm.launch import EXCEPTION_LINE, free_port, kill_launch, launch_marker
 from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
 from frugal.comm.message import CodecSpec
 from frugal.config import check_types, config_from_dict, config_to_dict
@@ -759,7 +758,6 @@ def launch_torchrun(
     tail: list[str] = []
     # Workers' exception lines ("ValueError: ...", "[rank1]: frugal...Error: ..."): torchrun's
     # own summary at the end of the output hides the cause otherwise.
-    exception = re.compile(r"\b\w*(Error|Exception)\b: ")
     raised: list[str] = []
     deadline = time.monotonic() + timeout_s
     try:
@@ -779,7 +777,7 @@ def launch_torchrun(
                     on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
             else:
                 tail = [*tail, line.rstrip()][-30:]
-                if exception.search(line):
+                if EXCEPTION_LINE.search(line):
                     raised = [*raised, line.strip()][-16:]
         code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired as exc:

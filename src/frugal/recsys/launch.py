@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from frugal.comm.launch import free_port, kill_launch, launch_marker
+from frugal.comm.launch import exception_lines, free_port, kill_launch, launch_marker
 from frugal.config import config_to_dict
 from frugal.recsys.config import RecsysTrainConfig
 from frugal.recsys.datasets import load_recsys_data
@@ -121,8 +121,12 @@ def launch_runs(
             kill_launch(env)  # workers live in their own sessions: killpg misses them
     missing = [d for _, d in runs if not (d / "result.json").exists()]
     if code != 0 or missing:
-        tail = log_path.read_text(errors="replace")[-3000:]
+        text = log_path.read_text(errors="replace")
         what = f"timed out after {timeout_s} s" if code is None else f"exited with {code}"
-        raise RecsysError(f"recsys training ({config.mode}) {what}; log {log_path}:\n{tail}")
+        raised = exception_lines(text)
+        cause = ("; workers raised: " + " | ".join(raised)) if raised else ""
+        raise RecsysError(
+            f"recsys training ({config.mode}) {what}{cause}; log {log_path}:\n{text[-3000:]}"
+        )
     results: list[dict[str, Any]] = [json.loads((d / "result.json").read_text()) for _, d in runs]
     return results
