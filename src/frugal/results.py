@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -12,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import frugal
-from frugal.config import config_to_dict
+from frugal.config import config_to_dict, config_to_json
 
-__all__ = ["environment", "git_commit", "results_document", "write_results"]
+__all__ = ["BenchJournal", "environment", "git_commit", "results_document", "write_results"]
 
 _GIT_TIMEOUT_S = 5.0
 
@@ -100,3 +101,56 @@ def write_results(path: Path, document: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
     os.replace(tmp, path)
+
+
+def _plain(value: Any) -> Any:
+    """Numpy scalars and arrays as plain JSON data (`json.dumps(default=...)`)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON data")
+
+
+class BenchJournal:
+    """Finished cells of a long bench, appended to `runs.jsonl` so an interrupted run resumes.
+
+    Each line is `{"config": key, "cell": name, "value": ...}`; `key` hashes the whole bench
+    config, so a changed setting measures everything again. A line cut by a crash is skipped.
+    A new output folder starts a fresh journal.
+    """
+
+    def __init__(self, path: Path, config: object) -> None:
+        """Open (or start) the journal at `path` for `config`.
+
+        Raises:
+            TypeError: If `config` is not a Config dataclass.
+        """
+        self.path = path
+        self.key = hashlib.sha256(config_to_json(config).encode()).hexdigest()[:16]
+        self.finished: dict[str, Any] = {}
+        if path.exists():
+            text = path.read_text()
+            if text and not text.endswith("\n"):
+                with path.open("a") as handle:
+                    handle.write("\n")  # end a line a crash cut, so the next record parses
+            for line in text.splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by a crash
+                if isinstance(entry, dict) and entry.get("config") == self.key and "value" in entry:
+                    self.finished[entry["cell"]] = entry["value"]
+
+    def get(self, cell: str) -> Any | None:
+        """The value recorded for `cell` under this config, or None."""
+        return self.finished.get(cell)
+
+    def record(self, cell: str, value: Any) -> None:
+        """Append `cell`'s value (JSON data) and flush it to disk."""
+        self.finished[cell] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            entry = {"config": self.key, "cell": cell, "value": _clean(value)}
+            handle.write(json.dumps(entry, default=_plain))
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())

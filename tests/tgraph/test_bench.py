@@ -91,6 +91,13 @@ def test_tiny_bench_writes_rows_with_the_protocol_hash(tmp_path: Path) -> None:
         assert key in jodie[0], key
     assert len(list((tmp_path / "negatives").glob("*.npz"))) == 1
     assert (tmp_path / "results.jsonl").read_text().count("\n") == len(rows)
+    # A second invocation on the same folder and config reuses every finished run.
+    again = run_tgraph_bench(config, tmp_path)["rows"]
+    assert all(r.get("resumed") for r in again)
+    strip = ["resumed", "peak_rss_mib"]  # heuristics report the bench process's RSS
+    assert [{k: v for k, v in r.items() if k not in strip} for r in again] == [
+        {k: v for k, v in r.items() if k not in strip} for r in rows
+    ]
 
 
 def test_tgraph_leaderboard_of_a_missing_folder_exits_2(

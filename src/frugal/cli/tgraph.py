@@ -22,7 +22,15 @@ def register(commands: Any) -> None:
     )
     children = parser.add_subparsers(dest="tgraph_command", metavar="ACTION")
     children.required = True
-    bench = children.add_parser("bench", help="train and evaluate models under one protocol")
+    bench = children.add_parser(
+        "bench",
+        help="train and evaluate models under one protocol",
+        description=(
+            "Train and evaluate every model on every dataset under one hashed protocol. Each "
+            "finished (dataset, model, seed) run is journaled in OUT/runs.jsonl and reused by "
+            "the next run with the same settings and --out, so a long bench can be resumed."
+        ),
+    )
     bench.add_argument("--dataset", action="append", default=None, metavar="NAME",
                        help="dataset id (repeatable); default collegemsg")  # fmt: skip
     bench.add_argument("--model", action="append", default=None, metavar="NAME",

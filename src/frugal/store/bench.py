@@ -18,8 +18,6 @@ References:
 from __future__ import annotations
 
 import datetime
-import hashlib
-import json
 import multiprocessing
 import os
 import queue
@@ -519,7 +517,7 @@ def run_store_bench(
     Raises:
         OSError: If the output or scratch folder cannot be written.
     """
-    from frugal.results import results_document, write_results
+    from frugal.results import BenchJournal, results_document, write_results
 
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="frugal-store-bench-", dir=out_dir))
@@ -535,13 +533,11 @@ def run_store_bench(
         runs = _plan(config, workloads, scratch)
         rows: list[dict[str, Any]] = []
         context = multiprocessing.get_context("spawn")
-        journal = out_dir / "runs.jsonl"
-        key = _config_key(config)
-        finished = _finished_cells(journal, key)
+        journal = BenchJournal(out_dir / "runs.jsonl", config)
         for index, run in enumerate(runs):
             cell = _cell(run)
-            if cell in finished:  # measured by an earlier, interrupted invocation
-                row = finished[cell] | {"resumed": True}
+            if (earlier := journal.get(cell)) is not None:  # an interrupted invocation's
+                row = earlier | {"resumed": True}
             else:
                 repeats = []
                 for _ in range(config.repeats):
@@ -556,8 +552,8 @@ def run_store_bench(
                 row["measured_at"] = datetime.datetime.now(datetime.UTC).isoformat(
                     timespec="seconds"
                 )
-                with journal.open("a") as fh:
-                    fh.write(json.dumps({"config": key, "cell": cell, "row": row}) + "\n")
+                if row.get("status") == "ok":  # failed cells run again on resume
+                    journal.record(cell, row)
             rows.append(row)
             if progress is not None:
                 progress(_describe(index, len(runs), row))
@@ -606,32 +602,11 @@ def _reference_hit_ratios(
     return out
 
 
-def _config_key(config: StoreBenchConfig) -> str:
-    from frugal.config import config_to_json
-
-    return hashlib.sha256(config_to_json(config).encode()).hexdigest()[:16]
-
-
 def _cell(run: _Run) -> str:
     return (
         f"{run.workload.name}/{run.system}/ratio={run.memory_ratio}/W={run.lookahead}/"
         f"s={run.staleness_bound}"
     )
-
-
-def _finished_cells(journal: Path, key: str) -> dict[str, dict[str, Any]]:
-    """Rows already measured with this exact config (so an interrupted bench resumes)."""
-    finished: dict[str, dict[str, Any]] = {}
-    if not journal.exists():
-        return finished
-    for line in journal.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash
-        if entry.get("config") == key and entry.get("row", {}).get("status") == "ok":
-            finished[entry["cell"]] = entry["row"]
-    return finished
 
 
 def _fixed_mmap_threshold(threshold_bytes: int = 128 << 10) -> bool:

@@ -28,7 +28,7 @@ import numpy as np
 from frugal import FrugalError
 from frugal.config import check_types
 from frugal.data import DATASETS, get_dataset_info, load_events
-from frugal.results import results_document, write_results
+from frugal.results import BenchJournal, results_document, write_results
 from frugal.tgraph.models import HEURISTICS, MODELS, ModelName
 from frugal.tgraph.protocol import Protocol, ProtocolConfig, build_protocol
 
@@ -212,6 +212,7 @@ def run_tgraph_bench(
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = out_dir / "negatives"
+    journal = BenchJournal(out_dir / "runs.jsonl", config)
     rows: list[dict[str, Any]] = []
     protocols: dict[str, dict[str, Any]] = {}
     models = tuple(dict.fromkeys(HEURISTICS + tuple(config.models)))
@@ -228,6 +229,12 @@ def run_tgraph_bench(
             seeds = range(1 if model in HEURISTICS else config.num_seeds)
             for seed in seeds:
                 run = _Run(dataset, model, seed, config, str(cache_dir))
+                cell = f"{dataset}/{model}/{seed}"
+                if (earlier := journal.get(cell)) is not None:  # an interrupted bench's
+                    rows.extend(row | {"resumed": True} for row in earlier)
+                    if progress is not None:
+                        progress(f"{dataset} {model} seed {seed}: resumed from {journal.path}")
+                    continue
                 if progress is not None:
                     progress(f"{dataset} {model} seed {seed}: running")
                 began = time.perf_counter()
@@ -239,6 +246,7 @@ def run_tgraph_bench(
                 for row in new_rows:
                     row["run_s"] = time.perf_counter() - began
                 rows.extend(new_rows)
+                journal.record(cell, new_rows)
                 if progress is not None:
                     head = next(
                         (
