@@ -21,6 +21,7 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
                                   micro_batch_size=4, num_microbatches=4, num_stages=2,
                                   calibrate_steps=2),
         methods=("fp32", "aqsgd:fw2,bw4"), rhos=(3.3,), epochs=2, speed_steps=2,
+        pretrain_epochs=1, pretrain_windows=32,
         quality_workers=1, torch_pipelining=("gpipe",), dp=DPBenchConfig(enabled=False),
     )  # fmt: skip
     document = run_pipeline_bench(config, tmp_path)
@@ -40,6 +41,8 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
         assert row["bytes_per_step"] == row["analytic_bytes_per_step"]
     summary = document["summary"]
     assert summary["bytes_match_analytic"] is True
+    assert summary["quality_start"] == "fine-tune"
+    assert summary["pretraining"]["windows"] == 32 and summary["pretraining"]["steps"] == 2
     assert summary["loss_gap_directq_fw2"] is None  # DirectQ was not run
     assert summary["speedup_at_slowest"] > 0 and summary["slowest_link"] == "100mbps"
     assert (tmp_path / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"

@@ -6,10 +6,13 @@ whole channel; the same bytes up to the scale overhead).
 
 Three parts, one results.json:
 
-1. Quality: each method trains the tiny GPT for `epochs` epochs over the same windows, seed
-   and order, all stages in one process (LocalTransport: the same runtime, codecs and
-   schedule as the distributed run, no shaping). Final train loss (mean of the last epoch) and
-   eval loss of the whole model.
+1. Quality: each method fine-tunes the tiny GPT for `epochs` epochs over the same windows,
+   seed and order, all stages in one process (LocalTransport: the same runtime, codecs and
+   schedule as the distributed run, no shaping), from weights pre-trained in FP32 for
+   `pretrain_epochs` on the corpus windows the runs never see (AQ-SGD's setting: a pretrained
+   model, whose activations change slowly; `pretrain_epochs = 0` trains from scratch, where
+   2-bit deltas of fast-moving activations cost more). Final train loss (mean of the last
+   epoch) and eval loss of the whole model.
 2. Speed: one torchrun launch of `num_stages` gloo ranks on 127.0.0.1 runs every (method, rho)
    for `speed_steps` steps over one repeated macro-batch (AQ-SGD's examples are all seen after
    the first step, so later steps are steady state). The bandwidth of each rho point is
@@ -52,6 +55,7 @@ from frugal.pipeline.train import (
     PipelineTrainConfig,
     RunSpec,
     launch_torchrun,
+    pretrain_local,
     rho_label,
     train_local,
 )
@@ -87,8 +91,17 @@ class PipelineBenchConfig:
     """Codecs compared; must include fp32 (the reference)."""
     rhos: tuple[float, ...] = tuple(RHO_POINTS.values())
     """Transfer/compute ratios (the paper's 10 Gbps ... 100 Mbps)."""
-    epochs: int = 16
+    epochs: int = 8
     """Quality runs: epochs over the train windows, >= 2 (AQ-SGD needs revisits)."""
+    pretrain_epochs: int = 2
+    """Quality runs fine-tune, as AQ-SGD is evaluated: the tiny GPT is first trained in FP32
+    for this many epochs over the corpus windows the runs never see (`pretrain_local`), and
+    every method starts from those weights; 0 = every method trains from scratch."""
+    pretrain_windows: int = 0
+    """Pre-training windows used (the first ones), >= 0; 0 = every unseen window."""
+    finetune_learning_rate: float = 1e-3
+    """AdamW learning rate of the quality runs when they fine-tune (pre-training uses
+    `train.learning_rate`), > 0."""
     aqsgd_warmup_epochs: int = 1
     """AQ-SGD quality runs send everything as fp32 for this many epochs first (the
     reference's warm-up), >= 0."""
@@ -125,6 +138,12 @@ class PipelineBenchConfig:
                 f"sim_num_cores={self.sim_num_cores} must be >= 1, or 0 to fit it on the "
                 f"calibration run"
             )
+        if min(self.pretrain_epochs, self.pretrain_windows) < 0 or self.finetune_learning_rate <= 0:
+            raise ValueError(
+                f"pretrain_epochs={self.pretrain_epochs} and pretrain_windows="
+                f"{self.pretrain_windows} must be >= 0, finetune_learning_rate="
+                f"{self.finetune_learning_rate} > 0"
+            )
         if self.epochs < 2 or self.speed_steps < 2 or self.quality_workers < 1:
             raise ValueError("epochs and speed_steps must be >= 2, quality_workers >= 1")
         for name in self.torch_pipelining:
@@ -135,7 +154,7 @@ class PipelineBenchConfig:
 
     @classmethod
     def quick(cls) -> PipelineBenchConfig:
-        """Preset `--quick`: 5 methods, 512 windows x 12 epochs (192 steps), 5 speed steps."""
+        """Preset `--quick`: 5 methods, 1 pre-training epoch, 512 windows x 6 epochs, 5 steps."""
         return cls(
             train=PipelineTrainConfig(
                 num_train=512,
@@ -145,7 +164,8 @@ class PipelineBenchConfig:
                 num_microbatches=8,
             ),
             methods=_QUICK_METHODS,
-            epochs=12,
+            epochs=6,
+            pretrain_epochs=1,
             speed_steps=5,
             dp=DPBenchConfig.quick(),
         )
@@ -161,6 +181,19 @@ def _quality_job(train: PipelineTrainConfig) -> LocalResult:
 
     torch.set_num_threads(1)
     return train_local(train)
+
+
+def _pretrain_job(
+    train: PipelineTrainConfig, epochs: int, path: Path, max_windows: int | None
+) -> dict[str, Any]:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each quality run: the same arithmetic wherever it runs
+    try:
+        return pretrain_local(train, epochs, path, max_windows=max_windows)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _ema(values: list[float], decay: float = 0.9) -> list[float]:
@@ -190,9 +223,22 @@ def run_pipeline_bench(
     steps_per_epoch = train.num_train // (train.micro_batch_size * train.num_microbatches)
     quality_steps = config.epochs * steps_per_epoch
     warmup_steps = config.aqsgd_warmup_epochs * steps_per_epoch
+    pretraining: dict[str, Any] | None = None
+    quality_train = train
+    weights_dir = tempfile.TemporaryDirectory(prefix="frugal-pretrained-")
+    if config.pretrain_epochs:
+        weights = Path(weights_dir.name) / "pretrained.pt"
+        say(f"pre-training: {config.pretrain_epochs} FP32 epochs on the unseen windows")
+        pretraining = _pretrain_job(
+            train, config.pretrain_epochs, weights, config.pretrain_windows or None
+        )
+        say(f"  eval loss after pre-training {pretraining['eval_loss']:.4f}")
+        quality_train = replace(
+            train, init_weights=str(weights), learning_rate=config.finetune_learning_rate
+        )
     jobs = {
         m: replace(
-            train,
+            quality_train,
             codec=m,
             steps=quality_steps,
             warmup_steps=warmup_steps if m.startswith("aqsgd") else 0,
@@ -202,7 +248,10 @@ def run_pipeline_bench(
     say(f"quality: {len(jobs)} methods x {quality_steps} steps (one process each)")
     quality: dict[str, LocalResult] = {}
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(config.quality_workers, mp_context=context) as ex:
+    with (
+        weights_dir,
+        concurrent.futures.ProcessPoolExecutor(config.quality_workers, mp_context=context) as ex,
+    ):
         futures = {ex.submit(_quality_job, job): m for m, job in jobs.items()}
         for future in concurrent.futures.as_completed(futures):
             method = futures[future]
@@ -314,6 +363,9 @@ def run_pipeline_bench(
 
     summary = _summary(rows, config)
     summary["sim_num_cores"] = cores
+    summary["quality_start"] = "fine-tune" if pretraining else "scratch"
+    if pretraining is not None:
+        summary["pretraining"] = pretraining
     if config.torch_pipelining:
         say(f"baseline: torch.distributed.pipelining {', '.join(config.torch_pipelining)}")
         baseline_rows, baseline_summary = torch_pipelining_rows(config, rows)
@@ -327,7 +379,7 @@ def run_pipeline_bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     write_results(out_dir / "results.json", document)
     (out_dir / "speed_ranks.json").write_text(json.dumps(ranks))
-    _plot(quality, out_dir / "loss_curves.png")
+    _plot(quality, out_dir / "loss_curves.png", summary["quality_start"])
     return document
 
 
@@ -473,7 +525,7 @@ def _summary(rows: list[dict[str, Any]], config: PipelineBenchConfig) -> dict[st
     return out
 
 
-def _plot(quality: dict[str, LocalResult], path: Path) -> None:
+def _plot(quality: dict[str, LocalResult], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -484,7 +536,7 @@ def _plot(quality: dict[str, LocalResult], path: Path) -> None:
         ax.plot(_ema(result.losses), label=f"{method} (eval {result.eval_loss:.3f})")
     ax.set_xlabel("step")
     ax.set_ylabel("train loss, EMA 0.9 (nats/byte)")
-    ax.set_title("tiny GPT, 4 stages: quality per codec")
+    ax.set_title(f"tiny GPT, 4 stages: quality per codec ({title})")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -265,6 +265,8 @@ class TextWindows:
         self.windows = torch.from_numpy(data[index].astype(np.int64))  # (W, T + 1)
         self.train_ids = torch.from_numpy(train[:num_train].astype(np.int64))
         self.eval_ids = torch.from_numpy(evals[:num_eval].astype(np.int64))
+        # Train-side windows past num_train: never trained on nor evaluated (pre-training).
+        self.rest_ids = torch.from_numpy(train[num_train:].astype(np.int64))
 
     def epoch_order(self, epoch: int, seed: int) -> Tensor:
         """Train ids in the seeded order of `epoch` (same on every rank)."""

