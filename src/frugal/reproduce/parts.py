@@ -582,6 +582,7 @@ def _pipeline_run(mode: Mode, out: Path, progress: Progress) -> Document:
             methods=("fp32", "aqsgd:fw2,bw4"),
             rhos=(min(quick.rhos), max(quick.rhos)),
             epochs=2,
+            pretrain_windows=256,
             speed_steps=2,
             torch_pipelining=(),
             dp=replace(quick.dp, enabled=False),
