@@ -22,7 +22,7 @@ def test_smallest_plan_bench(tmp_path: Path) -> None:
     iteration_rows = [r for r in saved["rows"] if r.get("objective") != "paper"]
     assert [r["method"] for r in iteration_rows] == [
         "ours", "swap", "ours_grid", "megatron_default", "megatron_random", "deepspeed_pp",
-        "random",
+        "random", "dtfm_ga",
     ]  # fmt: skip
     curves = [r for r in saved["rows"] if r.get("objective") == "paper"]
     assert [r["method"] for r in curves] == ["random", "dtfm_ga", "swap", "ours"]
@@ -45,6 +45,12 @@ def test_smallest_plan_bench(tmp_path: Path) -> None:
     assert set(summary["world_speedup_vs_megatron_random_best_schedule_by_cell"]) == {"L24/B1024"}
     assert summary["memetic_vs_swap_iteration_min"] > 0
     assert set(summary["convergence_memetic_vs_swap"]) == {"world"}
+    ga = by_method["dtfm_ga"]
+    assert summary["ours_vs_dtfm_ga_iteration_min"] == pytest.approx(
+        ga["predicted_iteration_s"] / ours["predicted_iteration_s"]
+    )
+    costs = {r["method"]: r["paper_cost_s"] for r in curves}
+    assert summary["ours_vs_dtfm_ga_paper_min"] == pytest.approx(costs["dtfm_ga"] / costs["ours"])
     # ours_grid may choose another grid; its rows say which (D_pp x D_dp = 64).
     grid_row = next(r for r in iteration_rows if r["method"] == "ours_grid")
     assert grid_row["num_stages"] * grid_row["num_replicas"] == 64

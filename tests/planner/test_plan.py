@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from frugal.cli.main import main
@@ -135,3 +136,23 @@ def test_scenario_or_cluster_before_bench_or_validate_exits_2(
     assert "--scenario world applies to `frugal plan` alone" in capsys.readouterr().err
     assert main(["plan", "--cluster", "sites.toml", "bench", "--quick"]) == 2
     assert "not to `frugal plan bench`" in capsys.readouterr().err
+
+
+def test_the_papers_ga_plans_under_its_own_cost_and_is_priced_by_the_objective() -> None:
+    from frugal.planner.cost import paper_cost
+    from frugal.planner.iteration import iteration_cost
+    from frugal.planner.search import dtfm_ga
+
+    top = build_scenario("world")
+    ga = dtfm_ga(top, 8, 8, budget=40, seed=1).cost
+    priced = build_plan(top, PlannerConfig(num_stages=8, num_replicas=8, method="dtfm_ga",
+                                           budget=40, seed=1))  # fmt: skip
+    assert priced.mesh == ga.mesh and priced.method == "dtfm_ga"
+    mesh = np.array(priced.mesh)
+    assert priced.predicted_cost_s == pytest.approx(
+        iteration_cost(top, mesh, priced.num_layers_per_stage, WorkloadConfig()).total_s
+    )
+    paper = build_plan(top, PlannerConfig(num_stages=8, num_replicas=8, method="dtfm_ga",
+                                          objective="paper", budget=40, seed=1))  # fmt: skip
+    assert paper.predicted_cost_s == pytest.approx(ga.total_s)
+    assert paper_cost(top, np.ascontiguousarray(mesh.T)).total_s == pytest.approx(ga.total_s)

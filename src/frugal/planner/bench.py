@@ -11,7 +11,10 @@ Summary: `world_speedup_vs_megatron_random` (mean over the random seeds, first w
 `world_speedup_vs_megatron_default`, the same per world cell and with both sides on their
 faster schedule (`*_best_schedule_by_cell`), `search_s_world`, per cell the speed-up of ours
 over each baseline, memetic vs swap (iteration table and the paper-cost convergence study at
-equal candidates scored) and the lower-bound gap of ours under the paper cost. The validation
+equal candidates scored), the lower-bound gap of ours under the paper cost, and ours against
+the DT-FM paper's scheduler under both cost models (`ours_vs_dtfm_ga_iteration_min`: its GA
+plan priced by the iteration model; `ours_vs_dtfm_ga_paper_min`: the convergence study's
+paper cost; >= 1 = never slower). The validation
 against measured emulated runs is `frugal plan validate` (`sim_vs_measured_max_error` is null
 here; `frugal reproduce` fills it).
 
@@ -40,7 +43,14 @@ from frugal.planner.sim import simulate_iteration
 __all__ = ["PlanBenchConfig", "run_plan_bench"]
 
 Method = Literal[
-    "ours", "swap", "ours_grid", "megatron_default", "megatron_random", "deepspeed_pp", "random"
+    "ours",
+    "swap",
+    "ours_grid",
+    "megatron_default",
+    "megatron_random",
+    "deepspeed_pp",
+    "random",
+    "dtfm_ga",
 ]
 
 
@@ -62,11 +72,14 @@ class PlanBenchConfig:
         "megatron_random",
         "deepspeed_pp",
         "random",
+        "dtfm_ga",
     )
     """Placement methods compared: ours (memetic search), swap (its swap local search alone, same
     budget), ours_grid (ours choosing D_pp x D_dp among the factor pairs that split the batch,
     the budget shared), Megatron's default and random rank orders, DeepSpeed's pipeline
-    (Megatron's layout, 1F1B, uniform layers) and the best of `budget` random placements."""
+    (Megatron's layout, 1F1B, uniform layers), the best of `budget` random placements and the
+    DT-FM paper's scheduler (its genetic algorithm under its own cost, `budget` candidates),
+    whose plan the iteration model then prices."""
     ablation_scenarios: tuple[str, ...] = (
         "datacenter",
         "spot",
@@ -74,7 +87,8 @@ class PlanBenchConfig:
         "regional",
         "world",
     )
-    """Scenarios where the ablation rows (swap, ours_grid) run; the others skip them."""
+    """Scenarios where the ablation rows (swap, ours_grid) and the paper's scheduler (dtfm_ga)
+    run; the others skip them."""
     convergence_scenarios: tuple[str, ...] = (
         "datacenter",
         "spot",
@@ -114,7 +128,7 @@ class PlanBenchConfig:
     def quick(cls) -> PlanBenchConfig:
         """Every scenario x model cell of the full bench, with search budgets of 300.
 
-        The ablation rows (swap, ours_grid) run in the world scenario only.
+        The ablation rows (swap, ours_grid) and dtfm_ga run in the world scenario only.
         """
         return cls(budget=300, convergence_budget=300, ablation_scenarios=("world",))
 
@@ -142,7 +156,7 @@ def run_plan_bench(
                                      budget=config.budget, seed=config.seed)  # fmt: skip
                 for method in config.methods:
                     if (
-                        method in ("swap", "ours_grid")
+                        method in ("swap", "ours_grid", "dtfm_ga")
                         and scenario not in config.ablation_scenarios
                     ):
                         continue
@@ -212,6 +226,10 @@ def run_plan_bench(
     }
     summary["convergence_gap_of_ours"] = {r["scenario"]: r["gap"] for r in curves
                                           if r["method"] == "ours"}  # fmt: skip
+    ga_over_ours = [costs[(s, "dtfm_ga")] / costs[(s, "ours")] for s, m in costs if m == "ours"
+                    if (s, "dtfm_ga") in costs]  # fmt: skip
+    if ga_over_ours:  # >= 1 everywhere: never slower than the paper's GA under its own cost
+        summary["ours_vs_dtfm_ga_paper_min"] = min(ga_over_ours)
     out_dir.mkdir(parents=True, exist_ok=True)
     _plot_convergence(curves, out_dir / "convergence.png")
     document = results_document("plan", config, rows, summary)
@@ -324,7 +342,7 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
         if ours is None:
             continue
         for baseline in ("swap", "ours_grid", "megatron_default", "megatron_random",
-                         "deepspeed_pp", "random"):  # fmt: skip
+                         "deepspeed_pp", "random", "dtfm_ga"):  # fmt: skip
             other = mean_time(scenario, baseline, layers, batch)
             if other is not None:
                 key = f"{scenario}/L{layers}/B{batch}/vs_{baseline}"
@@ -367,6 +385,11 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
     if memetic_vs_swap:
         summary["memetic_vs_swap_iteration_min"] = min(memetic_vs_swap.values())
         summary["memetic_vs_swap_iteration_max"] = max(memetic_vs_swap.values())
+    vs_paper = [
+        v for k, v in summary["speedup_of_ours"].items() if k.endswith("/vs_dtfm_ga")
+    ]  # >= 1 everywhere: ours is never slower than the paper's scheduler (iteration model)
+    if vs_paper:
+        summary["ours_vs_dtfm_ga_iteration_min"] = min(vs_paper)
     grid = {}
     for scenario, layers, batch in cells:
         ours = mean_time(scenario, "ours", layers, batch)

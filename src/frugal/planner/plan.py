@@ -55,11 +55,14 @@ class PlannerConfig:
     objective: Literal["iteration", "paper"] = "iteration"
     """Cost model: seconds per iteration (compute, pipeline, overlapped DP; analytic), or the
     DT-FM paper's communication cost."""
-    method: Literal["ours", "swap", "megatron_default", "megatron_random", "random"] = "ours"
+    method: Literal["ours", "swap", "megatron_default", "megatron_random", "random", "dtfm_ga"] = (
+        "ours"
+    )
     """Search: ours (structured seeds, then a memetic search: aligned crossover + swaps), swap
     (the seeds' swap local search alone, the memetic search's component), Megatron's default
-    order, Megatron's order on a seeded random rank permutation, or the best of `budget`
-    random placements."""
+    order, Megatron's order on a seeded random rank permutation, the best of `budget`
+    random placements, or the DT-FM paper's genetic algorithm (`dtfm_ga`: it searches under
+    the paper's cost whatever the objective, which then prices its plan; symmetric links)."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     """The training job the iteration objective prices."""
     budget: int = 2000
@@ -125,7 +128,7 @@ class Plan:
     stage_order: tuple[int, ...]
     devices: tuple[tuple[str, str, str], ...]
     objective: Literal["iteration", "paper"]
-    method: Literal["ours", "swap", "megatron_default", "megatron_random", "random"]
+    method: Literal["ours", "swap", "megatron_default", "megatron_random", "random", "dtfm_ga"]
     predicted_cost_s: float
     breakdown: tuple[tuple[str, float], ...]
     lower_bound_s: float
@@ -358,6 +361,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
     from frugal.planner.iteration import iteration_cost
     from frugal.planner.search import (
         check_grid,
+        dtfm_ga,
         iteration_search,
         megatron_default_groups,
         memetic_search,
@@ -405,6 +409,9 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         if config.method == "megatron_random":  # rank 0 stays, the rest are shuffled
             ranks[1:] = np.random.default_rng(config.seed).permutation(np.arange(1, n))
         mesh = ranks[np.ascontiguousarray(megatron_default_groups(d_pp, d_dp).T)]
+    elif config.method == "dtfm_ga":  # the paper's scheduler: its own (paper) cost, any pricing
+        paper = dtfm_ga(topology, d_pp, d_dp, budget=config.budget, seed=config.seed).cost
+        mesh, stage_order = np.array(paper.mesh, dtype=np.int64), paper.stage_order
     elif config.objective == "paper":
         if config.method in ("ours", "swap"):
             search = memetic_search if config.method == "ours" else swap_search

@@ -306,6 +306,34 @@ def _planner_verdicts(document: Document) -> list[Verdict]:
                 unit="s/iteration (predicted)",
             )
         )
+    ga_ratios = [
+        (ga["predicted_iteration_s"] / mine["predicted_iteration_s"], ga, mine)
+        for ga in rows
+        if ga["method"] == "dtfm_ga"
+        for mine in rows
+        if mine["method"] == "ours"
+        and (mine["scenario"], mine["num_layers"], mine["global_batch"])
+        == (ga["scenario"], ga["num_layers"], ga["global_batch"])
+    ]
+    if ga_ratios:
+        worst, ga, mine = min(ga_ratios, key=lambda item: item[0])
+        where = f"{ga['scenario']} L{ga['num_layers']} B{ga['global_batch']}"
+        out.append(
+            Verdict(
+                part="planner",
+                claim=(
+                    f"never slower than the paper's GA plan under the iteration model (worst of "
+                    f"{len(ga_ratios)} cells: {where})"
+                ),
+                value=worst,
+                target=1.0,
+                comparison=">=",
+                ours=mine["predicted_iteration_s"],
+                baseline_name="dtfm_ga",
+                baseline=ga["predicted_iteration_s"],
+                unit="s/iteration (predicted)",
+            )
+        )
     curves = {
         (r["scenario"], r["method"]): r["paper_cost_s"]
         for r in document.get("rows", [])
