@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -64,16 +64,7 @@ class PlanBenchConfig:
     """Model depths (GPT3-XL shape)."""
     global_batches: tuple[int, ...] = (1024, 2048, 4096)
     """Sequences per iteration."""
-    methods: tuple[Method, ...] = (
-        "ours",
-        "swap",
-        "ours_grid",
-        "megatron_default",
-        "megatron_random",
-        "deepspeed_pp",
-        "random",
-        "dtfm_ga",
-    )
+    methods: tuple[Method, ...] = get_args(Method)
     """Placement methods compared: ours (memetic search), swap (its swap local search alone, same
     budget), ours_grid (ours choosing D_pp x D_dp among the factor pairs that split the batch,
     the budget shared), Megatron's default and random rank orders, DeepSpeed's pipeline
