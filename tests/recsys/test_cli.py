@@ -14,6 +14,9 @@ def test_bad_staleness_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["recsys", "train", "--staleness", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "staleness=0 must be >= 1" in err[0]
+    assert err[0].startswith("frugal: error: command line: ")  # a flag, not a --set override
+    assert main(["recsys", "train", "--set", "staleness=0"]) == 2
+    assert "error: --set: staleness=0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
