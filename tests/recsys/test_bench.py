@@ -49,6 +49,14 @@ def test_summary_ratios_and_gaps() -> None:
     assert entry["auc_gap_async_vs_sync"] == pytest.approx(-0.005)
     assert entry["throughput_hybrid_over_sync"] == pytest.approx(2.5)
     assert entry["max_abs_auc_gap_hybrid_k_le_16"] == pytest.approx(0.0015)
+    assert entry["max_abs_auc_gap_hybrid_k_le_16_seed_mean"] == pytest.approx(0.0015)
+    # Two seeds: the per-run maximum vs the largest gap of the seed means (sync 0.7005).
+    seeds = replace(config, seeds=(0, 1))
+    second = [r | {"seed": 1} for r in rows]
+    second[0]["test_auc"], second[2]["test_auc"] = 0.701, 0.7005
+    two = _summary(seeds, rows + second)["datasets"]["criteo_zipf"]
+    assert two["max_abs_auc_gap_hybrid_k_le_16"] == pytest.approx(0.002)  # seed 1, K = 4
+    assert two["max_abs_auc_gap_hybrid_k_le_16_seed_mean"] == pytest.approx(0.0015)  # K = 4
     assert entry["mean_auc_gap_hybrid_minus_async_k_ge_16"] == pytest.approx(0.0085)
     assert summary["staleness_within_bound"] is True
     rows[1]["max_staleness_seen"] = 16

@@ -227,6 +227,30 @@ def _summary(config: RecsysBenchConfig, rows: list[dict[str, Any]]) -> dict[str,
             and (r["rtt_ms"], r["seed"]) in all_sync
         ]
         entry["max_abs_auc_gap_hybrid_k_le_16"] = max(gaps) if gaps else None
+        # The same over (rtt, K) cells with each side averaged over the seeds first.
+        cells = {
+            (r["rtt_ms"], r["staleness"])
+            for r in rows
+            if r["dataset"] == dataset and r["mode"] == "hybrid" and r["staleness"] <= 16
+        }
+        cell_gaps = []
+        for cell_rtt, cell_k in cells:
+            hybrid = [
+                r
+                for r in rows
+                if r["dataset"] == dataset
+                and r["mode"] == "hybrid"
+                and (r["rtt_ms"], r["staleness"]) == (cell_rtt, cell_k)
+            ]
+            base = [
+                r
+                for r in rows
+                if r["dataset"] == dataset and r["mode"] == "sync" and r["rtt_ms"] == cell_rtt
+            ]
+            h, b = _mean(hybrid, "test_auc"), _mean(base, "test_auc")
+            if h is not None and b is not None:
+                cell_gaps.append(abs(h - b))
+        entry["max_abs_auc_gap_hybrid_k_le_16_seed_mean"] = max(cell_gaps) if cell_gaps else None
         hybrid_auc = {
             (r["rtt_ms"], r["seed"], r["staleness"]): r["test_auc"]
             for r in rows

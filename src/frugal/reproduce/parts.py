@@ -510,11 +510,16 @@ def _recsys_verdicts(document: Document) -> list[Verdict]:
     summary = document["summary"]
     out = []
     for dataset, entry in summary.get("datasets", {}).items():
-        gap = entry.get("max_abs_auc_gap_hybrid_k_le_16")
+        gap = entry.get("max_abs_auc_gap_hybrid_k_le_16_seed_mean")
+        if gap is None:  # a results file from before the seed-mean field
+            gap = entry.get("max_abs_auc_gap_hybrid_k_le_16")
         out.append(
             Verdict(
                 part="recsys",
-                claim=f"{dataset}: |AUC(hybrid, K <= 16) - AUC(sync)| <= 0.002",
+                claim=(
+                    f"{dataset}: |AUC(hybrid, K <= 16) - AUC(sync)| <= 0.002 (worst K and rtt, "
+                    "each side the mean over the seeds)"
+                ),
                 value=gap,
                 target=0.002,
                 comparison="<=",
