@@ -121,3 +121,32 @@ def test_wire_sizes_without_torch_agree_with_the_codecs() -> None:
         assert wire_bytes(name, (2, 3, 10)) == codec.encode(x).nbytes
     with pytest.raises(ValueError, match="unknown codec 'q9'"):
         wire_bytes("q9", (1, 1))
+
+
+@pytest.mark.parametrize("scale", ["channel", "row"])
+def test_aqsgd_buffers_stay_bit_identical_through_signed_zeros(scale: str) -> None:
+    # -0.0 rows, deltas that round to a -0.0 code, and an all-zero channel: the sender's
+    # update and the receiver's decode must agree bit for bit (the drift check hashes bytes).
+    sender, receiver = DeltaCodec(2, scale=scale), DeltaCodec(2, scale=scale)
+    ids = torch.arange(4)
+    base = torch.tensor([[-0.0, 1.0, -0.0, 0.5]] * 4)
+    receiver.decode(sender.encode(base, ids), ids)
+    for tiny in (-1e-3, -1e-9, 0.0):
+        x = base.clone()
+        x[:, 0] += torch.tensor([tiny, 0.3, -0.3, tiny])  # on -0.0: a -0.0 code lands on -0.0
+        x[:, 3] += tiny  # a channel whose change is tiny or zero everywhere
+        receiver.decode(sender.encode(x, ids), ids)
+        for i in range(4):
+            mine, theirs = sender.buffers[i], receiver.buffers[i]
+            assert torch.equal(mine.view(torch.int32), theirs.view(torch.int32)), (tiny, i)
+
+
+def test_quantizers_refuse_nan_and_inf_anywhere() -> None:
+    from frugal.comm.codecs import ChannelQuantizeCodec
+
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        x = torch.zeros(5, 7)
+        x[3, 4] = bad
+        for codec in (QuantizeCodec(4), ChannelQuantizeCodec(2)):
+            with pytest.raises(ValueError, match="NaN or inf"):
+                codec.encode(x)

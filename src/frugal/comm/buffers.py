@@ -46,7 +46,10 @@ class ActivationBuffer(Protocol):
         ...
 
     def read(self, ids: Tensor, step: int) -> Tensor:
-        """(M, *R) float32 rows of seen ids (for an update: each is written back after)."""
+        """(M, *R) float32 rows of seen ids: a fresh tensor, the caller's to modify.
+
+        For an update, each row is written back after.
+        """
         ...
 
     def peek(self, ids: Tensor) -> Tensor:
@@ -81,38 +84,43 @@ class BufferFactory(Protocol):
 
 def _check_ids(ids: Tensor, limit: int | None) -> Tensor:
     ids = ids.long()
-    if ids.numel() and int(ids.min()) < 0:
-        raise ValueError(f"example ids must be >= 0, got {int(ids.min())}")
-    if limit is not None and ids.numel() and int(ids.max()) >= limit:
-        raise ValueError(
-            f"example id {int(ids.max())} is beyond this buffer's {limit} rows; size it with "
-            "num_examples = the largest example id + 1"
-        )
+    if ids.numel():  # a handful of ids per message: numpy's reductions cost far less here
+        flat = ids.detach().cpu().reshape(-1).numpy()
+        low, high = int(flat.min()), int(flat.max())
+        if low < 0:
+            raise ValueError(f"example ids must be >= 0, got {low}")
+        if limit is not None and high >= limit:
+            raise ValueError(
+                f"example id {high} is beyond this buffer's {limit} rows; size it with "
+                "num_examples = the largest example id + 1"
+            )
     return ids
 
 
 class _Seen:
-    """Bitmap of ids that have a row, grown on demand."""
+    """Bitmap of ids that have a row, grown on demand (numpy: ids come a few at a time)."""
 
     def __init__(self, capacity: int = 0) -> None:
-        self.flags = torch.zeros(capacity, dtype=torch.bool)
+        self.flags = np.zeros(capacity, dtype=np.bool_)
 
     def get(self, ids: Tensor) -> Tensor:
-        inside = ids < self.flags.numel()
-        out = torch.zeros(ids.shape, dtype=torch.bool)
-        out[inside] = self.flags[ids[inside]]
-        return out
+        flat = ids.detach().cpu().reshape(-1).numpy()
+        out = np.zeros(flat.shape, dtype=np.bool_)
+        inside = flat < self.flags.size
+        out[inside] = self.flags[flat[inside]]
+        return torch.from_numpy(out).reshape(ids.shape)
 
     def set(self, ids: Tensor) -> None:
-        need = int(ids.max()) + 1 if ids.numel() else 0
-        if need > self.flags.numel():
-            grown = torch.zeros(max(need, 2 * self.flags.numel()), dtype=torch.bool)
-            grown[: self.flags.numel()] = self.flags
+        flat = ids.detach().cpu().reshape(-1).numpy()
+        need = int(flat.max()) + 1 if flat.size else 0
+        if need > self.flags.size:
+            grown = np.zeros(max(need, 2 * self.flags.size), dtype=np.bool_)
+            grown[: self.flags.size] = self.flags
             self.flags = grown
-        self.flags[ids] = True
+        self.flags[flat] = True
 
     def ids(self) -> Tensor:
-        return torch.nonzero(self.flags).flatten()
+        return torch.from_numpy(np.flatnonzero(self.flags).astype(np.int64))
 
 
 class MemoryBuffer:

@@ -23,11 +23,13 @@ References:
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -137,6 +139,9 @@ class HalfCodec:
         return encoded.tensors[0].to(torch.float32).reshape(encoded.shape)
 
 
+_WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # codes per byte -> word of them
+
+
 def pack_bits(codes: Tensor, bits: int) -> Tensor:
     """Pack k-bit codes (uint8, each < 2^k) densely, little-endian, 8 codes per k bytes.
 
@@ -149,11 +154,22 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
     if not 1 <= bits <= 8:
         raise ValueError(f"bits={bits} must be in [1, 8]")
     rows, cols = codes.shape
-    if 8 % bits == 0:  # whole codes per byte: shift-and-sum, no per-bit expansion
+    if bits == 8:
+        return codes.contiguous()
+    if 8 % bits == 0:  # whole codes per byte
         per_byte = 8 // bits
         pad = (-cols) % per_byte
         if pad:
             codes = torch.nn.functional.pad(codes, (0, pad))
+        if sys.byteorder == "little" and codes.device.type == "cpu":
+            # The per_byte codes of one output byte, read as one little-endian word: code i
+            # sits at bit 8 i; shift each down to bit `bits` x i and mask (no reduction).
+            word = codes.contiguous().view(_WORDS[per_byte])
+            mask = (1 << bits) - 1
+            out = word & mask
+            for i in range(1, per_byte):
+                out |= (word >> (i * (8 - bits))) & (mask << (i * bits))
+            return out.to(torch.uint8)
         offsets = torch.arange(0, 8, bits, device=codes.device, dtype=torch.uint8)
         grouped = codes.reshape(rows, -1, per_byte) << offsets  # disjoint bits: sum = or
         return grouped.sum(dim=-1, dtype=torch.uint8)
@@ -224,12 +240,13 @@ class QuantizeCodec:
             ValueError: If `x` holds NaN or inf.
         """
         _check_float32(x)
-        if not torch.isfinite(x).all():
-            raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
         rows, cols = self._rows(tuple(x.shape))
         x_RC = x.reshape(rows, cols)
         low = x_RC.min(dim=1, keepdim=True).values
         high = x_RC.max(dim=1, keepdim=True).values
+        # min and max propagate NaN and reach +-inf: checking them checks every value.
+        if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+            raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
         levels = (1 << self.bits) - 1
         step = (high - low) / levels
         safe = torch.where(step > 0, step, torch.ones_like(step))
@@ -289,16 +306,22 @@ class ChannelQuantizeCodec:
             ValueError: If `x` holds NaN or inf.
         """
         _check_float32(x)
-        if not torch.isfinite(x).all():
-            raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
         cols = x.shape[-1]
         x_RC = x.reshape(-1, cols)
         half_levels = 1 << (self.bits - 1)
-        scale_C = x_RC.abs().amax(dim=0).clamp_(max=65504.0).to(torch.float16)
+        amax_C = x_RC.abs().amax(dim=0)
+        if not torch.isfinite(amax_C).all():  # amax propagates NaN and inf: every value checked
+            raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
+        scale_C = amax_C.clamp_(max=65504.0).to(torch.float16)
         scale = scale_C.float()  # both sides use the fp16 value that travels
-        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        zero = scale == 0  # (C,): all-zero channels, or ones below fp16's smallest value
+        any_zero = bool(zero.any())
+        safe = torch.where(zero, torch.ones_like(scale), scale) if any_zero else scale
         codes = torch.round(x_RC / safe * half_levels).clamp_(-half_levels, half_levels - 1)
-        codes = torch.where(scale > 0, codes, torch.zeros_like(codes)) + half_levels
+        if any_zero:
+            codes.masked_fill_(zero, 0.0)
+        codes.add_(half_levels)  # now >= 0 (a -0.0 code becomes +half: no signed zeros)
+        # The same expression as decode, so both sides hold the same bits.
         x_hat = ((codes - half_levels) * (scale / half_levels)).reshape(x.shape)
         packed = pack_bits(codes.to(torch.uint8).reshape(1, -1), self.bits)
         return Encoded(tuple(x.shape), (scale_C.contiguous(), packed)), x_hat
@@ -397,9 +420,10 @@ class DeltaCodec:
 
     def _prepare(self, example_ids: Tensor, row_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
         ids = example_ids.long()
-        if ids.numel() and int(ids.min()) < 0:
-            raise ValueError(f"example_ids must be >= 0, got min {int(ids.min())}")
-        if torch.unique(ids).numel() != ids.numel():
+        flat = ids.detach().cpu().reshape(-1).numpy()  # a few ids: numpy beats torch here
+        if flat.size and int(flat.min()) < 0:
+            raise ValueError(f"example_ids must be >= 0, got min {int(flat.min())}")
+        if np.unique(flat).size != flat.size:
             raise ValueError("example_ids repeat within one message; each example once")
         if self.buffer is None:
             self.buffer, self._row_shape = self._factory(row_shape), row_shape
@@ -439,6 +463,12 @@ class DeltaCodec:
             )
         ids, new = self._prepare(example_ids, tuple(x.shape[1:]))
         assert self.buffer is not None
+        if not new.any():  # steady state (every example revisited): no masked copies
+            reference = self.buffer.read(ids, step)
+            delta, delta_hat = self.quantizer.quantize(x - reference)
+            rows = reference.add_(delta_hat)  # the read is a copy: update it in place
+            self._write(ids, rows, step)
+            return Encoded(tuple(x.shape), (x[:0].contiguous(), *delta.tensors))
         seen = ~new
         tensors: list[Tensor] = [x[new].contiguous()]
         rows = x.clone()
@@ -458,6 +488,11 @@ class DeltaCodec:
         """
         ids, new = self._prepare(example_ids, tuple(encoded.shape[1:]))
         assert self.buffer is not None
+        if not new.any():  # steady state: no masked copies
+            rows = self.buffer.read(ids, step)  # a copy
+            rows.add_(self.quantizer.decode(Encoded(encoded.shape, tuple(encoded.tensors[1:]))))
+            self._write(ids, rows, step)
+            return rows.clone()
         seen = ~new
         rows = torch.empty(encoded.shape, dtype=torch.float32)
         if seen.any():
