@@ -206,6 +206,47 @@ def _ema(values: list[float], decay: float = 0.9) -> list[float]:
     return out
 
 
+def _quality_runs(
+    config: PipelineBenchConfig,
+    weights_dir: Path,
+    quality_steps: int,
+    warmup_steps: int,
+    say: Callable[[str], None],
+) -> tuple[dict[str, LocalResult], dict[str, Any] | None]:
+    """Pre-train (if asked), then train every method in `quality_workers` processes."""
+    train = config.train
+    pretraining: dict[str, Any] | None = None
+    if config.pretrain_epochs:
+        weights = weights_dir / "pretrained.pt"
+        say(f"pre-training: {config.pretrain_epochs} FP32 epochs on the unseen windows")
+        pretraining = _pretrain_job(
+            train, config.pretrain_epochs, weights, config.pretrain_windows or None
+        )
+        say(f"  eval loss after pre-training {pretraining['eval_loss']:.4f}")
+        train = replace(
+            train, init_weights=str(weights), learning_rate=config.finetune_learning_rate
+        )
+    jobs = {
+        m: replace(
+            train,
+            codec=m,
+            steps=quality_steps,
+            warmup_steps=warmup_steps if m.startswith("aqsgd") else 0,
+        )
+        for m in config.methods
+    }
+    say(f"quality: {len(jobs)} methods x {quality_steps} steps (one process each)")
+    quality: dict[str, LocalResult] = {}
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(config.quality_workers, mp_context=context) as ex:
+        futures = {ex.submit(_quality_job, job): m for m, job in jobs.items()}
+        for future in concurrent.futures.as_completed(futures):
+            method = futures[future]
+            quality[method] = future.result()
+            say(f"  {method}: eval loss {quality[method].eval_loss:.4f}")
+    return quality, pretraining
+
+
 def run_pipeline_bench(
     config: PipelineBenchConfig,
     out_dir: Path,
@@ -225,40 +266,10 @@ def run_pipeline_bench(
     steps_per_epoch = train.num_train // (train.micro_batch_size * train.num_microbatches)
     quality_steps = config.epochs * steps_per_epoch
     warmup_steps = config.aqsgd_warmup_epochs * steps_per_epoch
-    pretraining: dict[str, Any] | None = None
-    quality_train = train
-    weights_dir = tempfile.TemporaryDirectory(prefix="frugal-pretrained-")
-    if config.pretrain_epochs:
-        weights = Path(weights_dir.name) / "pretrained.pt"
-        say(f"pre-training: {config.pretrain_epochs} FP32 epochs on the unseen windows")
-        pretraining = _pretrain_job(
-            train, config.pretrain_epochs, weights, config.pretrain_windows or None
+    with tempfile.TemporaryDirectory(prefix="frugal-pretrained-") as weights_dir:
+        quality, pretraining = _quality_runs(
+            config, Path(weights_dir), quality_steps, warmup_steps, say
         )
-        say(f"  eval loss after pre-training {pretraining['eval_loss']:.4f}")
-        quality_train = replace(
-            train, init_weights=str(weights), learning_rate=config.finetune_learning_rate
-        )
-    jobs = {
-        m: replace(
-            quality_train,
-            codec=m,
-            steps=quality_steps,
-            warmup_steps=warmup_steps if m.startswith("aqsgd") else 0,
-        )
-        for m in config.methods
-    }
-    say(f"quality: {len(jobs)} methods x {quality_steps} steps (one process each)")
-    quality: dict[str, LocalResult] = {}
-    context = multiprocessing.get_context("spawn")
-    with (
-        weights_dir,
-        concurrent.futures.ProcessPoolExecutor(config.quality_workers, mp_context=context) as ex,
-    ):
-        futures = {ex.submit(_quality_job, job): m for m, job in jobs.items()}
-        for future in concurrent.futures.as_completed(futures):
-            method = futures[future]
-            quality[method] = future.result()
-            say(f"  {method}: eval loss {quality[method].eval_loss:.4f}")
 
     runs = [
         RunSpec(
