@@ -21,7 +21,7 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
                                   micro_batch_size=4, num_microbatches=4, num_stages=2,
                                   calibrate_steps=2),
         methods=("fp32", "aqsgd:fw2,bw4"), rhos=(3.3,), epochs=2, speed_steps=2,
-        pretrain_epochs=1, pretrain_windows=32,
+        speed_rounds=2, pretrain_epochs=1, pretrain_windows=32,
         quality_workers=1, torch_pipelining=("gpipe",), dp=DPBenchConfig(enabled=False),
     )  # fmt: skip
     document = run_pipeline_bench(config, tmp_path)
@@ -39,12 +39,18 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
                     "time_to_fp32_loss_s", "simulated_tokens_per_s"):  # fmt: skip
             assert key in row
         assert row["bytes_per_step"] == row["analytic_bytes_per_step"]
+        # one step timed per round; the cell's median over 2 values is their mean
+        by_round = row["tokens_per_s_by_round"]
+        assert len(by_round) == 2 and min(by_round) > 0
+        assert row["tokens_per_s"] == pytest.approx(2 / sum(1 / v for v in by_round))
     summary = document["summary"]
     assert summary["bytes_match_analytic"] is True
     assert summary["quality_start"] == "fine-tune"
     assert summary["pretraining"]["windows"] == 32 and summary["pretraining"]["steps"] == 2
     assert summary["loss_gap_directq_fw2"] is None  # DirectQ was not run
     assert summary["speedup_at_slowest"] > 0 and summary["slowest_link"] == "100mbps"
+    low, high = summary["speedup_range_by_link"]["100mbps"]
+    assert low <= high and low > 0
     assert (tmp_path / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -69,3 +75,33 @@ def test_effective_cores_fit_the_calibration_step() -> None:
     assert _effective_cores(ranks(20.0), "gpipe") == pytest.approx(1.0)
     with pytest.raises(ValueError, match=r"sim_num_cores=0.5 must be >= 1"):
         PipelineBenchConfig(sim_num_cores=0.5)
+
+
+def test_summary_monotone_within_noise_uses_per_round_ranges() -> None:
+    from frugal.pipeline.bench import _summary
+
+    # Speed-ups by link, fast to slow: 1.00 (rounds 0.95..1.05), 0.97 (0.96..0.98),
+    # 3.0 (2.9..3.1). Strictly the second drops; its round range overlaps the first's.
+    def rows(aq_by_round: list[float], rho: float) -> list[dict[str, object]]:
+        fp32 = [100.0, 100.0]
+        return [
+            {"method": "fp32", "rho": rho, "tokens_per_s": 100.0, "tokens_per_s_by_round": fp32,
+             "final_eval_loss": 2.0, "simulated_tokens_per_s": 100.0, "bytes_per_step": 1,
+             "analytic_bytes_per_step": 1},
+            {"method": "aqsgd:fw2,bw4", "rho": rho, "tokens_per_s": sum(aq_by_round) / 2,
+             "tokens_per_s_by_round": aq_by_round, "final_eval_loss": 2.01,
+             "simulated_tokens_per_s": 100.0, "bytes_per_step": 1,
+             "analytic_bytes_per_step": 1},
+        ]  # fmt: skip
+
+    config = PipelineBenchConfig(rhos=(0.03, 0.33, 3.3))
+    table = rows([95.0, 105.0], 0.03) + rows([96.0, 98.0], 0.33) + rows([290.0, 310.0], 3.3)
+    summary = _summary(table, config)
+    assert summary["speedup_by_link"]["1gbps"] == pytest.approx(0.97)
+    assert summary["speedup_monotone"] is False
+    assert summary["speedup_range_by_link"]["10gbps"] == pytest.approx([0.95, 1.05])
+    assert summary["speedup_monotone_within_noise"] is True
+    assert summary["loss_gap_aqsgd_fw2"] == pytest.approx(0.005)
+    # A slower link wholly below a faster one's range is a real drop.
+    table = rows([95.0, 105.0], 0.03) + rows([90.0, 94.0], 0.33) + rows([290.0, 310.0], 3.3)
+    assert _summary(table, config)["speedup_monotone_within_noise"] is False

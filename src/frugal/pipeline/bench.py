@@ -15,9 +15,12 @@ Three parts, one results.json:
    epoch) and eval loss of the whole model.
 2. Speed: one torchrun launch of `num_stages` gloo ranks on 127.0.0.1 runs every (method, rho)
    for `speed_steps` steps over one repeated macro-batch (AQ-SGD's examples are all seen after
-   the first step, so later steps are steady state). The bandwidth of each rho point is
-   B = 16 S / (rho c) with c measured in the same launch (`frugal.comm.link`). tokens_per_s =
-   tokens per step / median step time after the first step (max over ranks).
+   the first step, so later steps are steady state), in `speed_rounds` interleaved rounds.
+   The bandwidth of each rho point is B = 16 S / (rho c) with c measured in the same launch
+   (`frugal.comm.link`). tokens_per_s = tokens per step / median step time over every
+   round's steps after its first (max over ranks);
+   `tokens_per_s_by_round` keeps each round's, and the summary's `speedup_range_by_link` the
+   spread of the per-round speed-ups.
 3. Simulation: `frugal.pipeline.sim` replays the same schedule from the run's median per-stage
    forward/backward seconds and its exact wire bytes: `simulated_tokens_per_s`.
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import itertools
 import json
 import math
 import multiprocessing
@@ -107,8 +111,12 @@ class PipelineBenchConfig:
     aqsgd_warmup_epochs: int = 1
     """AQ-SGD quality runs send everything as fp32 for this many epochs first (the
     reference's warm-up), >= 0."""
-    speed_steps: int = 6
-    """Speed runs: steps per (method, rho), >= 2; the first is excluded from medians."""
+    speed_steps: int = 4
+    """Speed runs: steps per (method, rho) and round, >= 2; the first is excluded."""
+    speed_rounds: int = 3
+    """Speed runs: rounds over every (method, rho), >= 1, interleaved (round 2 starts after
+    round 1 ran every cell), so slow drift of the machine's speed (other jobs, thermal)
+    lands on every cell alike; a cell's tokens/s is the median over all its timed steps."""
     quality_workers: int = 2
     """Quality runs in parallel processes (each one thread), >= 1."""
     launch_timeout_s: float = 1800.0
@@ -118,7 +126,8 @@ class PipelineBenchConfig:
     0.05, at which the simulator reproduces the unshaped calibration run's step time)."""
     torch_pipelining: tuple[str, ...] = ("gpipe", "1f1b")
     """Schedules of the torch.distributed.pipelining FP32 baseline ("gpipe", "1f1b"), run for
-    speed_steps steps and compared with our FP32 run on the same unshaped loopback link
+    1 + speed_rounds (speed_steps - 1) steps (as many timed steps as one of our cells) and
+    compared with our FP32 run on the same unshaped loopback link
     (torch's sends cannot go through our shaper); empty = skip the baseline."""
     dp: DPBenchConfig = field(default_factory=DPBenchConfig)
     """The data-parallel section (2 stages x 2 replicas, AQ-SGD + DP compression)."""
@@ -146,8 +155,16 @@ class PipelineBenchConfig:
                 f"{self.pretrain_windows} must be >= 0, finetune_learning_rate="
                 f"{self.finetune_learning_rate} > 0"
             )
-        if self.epochs < 2 or self.speed_steps < 2 or self.quality_workers < 1:
-            raise ValueError("epochs and speed_steps must be >= 2, quality_workers >= 1")
+        if (
+            self.epochs < 2
+            or self.speed_steps < 2
+            or self.speed_rounds < 1
+            or self.quality_workers < 1
+        ):
+            raise ValueError(
+                f"epochs={self.epochs} and speed_steps={self.speed_steps} must be >= 2, "
+                f"speed_rounds={self.speed_rounds} and quality_workers={self.quality_workers} >= 1"
+            )
         for name in self.torch_pipelining:
             if name not in ("gpipe", "1f1b"):
                 raise ValueError(
@@ -156,7 +173,7 @@ class PipelineBenchConfig:
 
     @classmethod
     def quick(cls) -> PipelineBenchConfig:
-        """Preset `--quick`: 5 methods, 1 pre-training epoch, 512 windows x 6 epochs, 5 steps."""
+        """Preset `--quick`: 5 methods, 1 pre-training epoch, 6 epochs, 2 x 3 speed steps."""
         return cls(
             train=PipelineTrainConfig(
                 num_train=512,
@@ -168,7 +185,8 @@ class PipelineBenchConfig:
             methods=_QUICK_METHODS,
             epochs=6,
             pretrain_epochs=1,
-            speed_steps=5,
+            speed_steps=3,
+            speed_rounds=2,
             dp=DPBenchConfig.quick(),
         )
 
@@ -271,19 +289,24 @@ def run_pipeline_bench(
             config, Path(weights_dir), quality_steps, warmup_steps, say
         )
 
+    cells = [(m, rho) for rho in config.rhos for m in config.methods]
+    if config.torch_pipelining:  # our FP32 on the raw link, beside torch's pipelining
+        cells.append(("fp32", 0.0))
     runs = [
         RunSpec(
-            label=f"{m}@{rho}", codec=m, steps=config.speed_steps, rho=rho, repeat_examples=True
+            label=f"{m}@{rho}#{r}",
+            codec=m,
+            steps=config.speed_steps,
+            rho=rho,
+            repeat_examples=True,
         )
-        for rho in config.rhos
-        for m in config.methods
+        for r in range(config.speed_rounds)
+        for m, rho in cells
     ]
-    if config.torch_pipelining:  # our FP32 on the raw link, beside torch's pipelining
-        runs.append(
-            RunSpec(label="fp32@unshaped", codec="fp32", steps=config.speed_steps,
-                    repeat_examples=True)
-        )  # fmt: skip
-    say(f"speed: {len(runs)} shaped runs on {train.num_stages} gloo ranks")
+    say(
+        f"speed: {len(cells)} cells x {config.speed_rounds} interleaved rounds on "
+        f"{train.num_stages} gloo ranks"
+    )
     with tempfile.TemporaryDirectory(prefix="frugal-pipeline-") as tmp:
         ranks = launch_torchrun(
             train,
@@ -301,13 +324,20 @@ def run_pipeline_bench(
     fp32_final = _ema(quality["fp32"].losses)[-1]
 
     rows: list[dict[str, Any]] = []
-    for k, run in enumerate(runs):
-        outs = [r["runs"][k] for r in by_stage]
-        step_s = [max(o["step_s"][i] for o in outs) for i in range(1, run.steps)]
-        measured_s = statistics.median(step_s)
-        fwd = [o["median_forward_cpu_s"] for o in outs]
-        bwd = [o["median_backward_cpu_s"] for o in outs]
-        opt = [o["median_optimizer_s"] for o in outs]
+    for c, (method, rho) in enumerate(cells):
+        # This cell's run in every round: rounds[i][stage] is one rank's output.
+        rounds = [
+            [r["runs"][i * len(cells) + c] for r in by_stage] for i in range(config.speed_rounds)
+        ]
+        round_step_s = [
+            [max(o["step_s"][i] for o in outs) for i in range(1, config.speed_steps)]
+            for outs in rounds
+        ]
+        measured_s = statistics.median(s for steps in round_step_s for s in steps)
+        outs = rounds[-1]
+        fwd = _median_by_rank(rounds, "median_forward_cpu_s")
+        bwd = _median_by_rank(rounds, "median_backward_cpu_s")
+        opt = _median_by_rank(rounds, "median_optimizer_s")
         act = [o["activation_bytes"][-1] for o in outs[:-1]]
         grad = [o["gradient_bytes"][-1] for o in outs[1:]]
         bandwidth = outs[0]["bandwidth_bits_per_s"] or math.inf
@@ -322,8 +352,8 @@ def run_pipeline_bench(
             optimizer_s=opt,
             num_cores=cores,
         )
-        spec = CodecSpec.parse(run.codec)
-        result = quality[run.codec]
+        spec = CodecSpec.parse(method)
+        result = quality[method]
         # Per quality step: simulated time with the bytes that step sent.
         # AQ-SGD's first epoch sends first visits as fp32 (and everything in its warm-up).
         warm = config.aqsgd_warmup_epochs > 0
@@ -350,13 +380,16 @@ def run_pipeline_bench(
         rows.append(
             {
                 "codec": spec.method,
-                "method": run.codec,
+                "method": method,
                 "fw_bits": spec.fw_bits,
                 "bw_bits": spec.bw_bits,
-                "rho": run.rho,
-                "link": rho_label(run.rho) if run.rho > 0 else "unshaped",
+                "rho": rho,
+                "link": rho_label(rho) if rho > 0 else "unshaped",
                 "link_mbps": bandwidth / 1e6 if math.isfinite(bandwidth) else None,
                 "tokens_per_s": tokens_per_step / measured_s,
+                "tokens_per_s_by_round": [
+                    tokens_per_step / statistics.median(steps) for steps in round_step_s
+                ],
                 "step_time_ms": measured_s * 1e3,
                 "bytes_per_step": sum(map(sum, act)) + sum(map(sum, grad)),
                 "analytic_bytes_per_step": (len(act) * m)
@@ -370,7 +403,7 @@ def run_pipeline_bench(
             }
         )
         say(
-            f"  {run.label}: {rows[-1]['tokens_per_s']:.0f} tok/s (sim "
+            f"  {method}@{rho}: {rows[-1]['tokens_per_s']:.0f} tok/s (sim "
             f"{rows[-1]['simulated_tokens_per_s']:.0f})"
         )
 
@@ -421,7 +454,8 @@ def torch_pipelining_rows(
             ranks = launch_torch_pipelining(
                 train,
                 config.torch_pipelining,
-                config.speed_steps,
+                # as many timed steps as one of our cells gets over its rounds
+                1 + config.speed_rounds * (config.speed_steps - 1),
                 Path(tmp),
                 timeout_s=min(config.launch_timeout_s, 600.0),
             )
@@ -499,6 +533,11 @@ def _effective_cores(by_stage: list[dict[str, Any]], schedule: str) -> float:
     return round(best, 2)
 
 
+def _median_by_rank(rounds: list[list[dict[str, Any]]], key: str) -> list[float]:
+    """Per rank (stage), the median over rounds of `key`; rounds[i][stage] is a rank's run."""
+    return [statistics.median(o[key] for o in col) for col in zip(*rounds, strict=True)]
+
+
 def _row(rows: list[dict[str, Any]], method: str, rho: float) -> dict[str, Any] | None:
     return next((r for r in rows if r["method"] == method and r["rho"] == rho), None)
 
@@ -519,6 +558,23 @@ def _summary(rows: list[dict[str, Any]], config: PipelineBenchConfig) -> dict[st
     out["speedup_at_slowest"] = speedups.get(rho_label(slowest))
     out["speedup_by_link"] = speedups
     out["speedup_monotone"] = list(speedups.values()) == sorted(speedups.values())
+    # Per-round speed-ups (AQ-SGD and FP32 of the same round, run minutes apart): the spread
+    # a single cell's ratio shows from round to round.
+    ranges: dict[str, list[float]] = {}
+    for rho in sorted(config.rhos):
+        a, f = _row(rows, "aqsgd:fw2,bw4", rho), _row(rows, "fp32", rho)
+        if a is not None and f is not None:
+            ratios = [
+                x / y
+                for x, y in zip(a["tokens_per_s_by_round"], f["tokens_per_s_by_round"], strict=True)
+            ]
+            ranges[rho_label(rho)] = [min(ratios), max(ratios)]
+    out["speedup_range_by_link"] = ranges
+    bounds = list(ranges.values())
+    # Monotone within noise: no slower link's round range lies wholly below a faster one's.
+    out["speedup_monotone_within_noise"] = all(
+        slow[1] >= fast[0] for fast, slow in itertools.pairwise(bounds)
+    )
     out["loss_gap_aqsgd_fw2"] = aq["final_eval_loss"] / base - 1 if aq else None
     out["loss_gap_directq_fw2"] = dq["final_eval_loss"] / base - 1 if dq else None
     ours = _row(rows, "aqsgd:fw2,bw4:row", slowest)

@@ -617,6 +617,7 @@ def _pipeline_run(mode: Mode, out: Path, progress: Progress) -> Document:
             epochs=2,
             pretrain_windows=256,
             speed_steps=2,
+            speed_rounds=1,
             torch_pipelining=(),
             dp=replace(quick.dp, enabled=False),
         )
@@ -626,7 +627,10 @@ def _pipeline_run(mode: Mode, out: Path, progress: Progress) -> Document:
 def _pipeline_verdicts(document: Document) -> list[Verdict]:
     s = document["summary"]
     gap_aq, gap_dq = s.get("loss_gap_aqsgd_fw2"), s.get("loss_gap_directq_fw2")
-    monotone, exact = s.get("speedup_monotone"), s.get("bytes_match_analytic")
+    # Strict order over near-equal fast links is decided by noise; judge it within the
+    # per-round spread (the summary keeps the strict flag too).
+    monotone = s.get("speedup_monotone_within_noise", s.get("speedup_monotone"))
+    exact = s.get("bytes_match_analytic")
     fine_tuned = s.get("quality_start") == "fine-tune"
     start = "fine-tuning a pre-trained" if fine_tuned else "training a fresh"
     out = [
@@ -639,7 +643,11 @@ def _pipeline_verdicts(document: Document) -> list[Verdict]:
             target=3.0,
             comparison=">=",
         ),
-        _yes_no("pipeline", "the speed-up grows monotonically as bandwidth falls", monotone),
+        _yes_no(
+            "pipeline",
+            "the speed-up grows monotonically as bandwidth falls (within the per-round spread)",
+            monotone,
+        ),
         Verdict(
             part="pipeline",
             claim=f"AQ-SGD fw2/bw4 final eval loss within 1% of FP32 ({start} tiny GPT)",
