@@ -38,6 +38,8 @@ def _pipeline(spec: str, schedule: str, num_stages: int = 4, m: int = 3, micro: 
             learning_rate=1e-3,
             num_microbatches_total=m,
             drift_check_every=1,
+            # receivers compute each message's size, and the local transport checks it
+            example_shape=(CONFIG.context, CONFIG.hidden),
         )
         for module in build_stages(model, layers)
     ]
@@ -174,7 +176,8 @@ def test_warmup_sends_fp32_both_ways_then_compresses() -> None:
     spec = CodecSpec.parse("aqsgd:fw2,bw4")
     runners = [
         StageRunner(module, spec, transport, learning_rate=1e-3, num_microbatches_total=3,
-                    warmup_steps=1, drift_check_every=1)
+                    warmup_steps=1, drift_check_every=1,
+                    example_shape=(CONFIG.context, CONFIG.hidden))
         for module in build_stages(model, (2, 2))
     ]  # fmt: skip
     actions = [build_schedule("gpipe", 2, s, 3) for s in range(2)]
@@ -188,3 +191,13 @@ def test_warmup_sends_fp32_both_ways_then_compresses() -> None:
     assert runners[1].stats.gradient_bytes[0] == [fp32] * 3
     assert runners[0].stats.activation_bytes[1] == [message_wire_bytes(spec, 0, shape)] * 3
     assert runners[1].stats.gradient_bytes[1] == [message_wire_bytes(spec, 1, shape)] * 3
+
+
+def test_a_receiver_expecting_another_size_fails_with_a_protocol_error() -> None:
+    from frugal.comm.message import ProtocolError
+
+    _, _, data, transport, runners, actions = _pipeline("aqsgd:fw2,bw4", "gpipe")
+    runners[2].example_shape = (CONFIG.context, CONFIG.hidden // 2)  # wrong hidden size
+    # stage 2 expects 2 x 16 x 16 first-visit floats (2,048 B), stage 1 sends 4,096 B
+    with pytest.raises(ProtocolError, match="expected a 2048-byte payload from stage 1"):
+        run_local_step(runners, transport, actions, 0, _microbatches(data, data.train_ids[:6], 2))

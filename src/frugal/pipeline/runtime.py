@@ -34,7 +34,7 @@ from frugal.comm.buffers import BufferFactory
 from frugal.comm.gradcomp import DP_METHODS, DPSyncError, GradientSync
 from frugal.comm.link import LinkError, LinkShaper, LinkSpec, SendHandle
 from frugal.comm.message import (
-    HEADER_WORDS,
+    HEADER_BYTES,
     KIND_ACTIVATION,
     KIND_GRADIENT,
     BufferDriftError,
@@ -117,8 +117,14 @@ class Transport(Protocol):
         """Send a message to stage `peer`; returns at once."""
         ...
 
-    def fetch(self, peer: int, tag: int, *, step: int, mb: int) -> tuple[Tensor, Tensor]:
-        """Receive the next message from stage `peer` with `tag`."""
+    def fetch(
+        self, peer: int, tag: int, *, step: int, mb: int, payload_bytes: int | None
+    ) -> tuple[Tensor, Tensor]:
+        """Receive the next message from stage `peer` with `tag`.
+
+        `payload_bytes` is the size after the header (None: unknown, which only transports
+        that take any size accept).
+        """
         ...
 
 
@@ -148,16 +154,26 @@ class LocalTransport:
         """Whether a message from `src` to `dst` with `tag` is waiting."""
         return bool(self._queues[(src, dst, tag)])
 
-    def fetch(self, peer: int, tag: int, *, step: int, mb: int) -> tuple[Tensor, Tensor]:
+    def fetch(
+        self, peer: int, tag: int, *, step: int, mb: int, payload_bytes: int | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Pop the oldest message from stage `peer`.
 
         Raises:
             PipelineError: If none is waiting (the executor ran an action too early).
+            ProtocolError: If its payload is not `payload_bytes` long (when given): the size
+                the distributed transport would have received.
         """
         queue = self._queues[(peer, self.stage, tag)]
         if not queue:
             raise PipelineError(f"stage {self.stage}: no message from stage {peer} (tag {tag})")
-        return queue.popleft()
+        header, payload = queue.popleft()
+        if payload_bytes is not None and payload.numel() != payload_bytes:
+            raise ProtocolError(
+                f"stage {self.stage}: expected a {payload_bytes}-byte payload from stage {peer} "
+                f"at step {step}, micro-batch {mb}, received {payload.numel()} bytes"
+            )
+        return header, payload
 
 
 class DistTransport:
@@ -183,9 +199,13 @@ class DistTransport:
         self.rank, self.stage = rank, stage
         self.peer_ranks = peer_ranks
         self.timeout_s = timeout_s
+        # Only shaped links get a shaper thread; an unshaped link sends from the caller's
+        # thread, as torch's own pipelining does, without a hop through a queue.
+        specs = {peer: links.get((rank, r), LinkSpec()) for peer, r in peer_ranks.items()}
         self.shapers = {
-            peer: LinkShaper(links.get((rank, r), LinkSpec()), name=f"{rank}->{r}")
-            for peer, r in peer_ranks.items()
+            peer: LinkShaper(spec, name=f"{rank}->{peer_ranks[peer]}")
+            for peer, spec in specs.items()
+            if spec.is_shaped
         }
 
     def _wait(self, work: dist.Work, peer: int, op: str, step: int, mb: int) -> None:
@@ -212,19 +232,27 @@ class DistTransport:
                 cause=f"no answer in {self.timeout_s} s",
             )
 
+    def _isend(self, header: Tensor, payload: Tensor, dst: int, tag: int) -> dist.Work:
+        # One buffer, one message: the receiver knows its size (`LinkCodec.payload_bytes`).
+        message = torch.cat([header.view(torch.uint8), payload])
+        work = dist.isend(message, dst, tag=tag)
+        assert work is not None  # isend always returns a Work outside coalescing
+        return work
+
     def post(
         self, peer: int, tag: int, header: Tensor, payload: Tensor, *, step: int, mb: int
     ) -> Handle:
-        """Queue the message on the shaped link to stage `peer`; returns its handle."""
+        """Send the message to stage `peer` (through its link's shaper, if shaped).
+
+        Returns:
+            A handle whose `wait` returns once the real send completed.
+        """
         dst = self.peer_ranks[peer]
+        if peer not in self.shapers:
+            return _WorkHandle(self, self._isend(header, payload, dst, tag), dst, step, mb)
 
         def send() -> None:
-            works = [dist.isend(header, dst, tag=tag)]
-            if payload.numel():
-                works.append(dist.isend(payload, dst, tag=tag))
-            for work in works:
-                assert work is not None  # isend always returns a Work outside coalescing
-                self._wait(work, dst, "send", step, mb)
+            self._wait(self._isend(header, payload, dst, tag), dst, "send", step, mb)
 
         return _CheckedHandle(
             self,
@@ -234,33 +262,58 @@ class DistTransport:
             mb,
         )
 
-    def fetch(self, peer: int, tag: int, *, step: int, mb: int) -> tuple[Tensor, Tensor]:
-        """Receive the header from stage `peer`, then the payload it announces.
+    def fetch(
+        self, peer: int, tag: int, *, step: int, mb: int, payload_bytes: int | None
+    ) -> tuple[Tensor, Tensor]:
+        """Receive one message (header and `payload_bytes` of payload) from stage `peer`.
 
         Raises:
-            PeerLostError: If the peer does not answer in time or has gone.
-            ProtocolError: If the header is not a frugal header or announces a size outside
-                [0, 2^31) (checked before allocating the payload).
+            ValueError: If `payload_bytes` is None (this transport must know the size).
+            PeerLostError: If the peer does not answer in time or has gone (a message of
+                another size also ends here: gloo fails the receive).
+            ProtocolError: If the header is not a frugal header or announces another size.
         """
+        if payload_bytes is None or payload_bytes < 0:
+            raise ValueError(
+                f"payload_bytes={payload_bytes}: the distributed transport receives one "
+                "buffer of known size; give StageRunner the example_shape of its input"
+            )
         src = self.peer_ranks[peer]
-        header = torch.empty(HEADER_WORDS, dtype=torch.int64)
-        work = dist.irecv(header, src, tag=tag)
+        message = torch.empty(HEADER_BYTES + payload_bytes, dtype=torch.uint8)
+        work = dist.irecv(message, src, tag=tag)
         assert work is not None
         self._wait(work, src, "recv", step, mb)
-        size = parse_header(header)["payload_bytes"]
-        if not 0 <= size < 1 << 31:
-            raise ProtocolError(f"rank {src} announced a {size}-byte payload; refusing it")
-        payload = torch.empty(max(size, 0), dtype=torch.uint8)
-        if size > 0:
-            work = dist.irecv(payload, src, tag=tag)
-            assert work is not None
-            self._wait(work, src, "recv", step, mb)
-        return header, payload
+        header = message[:HEADER_BYTES].view(torch.int64)
+        announced = parse_header(header)["payload_bytes"]
+        if announced != payload_bytes:
+            raise ProtocolError(
+                f"rank {src} announced a {announced}-byte payload at step {step}, micro-batch "
+                f"{mb}; expected {payload_bytes}: the ranks run different codecs or shapes"
+            )
+        return header, message[HEADER_BYTES:]
 
     def close(self) -> None:
         """Stop the shaper threads."""
         for shaper in self.shapers.values():
             shaper.close()
+
+
+class _WorkHandle:
+    """The real send of one unshaped message; `wait` bounds it by the transport's timeout."""
+
+    def __init__(
+        self, transport: DistTransport, work: dist.Work, peer: int, step: int, mb: int
+    ) -> None:
+        self.transport, self.work, self.peer, self.step, self.mb = (
+            transport,
+            work,
+            peer,
+            step,
+            mb,
+        )
+
+    def wait(self, timeout_s: float) -> None:
+        self.transport._wait(self.work, self.peer, "send", self.step, self.mb)
 
 
 class _CheckedHandle:
@@ -384,6 +437,9 @@ class StageRunner:
             all-reduce is not shaped). After the real all-reduce of S bytes over K replicas
             completes, the rank sleeps a ring all-reduce's network time on that link,
             2 (K - 1) (S / K 8 / B + latency) seconds.
+        example_shape: Shape of one example's input activation, e.g. (T, H) (None: unknown).
+            A receiving stage computes each message's size from it, so the distributed
+            transport (which needs the size) requires it on every stage but the first.
     """
 
     def __init__(
@@ -402,8 +458,10 @@ class StageRunner:
         dp_link: LinkSpec | None = None,
         dp_bits: int = 8,
         buffers: Callable[[str], BufferFactory] | None = None,
+        example_shape: tuple[int, ...] | None = None,
     ) -> None:
         self.module = module
+        self.example_shape = example_shape
         self.dp_link = dp_link
         self.stage = module.stage
         self.spec = spec
@@ -479,11 +537,21 @@ class StageRunner:
         )
         if not finite:  # the flagged header went out first, so the peer fails at once too
             raise NonFiniteError(stage=self.stage, step=self._step, mb=j, tensor=what)
-        return HEADER_WORDS * 8 + payload.numel()
+        return HEADER_BYTES + payload.numel()
 
     def _receive(self, codec: LinkCodec, peer: int, j: int) -> Tensor:
+        ids = self._mbs[j].ids
+        # The size to expect: activations have the input's shape, gradients the output's.
+        shape: tuple[int, ...] | None = None
+        if codec.kind == KIND_GRADIENT:
+            shape = tuple(self._outputs[j].shape)
+        elif self.example_shape is not None:
+            shape = (int(ids.numel()), *self.example_shape)
+        size = None if shape is None else codec.payload_bytes(shape, ids, self._step)
         t0 = time.perf_counter()
-        header, payload = self.transport.fetch(peer, codec.kind, step=self._step, mb=j)
+        header, payload = self.transport.fetch(
+            peer, codec.kind, step=self._step, mb=j, payload_bytes=size
+        )
         self._blocked_s += time.perf_counter() - t0  # waiting is not compute
         try:
             fields = codec.expect(header, self._step, j)

@@ -372,6 +372,7 @@ def train_local(
             drift_check_every=config.drift_check_every,
             warmup_steps=config.warmup_steps,
             buffers=buffers.factory,
+            example_shape=boundary_shape(config)[1:],
         )
         for module in build_model_stages(config, model, layers)
     ]
@@ -679,6 +680,7 @@ def _run_one(
         timeout_s=config.comm_timeout_s,
         dp_link=dp_link,
         buffers=buffers.factory,
+        example_shape=boundary_shape(config)[1:],
     )
     m = layout.num_microbatches[replica]
     actions = build_schedule(config.schedule, layout.num_stages, stage, m)
