@@ -39,6 +39,20 @@ def test_leaderboard_marks_best_and_ranks() -> None:
     assert "protocol `frugal` (abababababab)" in text
 
 
+def test_leaderboard_adds_one_node_classification_table_per_protocol() -> None:
+    rows = []
+    for seed, nc in ((0, 0.6), (1, 0.8)):
+        for negatives in ("random", "historical"):  # the run's nc_auc repeats on every row
+            row = {**_row("tgn", seed, 0.9), "negatives": negatives, "nc_auc": nc}
+            rows.append(row)
+    rows.append(_row("recency", 0, 0.7))  # heuristics classify nothing
+    text = render_leaderboard(rows, "nc_auc")
+    assert "## node classification — protocol `frugal` (abababababab)" in text
+    # mean of 0.6 and 0.8 (each run counted once), t(0.975, 1) * 0.141421 / sqrt(2)
+    assert "| d1 | **0.7000 ± 1.2706** |" in text
+    assert "recency" not in text
+
+
 def test_leaderboard_cli_writes_markdown_and_png(tmp_path: Path) -> None:
     document = {"benchmark": "tgraph", "rows": [_row("tgn", 0, 0.8), _row("edgebank", 0, 0.7)]}
     (tmp_path / "results.json").write_text(json.dumps(document))

@@ -48,9 +48,11 @@ def register(commands: Any) -> None:
     add_config_arguments(bench)
     bench.set_defaults(handler=_bench)
     board = children.add_parser("leaderboard", help="Markdown tables and a PNG from results")
-    board.add_argument("results_dir", metavar="RESULTS_DIR", help="folder with results.json")
+    board.add_argument("results_dir", metavar="RESULTS_DIR",
+                       help="folder with results.json files (searched at any depth)")  # fmt: skip
     board.add_argument("--metric", default="auc", choices=("auc", "ap", "mrr", "hits_at_10",
-                       "auc_per_batch", "ap_per_batch"), help="metric of the tables")  # fmt: skip
+                       "auc_per_batch", "ap_per_batch", "nc_auc"),
+                       help="metric of the tables (nc_auc: node classification only)")  # fmt: skip
     board.set_defaults(handler=_leaderboard)
 
 

@@ -1,9 +1,12 @@
 """`frugal tgraph leaderboard DIR`: Markdown tables (mean and 95 % CI over seeds) and a PNG.
 
-Reads every `results.json` under DIR written by `frugal tgraph bench`. One table per
+Reads every `results.json` under DIR (at any depth: point it at a folder of several benches'
+`--out` folders to merge datasets) written by `frugal tgraph bench`. One table per
 (protocol hash, view, negative strategy): rows are datasets, columns models, cells the mean
 test metric over seeds with a Student-t 95 % half-width, the best cell in bold; a last row
-gives each model's mean rank over the datasets. Tables never mix protocol hashes.
+gives each model's mean rank over the datasets. Tables never mix protocol hashes. Runs with
+`--task nc` add one node-classification table per protocol (`nc_auc`, macro AUC for more
+than two classes).
 """
 
 from __future__ import annotations
@@ -57,18 +60,35 @@ def mean_ci95(values: list[float]) -> tuple[float, float]:
 
 
 def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
-    """Markdown tables of `metric` per (protocol hash, view, negatives)."""
+    """Markdown tables of `metric` per (protocol hash, view, negatives).
+
+    `metric="nc_auc"` gives one node-classification table per protocol hash instead (each
+    run's rows carry the same `nc_auc`; one row per run is read).
+    """
     groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        key = (row["protocol"], row["protocol_hash"], row["setting"], row["negatives"])
-        groups[key].append(row)
-    parts = [f"# tgraph leaderboard ({metric}, test split, mean ± 95% CI over seeds)\n"]
+    if metric == "nc_auc":
+        for row in rows:
+            if row.get("nc_auc") is not None and row["setting"] == "transductive":
+                key = (row["protocol"], row["protocol_hash"], "node classification", "")
+                # one row per (dataset, model, seed): the first negative strategy's
+                groups[key].append(row)
+        for key, group in groups.items():
+            first: dict[tuple[str, str, int], dict[str, Any]] = {}
+            for row in group:
+                first.setdefault((row["dataset"], row["system"], row["seed"]), row)
+            groups[key] = list(first.values())
+        title = "# tgraph leaderboard (node classification AUC, test, mean ± 95% CI over seeds)\n"
+    else:
+        for row in rows:
+            key = (row["protocol"], row["protocol_hash"], row["setting"], row["negatives"])
+            groups[key].append(row)
+        title = f"# tgraph leaderboard ({metric}, test split, mean ± 95% CI over seeds)\n"
+    parts = [title]
     for (protocol, digest, view, negatives), group in sorted(groups.items()):
         datasets = sorted({r["dataset"] for r in group})
         models = list(dict.fromkeys(r["system"] for r in group))
-        parts.append(
-            f"\n## {view} / {negatives} negatives — protocol `{protocol}` ({digest[:12]})\n"
-        )
+        heading = f"{view} / {negatives} negatives" if negatives else view
+        parts.append(f"\n## {heading} — protocol `{protocol}` ({digest[:12]})\n")
         parts.append("| dataset | " + " | ".join(models) + " |")
         parts.append("|---" * (len(models) + 1) + "|")
         ranks: dict[str, list[float]] = defaultdict(list)
@@ -113,7 +133,10 @@ def write_leaderboard(results_dir: Path, metric: str = "auc") -> Path:
     """
     rows = collect_rows(results_dir)
     markdown = results_dir / "leaderboard.md"
-    markdown.write_text(render_leaderboard(rows, metric))
+    text = render_leaderboard(rows, metric)
+    if metric != "nc_auc" and any(r.get("nc_auc") is not None for r in rows):
+        text += "\n" + render_leaderboard(rows, "nc_auc")
+    markdown.write_text(text)
     _plot(rows, metric, results_dir / "leaderboard.png")
     return markdown
 
