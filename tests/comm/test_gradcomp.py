@@ -107,3 +107,20 @@ def test_two_gloo_ranks_exchange_and_sync(tmp_path: Path) -> None:
             bound = {"fp16": 2e-3, "ef-kbit": 0.06}.get(method)
             if bound is not None:
                 assert float((got - exact).norm() / exact.norm()) < bound, (method, step)
+
+
+def test_qadam_update_is_adam_with_frozen_variance_and_a_clipped_ratio() -> None:
+    from frugal.comm.gradcomp import qadam_update
+
+    # t = 3 Adam steps, w = 1 variance step; lr 0.01. Element 0: m 0.02, v 4e-7 ->
+    # m_hat = 0.02 / (1 - 0.9^3) = 0.073801, v_hat = 4e-7 / 0.001 = 4e-4, sqrt 0.02 ->
+    # ratio 3.69004 (under the bound). Element 1: v = 0 (never a gradient in the warm-up):
+    # m / eps would be 7.4e6; clipped to the Adam bound 7.2703. Element 2: m = 0 -> 0.
+    m = torch.tensor([0.02, -0.02, 0.0])
+    v = torch.tensor([4e-7, 0.0, 1e-6])
+    update = qadam_update(m, v, adam_steps=3, variance_steps=1, learning_rate=0.01)
+    expected_first = -0.01 * (0.02 / (1 - 0.9**3)) / ((4e-7 / 0.001) ** 0.5 + 1e-8)
+    torch.testing.assert_close(
+        update, torch.tensor([expected_first, 0.072703, 0.0]), rtol=1e-5, atol=1e-9
+    )
+    assert torch.isfinite(update).all()

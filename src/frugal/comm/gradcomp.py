@@ -71,12 +71,20 @@ __all__ = [
     "ShardedExchange",
     "dp_wire_bytes",
     "powersgd_numel",
+    "qadam_update",
 ]
 
 DPMethod = Literal["none", "fp16", "powersgd", "ef-kbit", "qadam"]
 DP_METHODS: tuple[str, ...] = get_args(DPMethod)
 _BETAS = (0.9, 0.999)
 _EPS = 1e-8
+_ADAM_RATIO_BOUND = (
+    (1 - _BETAS[0]) / (1 - _BETAS[1]) ** 0.5 / (1 - _BETAS[0] ** 2 / _BETAS[1]) ** 0.5
+)
+"""The largest |m / sqrt(v)| Adam itself can reach, (1 - b1) / sqrt(1 - b2) / sqrt(1 - b1^2 / b2)
+= 7.27 (Cauchy-Schwarz over the gradient history): qadam clips each element's normalised step to
+it, so a weight whose warm-up gradients were all zero (v frozen at 0) moves at most as far per
+step as Adam could ever move it, instead of m / eps."""
 
 
 class DPSyncError(FrugalError):
@@ -369,6 +377,33 @@ def _counting_all_reduce(counts: list[int]) -> Iterator[None]:
         setattr(dist, "all_reduce", original)  # noqa: B010
 
 
+def qadam_update(
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    *,
+    adam_steps: int,
+    variance_steps: int,
+    learning_rate: float,
+) -> Tensor:
+    """The parameter change of qadam: -lr clip(m_hat / (sqrt(v_hat) + eps), +-7.27).
+
+    m_hat = m / (1 - b1^t) with t = `adam_steps`; v_hat = v / (1 - b2^w) with w =
+    `variance_steps` (frozen after the warm-up). The clip is `_ADAM_RATIO_BOUND`.
+
+    Shapes:
+        exp_avg, exp_avg_sq: (P,) -> (P,).
+
+    References:
+        Fine-tuning Language Models over Slow Networks using Activation Compression with
+        Guarantees, NeurIPS 2022, arXiv 2206.01299 (momentum compression); 1-bit Adam,
+        ICML 2021, arXiv 2102.02888 (frozen variance after a warm-up).
+    """
+    beta1, beta2 = _BETAS
+    denom = (exp_avg_sq / (1 - beta2**variance_steps)).sqrt_().add_(_EPS)
+    ratio = (exp_avg / (1 - beta1**adam_steps)).div_(denom)
+    return ratio.clamp_(-_ADAM_RATIO_BOUND, _ADAM_RATIO_BOUND).mul_(-learning_rate)
+
+
 class GradientSync:
     """Agree on gradients (or Adam's momentum) across the replicas of one stage.
 
@@ -566,18 +601,24 @@ class GradientSync:
         torch's AdamW (weight decay 0); afterwards the *bias-corrected* variance stays fixed,
         as in 1-bit Adam. (The reference's `step_update` freezes v but keeps raising
         sqrt(1 - b2^t) with t, so its effective learning rate grows like sqrt(t / w) while
-        t << 1 / (1 - b2); we do not copy that.)
+        t << 1 / (1 - b2); we do not copy that.) Each element's m / (sqrt(v) + eps) is clipped
+        to +-7.27, the most Adam itself can produce: a weight whose gradient was 0 throughout
+        a short warm-up (an embedding row not yet seen) would otherwise step by m / eps and
+        diverge (measured: NaN by step 4 with `warmup_steps=1` on the tiny GPT).
 
         Raises:
             RuntimeError: If the method is not qadam.
         """
         if self.method != "qadam":
             raise RuntimeError(f"apply() belongs to qadam, not {self.method!r}")
-        beta1, beta2 = _BETAS
         self._adam_steps += 1
-        t, w = self._adam_steps, max(self._variance_steps, 1)
-        denom = (self.exp_avg_sq / (1 - beta2**w)).sqrt_().add_(_EPS)
-        update = self.exp_avg / denom * (-self.learning_rate / (1 - beta1**t))
+        update = qadam_update(
+            self.exp_avg,
+            self.exp_avg_sq,
+            adam_steps=self._adam_steps,
+            variance_steps=max(self._variance_steps, 1),
+            learning_rate=self.learning_rate,
+        )
         offset = 0
         for p in self.params:
             p.add_(update[offset : offset + p.numel()].view_as(p))

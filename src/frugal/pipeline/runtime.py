@@ -93,9 +93,10 @@ class NonFiniteError(PipelineError):
     """NaN or inf in an activation, gradient or loss."""
 
     def __init__(self, *, stage: int, step: int, mb: int, tensor: str) -> None:
+        where = f"micro-batch {mb}" if mb >= 0 else "after all its micro-batches"
         super().__init__(
-            f"NaN/inf in the {tensor} at step {step}, stage {stage}, micro-batch {mb}; lower "
-            "the learning rate or use more codec bits"
+            f"NaN/inf in the {tensor} at step {step}, stage {stage}, {where}; lower the "
+            "learning rate or use more codec bits"
         )
         self.stage, self.step, self.mb, self.tensor = stage, step, mb, tensor
 
