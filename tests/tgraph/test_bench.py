@@ -9,7 +9,12 @@ import pytest
 
 from frugal.cli.main import main
 from frugal.tgraph.bench import TgraphBenchConfig, run_tgraph_bench
-from frugal.tgraph.leaderboard import mean_ci95, render_leaderboard, write_leaderboard
+from frugal.tgraph.leaderboard import (
+    collect_rows,
+    mean_ci95,
+    render_leaderboard,
+    write_leaderboard,
+)
 from frugal.tgraph.protocol import ProtocolConfig
 
 
@@ -33,10 +38,10 @@ def test_leaderboard_marks_best_and_ranks() -> None:
     rows = [_row("edgebank", 0, 0.7), _row("tgn", 0, 0.8), _row("tgn", 1, 0.9)]
     rows += [_row("edgebank", 0, 0.9, "d2"), _row("tgn", 0, 0.6, "d2")]
     text = render_leaderboard(rows)
-    assert "| d1 | 0.7000 ± 0.0000 | **0.8500 ± 0.6353** |" in text
-    assert "| d2 | **0.9000 ± 0.0000** | 0.6000 ± 0.0000 |" in text
-    assert "| mean rank | 1.50 | 1.50 |" in text
-    assert "protocol `frugal` (abababababab)" in text
+    assert "| d1 | 0.7000 (n=1) | **0.8500 ± 0.6353** |" in text
+    assert "| d2 | **0.9000 (n=1)** | 0.6000 (n=1) |" in text
+    assert "| mean rank (2 datasets) | 1.50 | 1.50 |" in text
+    assert "protocol `frugal` (settings abababababab)" in text
 
 
 def test_leaderboard_adds_one_node_classification_table_per_protocol() -> None:
@@ -47,10 +52,43 @@ def test_leaderboard_adds_one_node_classification_table_per_protocol() -> None:
             rows.append(row)
     rows.append(_row("recency", 0, 0.7))  # heuristics classify nothing
     text = render_leaderboard(rows, "nc_auc")
-    assert "## node classification — protocol `frugal` (abababababab)" in text
+    assert "## node classification — protocol `frugal` (settings abababababab)" in text
     # mean of 0.6 and 0.8 (each run counted once), t(0.975, 1) * 0.141421 / sqrt(2)
     assert "| d1 | **0.7000 ± 1.2706** |" in text
     assert "recency" not in text
+
+
+def test_leaderboard_merges_datasets_by_settings_and_counts_a_copied_run_once(
+    tmp_path: Path,
+) -> None:
+    protocol = {"name": "frugal", "epochs": 50}
+    for name, dataset, digest, aucs in (
+        ("a", "d1", "11" * 32, (0.8, 0.9)),
+        ("b", "d2", "22" * 32, (0.6, 0.7)),
+    ):
+        rows = [{**_row("tgn", seed, auc, dataset), "protocol_hash": digest}
+                for seed, auc in enumerate(aucs)]  # fmt: skip
+        rows.append({**_row("recency", 0, 0.75, dataset), "protocol_hash": digest})
+        document = {"benchmark": "tgraph", "config": {"protocol": protocol}, "rows": rows}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(document))
+    # a copy of folder a: the same runs again must not narrow the interval
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "results.json").write_text((tmp_path / "a" / "results.json").read_text())
+    rows = collect_rows(tmp_path)
+    assert len(rows) == 6
+    text = render_leaderboard(rows)
+    assert text.count("## transductive / random negatives") == 1  # one table, both datasets
+    assert "| d1 | **0.8500 ± 0.6353** | 0.7500 (n=1) |" in text
+    assert "| d2 | 0.6500 ± 0.6353 | **0.7500 (n=1)** |" in text
+    assert "| mean rank (2 datasets) | 1.50 | 1.50 |" in text
+    assert "d1 `111111111111`, d2 `222222222222`" in text
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text('{"benchmark": ')
+    with pytest.raises(ValueError, match=r"bad/results.json is not valid JSON"):
+        collect_rows(tmp_path)
+    with pytest.raises(ValueError, match="no result row has a value of 'nc_auc'"):
+        render_leaderboard(rows, "nc_auc")
 
 
 def test_leaderboard_cli_writes_markdown_and_png(tmp_path: Path) -> None:

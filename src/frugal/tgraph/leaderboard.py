@@ -2,15 +2,17 @@
 
 Reads every `results.json` under DIR (at any depth: point it at a folder of several benches'
 `--out` folders to merge datasets) written by `frugal tgraph bench`. One table per
-(protocol hash, view, negative strategy): rows are datasets, columns models, cells the mean
-test metric over seeds with a Student-t 95 % half-width, the best cell in bold; a last row
-gives each model's mean rank over the datasets. Tables never mix protocol hashes. Runs with
-`--task nc` add one node-classification table per protocol (`nc_auc`, macro AUC for more
-than two classes).
+(protocol settings, view, negative strategy): rows are datasets, columns models, cells the mean
+test metric over seeds with a Student-t 95 % half-width ("n=1" for a single run), the best
+cell in bold; a last row gives each model's mean rank over the datasets. A table holds the
+datasets run under the same protocol settings (listing each dataset's protocol hash); a run
+found twice counts once. Runs with `--task nc` add one node-classification table per
+protocol (`nc_auc`, macro AUC for more than two classes).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections import defaultdict
@@ -23,20 +25,51 @@ __all__ = ["collect_rows", "mean_ci95", "render_leaderboard", "write_leaderboard
 
 
 def collect_rows(results_dir: Path) -> list[dict[str, Any]]:
-    """Link-prediction rows of every tgraph `results.json` under `results_dir`.
+    """Link-prediction rows of every tgraph `results.json` under `results_dir` (any depth).
+
+    Each row gets `protocol_settings`, a hash of its bench's protocol settings without the
+    dataset (rows of several datasets under the same settings share a table). A run found
+    twice (a copied folder) counts once: rows are unique per (protocol hash, dataset, model,
+    seed, view, negatives), the first file in path order wins.
 
     Raises:
+        ValueError: If a results.json is not valid JSON (naming the file).
         FileNotFoundError: If no tgraph results.json is found.
     """
     rows: list[dict[str, Any]] = []
-    for path in sorted(results_dir.rglob("results.json")):
-        document = json.loads(path.read_text())
-        if document.get("benchmark") != "tgraph":
+    seen: set[tuple[Any, ...]] = set()
+    files = sorted(results_dir.rglob("results.json"))
+    for path in files:
+        try:
+            document = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{path} is not valid JSON ({exc}); re-run its bench or remove the file"
+            ) from exc
+        if not isinstance(document, dict) or document.get("benchmark") != "tgraph":
             continue
-        rows.extend(r for r in document["rows"] if "protocol_hash" in r and "setting" in r)
+        protocol = (document.get("config") or {}).get("protocol")
+        settings = (
+            hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()
+            if protocol is not None
+            else None
+        )
+        for row in document.get("rows", []):
+            if not (isinstance(row, dict) and "protocol_hash" in row and "setting" in row):
+                continue
+            key = tuple(
+                row.get(k)
+                for k in ("protocol_hash", "dataset", "system", "seed", "setting", "negatives")
+            )
+            if key in seen:
+                continue
+            seen.add(key)
+            rows.append({"protocol_settings": settings or row["protocol_hash"], **row})
     if not rows:
         raise FileNotFoundError(
-            f"no tgraph results.json under {results_dir}; run `frugal tgraph bench --out DIR`"
+            f"no rows of `frugal tgraph bench` in the {len(files)} results.json under "
+            f"{results_dir}; run `frugal tgraph bench --out DIR` and point at DIR (or a folder "
+            "above several such folders)"
         )
     return rows
 
@@ -59,46 +92,66 @@ def mean_ci95(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), half
 
 
-def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
-    """Markdown tables of `metric` per (protocol hash, view, negatives).
+def _cell(mean: float, half: float, count: int) -> str:
+    if count == 1:
+        return f"{mean:.4f} (n=1)"
+    return f"{mean:.4f} ± {half:.4f}"
 
-    `metric="nc_auc"` gives one node-classification table per protocol hash instead (each
-    run's rows carry the same `nc_auc`; one row per run is read).
+
+def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
+    """Markdown tables of `metric` per (protocol settings, view, negatives).
+
+    Rows are datasets, so one table ranks the models over every dataset run under the same
+    protocol settings; the per-dataset protocol hashes (split, masks, negatives) are listed
+    under each table. `metric="nc_auc"` gives one node-classification table per protocol
+    instead (each run's rows carry the same `nc_auc`; one row per run is read).
+
+    Raises:
+        ValueError: If no row has a value of `metric`.
     """
+    if not any(isinstance(r.get(metric), int | float) for r in rows):
+        hint = " (run the bench with --task nc and a learned model)" if metric == "nc_auc" else ""
+        raise ValueError(f"no result row has a value of {metric!r}{hint}")
     groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
     if metric == "nc_auc":
+        first: dict[tuple[Any, ...], dict[str, Any]] = {}
         for row in rows:
             if row.get("nc_auc") is not None and row["setting"] == "transductive":
-                key = (row["protocol"], row["protocol_hash"], "node classification", "")
-                # one row per (dataset, model, seed): the first negative strategy's
-                groups[key].append(row)
-        for key, group in groups.items():
-            first: dict[tuple[str, str, int], dict[str, Any]] = {}
-            for row in group:
-                first.setdefault((row["dataset"], row["system"], row["seed"]), row)
-            groups[key] = list(first.values())
+                run = (row["protocol_hash"], row["dataset"], row["system"], row["seed"])
+                first.setdefault(run, row)  # one row per run: the first negative strategy's
+        for row in first.values():
+            settings = row.get("protocol_settings", row["protocol_hash"])
+            groups[(row["protocol"], settings, "node classification", "")].append(row)
         title = "# tgraph leaderboard (node classification AUC, test, mean ± 95% CI over seeds)\n"
     else:
         for row in rows:
-            key = (row["protocol"], row["protocol_hash"], row["setting"], row["negatives"])
+            settings = row.get("protocol_settings", row["protocol_hash"])
+            key = (row["protocol"], settings, row["setting"], row["negatives"])
             groups[key].append(row)
         title = f"# tgraph leaderboard ({metric}, test split, mean ± 95% CI over seeds)\n"
     parts = [title]
-    for (protocol, digest, view, negatives), group in sorted(groups.items()):
-        datasets = sorted({r["dataset"] for r in group})
+    for (protocol, settings, view, negatives), group in sorted(groups.items()):
+        hashes = sorted({(r["dataset"], r["protocol_hash"]) for r in group})
+        names = [d for d, _ in hashes]
+        # a dataset under two protocol hashes (other negatives) is two rows, never merged
+        label = {(d, h): d if names.count(d) == 1 else f"{d} ({h[:8]})" for d, h in hashes}
         models = list(dict.fromkeys(r["system"] for r in group))
         heading = f"{view} / {negatives} negatives" if negatives else view
-        parts.append(f"\n## {heading} — protocol `{protocol}` ({digest[:12]})\n")
+        parts.append(f"\n## {heading} — protocol `{protocol}` (settings {settings[:12]})\n")
         parts.append("| dataset | " + " | ".join(models) + " |")
         parts.append("|---" * (len(models) + 1) + "|")
         ranks: dict[str, list[float]] = defaultdict(list)
-        for dataset in datasets:
+        for dataset, digest in hashes:
             cells = {}
             for model in models:
                 values = [
-                    r.get(metric) for r in group if r["dataset"] == dataset and r["system"] == model
+                    r.get(metric)
+                    for r in group
+                    if (r["dataset"], r["protocol_hash"]) == (dataset, digest)
+                    and r["system"] == model
                 ]
-                cells[model] = mean_ci95([v for v in values if v is not None])
+                clean = [v for v in values if v is not None]
+                cells[model] = (*mean_ci95(clean), len(clean))
             means = {m: c[0] for m, c in cells.items() if math.isfinite(c[0])}
             best = max(means.values(), default=None)
             order = sorted(means, key=lambda m: -means[m])
@@ -107,17 +160,21 @@ def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
                 ranks[model].append(float(np.mean([order.index(m) + 1 for m in ties])))
             text = []
             for model in models:
-                mean, half = cells[model]
+                mean, half, count = cells[model]
                 if not math.isfinite(mean):
                     text.append("—")
                     continue
-                cell = f"{mean:.4f} ± {half:.4f}"
+                cell = _cell(mean, half, count)
                 text.append(f"**{cell}**" if mean == best else cell)
-            parts.append(f"| {dataset} | " + " | ".join(text) + " |")
+            parts.append(f"| {label[(dataset, digest)]} | " + " | ".join(text) + " |")
         parts.append(
-            "| mean rank | "
+            f"| mean rank ({len(hashes)} dataset{'s' if len(hashes) > 1 else ''}) | "
             + " | ".join(f"{np.mean(ranks[m]):.2f}" if ranks[m] else "—" for m in models)
             + " |"
+        )
+        parts.append(
+            "\nProtocol hash per dataset: "
+            + ", ".join(f"{label[(d, h)]} `{h[:12]}`" for d, h in hashes)
         )
     return "\n".join(parts) + "\n"
 
@@ -130,6 +187,7 @@ def write_leaderboard(results_dir: Path, metric: str = "auc") -> Path:
 
     Raises:
         FileNotFoundError: If no tgraph results are found.
+        ValueError: If a results.json is corrupt or no row has `metric` (nothing is written).
     """
     rows = collect_rows(results_dir)
     markdown = results_dir / "leaderboard.md"
@@ -160,10 +218,13 @@ def _plot(rows: list[dict[str, Any]], metric: str, path: Path) -> None:
             [r[metric] for r in mine],
             label=model,
         )
+    if not head:
+        axis.text(0.5, 0.5, f"no transductive rows with {metric}", ha="center")
     axis.set_xscale("log")
     axis.set_xlabel("train s per epoch (log)")
     axis.set_ylabel(f"test {metric} (transductive, random negatives)")
-    axis.legend(fontsize=7)
+    if head:
+        axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
