@@ -140,3 +140,16 @@ def test_nothing_fits_is_an_infeasible_plan(
     assert main(["plan", "--cluster", str(_write(tmp_path, tiny))]) == 1
     err = capsys.readouterr().err
     assert "needs 2.56 GiB but device" in err
+
+
+@pytest.mark.parametrize("objective", ["iteration", "paper"])
+def test_a_one_gpu_cluster_gets_the_trivial_plan(tmp_path: Path, objective: str) -> None:
+    one = 'model = {num_layers = 4, global_batch_size = 128}\nsites = [{name = "A"}]\n'
+    one += 'hosts = [{name = "a0", site = "A", num_gpus = 1}]\n'
+    for method in ("ours", "swap", "dtfm_ga", "random", "megatron_default", "megatron_random"):
+        out = tmp_path / f"{method}.json"
+        args = ["plan", "--cluster", str(_write(tmp_path, one)), "--out", str(out)]
+        assert main([*args, "--set", f"method={method}", "--set", f"objective={objective}"]) == 0
+        plan = Plan.from_json(out.read_text())
+        assert plan.mesh == ((0,),) and plan.num_layers_per_stage == (4,)
+        assert plan.gap == 0.0  # one device: the plan is the lower bound

@@ -123,3 +123,23 @@ def test_real_streams_follow_their_own_grid(tmp_path: Path) -> None:
         *{("movielens100k", "frugal", ratio, w) for ratio in (0.5, 0.2) for w in (0, 2)},
     }
     assert {r.warmup_batches for r in runs if r.workload.name == "movielens100k"} == {3}
+
+
+def test_bit_identity_needs_two_finished_systems() -> None:
+    from frugal.store.bench import _summary
+
+    def row(system: str, workload: str, sha: str, status: str = "ok") -> dict[str, object]:
+        return {"system": system, "workload": workload, "memory_ratio": 0.1, "lookahead": 0,
+                "staleness_bound": 0, "status": status, "table_sha256": sha,
+                "samples_per_s": 1.0, "final_loss": 0.5}  # fmt: skip
+
+    rows = [
+        row("ram", "criteo_zipf", "a"),
+        row("frugal", "criteo_zipf", "", status="error"),  # failed: nothing to compare
+        row("ram", "collegemsg", "b"),
+        row("frugal", "collegemsg", "b"),
+        row("ram", "movielens100k", "c"),
+        row("frugal", "movielens100k", "d"),
+    ]
+    identical = _summary(rows, 4)["bit_identical_at_staleness_0"]
+    assert identical == {"criteo_zipf": None, "collegemsg": True, "movielens100k": False}

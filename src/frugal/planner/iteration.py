@@ -345,9 +345,13 @@ def accumulation_steps(
     per_replica = workload.global_batch_size // num_replicas
     step = workload.microbatch_size * workload.microbatches_per_step
     if per_replica * num_replicas != workload.global_batch_size or per_replica % step:
+        multiple = num_replicas * step
         raise ValueError(
-            f"global_batch_size={workload.global_batch_size} must split into {num_replicas} "
-            f"replicas of whole steps of {step} sequences"
+            f"model.global_batch_size={workload.global_batch_size} must split into "
+            f"{num_replicas} replicas of whole steps of {step} sequences (microbatch_size "
+            f"{workload.microbatch_size} x microbatches_per_step "
+            f"{workload.microbatches_per_step}): use a multiple of {multiple}, e.g. "
+            f"{max(multiple, round(workload.global_batch_size / multiple) * multiple)}"
         )
     return int(per_replica // step)
 

@@ -481,7 +481,8 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         predicted_cost_s=predicted,
         breakdown=breakdown,
         lower_bound_s=bound,
-        gap=predicted / bound - 1.0 if bound > 0 else float("inf"),
+        # 0 / 0 (one device under the paper cost: nothing to communicate) is optimal
+        gap=predicted / bound - 1.0 if bound > 0 else (0.0 if predicted <= 0 else float("inf")),
         seed=config.seed,
         cluster=topology.name,
         cluster_sha256=topology.sha256(),

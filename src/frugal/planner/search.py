@@ -693,7 +693,7 @@ def iteration_search(
         return mesh, cost
 
     pool[0] = improve(pool[0][0], pool[0][1], budget)
-    if population > 1:
+    if population > 1 and n >= 2:  # one device: nothing to swap, the seed is the plan
         hop = message_seconds(topology, workload)
         steps = max(10, min(200, budget // 25))
         bases = len(pool)

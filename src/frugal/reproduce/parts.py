@@ -198,7 +198,10 @@ def _store_verdicts(document: Document) -> list[Verdict]:
         _yes_no(
             "store",
             "every system ends with a bit-identical table at staleness 0",
-            all(identical.values()) if identical else None,
+            # None: a workload where fewer than two systems finished proves nothing
+            None
+            if not identical or any(v is None for v in identical.values())
+            else all(identical.values()),
         )
     )
     return out

@@ -723,11 +723,17 @@ def _summary(rows: list[dict[str, Any]], window: int) -> dict[str, Any]:
             other = pick(system, "criteo_zipf", ratio, other_window)
             if other is not None:
                 summary[key][str(ratio)] = ours["samples_per_s"] / other["samples_per_s"]
-    by_workload: dict[str, set[str]] = {}
+    # Per workload: True when every finished staleness-0 run of at least two systems ended
+    # with one table hash, False on any difference, None (not measured) with fewer than two.
+    hashes: dict[str, set[str]] = {}
+    systems: dict[str, set[str]] = {}
     for r in ok:
         if r["staleness_bound"] == 0:
-            by_workload.setdefault(r["workload"], set()).add(r["table_sha256"])
-    summary["bit_identical_at_staleness_0"] = {k: len(v) == 1 for k, v in by_workload.items()}
+            hashes.setdefault(r["workload"], set()).add(r["table_sha256"])
+            systems.setdefault(r["workload"], set()).add(r["system"])
+    summary["bit_identical_at_staleness_0"] = {
+        k: (len(v) == 1) if len(systems[k]) >= 2 else None for k, v in hashes.items()
+    }
     staleness = [
         {
             "staleness_bound": r["staleness_bound"],

@@ -328,7 +328,8 @@ class RowCache:
             if len(ids) > self.capacity:
                 raise StoreError(
                     f"a batch touches {len(ids)} unique rows but the cache holds "
-                    f"{self.capacity}; raise memory_budget_bytes"
+                    f"{self.capacity}; raise memory_budget_bytes (in `frugal store bench`: a "
+                    "larger memory ratio or scale, or a smaller batch_size)"
                 )
             first_pass = True
             closes_before: int | None = None
