@@ -158,3 +158,27 @@ def test_export_of_tabular_data_is_a_usage_error(
     assert main(["data", "export", "adult", "--format", "ml", "--out", str(tmp_path)]) == 2
     assert "needs a temporal graph" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["store", "bench", "--quick", "--out", "{file}"], "is a file; give a folder"),
+        (["recsys", "bench", "--quick", "--out", "{file}"], "is a file; give a folder"),
+        (["tgraph", "bench", "--quick", "--out", "{file}"], "is a file; give a folder"),
+        (["reproduce", "--smoke", "--out", "{file}"], "is a file; give a folder"),
+        (["plan", "bench", "--out", "{file}"], "is a file; give a folder"),
+        (["pipeline", "train", "--out", "{file}/sub"], "cannot create the folder"),
+        (["plan", "--scenario", "world", "--out", "{file}/x/plan.json"], "cannot create"),
+        (["recsys", "export", "{dir}", "--out", "{dir}"], "is a folder; give a file name"),
+    ],
+)
+def test_a_bad_output_path_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    filled = [a.format(file=afile, dir=tmp_path) for a in args]
+    assert main(filled) == 2
+    assert message in capsys.readouterr().err
+    assert afile.read_text() == "keep me"

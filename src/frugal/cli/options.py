@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TypeVar
 
 from frugal.config import load_config
 
-__all__ = ["add_config_arguments", "config_from_args"]
+__all__ = ["add_config_arguments", "config_from_args", "output_file", "output_folder"]
 
 T = TypeVar("T")
 
@@ -28,7 +29,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help=(
             "override one setting (repeatable); the value is TOML: --set seed=1, "
-            '--set \'systems=["ram", "frugal"]\''
+            "--set 'name=\"text\"', --set 'values=[1, 2]' (see --help of the command for "
+            "its settings)"
         ),
     )
 
@@ -40,3 +42,36 @@ def config_from_args(cls: type[T], args: argparse.Namespace) -> T:
         ConfigError: If the file or an override does not fit `cls`.
     """
     return load_config(cls, args.config, args.overrides)
+
+
+def output_folder(value: str, flag: str = "--out") -> Path:
+    """The output folder of a command, created now (with its parents).
+
+    Checked before any work, so a bad path fails in a second, not after an hour of bench.
+
+    Raises:
+        ValueError: If the path is an existing file or the folder cannot be created.
+    """
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path} is a file; give a folder (it is created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(
+            f"{flag} {path}: cannot create the folder ({exc.strerror}); choose a writable path"
+        ) from exc
+    return path
+
+
+def output_file(value: str, flag: str = "--out") -> Path:
+    """The output file of a command: its folder is created now, the file written later.
+
+    Raises:
+        ValueError: If the path is a folder or its folder cannot be created.
+    """
+    path = Path(value)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; give a file name")
+    output_folder(str(path.parent) if str(path.parent) else ".", flag=f"{flag} folder")
+    return path

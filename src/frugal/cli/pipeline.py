@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from frugal.cli.options import add_config_arguments
+from frugal.cli.options import add_config_arguments, output_folder
 
 __all__ = ["register"]
 
@@ -174,7 +174,7 @@ def _train(args: argparse.Namespace) -> int:
             f"--dp-compress {config.dp_compression} needs data-parallel replicas: give a --plan "
             "with num_replicas >= 2 (the linear layout has one pipeline)"
         )
-    out = Path(args.out)
+    out = output_folder(args.out)
     run = RunSpec(
         label=config.codec,
         codec=config.codec,
@@ -257,7 +257,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     preset = config_to_dict(PipelineBenchConfig.quick()) if args.quick else None
     config = load_config(PipelineBenchConfig, args.config, args.overrides, base=preset)
-    out = Path(args.out)
+    out = output_folder(args.out)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from frugal.cli.options import add_config_arguments, config_from_args
+from frugal.cli.options import add_config_arguments, config_from_args, output_file, output_folder
 
 __all__ = ["register"]
 
@@ -74,6 +74,7 @@ def _plan(args: argparse.Namespace) -> int:
     if out is not None:  # refuse a bad output path before the search, not after it
         if out.is_dir():
             raise ValueError(f"--out {out} is a folder; give a file name such as plan.json")
+        output_file(args.out)
         if out.suffix == ".png":
             raise ValueError(f"--out {out}: give the .json path; the .png is written beside it")
     if args.cluster:
@@ -117,7 +118,7 @@ def _bench(args: argparse.Namespace) -> int:
     _no_cluster_flags(args, "bench", "choose scenarios with --set 'scenarios=[\"world\"]'")
     preset = config_to_dict(PlanBenchConfig.quick()) if args.quick else None
     config = load_config(PlanBenchConfig, args.config, args.overrides, base=preset)
-    out = Path(args.out)
+    out = output_folder(args.out)
     document = run_plan_bench(config, out, progress=lambda line: print(line, file=sys.stderr))
     print(json.dumps(document["summary"], indent=1))
     print(f"wrote {out / 'results.json'}", file=sys.stderr)
@@ -137,7 +138,7 @@ def _validate(args: argparse.Namespace) -> int:
     )
     preset = config_to_dict(quick()) if args.quick else None
     config = load_config(Config, args.config, args.overrides, base=preset)
-    out = Path(args.out)
+    out = output_folder(args.out)
     document = run_plan_validation(config, out, progress=lambda line: print(line, file=sys.stderr))
     print(json.dumps(document["summary"], indent=1))
     print(f"wrote {out / 'results.json'}", file=sys.stderr)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from frugal.cli.options import add_config_arguments
+from frugal.cli.options import add_config_arguments, output_file, output_folder
 
 __all__ = ["register"]
 
@@ -82,7 +82,7 @@ def _train(args: argparse.Namespace) -> int:
             f"--staleness {config.staleness} does not apply to --mode sync (every lookup "
             "waits for all earlier updates); drop --staleness or use --mode hybrid or async"
         )
-    out = Path(args.out)
+    out = output_folder(args.out)
     result = launch_training(config, out, timeout_s=config.job_timeout_s)
     keys = ("mode", "dataset", "staleness", "test_auc", "test_logloss", "samples_per_s",
             "max_staleness_seen", "staleness_bound")  # fmt: skip
@@ -94,7 +94,7 @@ def _train(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from frugal.recsys.checkpoint import export_tables
 
-    counts = export_tables(Path(args.checkpoint), Path(args.out))
+    counts = export_tables(Path(args.checkpoint), output_file(args.out))
     print(json.dumps(counts, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
@@ -106,7 +106,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     preset = config_to_dict(RecsysBenchConfig.quick()) if args.quick else None
     config = load_config(RecsysBenchConfig, args.config, args.overrides, base=preset)
-    out = Path(args.out)
+    out = output_folder(args.out)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
+
+from frugal.cli.options import output_folder
 
 __all__ = ["register"]
 
@@ -63,7 +64,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     only = tuple(name.strip() for name in args.only.split(",") if name.strip())
     config = ReproduceConfig(mode=args.mode, only=only)
-    out = Path(args.out)
+    out = output_folder(args.out)
     document, _ = run_reproduce(config, out, show_progress=sys.stderr.isatty())
     summary = document["summary"]
     print(

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from frugal.cli.options import add_config_arguments
+from frugal.cli.options import add_config_arguments, output_folder
 
 __all__ = ["register"]
 
@@ -51,7 +50,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     preset = config_to_dict(StoreBenchConfig.quick()) if args.quick else None
     config = load_config(StoreBenchConfig, args.config, args.overrides, base=preset)
-    out = Path(args.out)
+    out = output_folder(args.out)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from frugal.cli.options import add_config_arguments
+from frugal.cli.options import add_config_arguments, output_folder
 
 __all__ = ["register"]
 
@@ -78,7 +78,7 @@ def _bench(args: argparse.Namespace) -> int:
     config = load_config(
         TgraphBenchConfig, args.config, args.overrides, base=config_to_dict(preset)
     )
-    out = Path(args.out)
+    out = output_folder(args.out)
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
         transient=False, console=None,
