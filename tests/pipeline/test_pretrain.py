@@ -62,3 +62,22 @@ def test_init_weights_of_another_model_or_a_missing_file_are_refused(tmp_path: P
         replace(CONFIG, init_weights="nope.pt")
     with pytest.raises(ValueError, match="epochs=0 must be >= 1"):
         pretrain_local(CONFIG, 0, path)
+
+
+def test_unreadable_init_weights_and_non_text_datasets_are_clear_errors(tmp_path: Path) -> None:
+    empty, garbage, listed = tmp_path / "empty.pt", tmp_path / "garbage.pt", tmp_path / "l.pt"
+    empty.write_bytes(b"")
+    garbage.write_text("not a checkpoint")
+    torch.save([1, 2], listed)
+    for path, message in ((empty, r"\(EOFError"), (garbage, r"\(UnpicklingError"),
+                          (listed, "holds a list, not a state_dict")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            build_model(replace(CONFIG, init_weights=str(path)))
+    with pytest.raises(ValueError, match=r"'adult' is not a text corpus.*pydoc_topics, fortunes"):
+        replace(CONFIG, dataset="adult")
+    with pytest.raises(ValueError, match="unknown dataset 'nosuch'; the pipeline trains on"):
+        replace(CONFIG, dataset="nosuch")
+    with pytest.raises(ValueError, match=r"buffer_dir=.* is a file; give a folder"):
+        replace(CONFIG, buffer_dir=str(garbage))
+    with pytest.raises(ValueError, match="steps=0 must be >= 1"):
+        replace(CONFIG, steps=0)

@@ -174,6 +174,10 @@ def _train(args: argparse.Namespace) -> int:
             f"--dp-compress {config.dp_compression} needs data-parallel replicas: give a --plan "
             "with num_replicas >= 2 (the linear layout has one pipeline)"
         )
+    if config.init_weights:  # a file that cannot start the model fails here, not in every rank
+        from frugal.pipeline.zoo import build_model
+
+        build_model(config)
     out = output_folder(args.out)
     run = RunSpec(
         label=config.codec,

@@ -145,8 +145,27 @@ class PipelineTrainConfig:
     def __post_init__(self) -> None:
         check_types(self)
         CodecSpec.parse(self.codec)
-        if min(self.micro_batch_size, self.num_microbatches, self.steps, self.num_eval) < 1:
-            raise ValueError("micro_batch_size, num_microbatches, steps and num_eval must be >= 1")
+        counts = {
+            "micro_batch_size": self.micro_batch_size,
+            "num_microbatches": self.num_microbatches,
+            "steps": self.steps,
+            "num_eval": self.num_eval,
+        }
+        for name, value in counts.items():
+            if value < 1:
+                raise ValueError(f"{name}={value} must be >= 1")
+        from frugal.data.records import DATASETS, get_dataset_info
+
+        texts = ", ".join(d.name for d in DATASETS if d.kind == "text")
+        if self.dataset not in {d.name for d in DATASETS}:
+            raise ValueError(
+                f"unknown dataset {self.dataset!r}; the pipeline trains on one of: {texts}"
+            )
+        if get_dataset_info(self.dataset).kind != "text":
+            raise ValueError(
+                f"dataset={self.dataset!r} is not a text corpus; the pipeline trains a language "
+                f"model on one of: {texts}"
+            )
         if self.num_train < self.micro_batch_size * self.num_microbatches:
             raise ValueError(
                 f"num_train={self.num_train} is below one step's "
@@ -162,7 +181,10 @@ class PipelineTrainConfig:
         if self.bandwidth_mbps > 0 and self.rho > 0:
             raise ValueError("set bandwidth_mbps or rho, not both")
         if self.learning_rate <= 0 or self.comm_timeout_s <= 0:
-            raise ValueError("learning_rate and comm_timeout_s must be > 0")
+            raise ValueError(
+                f"learning_rate={self.learning_rate} and comm_timeout_s={self.comm_timeout_s} "
+                "must be > 0"
+            )
         if self.buffer_budget_mib < 1:
             raise ValueError(f"buffer_budget_mib={self.buffer_budget_mib} must be >= 1")
         if not 1 <= self.dp_bits <= 8:
@@ -171,6 +193,15 @@ class PipelineTrainConfig:
             raise ValueError(
                 f"warmup_steps={self.warmup_steps} and drift_check_every="
                 f"{self.drift_check_every} must be >= 0 (0 = off)"
+            )
+        if (
+            self.buffer_dir
+            and Path(self.buffer_dir).exists()
+            and not Path(self.buffer_dir).is_dir()
+        ):
+            raise ValueError(
+                f"buffer_dir={self.buffer_dir!r} is a file; give a folder (AQ-SGD buffers go in a "
+                "fresh folder inside it) or '' for the temporary folder"
             )
         if self.init_weights and not Path(self.init_weights).is_file():
             raise ValueError(

@@ -191,16 +191,33 @@ def build_model(config: PipelineTrainConfig) -> nn.Module:
     """
     model = _base_model(config)
     if config.init_weights:
-        state = torch.load(config.init_weights, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(config.init_weights, map_location="cpu", weights_only=True)
+        except Exception as exc:  # pickle, EOF, zip errors: any file torch cannot read
+            raise ValueError(
+                f"init_weights={config.init_weights!r} is not a file written by torch.save of "
+                f"a state_dict ({type(exc).__name__}: {_first_sentence(exc)}); give one saved "
+                "from the same model settings"
+            ) from None
+        if not isinstance(state, dict):
+            raise ValueError(
+                f"init_weights={config.init_weights!r} holds a {type(state).__name__}, not a "
+                "state_dict; save model.state_dict()"
+            )
         try:
             model.load_state_dict(state)
         except RuntimeError as exc:
+            detail = " ".join(line.strip() for line in str(exc).splitlines()[1:3])
             raise ValueError(
                 f"init_weights={config.init_weights!r} does not fit the {config.model} of "
-                f"this config ({str(exc).splitlines()[0]}); save it from the same model "
-                "settings"
+                f"this config ({detail[:300]}); save it from the same model settings"
             ) from None
     return model
+
+
+def _first_sentence(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.split(". ")[0].splitlines() or ["no details"])[0][:200]
 
 
 def _base_model(config: PipelineTrainConfig) -> nn.Module:
