@@ -318,5 +318,7 @@ def load_config(
             raise ConfigError(f"config file {path} is a folder; give a TOML file") from exc
     if overrides:
         data = apply_overrides(data, overrides)
-        source = f"{source} with --set" if (path is not None or base) else "--set"
+        # a named file (--config, a cluster) is worth naming; the built-in preset is not
+        named = path is not None or (base and base_source != "preset")
+        source = f"{source} with --set" if named else "--set"
     return config_from_dict(cls, data, source=source)

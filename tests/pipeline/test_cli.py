@@ -61,3 +61,17 @@ def test_bits_out_of_range_and_dp_bits_without_a_kbit_method_exit_2(
     assert "--dp-bits 4 applies to --dp-compress ef-kbit or qadam, not fp16" in (
         capsys.readouterr().err
     )
+
+
+def test_a_link_too_slow_for_the_timeout_exits_2_before_launching(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 2 stages, 4 micro-batches of 4 x 64 x 128 fp32 values + 128-byte header = 131,200 B;
+    # at 0.001 Mbit/s: 4 x 8 x 131,200 / 1,000 = 4,198 s > 30 s.
+    args = ["pipeline", "train", "--stages", "2", "--bandwidth-mbps", "0.001", "--set",
+            "comm_timeout_s=30", "--set", "micro_batch_size=4", "--set", "num_microbatches=4",
+            "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "4 first-visit activation messages of 131,200 bytes need 4,198 s" in err
+    assert "comm_timeout_s=8397" in err

@@ -84,3 +84,15 @@ def test_export_of_a_missing_checkpoint_exits_1(
 ) -> None:
     assert main(["recsys", "export", str(tmp_path), "--out", str(tmp_path / "t.npz")]) == 1
     assert "no MANIFEST.json" in capsys.readouterr().err
+
+
+def test_a_checkpoint_dir_that_is_a_file_exits_2_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    args = ["recsys", "train", "--set", f"checkpoint_dir='{afile}'", "--set",
+            "checkpoint_every_steps=2", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main(args) == 2
+    assert "is a file; give a folder" in capsys.readouterr().err
+    assert afile.read_text() == "keep"

@@ -174,6 +174,24 @@ def _train(args: argparse.Namespace) -> int:
             f"--dp-compress {config.dp_compression} needs data-parallel replicas: give a --plan "
             "with num_replicas >= 2 (the linear layout has one pipeline)"
         )
+    if config.bandwidth_mbps > 0:  # a link too slow for the timeout is not a lost peer
+        import math
+
+        from frugal.comm.message import CodecSpec, message_wire_bytes
+        from frugal.pipeline.zoo import boundary_shape
+
+        shape = boundary_shape(config)
+        first = message_wire_bytes(CodecSpec.parse(config.codec), 0, shape, num_new=shape[0])
+        queued_s = max(layout.num_microbatches) * (
+            8.0 * first / (config.bandwidth_mbps * 1e6) + config.latency_ms / 1e3
+        )
+        if queued_s > config.comm_timeout_s:
+            raise ValueError(
+                f"at {config.bandwidth_mbps} Mbit/s a step's {max(layout.num_microbatches)} "
+                f"first-visit activation messages of {first:,} bytes need {queued_s:,.0f} s on "
+                f"one link, over comm_timeout_s={config.comm_timeout_s:g}; raise the bandwidth "
+                f"or --set comm_timeout_s={math.ceil(2 * queued_s)}"
+            )
     if config.init_weights:  # a file that cannot start the model fails here, not in every rank
         from frugal.pipeline.zoo import build_model
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,18 @@ def _train(args: argparse.Namespace) -> int:
             "waits for all earlier updates); drop --staleness or use --mode hybrid or async"
         )
     out = output_folder(args.out)
+    cores = os.cpu_count() or 1
+    print(
+        f"starting {config.nproc} trainer process(es) on {cores} CPU core(s)"
+        + (
+            f"; far more processes than cores: start-up alone (torch import, gloo rendezvous) "
+            f"can take minutes, bounded by job_timeout_s={config.job_timeout_s:g}"
+            if config.nproc > 4 * cores
+            else ""
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
     result = launch_training(config, out, timeout_s=config.job_timeout_s)
     keys = ("mode", "dataset", "staleness", "test_auc", "test_logloss", "samples_per_s",
             "max_staleness_seen", "staleness_bound")  # fmt: skip

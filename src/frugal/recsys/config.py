@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from frugal.config import check_types
@@ -89,6 +90,12 @@ class RecsysTrainConfig:
             raise ValueError(
                 f"checkpoint_every_steps={self.checkpoint_every_steps} needs checkpoint_dir "
                 "and a value >= 1"
+            )
+        folder = Path(self.checkpoint_dir) if self.checkpoint_dir is not None else None
+        if folder is not None and folder.exists() and not folder.is_dir():
+            raise ValueError(
+                f"checkpoint_dir={self.checkpoint_dir!r} is a file; give a folder (it is "
+                "created if missing)"
             )
         if self.resume and self.checkpoint_dir is None:
             raise ValueError("resume=true needs checkpoint_dir (where the checkpoints are)")

@@ -216,13 +216,18 @@ def run_tgraph_bench(
     rows: list[dict[str, Any]] = []
     protocols: dict[str, dict[str, Any]] = {}
     models = tuple(dict.fromkeys(HEURISTICS + tuple(config.models)))
-    for dataset in config.datasets:
+    for dataset in config.datasets:  # every dataset is checked before any training
         info = get_dataset_info(dataset)
         if info.kind != "temporal_graph":
             raise ValueError(f"dataset {dataset!r} is {info.kind!r}, not a temporal event stream")
+        if config.task == "nc" and load_events(dataset).node_label is None:
+            labelled = [d for d in config.datasets if load_events(d).node_label is not None]
+            raise ValueError(
+                f"--task nc needs node labels, and {dataset} has none; use --task lp, or run "
+                f"nc on the labelled datasets only ({', '.join(labelled) or 'none given'})"
+            )
+    for dataset in config.datasets:
         events = load_events(dataset)
-        if config.task == "nc" and events.node_label is None:
-            raise ValueError(f"--task nc needs node labels, and {dataset} has none; use --task lp")
         protocol = build_protocol(events, dataset, config.protocol, cache_dir)
         protocols[dataset] = protocol.describe()
         for model in models:
