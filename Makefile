@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .PHONY: run test lint typecheck pytest install clean
 
-# The main job: every subsystem's headline comparison into reports/latest/ (about 10 min).
+# The main job: every subsystem's headline comparison into reports/latest/ (about 13 min).
 run: $(STAMP)
 	$(BIN)/frugal data list --verify
 	$(BIN)/frugal reproduce --quick --out reports/latest

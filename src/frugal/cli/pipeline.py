@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ def register(commands: Any) -> None:
         default=None,
         metavar="C",
         help="fp32, fp16, bf16, directq or aqsgd (bits via --fw-bits/--bw-bits, or "
-        "directq:fw2,bw4 / aqsgd:fw2,bw4)",
+        "directq:fw2,bw4 / aqsgd:fw2,bw4; suffix :row for per-row scales instead of "
+        "per-channel, e.g. aqsgd:fw2,bw4:row)",
     )
     train.add_argument("--fw-bits", type=int, default=None, metavar="K", help="activation bits")
     train.add_argument("--bw-bits", type=int, default=None, metavar="J", help="gradient bits")
@@ -103,11 +105,12 @@ def _rho(text: str) -> float:
     if text.lower() in RHO_POINTS:
         return RHO_POINTS[text.lower()]
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise ValueError(
-            f"--rho {text!r}: give a number > 0 or one of {', '.join(RHO_POINTS)}"
-        ) from None
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"--rho {text!r}: give a number > 0 or one of {', '.join(RHO_POINTS)}")
+    return value
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -144,6 +147,8 @@ def _train(args: argparse.Namespace) -> int:
     if config.plan:
         from frugal.planner.plan import Plan
 
+        if Path(config.plan).is_dir():
+            raise ValueError(f"--plan {args.plan} is a folder; give the plan's JSON file")
         if not Path(config.plan).is_file():
             raise ValueError(
                 f"--plan {args.plan}: no such file; write one with `frugal plan --out FILE`"
@@ -172,7 +177,9 @@ def _train(args: argparse.Namespace) -> int:
     if config.dp_compression != "none" and layout.num_replicas == 1:
         raise ValueError(
             f"--dp-compress {config.dp_compression} needs data-parallel replicas: give a --plan "
-            "with num_replicas >= 2 (the linear layout has one pipeline)"
+            "with num_replicas >= 2 ("
+            + ("this plan has" if config.plan else "the linear layout has")
+            + " one pipeline)"
         )
     if config.bandwidth_mbps > 0:  # a link too slow for the timeout is not a lost peer
         import math
@@ -197,6 +204,8 @@ def _train(args: argparse.Namespace) -> int:
 
         build_model(config)
     out = output_folder(args.out)
+    for stale in ("train.json", "loss_curve.png"):  # a failed run must not leave old results
+        (out / stale).unlink(missing_ok=True)
     run = RunSpec(
         label=config.codec,
         codec=config.codec,

@@ -38,7 +38,7 @@ def register(commands: Any) -> None:
     )
     add_config_arguments(parser)
     parser.set_defaults(handler=_plan)
-    children = parser.add_subparsers(dest="plan_command", metavar="ACTION")
+    children = parser.add_subparsers(dest="plan_command", metavar="[ACTION]")
     bench = children.add_parser(
         "bench", help="every scenario x model size x method side by side; writes results.json"
     )

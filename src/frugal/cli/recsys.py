@@ -40,7 +40,9 @@ def register(commands: Any) -> None:
         "export", help="write a checkpoint's trained rows as (ids, vectors) per table"
     )
     export.add_argument(
-        "checkpoint", metavar="CHECKPOINT", help="checkpoint_dir or a step-N folder"
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="checkpoint_dir or one of its step-S folders (S = samples trained)",
     )
     export.add_argument("--out", required=True, metavar="FILE", help="the .npz file to write")
     export.set_defaults(handler=_export)

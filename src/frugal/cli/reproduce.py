@@ -30,7 +30,7 @@ def register(commands: Any) -> None:
         dest="mode",
         action="store_const",
         const="quick",
-        help="small presets, about 10 minutes on 2 cores (the default)",
+        help="small presets, about 13 minutes on 2 cores (the default)",
     )
     mode.add_argument(
         "--full",

@@ -187,6 +187,8 @@ def read_checkpoint(folder: Path) -> dict[str, Any]:
         RecsysError: If the manifest is missing or of another format, or a file is corrupt.
     """
     manifest_path = folder / "MANIFEST.json"
+    if not folder.exists():
+        raise ValueError(f"checkpoint {folder} does not exist; give a checkpoint_dir or step-S")
     if not manifest_path.is_file():
         raise RecsysError(f"{folder}: no MANIFEST.json; not a sealed checkpoint")
     manifest: dict[str, Any] = json.loads(manifest_path.read_text())
