@@ -258,6 +258,39 @@ def test_attention_matches_the_textbook_form(edge_dim: int) -> None:
         rtol=1e-5,
         atol=1e-5,
     )
+    # e_nbr=None means all-zero edge features: skipped, same output, zero edge-weight grads.
+    zero_edges = torch.zeros(num, k, edge_dim)
+    skipped = att(h_self, h_nbr, None, phi_zero, phi_nbr, mask)
+    padded = _textbook_attention(att, h_self, h_nbr, zero_edges, phi_zero, phi_nbr, mask)
+    torch.testing.assert_close(skipped, padded, rtol=1e-5, atol=1e-5)
+    (grad_skipped,) = torch.autograd.grad(skipped.square().sum(), [att.edge.weight])
+    (grad_padded,) = torch.autograd.grad(padded.square().sum(), [att.edge.weight])
+    torch.testing.assert_close(grad_skipped, grad_padded, rtol=1e-4, atol=1e-5)
+    assert torch.all(grad_padded[:, :edge_dim] == 0)
+
+
+def test_time_encoder_backward_matches_autograd() -> None:
+    from frugal.tgraph.models import TimeEncoder
+
+    torch.manual_seed(0)
+    encoder = TimeEncoder(5)
+    with torch.no_grad():
+        encoder.log_scale.copy_(torch.randn(5))
+        encoder.bias.copy_(torch.randn(5))
+    dt = torch.rand(3, 4, dtype=torch.float64) * 100
+    upstream = torch.randn(3, 4, 5)
+    fast = encoder(dt)
+    # The reference: autograd through the textbook expression, in float64.
+    w64 = encoder.weight.double()
+    slow = torch.cos(dt.unsqueeze(-1) * w64 + encoder.bias.double())
+    torch.testing.assert_close(fast, slow.float(), rtol=1e-5, atol=1e-5)
+    grads_fast = torch.autograd.grad((fast * upstream).sum(), [encoder.log_scale, encoder.bias])
+    grads_slow = torch.autograd.grad(
+        (slow * upstream.double()).sum(), [encoder.log_scale, encoder.bias]
+    )
+    for a, b in zip(grads_fast, grads_slow, strict=True):
+        torch.testing.assert_close(a, b.float(), rtol=1e-4, atol=1e-4)
+    assert fast.shape == (3, 4, 5)
 
 
 def test_neighbour_memory_is_flushed_with_the_batch() -> None:

@@ -34,6 +34,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from frugal._libc import fixed_mmap_threshold
 from frugal.config import check_types
 from frugal.store.lookahead import Batch, LookaheadLoader
 from frugal.store.rows import OptimizerConfig, RowSpec, splitmix64
@@ -609,29 +610,8 @@ def _cell(run: _Run) -> str:
     )
 
 
-def _fixed_mmap_threshold(threshold_bytes: int = 128 << 10) -> bool:
-    """Pin glibc's mmap threshold (mallopt M_MMAP_THRESHOLD) so freed buffers leave RSS.
-
-    glibc raises the threshold each time a large block is freed, after which multi-MiB
-    temporaries (write-back and checksum buffers) come from the heap and stay resident after
-    use: RSS then overstates what a store holds by tens of MiB. Every system's child gets the
-    same setting. Returns False where there is no glibc.
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(-3, threshold_bytes))  # -3 = M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
-
-
 def _child_main(run: _Run, connection: Any) -> None:
-    _fixed_mmap_threshold()
+    fixed_mmap_threshold()
     try:
         result = _execute(run)
     except BaseException as exc:  # reported as the cell's error, the bench goes on

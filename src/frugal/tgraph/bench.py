@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from frugal import FrugalError
+from frugal._libc import keep_freed_memory
 from frugal.config import check_types
 from frugal.data import DATASETS, get_dataset_info, load_events
 from frugal.results import BenchJournal, results_document, write_results
@@ -134,6 +135,7 @@ def _execute(run: _Run) -> dict[str, Any]:
 
 
 def _child_main(run: _Run, connection: Any) -> None:
+    keep_freed_memory()
     try:
         connection.send(("ok", _execute(run)))
     except Exception as exc:  # reported to the parent, which records a failed row
