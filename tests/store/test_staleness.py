@@ -92,3 +92,40 @@ def test_measured_staleness_never_exceeds_the_bound(tmp_path: Path, bound: int) 
 def test_unbounded_reader_runs_far_ahead_and_is_still_counted(tmp_path: Path) -> None:
     stats, _ = _run(tmp_path, None)
     assert stats["staleness_max"] > 4  # nothing held the reader back
+
+
+def test_one_victim_scan_frees_a_batch_of_slots_in_lru_order(tmp_path: Path) -> None:
+    from frugal.store.backends.memory import MemoryBackend
+    from frugal.store.cache import RowCache
+
+    width = 2
+    backend = MemoryBackend(tmp_path, 1000, width, None)
+    cache = RowCache(
+        backend,
+        num_rows=1000,
+        width=width,
+        capacity=64,
+        initializer=lambda ids: np.repeat(ids[:, None], width, axis=1).astype(np.float32),
+        staleness_bound=None,
+        eviction="lru",
+        max_pending_rows=1000,
+    )
+    try:
+        assert cache.evict_batch == 2  # capacity // 32
+        for step in range(64):  # fill: row `step` last used at `step`
+            cache.update(np.array([step]), step, lambda rows: None)
+        assert cache.free_count == 0
+        # One miss: one scan evicts the 2 least recently used rows (0 and 1) and uses one
+        # slot; the other stays free, so the next miss needs no scan and evicts nothing.
+        rows = cache.get(np.array([100]), 64, count_read=False)
+        assert rows.tolist() == [[100.0, 100.0]]
+        assert cache.stats.evictions == 2 and cache.free_count == 1
+        assert (cache.id_to_slot[[0, 1]] == -1).all() and (cache.id_to_slot[2:64] >= 0).all()
+        cache.get(np.array([101]), 65, count_read=False)
+        assert cache.stats.evictions == 2 and cache.free_count == 0
+        # Evicted dirty rows were written back and read back unchanged.
+        cache.flush()
+        assert cache.get(np.array([0, 1]), 66, count_read=False).tolist() == [[0, 0], [1, 1]]
+    finally:
+        cache.close()
+        backend.close()

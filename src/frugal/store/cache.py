@@ -121,7 +121,13 @@ class RowCache:
         self.next_use = np.full(capacity, NEVER, dtype=np.int64)
         self.next_use2 = np.full(capacity, NEVER, dtype=np.int64)  # second-nearest hinted step
         self.id_to_slot = np.full(num_rows, -1, dtype=np.int32)
-        self.free = list(range(capacity - 1, -1, -1))  # stack of free slot numbers
+        # Stack of free slot numbers: free_slots[:free_count], the top at free_count - 1.
+        self.free_slots = np.arange(capacity - 1, -1, -1, dtype=np.int64)
+        self.free_count = capacity
+        # Choosing victims scans every slot, so each scan frees a batch of slots (about 3%
+        # of the cache, bounded by the write-back buffer): O(capacity) work per batch of
+        # misses, not per call (at 730k slots one scan takes ~25 ms).
+        self.evict_batch = max(1, min(capacity // 32, max_pending_rows // 4))
         self.pending: list[_Pending] = []
         self.pending_rows = 0
         self.stats = CacheStats()
@@ -171,29 +177,42 @@ class RowCache:
             )
         self._wait(deadline, "open reads to free cache slots")
 
-    def _evict_keys(self, protect: npt.NDArray[np.bool_] | None) -> npt.NDArray[np.int64]:
-        """Eviction order key per slot (smallest first); unevictable slots get the maximum."""
-        keys = np.where(
-            self.next_use == NEVER,
-            self.last_access - (np.int64(1) << 61),
-            (np.int64(1) << 40) - self.next_use,
-        )
+    def _evict_keys(self, protect: npt.NDArray[np.int64] | None) -> npt.NDArray[np.int64]:
+        """Eviction order key per slot (smallest first); unevictable slots get the maximum.
+
+        `protect`: slots that must stay (the rows of the call being served).
+        """
         if self.eviction == "lru":
             keys = self.last_access.copy()
+        else:
+            keys = np.where(
+                self.next_use == NEVER,
+                self.last_access - (np.int64(1) << 61),
+                (np.int64(1) << 40) - self.next_use,
+            )
         blocked = (self.slot_state != VALID) | (self.readers > 0)
-        if protect is not None:
-            blocked |= protect
         keys[blocked] = np.iinfo(np.int64).max
-        result: npt.NDArray[np.int64] = keys
-        return result
+        if protect is not None:
+            keys[protect] = np.iinfo(np.int64).max
+        return keys
+
+    def _push_free(self, slots: npt.NDArray[np.int64]) -> None:
+        self.free_slots[self.free_count : self.free_count + len(slots)] = slots
+        self.free_count += len(slots)
+
+    def _pop_free(self, count: int) -> npt.NDArray[np.int64]:
+        self.free_count -= count
+        return self.free_slots[self.free_count : self.free_count + count].copy()
 
     def _allocate(
-        self, count: int, *, protect: npt.NDArray[np.bool_] | None, later_than: int | None
+        self, count: int, *, protect: npt.NDArray[np.int64] | None, later_than: int | None
     ) -> npt.NDArray[np.int64]:
-        """Take `count` slots (fewer if `later_than` limits eviction); evict as needed."""
-        take = min(count, len(self.free))
-        slots = [self.free.pop() for _ in range(take)]
-        need = count - take
+        """Take `count` slots (fewer if `later_than` limits eviction); evict as needed.
+
+        When the free slots run short, one scan evicts up to `evict_batch` rows (at least
+        the shortfall), in eviction order; the surplus stays free for the next calls.
+        """
+        need = count - self.free_count
         if need > 0:
             keys = self._evict_keys(protect)
             if later_than is not None:  # a prefetch may evict only rows needed after it
@@ -202,18 +221,18 @@ class RowCache:
                 ).max
             evictable = int(np.count_nonzero(keys != np.iinfo(np.int64).max))
             if evictable < need and later_than is None:
-                self.free.extend(slots)  # give back what was taken; the caller may wait
-                raise _CacheFullError(count)
-            need = min(need, evictable)
-            if need > 0:
+                raise _CacheFullError(count)  # nothing taken; the caller may wait
+            evict = min(max(need, self.evict_batch), evictable)
+            if evict > 0:
                 victims = (
-                    np.argpartition(keys, need - 1)[:need]
-                    if need < len(keys)
+                    np.argpartition(keys, evict - 1)[:evict]
+                    if evict < len(keys)
                     else np.arange(len(keys))
                 )
-                self._evict(victims.astype(np.int64))
-                slots.extend(victims.tolist())
-        return np.array(slots, dtype=np.int64)
+                victims = victims.astype(np.int64)
+                self._evict(victims)
+                self._push_free(victims)
+        return self._pop_free(min(count, self.free_count))
 
     def _evict(self, victims: npt.NDArray[np.int64]) -> None:
         ids = self.slot_ids[victims]
@@ -289,7 +308,7 @@ class RowCache:
                 self.id_to_slot[ids] = -1
                 self.slot_ids[slots] = -1
                 self.slot_state[slots] = FREE
-                self.free.extend(slots.tolist())
+                self._push_free(slots)
                 self.cond.notify_all()
             if background:
                 return
@@ -344,10 +363,10 @@ class RowCache:
                 if first_pass:
                     first_pass = False
                 if missing.any():
-                    protect = np.zeros(self.capacity, dtype=bool)
-                    protect[slots[~missing]] = True
                     try:
-                        new = self._allocate(int(missing.sum()), protect=protect, later_than=None)
+                        new = self._allocate(
+                            int(missing.sum()), protect=slots[~missing], later_than=None
+                        )
                     except _CacheFullError:
                         self._wait_for_room(deadline, len(ids))
                         waited = True
@@ -448,10 +467,10 @@ class RowCache:
                 self._check()
             missing = ~resident
             while missing.any():
-                protect = np.zeros(self.capacity, dtype=bool)
-                protect[slots[resident]] = True
                 try:
-                    new = self._allocate(int(missing.sum()), protect=protect, later_than=None)
+                    new = self._allocate(
+                        int(missing.sum()), protect=slots[resident], later_than=None
+                    )
                 except _CacheFullError:
                     self._wait_for_room(deadline, len(ids))
                     slots = self.id_to_slot[ids].astype(np.int64)
