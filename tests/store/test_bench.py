@@ -143,3 +143,16 @@ def test_bit_identity_needs_two_finished_systems() -> None:
     ]
     identical = _summary(rows, 4)["bit_identical_at_staleness_0"]
     assert identical == {"criteo_zipf": None, "collegemsg": True, "movielens100k": False}
+
+
+def test_progress_line_of_a_resumed_row_without_hit_ratio() -> None:
+    from frugal.store.bench import _describe
+
+    # A journaled rocksdb_offload row comes back with hit_ratio null (NaN in the run).
+    row = {"workload": "criteo_zipf", "system": "rocksdb_offload", "memory_ratio": 1.0,
+           "lookahead": 0, "staleness_bound": 0, "status": "ok", "samples_per_s": 6933.4,
+           "hit_ratio": None, "stall_fraction": 0.68}  # fmt: skip
+    assert _describe(1, 84, row) == (
+        "[2/84] criteo_zipf rocksdb_offload ratio=1.0 W=0 s=0: 6933 samples/s, hit n/a, stall 0.68"
+    )
+    assert "hit nan" not in _describe(1, 84, row | {"hit_ratio": float("nan")})

@@ -664,9 +664,17 @@ def _describe(index: int, total: int, row: dict[str, Any]) -> str:
     if row.get("status") != "ok":
         return f"{head}: {row.get('status')} {row.get('error', '')}"
     return (
-        f"{head}: {row['samples_per_s']:.0f} samples/s, hit {row['hit_ratio']:.2f}, "
-        f"stall {row['stall_fraction']:.2f}"
+        f"{head}: {_number(row.get('samples_per_s'), '.0f')} samples/s, "
+        f"hit {_number(row.get('hit_ratio'), '.2f')}, "
+        f"stall {_number(row.get('stall_fraction'), '.2f')}"
     )
+
+
+def _number(value: Any, spec: str) -> str:
+    """`value` formatted, or 'n/a' (a journaled row stores NaN as null)."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "n/a"
+    return format(value, spec)
 
 
 def _summary(rows: list[dict[str, Any]], window: int) -> dict[str, Any]:
