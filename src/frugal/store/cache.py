@@ -321,13 +321,17 @@ class RowCache:
 
     # --- public operations -------------------------------------------------------------------
 
-    def get(self, ids: I64, step: int, *, count_read: bool = True) -> F32:
+    def get(
+        self, ids: I64, step: int, *, count_read: bool = True, columns: int | None = None
+    ) -> F32:
         """Return copies of the rows of sorted unique `ids`, loading misses synchronously.
 
         Args:
             ids: Sorted unique ids.
             step: Training step, for recency and hints.
             count_read: Open a read (staleness counter); False for internal updates.
+            columns: Copy only each row's first `columns` values (None: the whole row), e.g.
+                the embedding without its optimizer state.
 
         Returns:
             Rows, float32.
@@ -337,7 +341,7 @@ class RowCache:
             StoreError: If the cache is too small or a background job failed.
 
         Shapes:
-            ids: (N,) -> (N, W).
+            ids: (N,) -> (N, W), or (N, columns).
         """
         start = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
@@ -425,7 +429,8 @@ class RowCache:
                 self._staleness_counts += counts
                 self.readers[slots] += 1
                 self.reader_thread[slots] = threading.get_ident()
-            rows = self.slab[slots].copy()
+            # Fancy indexing copies already: one gather, of the wanted columns only.
+            rows = self.slab[slots] if columns is None else self.slab[slots, :columns]
             self.last_access[slots] = step
             self._consume_hints(slots, step)
             if waited:

@@ -568,9 +568,8 @@ class EmbeddingStore:
         self._last_step = max(self._last_step, step)
         flat = self._rows_of(ids)
         unique, inverse = _unique(flat)
-        rows = self.cache.get(unique, step)
-        if cols == "emb":
-            rows = rows[:, : self.spec.embedding_dim]
+        columns = self.spec.embedding_dim if cols == "emb" else None
+        rows = self.cache.get(unique, step, columns=columns)
         if inverse is not None:
             rows = rows[inverse]
         out: F32 = rows.reshape(*np.shape(ids), rows.shape[1])
