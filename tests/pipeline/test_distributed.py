@@ -159,3 +159,19 @@ def test_a_launch_past_its_time_limit_is_killed(tmp_path: Path) -> None:
     job = str(tmp_path / "job.json").encode()
     alive = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and job in _cmdline(p)]
     assert alive == []  # no worker of this launch survives
+
+
+def test_receives_posted_ahead_change_no_result(tmp_path: Path) -> None:
+    # 1F1B with AQ-SGD: activation sizes change with the buffers (first visits go out whole),
+    # gradient sizes are known only after the forward; posting every receive one action
+    # ahead must leave the arithmetic exactly as the one-process run's.
+    config = replace(CONFIG, steps=4, schedule="1f1b", drift_check_every=0)
+    runs = [RunSpec(label="aq", codec="aqsgd:fw2,bw4", steps=4)]
+    local = train_local(replace(config, codec="aqsgd:fw2,bw4"))
+    for prepost in (True, False):
+        ranks = launch_torchrun(
+            replace(config, prepost_receives=prepost), runs, tmp_path / str(prepost),
+            nproc=4, timeout_s=240,
+        )  # fmt: skip
+        last = next(r for r in ranks if r["stage"] == 3)
+        assert last["runs"][0]["losses"] == pytest.approx(local.losses, rel=1e-5), prepost

@@ -128,6 +128,13 @@ class Transport(Protocol):
         """
         ...
 
+    def prepost(self, peer: int, tag: int, *, step: int, mb: int, payload_bytes: int) -> None:
+        """Start receiving the next message from `peer` with `tag` before it is fetched.
+
+        The next `fetch` of (peer, tag) must then ask for this same (step, mb, size).
+        """
+        ...
+
 
 class _Done:
     def wait(self, timeout_s: float) -> None:
@@ -150,6 +157,9 @@ class LocalTransport:
         """Queue the message for stage `peer`."""
         self._queues[(self.stage, peer, tag)].append((header.clone(), payload.clone()))
         return _Done()
+
+    def prepost(self, peer: int, tag: int, *, step: int, mb: int, payload_bytes: int) -> None:
+        """Nothing to start: queued messages are already here (the size is checked at fetch)."""
 
     def has(self, src: int, dst: int, tag: int) -> bool:
         """Whether a message from `src` to `dst` with `tag` is waiting."""
@@ -208,6 +218,8 @@ class DistTransport:
             for peer, spec in specs.items()
             if spec.is_shaped
         }
+        # (peer, tag) -> the posted receive: (step, mb, payload_bytes, buffer, work).
+        self._preposted: dict[tuple[int, int], tuple[int, int, int, Tensor, dist.Work]] = {}
 
     def _wait(self, work: dist.Work, peer: int, op: str, step: int, mb: int) -> None:
         try:
@@ -280,9 +292,17 @@ class DistTransport:
                 "buffer of known size; give StageRunner the example_shape of its input"
             )
         src = self.peer_ranks[peer]
-        message = torch.empty(HEADER_BYTES + payload_bytes, dtype=torch.uint8)
-        work = dist.irecv(message, src, tag=tag)
-        assert work is not None
+        posted = self._preposted.pop((peer, tag), None)
+        if posted is None:
+            message, work = self._irecv(src, tag, payload_bytes)
+        else:
+            posted_step, posted_mb, posted_bytes, message, work = posted
+            if (posted_step, posted_mb, posted_bytes) != (step, mb, payload_bytes):
+                raise ProtocolError(
+                    f"stage {self.stage}: the receive posted ahead from stage {peer} was for "
+                    f"step {posted_step}, micro-batch {posted_mb}, {posted_bytes} bytes; the "
+                    f"schedule fetched step {step}, micro-batch {mb}, {payload_bytes} bytes"
+                )
         self._wait(work, src, "recv", step, mb)
         header = message[:HEADER_BYTES].view(torch.int64)
         announced = parse_header(header)["payload_bytes"]
@@ -292,6 +312,29 @@ class DistTransport:
                 f"{mb}; expected {payload_bytes}: the ranks run different codecs or shapes"
             )
         return header, message[HEADER_BYTES:]
+
+    def _irecv(self, src: int, tag: int, payload_bytes: int) -> tuple[Tensor, dist.Work]:
+        message = torch.empty(HEADER_BYTES + payload_bytes, dtype=torch.uint8)
+        work = dist.irecv(message, src, tag=tag)
+        assert work is not None
+        return message, work
+
+    def prepost(self, peer: int, tag: int, *, step: int, mb: int, payload_bytes: int) -> None:
+        """Post the receive of the next message from stage `peer` now (see `Transport`).
+
+        gloo hands a message over only once its receive is posted (a rendezvous), so a
+        receive posted before the compute that precedes it lets the transfer overlap that
+        compute instead of following it.
+
+        Raises:
+            ProtocolError: If a receive from (peer, tag) is already posted.
+        """
+        if (peer, tag) in self._preposted:
+            raise ProtocolError(
+                f"stage {self.stage}: a receive from stage {peer} (tag {tag}) is already posted"
+            )
+        message, work = self._irecv(self.peer_ranks[peer], tag, payload_bytes)
+        self._preposted[(peer, tag)] = (step, mb, payload_bytes, message, work)
 
     def close(self) -> None:
         """Stop the shaper threads."""
@@ -501,10 +544,12 @@ class StageRunner:
         self._mbs: Sequence[Microbatch] = ()
         self._losses: list[float] = []
         self._blocked_s = 0.0
+        self._posted: Action | None = None  # the action whose receive is posted ahead
 
     def begin_step(self, step: int, microbatches: Sequence[Microbatch]) -> None:
         """Start a step over these micro-batches (in schedule index order)."""
         self._step, self._mbs, self._losses = step, microbatches, []
+        self._posted = None
         self.stats.activation_bytes.append([0] * len(microbatches))
         self.stats.gradient_bytes.append([0] * len(microbatches))
         self.optimizer.zero_grad(set_to_none=True)
@@ -540,15 +585,42 @@ class StageRunner:
             raise NonFiniteError(stage=self.stage, step=self._step, mb=j, tensor=what)
         return HEADER_BYTES + payload.numel()
 
-    def _receive(self, codec: LinkCodec, peer: int, j: int) -> Tensor:
+    def _expected_bytes(self, codec: LinkCodec, j: int) -> int | None:
+        """Payload size of micro-batch j's message on `codec`'s link (None: not known yet)."""
         ids = self._mbs[j].ids
-        # The size to expect: activations have the input's shape, gradients the output's.
+        # Activations have the input's shape, gradients the output's.
         shape: tuple[int, ...] | None = None
         if codec.kind == KIND_GRADIENT:
-            shape = tuple(self._outputs[j].shape)
+            if j in self._outputs:
+                shape = tuple(self._outputs[j].shape)
         elif self.example_shape is not None:
             shape = (int(ids.numel()), *self.example_shape)
-        size = None if shape is None else codec.payload_bytes(shape, ids, self._step)
+        return None if shape is None else codec.payload_bytes(shape, ids, self._step)
+
+    def _prepost(self, action: Action | None) -> None:
+        """Post the receive of `action` now if it has one, not posted yet, of known size.
+
+        The codec state the size depends on is current: earlier messages are decoded.
+        """
+        if action is None or action == self._posted:
+            return
+        need = self.needs(action)
+        if need is None:
+            return
+        peer, tag = need
+        codec = self.act_in if tag == KIND_ACTIVATION else self.grad_in
+        size = self._expected_bytes(codec, action[1])
+        if size is None:
+            return
+        self.transport.prepost(peer, tag, step=self._step, mb=action[1], payload_bytes=size)
+        self._posted = action
+
+    def _receive(self, codec: LinkCodec, peer: int, j: int) -> Tensor:
+        size = self._expected_bytes(codec, j)
+        if codec.kind == KIND_GRADIENT and size is None:
+            raise PipelineError(
+                f"stage {self.stage}: backward of micro-batch {j} before its forward"
+            )
         t0 = time.perf_counter()
         header, payload = self.transport.fetch(
             peer, codec.kind, step=self._step, mb=j, payload_bytes=size
@@ -568,8 +640,14 @@ class StageRunner:
                 f"stage {self.stage} (link {peer}->{self.stage}, receiver side): {exc}"
             ) from exc
 
-    def run(self, action: Action) -> None:
+    def run(self, action: Action, upcoming: Action | None = None) -> None:
         """Execute one action (receive, compute, send).
+
+        Args:
+            action: ("F" or "B", micro-batch index).
+            upcoming: This stage's next action in the same step, whose receive is then posted
+                as soon as its size is known (after this action's receive, else after its
+                compute), so that the transfer overlaps this action's compute.
 
         Raises:
             NonFiniteError: On NaN/inf in an activation, gradient or loss.
@@ -584,6 +662,7 @@ class StageRunner:
                 x: Tensor = mb.inputs
             else:
                 x = self._receive(self.act_in, self.stage - 1, j).requires_grad_(True)
+            self._prepost(upcoming)
             out = self.module(x)
             if self.module.is_last:
                 loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), mb.targets.reshape(-1))
@@ -601,6 +680,7 @@ class StageRunner:
             grad = None
             if not self.module.is_last:
                 grad = self._receive(self.grad_in, self.stage + 1, j)
+            self._prepost(upcoming)
             out = self._outputs.pop(j)
             torch.autograd.backward(out, grad)
             x = self._inputs.pop(j)
@@ -610,6 +690,7 @@ class StageRunner:
                 self.stats.gradient_bytes[-1][j] = sent
             self.stats.backward_s.append(time.perf_counter() - t0 - self._blocked_s)
             self.stats.backward_cpu_s.append(time.thread_time() - cpu0)
+        self._prepost(upcoming)  # a gradient's size is known once its forward ran
 
     def end_step(self) -> float | None:
         """Wait for the sends, all-reduce gradients over DP replicas, step the optimizer.

@@ -126,6 +126,9 @@ class PipelineTrainConfig:
     """Recompute each block's activations in the backward pass."""
     comm_timeout_s: float = 120.0
     """Limit of every wait, collective and rendezvous, seconds."""
+    prepost_receives: bool = True
+    """Post each receive one action ahead, so the transfer overlaps the compute before it
+    (False: post it when the action starts, as torch.distributed.pipelining does)."""
     dp_compression: Literal["none", "fp16", "powersgd", "ef-kbit", "qadam"] = "none"
     """How the replicas of a stage (a plan with DP) agree on gradients; see RunSpec."""
     dp_bits: int = 8
@@ -730,8 +733,11 @@ def _run_one(
                 runner.prefetch(upcoming[offset : offset + m * config.micro_batch_size], step + 1)
             t0 = time.perf_counter()
             runner.begin_step(step, _microbatches(data, mine, config.micro_batch_size))
-            for action in actions:
-                runner.run(action)
+            for i, action in enumerate(actions):
+                next_action = (
+                    actions[i + 1] if config.prepost_receives and i + 1 < len(actions) else None
+                )
+                runner.run(action, upcoming=next_action)
             loss = runner.end_step()
             runner.stats.step_s.append(time.perf_counter() - t0)
             if reporter and loss is not None:
