@@ -17,7 +17,11 @@ def test_dp_compression_needs_replicas_warmup_and_sane_bits(
     assert "needs data-parallel replicas" in capsys.readouterr().err
     plan = str(_dp_plan(tmp_path))
     assert main(["pipeline", "train", "--plan", plan, "--dp-compress", "qadam"]) == 2
-    assert "warmup_steps >= 1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "set warmup_steps >= 1" in err and "--plan" not in err
+    # Without a plan both fixes are named at once (not one, then the other).
+    assert main(["pipeline", "train", "--dp-compress", "qadam"]) == 2
+    assert "num_replicas >= 2 (--plan) and warmup_steps >= 1" in capsys.readouterr().err
     assert main(["pipeline", "train", "--plan", plan, "--dp-bits", "9"]) == 2
     assert "dp_bits=9" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:  # argparse refuses the choice itself

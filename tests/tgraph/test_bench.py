@@ -109,6 +109,9 @@ def test_cli_rejects_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert "needs node labels" in capsys.readouterr().err
     assert main(["tgraph", "bench", "--dataset", "adult", "--out", str(tmp_path)]) == 2
     assert "not a temporal event stream" in capsys.readouterr().err
+    heuristic_nc = ["tgraph", "bench", "--dataset", "sp_hospital", "--task", "nc"]
+    assert main([*heuristic_nc, "--model", "recency", "--out", out]) == 2
+    assert "heuristics have no node embeddings" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -212,9 +212,11 @@ class PipelineTrainConfig:
                 "state_dict of the model, or '' for the seeded initialisation"
             )
         if self.dp_compression == "qadam" and self.warmup_steps < 1:
+            # Without a plan there are no replicas either: name both fixes at once.
+            replicas = "" if self.plan else "a plan with num_replicas >= 2 (--plan) and "
             raise ValueError(
-                "dp_compression='qadam' freezes Adam's variance after the warm-up; set "
-                "warmup_steps >= 1"
+                "dp_compression='qadam' freezes Adam's variance after the warm-up and "
+                f"exchanges it between data-parallel replicas; set {replicas}warmup_steps >= 1"
             )
 
 

@@ -81,6 +81,12 @@ class TgraphBenchConfig:
             raise ValueError(f"unknown models {unknown}; choose from {MODELS}")
         if self.num_seeds < 1 or self.num_threads < 1 or self.run_timeout_s <= 0:
             raise ValueError("num_seeds and num_threads must be >= 1 and run_timeout_s > 0")
+        if self.task == "nc" and all(m in HEURISTICS for m in self.models):
+            raise ValueError(
+                f"task='nc' with models {list(self.models)}: heuristics have no node "
+                "embeddings, so no node-classification row would be written; add a TGNN "
+                "(--model jodie, dyrep, tgn or tgat) or drop --task nc"
+            )
         if self.pyg_reference_batches < 2:
             raise ValueError(f"pyg_reference_batches={self.pyg_reference_batches} must be >= 2")
 
