@@ -375,7 +375,7 @@ def test_checkpoint_compacts_a_mostly_garbage_log(tmp_path: Path) -> None:
     spec = RowSpec(embedding_dim=2, optimizer=OptimizerConfig(kind="sgd"))
     ids = np.arange(70_000)
     with EmbeddingStore.create(
-        tmp_path / "s", num_rows=70_000, spec=spec, config=_config("file", 4)
+        tmp_path / "s", num_rows=70_000, spec=spec, config=_config("file", 6)
     ) as store:
         for value in (1.0, 2.0, 3.0):
             store.put(ids, np.full((70_000, 2), value, np.float32))
@@ -387,3 +387,28 @@ def test_checkpoint_compacts_a_mostly_garbage_log(tmp_path: Path) -> None:
         assert np.all(store.peek(np.array([0, 69_999]), cols="all") == 3.0)
     with EmbeddingStore.open(tmp_path / "s") as store:
         assert np.all(store.peek(ids[::997], cols="all") == 3.0)
+
+
+def test_update_after_get_reuses_the_read_only_while_nothing_was_written(
+    tmp_path: Path,
+) -> None:
+    # SGD, lr 1: a gradient g turns row w into w - g. The update reuses the rows its get
+    # read; a put between them (here to one of the read rows) must make it read them again.
+    spec = RowSpec(embedding_dim=2, optimizer=OptimizerConfig(kind="sgd", lr=1.0))
+    with EmbeddingStore.create(
+        tmp_path / "s", num_rows=10, spec=spec, config=_config("file")
+    ) as store:
+        ids = np.array([3, 5])
+        start = store.get(ids)
+        ones = np.ones((2, 2), dtype=np.float32)
+        store.apply_gradients(ids, ones)
+        np.testing.assert_array_equal(store.peek(ids, cols="emb"), start - 1)
+        store.get(ids)
+        store.put(np.array([3]), np.array([[10.0, 20.0]], dtype=np.float32))
+        store.apply_gradients(ids, ones)
+        np.testing.assert_array_equal(store.peek(ids, cols="emb"), [[9, 19], start[1] - 2])
+        # The row a get returns is the caller's copy: editing it changes nothing stored.
+        rows = store.get(ids)
+        rows[:] = 1e6
+        store.apply_gradients(ids, ones)
+        np.testing.assert_array_equal(store.peek(ids, cols="emb"), [[8, 18], start[1] - 3])
