@@ -493,6 +493,7 @@ class RowCache:
         deadline = time.monotonic() + self.timeout_s
         with self.cond:
             self._check()
+            self._last_read.pop(threading.get_ident(), None)  # its reads close here, not in update
             while True:
                 slots = self.id_to_slot[ids].astype(np.int64)
                 resident = slots >= 0
