@@ -129,3 +129,31 @@ def test_one_victim_scan_frees_a_batch_of_slots_in_lru_order(tmp_path: Path) -> 
     finally:
         cache.close()
         backend.close()
+
+
+def test_the_surplus_of_a_victim_scan_spares_hinted_rows(tmp_path: Path) -> None:
+    from frugal.store.backends.memory import MemoryBackend
+    from frugal.store.cache import RowCache
+
+    backend = MemoryBackend(tmp_path, 1000, 1, None)
+    cache = RowCache(
+        backend, num_rows=1000, width=1, capacity=64,
+        initializer=lambda ids: ids[:, None].astype(np.float32),
+        staleness_bound=None, eviction="lookahead", max_pending_rows=1000,
+    )  # fmt: skip
+    try:
+        for step in range(64):
+            cache.update(np.array([step]), step, lambda rows: None)
+        cache.prefetch(np.arange(63), 100)  # resident: only hints, rows 0..62 needed at 100
+        # One miss needs one slot; the batch of 2 would take hinted row 0 as surplus, so the
+        # scan evicts the one unhinted row (63) only.
+        cache.get(np.array([500]), 64, count_read=False)
+        assert cache.stats.evictions == 1 and cache.free_count == 0
+        assert cache.id_to_slot[63] == -1 and (cache.id_to_slot[:63] >= 0).all()
+        # The next miss evicts the only unhinted row, 500; the hinted rows stay.
+        cache.get(np.array([501]), 65, count_read=False)
+        assert cache.stats.evictions == 2 and cache.id_to_slot[500] == -1
+        assert (cache.id_to_slot[:63] >= 0).all()
+    finally:
+        cache.close()
+        backend.close()

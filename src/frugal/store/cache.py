@@ -235,7 +235,9 @@ class RowCache:
         """Take `count` slots (fewer if `later_than` limits eviction); evict as needed.
 
         When the free slots run short, one scan evicts up to `evict_batch` rows (at least
-        the shortfall), in eviction order; the surplus stays free for the next calls.
+        the shortfall), in eviction order; the surplus stays free for the next calls. The
+        surplus is taken from rows without a hint only: a row the lookahead says is needed
+        is evicted only to serve a call that has no other room.
         """
         need = count - self.free_count
         if need > 0:
@@ -247,7 +249,9 @@ class RowCache:
             evictable = int(np.count_nonzero(keys != np.iinfo(np.int64).max))
             if evictable < need and later_than is None:
                 raise _CacheFullError(count)  # nothing taken; the caller may wait
-            evict = min(max(need, self.evict_batch), evictable)
+            # Keys below 0 are unhinted rows (LRU mode: every evictable row).
+            spare = evictable if self.eviction == "lru" else int(np.count_nonzero(keys < 0))
+            evict = min(max(need, min(self.evict_batch, spare)), evictable)
             if evict > 0:
                 victims = (
                     np.argpartition(keys, evict - 1)[:evict]
