@@ -160,3 +160,22 @@ def test_tgraph_leaderboard_of_a_missing_folder_exits_2(
 ) -> None:
     assert main(["tgraph", "leaderboard", str(tmp_path / "nothing")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_compute_time_counts_each_run_once_and_sums_seeds() -> None:
+    from frugal.tgraph.leaderboard import render_compute_time
+
+    rows = []
+    for seed, run_s in ((0, 60.0), (1, 120.0)):
+        for negatives in ("random", "historical"):  # a run's rows repeat its run_s
+            rows.append({**_row("tgn", seed, 0.9), "negatives": negatives, "run_s": run_s})
+    rows.append({**_row("edgebank", 0, 0.7), "run_s": 6.0})
+    rows.append({**_row("tgn", 0, 0.8, "d2"), "run_s": 30.0})
+    text = render_compute_time(rows)
+    assert "## protocol `frugal`" in text
+    assert "| dataset | tgn | edgebank | total |" in text
+    assert "| d1 | 3.0 | 0.1 | 3.1 |" in text  # (60 + 120) s, 6 s
+    assert "| d2 | 0.5 | — | 0.5 |" in text
+    assert "| all | 3.5 | 0.1 | 3.6 |" in text
+    assert "no run_s" not in text
+    assert "1 run(s) have no run_s" in render_compute_time([_row("tgn", 0, 0.9)])

@@ -7,7 +7,8 @@ test metric over seeds with a Student-t 95 % half-width ("n=1" for a single run)
 cell in bold; a last row gives each model's mean rank over the datasets. A table holds the
 datasets run under the same protocol settings (listing each dataset's protocol hash); a run
 found twice counts once. Runs with `--task nc` add one node-classification table per
-protocol (`nc_auc`, macro AUC for more than two classes).
+protocol (`nc_auc`, macro AUC for more than two classes). A last section gives the compute
+time of the runs (each run's `run_s`: training, validation, test, node classification).
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["collect_rows", "mean_ci95", "render_leaderboard", "write_leaderboard"]
+__all__ = [
+    "collect_rows",
+    "mean_ci95",
+    "render_compute_time",
+    "render_leaderboard",
+    "write_leaderboard",
+]
 
 
 def collect_rows(results_dir: Path) -> list[dict[str, Any]]:
@@ -179,6 +186,49 @@ def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
     return "\n".join(parts) + "\n"
 
 
+def render_compute_time(rows: list[dict[str, Any]]) -> str:
+    """Minutes of compute per (protocol, dataset, model), summed over seeds, with totals.
+
+    Each run counts once (its rows repeat `run_s` for every view and negative strategy);
+    runs without `run_s` (older results) count as 0 and are flagged.
+    """
+    runs: dict[tuple[Any, ...], float | None] = {}
+    for row in rows:
+        key = (row["protocol"], row["dataset"], row["protocol_hash"], row["system"], row["seed"])
+        runs.setdefault(key, row.get("run_s"))
+    parts = ["# tgraph compute time (minutes, sum over seeds; one run = train + eval + test)\n"]
+    missing = sum(1 for v in runs.values() if v is None)
+    for protocol in sorted({k[0] for k in runs}):
+        mine = {k: v for k, v in runs.items() if k[0] == protocol}
+        models = list(dict.fromkeys(k[3] for k in mine))
+        datasets = list(dict.fromkeys((k[1], k[2]) for k in mine))
+        parts.append(f"\n## protocol `{protocol}`\n")
+        parts.append("| dataset | " + " | ".join(models) + " | total |")
+        parts.append("|---" * (len(models) + 2) + "|")
+        column_totals = dict.fromkeys(models, 0.0)
+        for dataset, digest in datasets:
+            cells = []
+            total = 0.0
+            for model in models:
+                values = [
+                    v or 0.0
+                    for k, v in mine.items()
+                    if (k[1], k[2], k[3]) == (dataset, digest, model)
+                ]
+                minutes = sum(values) / 60.0
+                total += minutes
+                column_totals[model] += minutes
+                cells.append(f"{minutes:.1f}" if values else "—")
+            parts.append(f"| {dataset} | " + " | ".join(cells) + f" | {total:.1f} |")
+        grand = sum(column_totals.values())
+        parts.append(
+            "| all | " + " | ".join(f"{column_totals[m]:.1f}" for m in models) + f" | {grand:.1f} |"
+        )
+    if missing:
+        parts.append(f"\n{missing} run(s) have no run_s (older results) and count as 0.")
+    return "\n".join(parts) + "\n"
+
+
 def write_leaderboard(results_dir: Path, metric: str = "auc") -> Path:
     """Write `leaderboard.md` and `leaderboard.png` (metric vs s_per_epoch) into results_dir.
 
@@ -194,6 +244,7 @@ def write_leaderboard(results_dir: Path, metric: str = "auc") -> Path:
     text = render_leaderboard(rows, metric)
     if metric != "nc_auc" and any(r.get("nc_auc") is not None for r in rows):
         text += "\n" + render_leaderboard(rows, "nc_auc")
+    text += "\n" + render_compute_time(rows)
     markdown.write_text(text)
     _plot(rows, metric, results_dir / "leaderboard.png")
     return markdown
