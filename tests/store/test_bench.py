@@ -156,3 +156,37 @@ def test_progress_line_of_a_resumed_row_without_hit_ratio() -> None:
         "[2/84] criteo_zipf rocksdb_offload ratio=1.0 W=0 s=0: 6933 samples/s, hit n/a, stall 0.68"
     )
     assert "hit nan" not in _describe(1, 84, row | {"hit_ratio": float("nan")})
+
+
+def test_mlkv_lookahead_reads_are_not_counted_as_misses(tmp_path: Path) -> None:
+    import time
+
+    import numpy as np
+
+    from frugal.store.baselines import HybridLogTable
+    from frugal.store.rows import OptimizerConfig, RowSpec
+
+    spec = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="sgd", lr=1.0))
+    num_rows = 1000  # index 8 kB; 200 records of 24 B in memory
+    table = HybridLogTable(
+        tmp_path, num_rows, spec, 0, memory_budget_bytes=8 * num_rows + 200 * 24, mlkv=True
+    )
+    try:
+        for first in range(0, num_rows, 100):
+            ids = np.arange(first, first + 100)
+            table.get(ids, 0)
+            table.apply_gradients(ids, np.ones((100, 4), np.float32), 0)
+        assert table.head > 0  # the first rows went to disk
+        on_disk = np.arange(50)
+        table.lookahead(on_disk, 1)
+        deadline = time.monotonic() + 10
+        while table.stats()["prefetch_reads"] < 50 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        before = table.stats()
+        assert before["prefetch_reads"] == 50
+        table.get(on_disk, 1)  # all copied to the tail by the lookahead: 50 memory hits
+        after = table.stats()
+        assert after["hit_ratio"] == pytest.approx(before["hit_ratio"])
+        assert table.memory_hits == 50 and table.disk_reads == 0
+    finally:
+        table.close()
