@@ -42,6 +42,7 @@ from frugal.comm.message import (
     LinkCodec,
     NonFiniteMessageError,
     ProtocolError,
+    all_finite,
     parse_header,
 )
 from frugal.pipeline.models import PipelineStage
@@ -708,7 +709,7 @@ class StageRunner:
         t0 = time.thread_time()
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         if self.dp_sync is not None and grads:
-            if not all(bool(torch.isfinite(g).all()) for g in grads):  # before compressing it
+            if not all(all_finite(g) for g in grads):  # before compressing it
                 raise NonFiniteError(
                     stage=self.stage, step=self._step, mb=-1, tensor="local weight gradient"
                 )
@@ -720,7 +721,7 @@ class StageRunner:
             if self.dp_link is not None and self.dp_link.is_shaped:
                 time.sleep(ring_allreduce_s(nbytes, self.dp_sync.size, self.dp_link))
             grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        if grads and not all(bool(torch.isfinite(g).all()) for g in grads):
+        if grads and not all(all_finite(g) for g in grads):
             raise NonFiniteError(stage=self.stage, step=self._step, mb=-1, tensor="weight gradient")
         if self.dp_sync is not None and self.dp_sync.owns_optimizer:
             self.dp_sync.apply()
