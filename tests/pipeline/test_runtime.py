@@ -201,3 +201,25 @@ def test_a_receiver_expecting_another_size_fails_with_a_protocol_error() -> None
     # stage 2 expects 2 x 16 x 16 first-visit floats (2,048 B), stage 1 sends 4,096 B
     with pytest.raises(ProtocolError, match="expected a 2048-byte payload from stage 1"):
         run_local_step(runners, transport, actions, 0, _microbatches(data, data.train_ids[:6], 2))
+
+
+def test_all_finite_sees_nan_and_inf_anywhere() -> None:
+    from frugal.comm.message import all_finite
+
+    x = torch.randn(3, 5, 7)
+    assert all_finite(x) and all_finite(torch.zeros(0))
+    for bad in (torch.nan, torch.inf, -torch.inf):
+        for index in ((0, 0, 0), (2, 4, 6), (1, 2, 3)):
+            y = x.clone()
+            y[index] = bad
+            assert not all_finite(y), (bad, index)
+
+
+def test_nan_in_a_weight_gradient_is_reported_with_its_stage() -> None:
+    _, _, data, transport, runners, actions = _pipeline("fp32", "gpipe")
+    ids = data.train_ids[:6]
+    weight = next(runners[2].module.parameters())
+    weight.register_hook(lambda grad: torch.full_like(grad, torch.inf))
+    with pytest.raises(NonFiniteError, match="stage 2") as info:
+        run_local_step(runners, transport, actions, 0, _microbatches(data, ids, 2))
+    assert "weight gradient" in str(info.value)
