@@ -412,3 +412,23 @@ def test_update_after_get_reuses_the_read_only_while_nothing_was_written(
         rows[:] = 1e6
         store.apply_gradients(ids, ones)
         np.testing.assert_array_equal(store.peek(ids, cols="emb"), [[8, 18], start[1] - 3])
+
+
+def test_an_id_buffer_refilled_between_get_and_update_updates_the_new_rows(
+    tmp_path: Path,
+) -> None:
+    spec = RowSpec(embedding_dim=2, optimizer=OptimizerConfig(kind="sgd", lr=1.0))
+    store = EmbeddingStore.create(
+        tmp_path / "s", num_rows=10, spec=spec, config=_config("file", staleness_bound=None)
+    )
+    try:
+        start = store.peek(np.arange(10), cols="emb")
+        ids = np.array([1, 2])
+        store.get(ids)
+        ids[:] = [7, 8]  # the caller reuses its buffer for the next rows
+        store.apply_gradients(ids, np.ones((2, 2), dtype=np.float32))
+        after = store.peek(np.arange(10), cols="emb")
+        np.testing.assert_array_equal(after[[7, 8]], start[[7, 8]] - 1)
+        np.testing.assert_array_equal(after[[1, 2]], start[[1, 2]])
+    finally:
+        store.close(checkpoint=False)  # rows 1 and 2 keep their open reads

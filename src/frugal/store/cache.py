@@ -461,7 +461,8 @@ class RowCache:
                 # One random gather of whole rows, kept for this thread's update of the same
                 # rows (the training loop's get -> apply_gradients), which then skips its own.
                 full = self.slab[slots]
-                self._last_read[threading.get_ident()] = (ids, full, self.closes)
+                # A copy of ids: a caller may refill its id buffer before the update.
+                self._last_read[threading.get_ident()] = (ids.copy(), full, self.closes)
                 rows = full.copy() if columns is None else full[:, :columns].copy()
             else:  # fancy indexing copies already: one gather, of the wanted columns only
                 rows = self.slab[slots] if columns is None else self.slab[slots, :columns]
