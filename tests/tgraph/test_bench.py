@@ -109,9 +109,6 @@ def test_cli_rejects_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert "needs node labels" in capsys.readouterr().err
     assert main(["tgraph", "bench", "--dataset", "adult", "--out", str(tmp_path)]) == 2
     assert "not a temporal event stream" in capsys.readouterr().err
-    heuristic_nc = ["tgraph", "bench", "--dataset", "sp_hospital", "--task", "nc"]
-    assert main([*heuristic_nc, "--model", "recency", "--out", out]) == 2
-    assert "heuristics have no node embeddings" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -179,3 +176,22 @@ def test_compute_time_counts_each_run_once_and_sums_seeds() -> None:
     assert "| all | 3.5 | 0.1 | 3.6 |" in text
     assert "no run_s" not in text
     assert "1 run(s) have no run_s" in render_compute_time([_row("tgn", 0, 0.9)])
+
+
+@pytest.mark.slow
+def test_node_classification_bench_has_the_floor_row(tmp_path: Path) -> None:
+    config = TgraphBenchConfig(
+        datasets=("sp_hospital",),
+        models=("recency",),  # heuristics only: the popularity rows carry the NC floor
+        task="nc",
+        protocol=ProtocolConfig(max_epochs=1, embedding_dim=16, learning_rate=1e-3),
+        num_seeds=1,
+        num_threads=1,
+        compare_pyg_reference=False,
+    )
+    rows = run_tgraph_bench(config, tmp_path)["rows"]
+    with_nc = {r["system"] for r in rows if r.get("nc_auc") is not None}
+    assert with_nc == {"popularity"}
+    floor = next(r for r in rows if r["system"] == "popularity")
+    assert 0 <= floor["nc_auc"] <= 1 and floor["num_classes"] == 4
+    assert floor["nc_steps"] >= 300
