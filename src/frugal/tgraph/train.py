@@ -449,6 +449,20 @@ def _run_heuristic(
     return LinkPredictionResult(rows, efficiency, model)
 
 
+def _labelled_nodes(events: TemporalEvents) -> IntArray:
+    """Ids of the nodes with a class label, sorted.
+
+    Raises:
+        ValueError: If the dataset has no node labels.
+    """
+    if events.node_label is None or (events.node_label >= 0).sum() == 0:
+        raise ValueError(
+            "node classification needs node labels; this dataset has none (use --task lp)"
+        )
+    nodes: IntArray = np.flatnonzero(events.node_label >= 0).astype(np.int64)
+    return nodes
+
+
 def run_node_classification(
     model: TemporalGNN,
     protocol: Protocol,
@@ -485,10 +499,7 @@ def run_node_classification(
         ValueError: If the dataset has no node labels.
     """
     events = protocol.split.events
-    if events.node_label is None or (events.node_label >= 0).sum() == 0:
-        raise ValueError(
-            "node classification needs node labels; this dataset has none (use --task lp)"
-        )
+    nodes = _labelled_nodes(events)
     finder = NeighborFinder(events.src, events.dst, events.t, events.num_nodes)
     model.eval()
     model.reset_state()
@@ -499,13 +510,13 @@ def run_node_classification(
             src, dst, t = events.src[lo:hi], events.dst[lo:hi], events.t[lo:hi]
             _, _, _, other_vec = model.forward_batch(src, [dst], t, lo, finder)
             model.commit_numpy(src, dst, t, np.arange(lo, hi), other_vec)
-        nodes = np.flatnonzero(events.node_label >= 0).astype(np.int64)
         memory_ND, last_update_N = model.peek_memory()
         end_t = np.full(len(nodes), events.t[-1] + 1)
         z = model.embed(
             nodes, end_t, np.full(len(nodes), events.num_events), finder, memory_ND,
             last_update_N,
         )  # fmt: skip
+    assert events.node_label is not None  # checked by _labelled_nodes
     labels = events.node_label[nodes]
     num_classes = len(events.label_names)
     result = fit_node_classifier(
@@ -565,14 +576,11 @@ def node_classification_floor(protocol: Protocol, seed: int) -> dict[str, Any]:
         ValueError: If the dataset has no node labels.
     """
     events = protocol.split.events
-    if events.node_label is None or (events.node_label >= 0).sum() == 0:
-        raise ValueError(
-            "node classification needs node labels; this dataset has none (use --task lp)"
-        )
-    nodes = np.flatnonzero(events.node_label >= 0).astype(np.int64)
+    nodes = _labelled_nodes(events)
     x = degree_features(events)[torch.from_numpy(nodes)]
     x = (x - x.mean(dim=0)) / x.std(dim=0).clamp_min(1e-6)  # standardised columns
     num_classes = len(events.label_names)
+    assert events.node_label is not None  # checked by _labelled_nodes
     result = fit_node_classifier(x, events.node_label[nodes], num_classes, seed)
     return {**result, "num_classes": num_classes, "num_labelled_nodes": len(nodes)}
 
