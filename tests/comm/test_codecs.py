@@ -150,3 +150,18 @@ def test_quantizers_refuse_nan_and_inf_anywhere() -> None:
         for codec in (QuantizeCodec(4), ChannelQuantizeCodec(2)):
             with pytest.raises(ValueError, match="NaN or inf"):
                 codec.encode(x)
+
+
+def test_delta_codec_refuses_negative_and_repeated_example_ids() -> None:
+    from frugal.comm.codecs import DeltaCodec
+
+    codec = DeltaCodec(2)
+    x = torch.randn(3, 4)
+    with pytest.raises(ValueError, match="example_ids must be >= 0, got min -2"):
+        codec.encode(x, torch.tensor([0, -2, 1]))
+    with pytest.raises(ValueError, match="repeat within one message"):
+        codec.encode(x, torch.tensor([5, 1, 5]))
+    with pytest.raises(ValueError, match=r"example_ids must have shape \(3,\)"):
+        codec.encode(x, torch.tensor([0, 1]))
+    codec.encode(x, torch.tensor([2, 0, 1]))  # nothing was stored by the refused calls
+    assert sorted(codec.buffers) == [0, 1, 2]

@@ -123,6 +123,8 @@ def test_memmap_rows_are_in_the_file_and_ids_are_checked(tmp_path: Path) -> None
     assert np.array_equal(on_disk[7], rows[0].numpy()) and np.array_equal(on_disk[2], rows[1])
     with pytest.raises(ValueError, match="beyond this buffer's 10 rows"):
         MemmapBuffer(tmp_path / "b.f32", 10, (2,)).write(torch.tensor([10]), torch.ones(1, 2), 0)
+    with pytest.raises(ValueError, match="example ids must be >= 0, got -1"):
+        MemmapBuffer(tmp_path / "c.f32", 10, (2,)).write(torch.tensor([3, -1]), torch.ones(2, 2), 0)
 
 
 @pytest.mark.slow

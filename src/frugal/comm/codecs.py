@@ -29,7 +29,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -420,10 +419,10 @@ class DeltaCodec:
 
     def _prepare(self, example_ids: Tensor, row_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
         ids = example_ids.long()
-        flat = ids.detach().cpu().reshape(-1).numpy()  # a few ids: numpy beats torch here
-        if flat.size and int(flat.min()) < 0:
-            raise ValueError(f"example_ids must be >= 0, got min {int(flat.min())}")
-        if np.unique(flat).size != flat.size:
+        flat = ids.detach().cpu().reshape(-1).tolist()  # a few ids: plain Python is cheapest
+        if flat and min(flat) < 0:
+            raise ValueError(f"example_ids must be >= 0, got min {min(flat)}")
+        if len(set(flat)) != len(flat):
             raise ValueError("example_ids repeat within one message; each example once")
         if self.buffer is None:
             self.buffer, self._row_shape = self._factory(row_shape), row_shape
