@@ -432,36 +432,63 @@ def run_pipeline_bench(
 def torch_pipelining_rows(
     config: PipelineBenchConfig, rows: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Run the torch.distributed.pipelining baseline; its rows and summary keys.
+    """Run the torch.distributed.pipelining baseline head to head; its rows and summary keys.
 
-    Rows carry `codec` "torch.pipelining", `method` "torch.pipelining:SCHEDULE", FP32 bits,
-    rho 0 (link "unshaped"), measured tokens/s and the first step's loss; `skipped` holds
-    the reason when the launch failed or hung (the bench goes on). Summary:
-    `torch_pipelining_tokens_per_s` per schedule, `fp32_unshaped_tokens_per_s` (ours, same
-    link) and `speedup_vs_torch_pipelining` (ours over torch's, same schedule as ours).
+    In each of `speed_rounds` rounds, our FP32 runtime (unshaped) and torch's schedules are
+    launched one after the other, each in fresh processes for `speed_steps` steps, so both
+    see the same machine state; each side's tokens/s is the median over all rounds' timed
+    steps (a launch's first step is not timed). Rows carry `codec` "torch.pipelining",
+    `method` "torch.pipelining:SCHEDULE", FP32 bits, rho 0 (link "unshaped"), measured
+    tokens/s and the first step's loss; `skipped` holds the reason when a launch failed or
+    hung (the bench goes on). Summary: `torch_pipelining_tokens_per_s` per schedule,
+    `fp32_unshaped_tokens_per_s` (ours, from the speed cells), `fp32_head_to_head_tokens_per_s`
+    (ours, launched like torch's) and `speedup_vs_torch_pipelining` (head to head, same
+    schedule as ours).
     """
     from frugal.pipeline.runtime import PipelineError
-    from frugal.pipeline.torch_pipelining import launch_torch_pipelining, summarize
+    from frugal.pipeline.torch_pipelining import launch_torch_pipelining
 
     train = config.train
     shape = (train.micro_batch_size, train.gpt.context, train.gpt.hidden)
     fp32 = CodecSpec.parse("fp32")
     analytic = (train.num_stages - 1) * train.num_microbatches * 4 * math.prod(shape) * 2
-    measured: dict[str, Any] = {}
+    tokens_per_step = train.micro_batch_size * train.num_microbatches * train.gpt.context
+    timeout_s = min(config.launch_timeout_s, 600.0)
+    steps_by_side: dict[str, list[float]] = {name: [] for name in config.torch_pipelining}
+    steps_by_side["ours"] = []
+    first_losses: dict[str, list[float]] = {}
     reason = None
+    ours_spec = RunSpec(
+        label="fp32@head-to-head", codec="fp32", steps=config.speed_steps, repeat_examples=True
+    )
     with tempfile.TemporaryDirectory(prefix="frugal-torch-pipelining-") as tmp:
         try:
-            ranks = launch_torch_pipelining(
-                train,
-                config.torch_pipelining,
-                # as many timed steps as one of our cells gets over its rounds
-                1 + config.speed_rounds * (config.speed_steps - 1),
-                Path(tmp),
-                timeout_s=min(config.launch_timeout_s, 600.0),
-            )
-            measured = summarize(train, ranks)
+            for r in range(config.speed_rounds):  # ours, then torch's, in every round
+                ours_ranks = launch_torchrun(
+                    train, [ours_spec], Path(tmp) / f"ours{r}", nproc=train.num_stages,
+                    timeout_s=timeout_s,
+                )  # fmt: skip
+                steps_by_side["ours"] += _timed_steps([rank["runs"][0] for rank in ours_ranks])
+                torch_ranks = launch_torch_pipelining(
+                    train, config.torch_pipelining, config.speed_steps, Path(tmp) / f"torch{r}",
+                    timeout_s=timeout_s,
+                )  # fmt: skip
+                for k, name in enumerate(config.torch_pipelining):
+                    runs = [rank["runs"][k] for rank in torch_ranks]
+                    steps_by_side[name] += _timed_steps(runs)
+                    losses: list[float] = next((x["losses"] for x in runs if x["losses"]), [])
+                    first_losses.setdefault(name, losses)
         except PipelineError as exc:
             reason = f"torch.distributed.pipelining failed or hung: {exc}"
+    measured: dict[str, dict[str, Any]] = {
+        name: {
+            "tokens_per_s": tokens_per_step / statistics.median(steps),
+            "step_time_ms": 1e3 * statistics.median(steps),
+            "losses": first_losses.get(name, []),
+        }
+        for name, steps in steps_by_side.items()
+        if steps and reason is None
+    }
     out_rows = []
     for name in config.torch_pipelining:
         result = measured.get(name)
@@ -487,17 +514,28 @@ def torch_pipelining_rows(
                 "skipped": reason,
             }
         )
-    ours = next((r for r in rows if r["method"] == "fp32" and r["rho"] == 0.0), None)
+    ours_cell = next((r for r in rows if r["method"] == "fp32" and r["rho"] == 0.0), None)
+    head_to_head = measured.get("ours")
     theirs = measured.get(train.schedule)
     summary: dict[str, Any] = {
-        "torch_pipelining_tokens_per_s": {k: v["tokens_per_s"] for k, v in measured.items()},
-        "fp32_unshaped_tokens_per_s": ours["tokens_per_s"] if ours else None,
-        "speedup_vs_torch_pipelining": ours["tokens_per_s"] / theirs["tokens_per_s"]
-        if ours and theirs
+        "torch_pipelining_tokens_per_s": {
+            k: v["tokens_per_s"] for k, v in measured.items() if k != "ours"
+        },
+        "fp32_unshaped_tokens_per_s": ours_cell["tokens_per_s"] if ours_cell else None,
+        "fp32_head_to_head_tokens_per_s": head_to_head["tokens_per_s"] if head_to_head else None,
+        "speedup_vs_torch_pipelining": head_to_head["tokens_per_s"] / theirs["tokens_per_s"]
+        if head_to_head and theirs
         else None,
         "torch_pipelining_skipped": reason,
     }
     return out_rows, summary
+
+
+def _timed_steps(runs: list[dict[str, Any]]) -> list[float]:
+    """Step seconds of one launch (slowest rank per step), its first step left out."""
+    per_rank = [run["step_s"] for run in runs]
+    steps = [max(s[i] for s in per_rank) for i in range(len(per_rank[0]))]
+    return steps[1:] or steps
 
 
 def _effective_cores(by_stage: list[dict[str, Any]], schedule: str) -> float:
