@@ -17,6 +17,7 @@ SRC = Path(frugal.__file__).parent
 # planner (planner itself never imports pipeline; it prices codecs through comm.wire).
 LAYERS = {
     "config": 0,
+    "_libc": 0,  # glibc allocator settings (imports nothing of frugal)
     "results": 1,
     "data": 1,
     "store": 2,
