@@ -28,7 +28,7 @@ def test_bit_packing_round_trips(bits: int) -> None:
 
 
 def test_packing_by_hand() -> None:
-    # 2-bit codes [1, 2, 3, 0] little-endian: bits 1,0 | 0,1 | 1,1 | 0,0 -> 0b00111001 = 57.
+    # 2-bit codes [1, 2, 3, 0], one byte: code i at bit 2 i -> 0b00111001 = 57.
     packed = pack_bits(torch.tensor([[1, 2, 3, 0]], dtype=torch.uint8), 2)
     assert packed.tolist() == [[57]]
 

@@ -1,4 +1,4 @@
-"""The shift-and-sum packing for 1, 2, 4 and 8 bits writes the generic bit stream's bytes."""
+"""Bit packing against plain-Python references: planar for 1, 2, 4 bits, a bit stream else."""
 
 from __future__ import annotations
 
@@ -16,20 +16,42 @@ def _bit_stream_reference(codes: torch.Tensor, bits: int) -> torch.Tensor:
     return (stream.reshape(rows, -1, 8) << torch.arange(8)).sum(-1).to(torch.uint8)
 
 
+def _planar_reference(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    # m = 8 / k codes per byte, B = ceil(C / m) bytes: byte j holds code i B + j at bit k i.
+    per_byte = 8 // bits
+    out = []
+    for row in codes.tolist():
+        num_bytes = -(-len(row) // per_byte)
+        row = row + [0] * (per_byte * num_bytes - len(row))
+        out.append(
+            [
+                sum(row[i * num_bytes + j] << (bits * i) for i in range(per_byte))
+                for j in range(num_bytes)
+            ]
+        )
+    return torch.tensor(out, dtype=torch.uint8)
+
+
 @pytest.mark.parametrize("bits", range(1, 9))
 @pytest.mark.parametrize("cols", [1, 3, 7, 13, 128])
-def test_packing_equals_the_bit_stream_reference(bits: int, cols: int) -> None:
+def test_packing_equals_the_reference_layout(bits: int, cols: int) -> None:
     gen = torch.Generator().manual_seed(bits * 100 + cols)
     codes = torch.randint(0, 1 << bits, (4, cols), generator=gen).to(torch.uint8)
     packed = pack_bits(codes, bits)
-    assert torch.equal(packed, _bit_stream_reference(codes, bits))
+    planar = bits in (1, 2, 4)
+    expected = _planar_reference(codes, bits) if planar else _bit_stream_reference(codes, bits)
+    assert torch.equal(packed, expected)
+    assert torch.equal(pack_bits(codes.float(), bits), expected)  # float codes pack the same
     assert torch.equal(unpack_bits(packed, bits, cols), codes)
+    signed = unpack_bits(packed, bits, cols, offset=1 << (bits - 1), dtype=torch.float32)
+    assert torch.equal(signed, codes.float() - (1 << (bits - 1)))
 
 
 def test_two_bit_packing_by_hand() -> None:
-    # Codes 1, 2, 3, 0, 1 -> byte 0 = 1 | 2 << 2 | 3 << 4 | 0 << 6 = 0b00111001 = 57; byte 1 = 1.
+    # Codes 1, 2, 3, 0, 1 padded to 8 = 4 parts of B = 2: [1, 2] [3, 0] [1, 0] [0, 0].
+    # Byte 0 = 1 | 3 << 2 | 1 << 4 | 0 << 6 = 29; byte 1 = 2 | 0 | 0 | 0 = 2.
     codes = torch.tensor([[1, 2, 3, 0, 1]], dtype=torch.uint8)
-    assert pack_bits(codes, 2).tolist() == [[57, 1]]
+    assert pack_bits(codes, 2).tolist() == [[29, 2]]
 
 
 def test_channel_quantizer_by_hand() -> None:

@@ -82,10 +82,15 @@ class BufferFactory(Protocol):
         ...
 
 
-def _check_ids(ids: Tensor, limit: int | None) -> Tensor:
+def _check_ids(ids: Tensor, limit: int | None) -> tuple[Tensor, list[int]]:
+    """(int64 ids, the same ids as a list), checked.
+
+    A message carries one micro-batch of examples (tens): plain Python on a list costs less
+    than any array call there.
+    """
     ids = ids.long()
-    if ids.numel():  # a handful of ids per message: Python's min/max cost least here
-        flat = ids.detach().cpu().reshape(-1).tolist()
+    flat: list[int] = ids.reshape(-1).tolist()
+    if flat:
         low, high = min(flat), max(flat)
         if low < 0:
             raise ValueError(f"example ids must be >= 0, got {low}")
@@ -94,33 +99,30 @@ def _check_ids(ids: Tensor, limit: int | None) -> Tensor:
                 f"example id {high} is beyond this buffer's {limit} rows; size it with "
                 "num_examples = the largest example id + 1"
             )
-    return ids
+    return ids, flat
 
 
 class _Seen:
-    """Bitmap of ids that have a row, grown on demand (numpy: ids come a few at a time)."""
+    """Flags of ids that have a row (a bytearray grown on demand; ids come a few at a time)."""
 
     def __init__(self, capacity: int = 0) -> None:
-        self.flags = np.zeros(capacity, dtype=np.bool_)
+        self.flags = bytearray(capacity)
 
-    def get(self, ids: Tensor) -> Tensor:
-        flat = ids.detach().cpu().reshape(-1).numpy()
-        out = np.zeros(flat.shape, dtype=np.bool_)
-        inside = flat < self.flags.size
-        out[inside] = self.flags[flat[inside]]
-        return torch.from_numpy(out).reshape(ids.shape)
+    def get(self, flat: list[int], shape: torch.Size) -> Tensor:
+        flags, size = self.flags, len(self.flags)
+        seen = [i < size and flags[i] == 1 for i in flat]
+        return torch.tensor(seen, dtype=torch.bool).reshape(shape)
 
-    def set(self, ids: Tensor) -> None:
-        flat = ids.detach().cpu().reshape(-1).numpy()
-        need = int(flat.max()) + 1 if flat.size else 0
-        if need > self.flags.size:
-            grown = np.zeros(max(need, 2 * self.flags.size), dtype=np.bool_)
-            grown[: self.flags.size] = self.flags
-            self.flags = grown
-        self.flags[flat] = True
+    def set(self, flat: list[int]) -> None:
+        need = max(flat) + 1 if flat else 0
+        if need > len(self.flags):
+            self.flags.extend(bytes(max(need, 2 * len(self.flags)) - len(self.flags)))
+        for i in flat:
+            self.flags[i] = 1
 
     def ids(self) -> Tensor:
-        return torch.from_numpy(np.flatnonzero(self.flags).astype(np.int64))
+        flags = np.frombuffer(bytes(self.flags), dtype=np.uint8)
+        return torch.from_numpy(np.flatnonzero(flags).astype(np.int64))
 
 
 class MemoryBuffer:
@@ -138,7 +140,8 @@ class MemoryBuffer:
 
     def seen(self, ids: Tensor) -> Tensor:
         """(M,) bool."""
-        return self._seen.get(_check_ids(ids, None))
+        ids, flat = _check_ids(ids, None)
+        return self._seen.get(flat, ids.shape)
 
     def seen_ids(self) -> Tensor:
         """Ids with a row."""
@@ -146,22 +149,22 @@ class MemoryBuffer:
 
     def read(self, ids: Tensor, step: int) -> Tensor:
         """Rows of seen ids (a copy)."""
-        return self.table[_check_ids(ids, None)]
+        return self.table.index_select(0, _check_ids(ids, None)[0])
 
     def peek(self, ids: Tensor) -> Tensor:
         """Rows of seen ids (a copy)."""
-        return self.table[_check_ids(ids, None)]
+        return self.table.index_select(0, _check_ids(ids, None)[0])
 
     def write(self, ids: Tensor, rows: Tensor, step: int) -> None:
         """Store rows; the table doubles when an id is beyond it."""
-        ids = _check_ids(ids, None)
-        need = int(ids.max()) + 1 if ids.numel() else 0
+        ids, flat = _check_ids(ids, None)
+        need = max(flat) + 1 if flat else 0
         if need > self.table.shape[0]:
             grown = torch.zeros((max(need, 2 * self.table.shape[0]), *self.row_shape))
             grown[: self.table.shape[0]] = self.table
             self.table = grown
-        self.table[ids] = rows
-        self._seen.set(ids)
+        self.table.index_copy_(0, ids, rows.reshape(len(flat), *self.row_shape))
+        self._seen.set(flat)
 
     def prefetch(self, ids: Tensor, step: int) -> None:
         """Nothing to do: every row is in RAM."""
@@ -203,7 +206,8 @@ class MemmapBuffer:
 
     def seen(self, ids: Tensor) -> Tensor:
         """(M,) bool."""
-        return self._seen.get(_check_ids(ids, self.num_examples))
+        ids, flat = _check_ids(ids, self.num_examples)
+        return self._seen.get(flat, ids.shape)
 
     def seen_ids(self) -> Tensor:
         """Ids with a row."""
@@ -211,17 +215,17 @@ class MemmapBuffer:
 
     def read(self, ids: Tensor, step: int) -> Tensor:
         """Rows of seen ids (a copy out of the mapping)."""
-        return self.table[_check_ids(ids, self.num_examples)]
+        return self.table.index_select(0, _check_ids(ids, self.num_examples)[0])
 
     def peek(self, ids: Tensor) -> Tensor:
         """Rows of seen ids (a copy)."""
-        return self.table[_check_ids(ids, self.num_examples)]
+        return self.table.index_select(0, _check_ids(ids, self.num_examples)[0])
 
     def write(self, ids: Tensor, rows: Tensor, step: int) -> None:
         """Store rows into the mapping (the OS writes them back to the file)."""
-        ids = _check_ids(ids, self.num_examples)
-        self.table[ids] = rows
-        self._seen.set(ids)
+        ids, flat = _check_ids(ids, self.num_examples)
+        self.table.index_copy_(0, ids, rows.reshape(len(flat), *self.row_shape))
+        self._seen.set(flat)
 
     def prefetch(self, ids: Tensor, step: int) -> None:
         """Nothing to do: the OS pages rows in on access."""

@@ -23,7 +23,6 @@ References:
 from __future__ import annotations
 
 import math
-import sys
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -138,40 +137,64 @@ class HalfCodec:
         return encoded.tensors[0].to(torch.float32).reshape(encoded.shape)
 
 
-_WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # codes per byte -> word of them
+_PACK_WEIGHTS: dict[tuple[int, torch.device], Tensor] = {}
+_UNPACK_LUTS: dict[tuple[int, int, torch.dtype, torch.device], Tensor] = {}
+
+
+def _pack_weights(bits: int, device: torch.device) -> Tensor:
+    """(m,) float32: 2^(k i), the place of the i-th code of a byte (m = 8 / k codes)."""
+    key = (bits, device)
+    if key not in _PACK_WEIGHTS:
+        _PACK_WEIGHTS[key] = torch.tensor(
+            [float(1 << (bits * i)) for i in range(8 // bits)], device=device
+        )
+    return _PACK_WEIGHTS[key]
+
+
+def _unpack_lut(bits: int, offset: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(m * 256,) table: entry 256 i + b is code i of byte b, minus `offset`."""
+    key = (bits, offset, dtype, device)
+    if key not in _UNPACK_LUTS:
+        byte = torch.arange(256, dtype=torch.int64)
+        place = torch.arange(0, 8, bits, dtype=torch.int64).unsqueeze(1)
+        codes = ((byte >> place) & ((1 << bits) - 1)) - offset  # (m, 256)
+        _UNPACK_LUTS[key] = codes.reshape(-1).to(device=device, dtype=dtype)
+    return _UNPACK_LUTS[key]
 
 
 def pack_bits(codes: Tensor, bits: int) -> Tensor:
-    """Pack k-bit codes (uint8, each < 2^k) densely, little-endian, 8 codes per k bytes.
+    """Pack k-bit codes (integers in [0, 2^k), uint8 or float32) of each row densely.
+
+    Layout, row by row (C codes, B = ceil(C k / 8) bytes):
+    - k in {1, 2, 4} (m = 8 / k codes per byte): planar. The row, zero-padded to m B codes, is
+      cut into m consecutive parts of B codes; byte j holds code j of part i at bits k i to
+      k i + k - 1. Packing is one matrix product with (1, 2^k, ..., 2^(k (m-1))), so it runs
+      as the same few torch calls on CPU and GPU.
+    - k = 8: the codes as bytes.
+    - k in {3, 5, 6, 7}: a little-endian bit stream; code c occupies bits c k to c k + k - 1.
 
     Raises:
         ValueError: If bits is not in [1, 8].
 
     Shapes:
-        codes: (R, C) -> (R, ceil(C k / 8)) uint8.
+        codes: (R, C) -> (R, B) uint8.
     """
     if not 1 <= bits <= 8:
         raise ValueError(f"bits={bits} must be in [1, 8]")
     rows, cols = codes.shape
     if bits == 8:
-        return codes.contiguous()
-    if 8 % bits == 0:  # whole codes per byte
+        return codes.to(torch.uint8).contiguous()
+    if 8 % bits == 0:  # whole codes per byte: planar
         per_byte = 8 // bits
+        codes_f = codes if codes.dtype == torch.float32 else codes.float()
         pad = (-cols) % per_byte
         if pad:
-            codes = torch.nn.functional.pad(codes, (0, pad))
-        if sys.byteorder == "little" and codes.device.type == "cpu":
-            # The per_byte codes of one output byte, read as one little-endian word: code i
-            # sits at bit 8 i; shift each down to bit `bits` x i and mask (no reduction).
-            word = codes.contiguous().view(_WORDS[per_byte])
-            mask = (1 << bits) - 1
-            out = word & mask
-            for i in range(1, per_byte):
-                out |= (word >> (i * (8 - bits))) & (mask << (i * bits))
-            return out.to(torch.uint8)
-        offsets = torch.arange(0, 8, bits, device=codes.device, dtype=torch.uint8)
-        grouped = codes.reshape(rows, -1, per_byte) << offsets  # disjoint bits: sum = or
-        return grouped.sum(dim=-1, dtype=torch.uint8)
+            codes_f = torch.nn.functional.pad(codes_f, (0, pad))
+        grouped = codes_f.reshape(rows, per_byte, -1)  # (R, m, B)
+        weights = _pack_weights(bits, codes.device)
+        planar = (weights @ grouped[0]).unsqueeze(0) if rows == 1 else weights @ grouped
+        return planar.to(torch.uint8)  # sums of distinct places: exact in float32
+    codes = codes.to(torch.uint8)
     shifts = torch.arange(bits, device=codes.device, dtype=torch.uint8)
     bit_RCk = (codes.unsqueeze(-1) >> shifts) & 1  # (R, C, k), bit b of each code
     stream = bit_RCk.reshape(rows, cols * bits)
@@ -183,22 +206,31 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
     return packed.to(torch.uint8)
 
 
-def unpack_bits(packed: Tensor, bits: int, cols: int) -> Tensor:
-    """Inverse of `pack_bits`.
+def unpack_bits(
+    packed: Tensor, bits: int, cols: int, offset: int = 0, dtype: torch.dtype = torch.uint8
+) -> Tensor:
+    """Inverse of `pack_bits`: the codes minus `offset`, as `dtype`.
+
+    `dtype=torch.float32, offset=2^(k-1)` gives a symmetric quantizer's signed levels in one
+    table lookup (k in {1, 2, 4}).
 
     Shapes:
-        packed: (R, B) -> (R, cols) uint8.
+        packed: (R, B) -> (R, cols).
     """
     rows = packed.shape[0]
+    if bits == 8:
+        return (packed[:, :cols].to(dtype) - offset) if offset else packed[:, :cols].to(dtype)
     if 8 % bits == 0:
-        offsets = torch.arange(0, 8, bits, device=packed.device, dtype=torch.uint8)
-        mask = (1 << bits) - 1
-        return ((packed.unsqueeze(-1) >> offsets) & mask).reshape(rows, -1)[:, :cols]
+        per_byte = 8 // bits
+        lut = _unpack_lut(bits, offset, dtype, packed.device)
+        place = torch.arange(0, 256 * per_byte, 256, device=packed.device)
+        index = packed.reshape(rows, 1, -1).long() + place.view(1, per_byte, 1)  # (R, m, B)
+        return torch.take(lut, index).reshape(rows, -1)[:, :cols]
     shifts = torch.arange(8, device=packed.device, dtype=torch.uint8)
     stream = ((packed.unsqueeze(-1) >> shifts) & 1).reshape(rows, -1)[:, : cols * bits]
     weights = (1 << torch.arange(bits, device=packed.device, dtype=torch.int32)).to(torch.int32)
     codes: Tensor = (stream.reshape(rows, cols, bits).to(torch.int32) * weights).sum(dim=-1)
-    return codes.to(torch.uint8)
+    return (codes - offset).to(dtype) if offset else codes.to(dtype)
 
 
 class QuantizeCodec:
@@ -252,14 +284,14 @@ class QuantizeCodec:
         codes = torch.round((x_RC - low) / safe).clamp_(0, levels)
         header = torch.cat([low, step], dim=1).contiguous()  # (R, 2) float32
         x_hat = (header[:, :1] + codes * header[:, 1:2]).reshape(x.shape)  # as decode computes
-        packed = pack_bits(codes.to(torch.uint8), self.bits)
+        packed = pack_bits(codes, self.bits)
         return Encoded(tuple(x.shape), (header, packed)), x_hat
 
     def decode(self, encoded: Encoded) -> Tensor:
         """Rebuild each value as min + code x step."""
         header, packed = encoded.tensors
         _, cols = self._rows(encoded.shape)
-        codes = unpack_bits(packed, self.bits, cols).to(torch.float32)
+        codes = unpack_bits(packed, self.bits, cols, dtype=torch.float32)
         return (header[:, :1] + codes * header[:, 1:2]).reshape(encoded.shape)
 
 
@@ -309,30 +341,33 @@ class ChannelQuantizeCodec:
         x_RC = x.reshape(-1, cols)
         half_levels = 1 << (self.bits - 1)
         amax_C = x_RC.abs().amax(dim=0)
-        if not torch.isfinite(amax_C).all():  # amax propagates NaN and inf: every value checked
+        if not math.isfinite(amax_C.max().item()):  # amax propagates NaN and inf
             raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
         scale_C = amax_C.clamp_(max=65504.0).to(torch.float16)
-        scale = scale_C.float()  # both sides use the fp16 value that travels
-        zero = scale == 0  # (C,): all-zero channels, or ones below fp16's smallest value
-        any_zero = bool(zero.any())
-        safe = torch.where(zero, torch.ones_like(scale), scale) if any_zero else scale
-        codes = torch.round(x_RC / safe * half_levels).clamp_(-half_levels, half_levels - 1)
-        if any_zero:
-            codes.masked_fill_(zero, 0.0)
+        step_C = scale_C.float().div_(half_levels)  # both sides use the fp16 value that travels
+        # A zero scale (an all-zero channel, or one below fp16's smallest value) gets a tiny
+        # divisor: its codes stay finite and its levels, code x 0, are zeros.
+        divisor_C = step_C.clamp(min=1e-30)
+        # x / (s / 2^(k-1)) = x / s x 2^(k-1) exactly: dividing by a power of two is exact.
+        codes = torch.round(x_RC / divisor_C).clamp_(-half_levels, half_levels - 1)
         codes.add_(half_levels)  # now >= 0 (a -0.0 code becomes +half: no signed zeros)
-        # The same expression as decode, so both sides hold the same bits.
-        x_hat = ((codes - half_levels) * (scale / half_levels)).reshape(x.shape)
-        packed = pack_bits(codes.to(torch.uint8).reshape(1, -1), self.bits)
-        return Encoded(tuple(x.shape), (scale_C.contiguous(), packed)), x_hat
+        x_hat = ((codes - half_levels) * step_C).reshape(x.shape)  # decode's expression
+        packed = pack_bits(codes.reshape(1, -1), self.bits)
+        return Encoded(tuple(x.shape), (scale_C, packed)), x_hat
 
     def decode(self, encoded: Encoded) -> Tensor:
         """Rebuild x_hat = (code - 2^(k-1)) s / 2^(k-1)."""
         scale_C, packed = encoded.tensors
-        n = math.prod(encoded.shape)
+        return self.dequantize(scale_C, packed, encoded.shape)
+
+    def dequantize(self, scale_C: Tensor, packed: Tensor, shape: tuple[int, ...]) -> Tensor:
+        """x_hat from the fp16 scales (C,) and the packed codes: what `quantize` returns."""
         half_levels = 1 << (self.bits - 1)
-        codes = unpack_bits(packed.reshape(1, -1), self.bits, n).to(torch.float32)
-        x_RC = (codes.reshape(-1, scale_C.numel()) - half_levels) * (scale_C.float() / half_levels)
-        return x_RC.reshape(encoded.shape)  # the same expression as in quantize
+        levels = unpack_bits(
+            packed.reshape(1, -1), self.bits, math.prod(shape), half_levels, torch.float32
+        )
+        step_C = scale_C.float().div_(half_levels)
+        return (levels.reshape(-1, scale_C.numel()) * step_C).reshape(shape)
 
 
 class DeltaCodec:
@@ -368,6 +403,7 @@ class DeltaCodec:
         self.buffer: ActivationBuffer | None = None
         self._row_shape: tuple[int, ...] = ()
         self._last: tuple[Tensor, Tensor] | None = None  # (ids, rows) of the last update
+        self._new_memo: tuple[tuple[int, ...], Tensor] | None = None  # (ids, not yet seen)
 
     @property
     def buffers(self) -> Mapping[int, Tensor]:
@@ -392,7 +428,18 @@ class DeltaCodec:
         """How many of `example_ids` this side has not buffered yet."""
         if self.buffer is None:
             return int(example_ids.numel())
-        return int((~self.buffer.seen(example_ids.long())).sum())
+        return int(self._new(example_ids.long(), example_ids.reshape(-1).tolist()).sum())
+
+    def _new(self, ids: Tensor, flat: list[int]) -> Tensor:
+        """(M,) bool: not buffered yet.
+
+        Remembered until the next write: `num_new` asks right before `encode`/`decode`.
+        """
+        assert self.buffer is not None
+        key = tuple(flat)
+        if self._new_memo is None or self._new_memo[0] != key:
+            self._new_memo = (key, ~self.buffer.seen(ids))
+        return self._new_memo[1]
 
     def rows_crc32(self, example_ids: Tensor) -> int:
         """CRC32 of the buffered rows of `example_ids`, in that order (drift check).
@@ -419,7 +466,7 @@ class DeltaCodec:
 
     def _prepare(self, example_ids: Tensor, row_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
         ids = example_ids.long()
-        flat = ids.detach().cpu().reshape(-1).tolist()  # a few ids: plain Python is cheapest
+        flat: list[int] = ids.reshape(-1).tolist()  # a few ids: plain Python is cheapest
         if flat and min(flat) < 0:
             raise ValueError(f"example_ids must be >= 0, got min {min(flat)}")
         if len(set(flat)) != len(flat):
@@ -431,10 +478,11 @@ class DeltaCodec:
                 f"example shape {row_shape} differs from the buffered {self._row_shape}; one "
                 "DeltaCodec per link and tensor"
             )
-        return ids, ~self.buffer.seen(ids)
+        return ids, self._new(ids, flat)
 
     def _write(self, ids: Tensor, rows: Tensor, step: int) -> None:
         assert self.buffer is not None
+        self._new_memo = None
         self.buffer.write(ids, rows, step)
         self._last = (ids, rows)
 

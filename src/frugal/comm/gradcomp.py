@@ -59,7 +59,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from frugal import FrugalError
-from frugal.comm.codecs import ChannelQuantizeCodec, unpack_bits
+from frugal.comm.codecs import ChannelQuantizeCodec
 
 __all__ = [
     "DP_METHODS",
@@ -152,10 +152,9 @@ class BucketQuantizer:
             )
         cols = n // self.bucket_size
         scales = payload[: 2 * cols].clone().view(torch.float16)  # may start at an odd byte
-        codes = unpack_bits(payload[2 * cols :].reshape(1, -1), self.bits, n).to(torch.float32)
-        half = 1 << (self.bits - 1)
-        x_RC = (codes.reshape(self.bucket_size, cols) - half) * (scales.float() / half)
-        return x_RC.reshape(n)  # the same expression as ChannelQuantizeCodec.quantize
+        return self.codec.dequantize(scales, payload[2 * cols :], (self.bucket_size, cols)).reshape(
+            n
+        )
 
 
 class ErrorFeedback:
