@@ -87,7 +87,12 @@ class PipelineBenchConfig:
 
     train: PipelineTrainConfig = field(
         default_factory=lambda: PipelineTrainConfig(
-            num_train=1024, num_eval=128, schedule="gpipe", micro_batch_size=4, num_microbatches=8
+            num_train=1024,
+            num_eval=128,
+            schedule="gpipe",
+            micro_batch_size=4,
+            num_microbatches=8,
+            calibrate_steps=9,  # c = the median of 8 steps: one slow step cannot move every B
         )
     )
     """Model, data, stages, schedule and batch of every run (its codec/steps are replaced)."""
