@@ -9,6 +9,7 @@ import torch
 
 from frugal.comm.codecs import (
     DeltaCodec,
+    Encoded,
     HalfCodec,
     IdentityCodec,
     QuantizeCodec,
@@ -165,3 +166,106 @@ def test_delta_codec_refuses_negative_and_repeated_example_ids() -> None:
         codec.encode(x, torch.tensor([0, 1]))
     codec.encode(x, torch.tensor([2, 0, 1]))  # nothing was stored by the refused calls
     assert sorted(codec.buffers) == [0, 1, 2]
+
+
+def test_quantizer_refuses_a_row_whose_range_overflows_float32() -> None:
+    # -3e38 .. 3e38 are finite, but max - min is not: step would be inf and decode NaN.
+    with pytest.raises(ValueError, match=r"row 1 spans -3e\+38 to 3e\+38.*beyond float32"):
+        QuantizeCodec(2).encode(torch.tensor([[0.0, 1.0], [-3e38, 3e38]]))
+    with pytest.raises(ValueError, match="NaN or inf"):  # a true inf still says so
+        QuantizeCodec(2).encode(torch.tensor([[0.0, float("inf")]]))
+
+
+def test_pack_bits_refuses_codes_that_would_spill_into_their_neighbours() -> None:
+    with pytest.raises(
+        ValueError, match=r"integers in \[0, 4\) for bits=2, got values in \[0, 5\]"
+    ):
+        pack_bits(torch.tensor([[5, 0, 0, 0]], dtype=torch.uint8), 2)
+    with pytest.raises(ValueError, match=r"in \[-1, 1\]"):
+        pack_bits(torch.tensor([[-1.0, 1.0]]), 4)
+    with pytest.raises(ValueError, match="with fractions"):
+        pack_bits(torch.tensor([[0.5, 1.0]]), 4)
+    with pytest.raises(TypeError, match="must be an integer"):
+        pack_bits(torch.zeros(1, 4, dtype=torch.uint8), True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be an integer"):
+        pack_bits(torch.zeros(1, 4, dtype=torch.uint8), 2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"2-D \(rows, cols\) tensor, got \(4,\)"):
+        pack_bits(torch.zeros(4, dtype=torch.uint8), 2)
+
+
+def test_unpack_bits_refuses_a_width_that_does_not_match_cols() -> None:
+    packed = pack_bits(torch.tensor([[1, 2, 3, 0, 1]], dtype=torch.uint8), 2)  # 2 bytes
+    with pytest.raises(ValueError, match=r"cols=40 codes of 2 bits need \(rows, 10\)"):
+        unpack_bits(packed, 2, 40)
+    with pytest.raises(ValueError, match="cols=-1"):
+        unpack_bits(packed, 2, -1)
+    with pytest.raises(ValueError, match=r"bits=0 must be in \[1, 8\]"):
+        unpack_bits(packed, 0, 5)
+
+
+def test_codecs_name_the_wrong_input_type_and_refuse_empty_tensors() -> None:
+    import numpy as np
+
+    from frugal.comm.codecs import ChannelQuantizeCodec
+
+    with pytest.raises(TypeError, match=r"got ndarray; wrap a numpy array with torch.from_numpy"):
+        QuantizeCodec(2).encode(np.zeros((2, 3), dtype=np.float32))  # type: ignore[arg-type]
+    for codec in (QuantizeCodec(2), ChannelQuantizeCodec(2)):
+        with pytest.raises(ValueError, match=r"empty tensor of shape \(0, 8\)"):
+            codec.encode(torch.zeros(0, 8))
+
+
+def test_fp16_codec_refuses_values_beyond_its_range_and_bf16_takes_them() -> None:
+    x = torch.tensor([1.0, -1e6])
+    with pytest.raises(ValueError, match="reaches 1e\\+06, beyond float16's largest value 65504"):
+        HalfCodec().encode(x)
+    bf16 = HalfCodec(torch.bfloat16)
+    assert torch.allclose(bf16.decode(bf16.encode(x)), x, rtol=1e-2)
+
+
+def test_delta_codec_refuses_float_ids_and_nan_first_visits_without_buffering() -> None:
+    codec = DeltaCodec(2)
+    with pytest.raises(
+        TypeError, match=r"example_ids must be an integer tensor, got torch\.float32"
+    ):
+        codec.encode(torch.randn(4, 8), torch.tensor([0.2, 1.7, 2.9, 3.1]))
+    x = torch.randn(4, 8)
+    x[2, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        codec.encode(x, torch.arange(4))
+    assert len(codec.buffers) == 0  # nothing was buffered
+    with pytest.raises(ValueError, match="cannot buffer NaN or inf"):
+        codec.store(x, torch.arange(4))
+    assert len(codec.buffers) == 0
+
+
+def test_delta_codec_decode_names_out_of_sync_buffers_and_other_bits() -> None:
+    sender, receiver = DeltaCodec(2), DeltaCodec(2)
+    ids = torch.arange(4)
+    x = torch.randn(4, 8)
+    receiver.decode(sender.encode(x, ids), ids)  # both buffer 0..3
+    with pytest.raises(ValueError, match=r"example_ids must have shape \(4,\), got \(2,\)"):
+        receiver.decode(sender.encode(x, ids), ids[:2])
+    # The sender revisits 0..3 (deltas only); a receiver that never saw 4..7 cannot apply them.
+    delta_message = sender.encode(x + 0.1, ids)
+    before = {i: receiver.buffers[i].clone() for i in range(4)}
+    with pytest.raises(ValueError, match=r"0 first visit\(s\), but this side has 4 unbuffered"):
+        receiver.decode(delta_message, ids + 4)
+    assert sorted(receiver.buffers) == [0, 1, 2, 3]
+    assert all(torch.equal(receiver.buffers[i], before[i]) for i in range(4))
+    with pytest.raises(ValueError, match="the sender uses other bits"):
+        _decode_seen_with(4, delta_message)  # a 4-bit receiver of a 2-bit message
+
+
+def _decode_seen_with(bits: int, message: Encoded) -> None:
+    receiver = DeltaCodec(bits)
+    ids = torch.arange(message.shape[0])
+    receiver.store(torch.zeros(message.shape), ids)
+    receiver.decode(message, ids)
+
+
+def test_memory_buffer_refuses_an_id_whose_dense_table_exceeds_ram() -> None:
+    codec = DeltaCodec(2)
+    with pytest.raises(ValueError, match=r"example id 1099511627776 needs a .* GiB table"):
+        codec.encode(torch.randn(2, 8), torch.tensor([0, 2**40]))
+    assert len(codec.buffers) == 0

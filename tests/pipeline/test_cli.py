@@ -75,3 +75,40 @@ def test_a_link_too_slow_for_the_timeout_exits_2_before_launching(
     err = capsys.readouterr().err
     assert "4 first-visit activation messages of 131,200 bytes need 4,198 s" in err
     assert "comm_timeout_s=8397" in err
+
+
+def test_latency_alone_and_absurd_links_are_refused_with_a_usable_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["pipeline", "train", "--stages", "2", "--set", "micro_batch_size=4", "--set",
+            "num_microbatches=4", "--out", str(tmp_path / "run")]  # fmt: skip
+    # Unshaped bandwidth, 1e7 ms latency: 4 messages x 10,000 s = 40,000 s > 120 s.
+    assert main([*base, "--set", "latency_ms=1e7"]) == 2
+    err = capsys.readouterr().err
+    assert "at full speed and 1e+07 ms latency" in err and "need 40,000 s" in err
+    assert "lower latency_ms" in err
+    # 1e-300 Mbit/s: 4 x 8 x 131,200 bit / 1e-294 bit/s = 4.2e300 s. No timeout covers it,
+    # so the fix names the slowest usable bandwidth: 4 x 8 x 131,200 bits in 120 s = 0.035.
+    assert main([*base, "--bandwidth-mbps", "1e-300"]) == 2
+    err = capsys.readouterr().err
+    assert "need 4.2e+300 s" in err and "use at least 0.035 Mbit/s" in err
+    assert main([*base, "--rho", "1e12"]) == 2
+    assert "rho=1e+12 is above 100" in capsys.readouterr().err
+    assert main([*base, "--set", "comm_timeout_s=1e-9"]) == 2
+    assert "comm_timeout_s=1e-09 must be >= 1 s" in capsys.readouterr().err
+
+
+def test_a_bad_plan_file_is_named_with_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad, empty = tmp_path / "bad.json", tmp_path / "empty.json"
+    bad.write_text("{")
+    empty.write_text("{}")
+    assert main(["pipeline", "train", "--plan", str(bad), "--out", str(tmp_path / "r")]) == 2
+    assert f"--plan {bad}: not a plan: invalid JSON" in capsys.readouterr().err
+    assert main(["pipeline", "train", "--plan", str(empty), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert f"--plan {empty}: not a plan: unknown fields [], missing [" in err
+    assert "write a plan with `frugal plan --out FILE`" in err
+    assert main(["pipeline", "train", "--codec", "aqsgd:fw2,bw4:col"]) == 2
+    assert "optionally followed by :row" in capsys.readouterr().err

@@ -69,7 +69,7 @@ def test_from_json_names_unknown_and_missing_fields(world_plan: Plan) -> None:
     data = json.loads(world_plan.to_json())
     data["extra"] = 1
     del data["seed"]
-    with pytest.raises(ValueError, match=r"unknown \['extra'\], missing \['seed'\]"):
+    with pytest.raises(ValueError, match=r"unknown fields \['extra'\], missing \['seed'\]"):
         Plan.from_json(json.dumps(data))
     with pytest.raises(ValueError, match="invalid JSON"):
         Plan.from_json("{")

@@ -91,6 +91,25 @@ def test_leaderboard_merges_datasets_by_settings_and_counts_a_copied_run_once(
         render_leaderboard(rows, "nc_auc")
 
 
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"rows": [{"protocol_hash": "h", "setting": "transductive", "auc": 0.5}]},
+         r"row 0 lacks \['protocol', 'dataset', 'system', 'seed', 'negatives'\]"),
+        ({"config": [1], "rows": []}, "'config' must be an object, got list"),
+        ({"rows": 5}, "'rows' must be a list of rows, got int"),
+        ({"rows": "x"}, "'rows' must be a list of rows, got str"),
+    ],
+)  # fmt: skip
+def test_leaderboard_names_the_file_and_row_of_malformed_results(
+    tmp_path: Path, document: dict[str, object], message: str
+) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "results.json").write_text(json.dumps({"benchmark": "tgraph", **document}))
+    with pytest.raises(ValueError, match=f"r/results.json: {message}"):
+        collect_rows(tmp_path)
+
+
 def test_leaderboard_cli_writes_markdown_and_png(tmp_path: Path) -> None:
     document = {"benchmark": "tgraph", "rows": [_row("tgn", 0, 0.8), _row("edgebank", 0, 0.7)]}
     (tmp_path / "results.json").write_text(json.dumps(document))

@@ -153,7 +153,10 @@ def _train(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"--plan {args.plan}: no such file; write one with `frugal plan --out FILE`"
             )
-        plan = Plan.from_json(Path(config.plan).read_text())
+        try:
+            plan = Plan.from_json(Path(config.plan).read_text())
+        except ValueError as exc:
+            raise ValueError(f"--plan {args.plan}: {exc}") from exc
         if args.stages is not None and args.stages != plan.num_stages:
             raise ValueError(
                 f"--stages {args.stages} but the plan has {plan.num_stages} stages; drop "
@@ -181,7 +184,7 @@ def _train(args: argparse.Namespace) -> int:
             + ("this plan has" if config.plan else "the linear layout has")
             + " one pipeline)"
         )
-    if config.bandwidth_mbps > 0:  # a link too slow for the timeout is not a lost peer
+    if config.bandwidth_mbps > 0 or config.latency_ms > 0:  # too slow for the timeout
         import math
 
         from frugal.comm.message import CodecSpec, message_wire_bytes
@@ -189,16 +192,30 @@ def _train(args: argparse.Namespace) -> int:
 
         shape = boundary_shape(config)
         first = message_wire_bytes(CodecSpec.parse(config.codec), 0, shape, num_new=shape[0])
-        queued_s = max(layout.num_microbatches) * (
-            8.0 * first / (config.bandwidth_mbps * 1e6) + config.latency_ms / 1e3
-        )
+        num_messages = max(layout.num_microbatches)
+        transfer_s = 8.0 * first / (config.bandwidth_mbps * 1e6) if config.bandwidth_mbps else 0
+        queued_s = num_messages * (transfer_s + config.latency_ms / 1e3)
         if queued_s > config.comm_timeout_s:
-            raise ValueError(
-                f"at {config.bandwidth_mbps} Mbit/s a step's {max(layout.num_microbatches)} "
-                f"first-visit activation messages of {first:,} bytes need {queued_s:,.0f} s on "
-                f"one link, over comm_timeout_s={config.comm_timeout_s:g}; raise the bandwidth "
-                f"or --set comm_timeout_s={math.ceil(2 * queued_s)}"
+            need = f"{queued_s:,.0f}" if queued_s < 1e9 else f"{queued_s:.3g}"
+            link = (
+                f"at {f'{config.bandwidth_mbps:g} Mbit/s' if transfer_s else 'full speed'} "
+                f"and {config.latency_ms:g} ms latency a "
+                f"step's {num_messages} first-visit activation messages of {first:,} bytes "
+                f"need {need} s on one link, over comm_timeout_s={config.comm_timeout_s:g}"
             )
+            if queued_s <= 86_400:
+                fix = (
+                    "raise the bandwidth, lower latency_ms, or --set "
+                    f"comm_timeout_s={math.ceil(2 * queued_s)}"
+                )
+            else:  # no sensible timeout covers it: the link itself is the mistake
+                spare_s = config.comm_timeout_s / num_messages - config.latency_ms / 1e3
+                fix = (
+                    f"lower latency_ms below {1e3 * config.comm_timeout_s / num_messages:,.0f}"
+                    if spare_s <= 0
+                    else f"use at least {8.0 * first / (spare_s * 1e6):,.3g} Mbit/s"
+                )
+            raise ValueError(f"{link}; {fix}")
     if config.init_weights:  # a file that cannot start the model fails here, not in every rank
         from frugal.pipeline.zoo import build_model
 

@@ -24,6 +24,7 @@ References:
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Protocol
 
@@ -102,6 +103,14 @@ def _check_ids(ids: Tensor, limit: int | None) -> tuple[Tensor, list[int]]:
     return ids, flat
 
 
+def _ram_bytes() -> int:
+    """Physical memory of this machine (sysconf), or unbounded where unknown."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
 class _Seen:
     """Flags of ids that have a row (a bytearray grown on demand; ids come a few at a time)."""
 
@@ -159,6 +168,12 @@ class MemoryBuffer:
         """Store rows; the table doubles when an id is beyond it."""
         ids, flat = _check_ids(ids, None)
         need = max(flat) + 1 if flat else 0
+        if need > self.table.shape[0] and need * self.row_bytes > _ram_bytes():
+            raise ValueError(
+                f"example id {need - 1} needs a {need * self.row_bytes / 2**30:,.1f} GiB table "
+                f"(one {self.row_bytes}-byte row per id up to it), beyond this machine's RAM; "
+                "number examples densely from 0, or keep the buffers on disk (memmap, store)"
+            )
         if need > self.table.shape[0]:
             grown = torch.zeros((max(need, 2 * self.table.shape[0]), *self.row_shape))
             grown[: self.table.shape[0]] = self.table

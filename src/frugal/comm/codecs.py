@@ -80,7 +80,20 @@ class Codec(Protocol):
         ...
 
 
+def _check_quantizable(x: Tensor) -> None:
+    _check_float32(x)
+    if x.numel() == 0:
+        raise ValueError(
+            f"cannot quantize an empty tensor of shape {tuple(x.shape)}; send nothing instead"
+        )
+
+
 def _check_float32(x: Tensor) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(
+            f"codecs take float32 torch tensors, got {type(x).__name__}; wrap a numpy array "
+            "with torch.from_numpy"
+        )
     if x.dtype != torch.float32:
         raise TypeError(f"codecs take float32 tensors, got {x.dtype}; convert with .float()")
     if x.dim() < 1:
@@ -128,8 +141,17 @@ class HalfCodec:
 
         Raises:
             TypeError: If `x` is not float32.
+            ValueError: If a value overflows float16 (|x| > 65504; bfloat16 has float32's
+                range).
         """
         _check_float32(x)
+        if self.dtype == torch.float16 and x.numel():
+            peak = float(x.abs().amax())
+            if peak > 65504.0:
+                raise ValueError(
+                    f"|x| reaches {peak:.6g}, beyond float16's largest value 65504; send this "
+                    "tensor as bf16 or fp32"
+                )
         return Encoded(tuple(x.shape), (x.to(self.dtype).contiguous(),))
 
     def decode(self, encoded: Encoded) -> Tensor:
@@ -174,13 +196,37 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
     - k in {3, 5, 6, 7}: a little-endian bit stream; code c occupies bits c k to c k + k - 1.
 
     Raises:
-        ValueError: If bits is not in [1, 8].
+        TypeError: If codes is not a tensor or bits not an integer.
+        ValueError: If bits is not in [1, 8], codes is not 2-D, or a code is not an integer
+            in [0, 2^k) (it would spill into its neighbour's bits).
 
     Shapes:
         codes: (R, C) -> (R, B) uint8.
     """
+    _check_bits(bits)
+    if not isinstance(codes, Tensor) or codes.dim() != 2:
+        got = tuple(codes.shape) if isinstance(codes, Tensor) else type(codes).__name__
+        raise ValueError(f"codes must be a 2-D (rows, cols) tensor, got {got}; reshape(1, -1)")
+    if codes.numel():
+        low, high = (float(v) for v in torch.aminmax(codes.float()))
+        whole = codes.dtype != torch.float32 or bool((codes == codes.round()).all())
+        if low < 0 or high >= (1 << bits) or not whole:
+            raise ValueError(
+                f"codes must be integers in [0, {1 << bits}) for bits={bits}, got values in "
+                f"[{low:g}, {high:g}]{'' if whole else ' with fractions'}"
+            )
+    return _pack(codes, bits)
+
+
+def _check_bits(bits: int) -> None:
+    if isinstance(bits, bool) or not isinstance(bits, int):
+        raise TypeError(f"bits={bits!r} must be an integer in [1, 8]")
     if not 1 <= bits <= 8:
         raise ValueError(f"bits={bits} must be in [1, 8]")
+
+
+def _pack(codes: Tensor, bits: int) -> Tensor:
+    """`pack_bits` without its checks (the quantizers' codes are in range by construction)."""
     rows, cols = codes.shape
     if bits == 8:
         return codes.to(torch.uint8).contiguous()
@@ -214,9 +260,26 @@ def unpack_bits(
     `dtype=torch.float32, offset=2^(k-1)` gives a symmetric quantizer's signed levels in one
     table lookup (k in {1, 2, 4}).
 
+    Raises:
+        ValueError: If bits is not in [1, 8] or packed is not (R, ceil(cols k / 8)) uint8.
+
     Shapes:
         packed: (R, B) -> (R, cols).
     """
+    _check_bits(bits)
+    want = -(-cols * bits // 8) if isinstance(cols, int) and cols >= 0 else None
+    if (
+        not isinstance(packed, Tensor)
+        or packed.dtype != torch.uint8
+        or packed.dim() != 2
+        or want is None
+        or packed.shape[1] != want
+    ):
+        got = (tuple(packed.shape), packed.dtype) if isinstance(packed, Tensor) else packed
+        raise ValueError(
+            f"cols={cols!r} codes of {bits} bits need (rows, {want}) uint8 bytes, got {got}; "
+            "pass the cols given to pack_bits"
+        )
     rows = packed.shape[0]
     if bits == 8:
         return (packed[:, :cols].to(dtype) - offset) if offset else packed[:, :cols].to(dtype)
@@ -258,8 +321,8 @@ class QuantizeCodec:
         """Quantize each row to k bits by round-to-nearest between its min and max.
 
         Raises:
-            TypeError: If `x` is not float32.
-            ValueError: If `x` holds NaN or inf.
+            TypeError: If `x` is not a float32 tensor.
+            ValueError: If `x` is empty, holds NaN or inf, or a row's range overflows.
         """
         return self.quantize(x)[0]
 
@@ -270,27 +333,43 @@ class QuantizeCodec:
             TypeError: If `x` is not float32.
             ValueError: If `x` holds NaN or inf.
         """
-        _check_float32(x)
+        _check_quantizable(x)
         rows, cols = self._rows(tuple(x.shape))
         x_RC = x.reshape(rows, cols)
         low = x_RC.min(dim=1, keepdim=True).values
         high = x_RC.max(dim=1, keepdim=True).values
-        # min and max propagate NaN and reach +-inf: checking them checks every value.
-        if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
-            raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
         levels = (1 << self.bits) - 1
         step = (high - low) / levels
+        # min and max propagate NaN and reach +-inf, and so does step; step also overflows
+        # when a row spans more than float32's range: one check covers all three.
+        if not bool(torch.isfinite(step).all()):
+            if not bool(torch.isfinite(x_RC).all()):
+                raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
+            row = int(torch.nonzero(~torch.isfinite(step))[0, 0])
+            raise ValueError(
+                f"row {row} spans {float(low[row]):.6g} to {float(high[row]):.6g}, a range "
+                "beyond float32's largest value; scale the tensor down before quantizing"
+            )
         safe = torch.where(step > 0, step, torch.ones_like(step))
         codes = torch.round((x_RC - low) / safe).clamp_(0, levels)
         header = torch.cat([low, step], dim=1).contiguous()  # (R, 2) float32
         x_hat = (header[:, :1] + codes * header[:, 1:2]).reshape(x.shape)  # as decode computes
-        packed = pack_bits(codes, self.bits)
+        packed = _pack(codes, self.bits)
         return Encoded(tuple(x.shape), (header, packed)), x_hat
 
     def decode(self, encoded: Encoded) -> Tensor:
         """Rebuild each value as min + code x step."""
         header, packed = encoded.tensors
-        _, cols = self._rows(encoded.shape)
+        rows, cols = self._rows(encoded.shape)
+        if tuple(header.shape) != (rows, 2) or tuple(packed.shape) != (
+            rows,
+            -(-cols * self.bits // 8),
+        ):
+            raise ValueError(
+                f"a {self.bits}-bit message of shape {encoded.shape} has a ({rows}, 2) header and "
+                f"({rows}, {-(-cols * self.bits // 8)}) code bytes, got {tuple(header.shape)} "
+                f"and {tuple(packed.shape)}: the sender uses other bits or another shape"
+            )
         codes = unpack_bits(packed, self.bits, cols, dtype=torch.float32)
         return (header[:, :1] + codes * header[:, 1:2]).reshape(encoded.shape)
 
@@ -303,7 +382,9 @@ class ChannelQuantizeCodec:
     round-to-nearest, packed densely over the whole message; x_hat = (code - 2^(k-1)) s /
     2^(k-1). The top positive level is (2^(k-1) - 1) / 2^(k-1) s (0.5 s at 2 bits): the
     reference clips positive values asymmetrically, which this codec reproduces. s = 0 gives
-    zeros. Wire size: 2 C + ceil(n k / 8) bytes for n values.
+    zeros. A scale above fp16's largest value is clipped to 65504, so values beyond it clip
+    too (activations and AQ-SGD's deltas stay far below). Wire size: 2 C + ceil(n k / 8)
+    bytes for n values.
 
     References:
         Fine-tuning Language Models over Slow Networks using Activation Compression with
@@ -336,7 +417,7 @@ class ChannelQuantizeCodec:
             TypeError: If `x` is not float32.
             ValueError: If `x` holds NaN or inf.
         """
-        _check_float32(x)
+        _check_quantizable(x)
         cols = x.shape[-1]
         x_RC = x.reshape(-1, cols)
         half_levels = 1 << (self.bits - 1)
@@ -352,7 +433,7 @@ class ChannelQuantizeCodec:
         codes = torch.round(x_RC / divisor_C).clamp_(-half_levels, half_levels - 1)
         codes.add_(half_levels)  # now >= 0 (a -0.0 code becomes +half: no signed zeros)
         x_hat = ((codes - half_levels) * step_C).reshape(x.shape)  # decode's expression
-        packed = pack_bits(codes.reshape(1, -1), self.bits)
+        packed = _pack(codes.reshape(1, -1), self.bits)
         return Encoded(tuple(x.shape), (scale_C, packed)), x_hat
 
     def decode(self, encoded: Encoded) -> Tensor:
@@ -363,11 +444,29 @@ class ChannelQuantizeCodec:
     def dequantize(self, scale_C: Tensor, packed: Tensor, shape: tuple[int, ...]) -> Tensor:
         """x_hat from the fp16 scales (C,) and the packed codes: what `quantize` returns."""
         half_levels = 1 << (self.bits - 1)
+        n = math.prod(shape)
+        if scale_C.numel() != shape[-1] or packed.numel() != -(-n * self.bits // 8):
+            raise ValueError(
+                f"a {self.bits}-bit message of shape {shape} has {shape[-1]} scales and "
+                f"{-(-n * self.bits // 8)} code bytes, got {scale_C.numel()} and "
+                f"{packed.numel()}: the sender uses other bits or another shape"
+            )
         levels = unpack_bits(
             packed.reshape(1, -1), self.bits, math.prod(shape), half_levels, torch.float32
         )
         step_C = scale_C.float().div_(half_levels)
         return (levels.reshape(-1, scale_C.numel()) * step_C).reshape(shape)
+
+
+_NOT_IDS = (
+    torch.bool,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+)
 
 
 class DeltaCodec:
@@ -465,6 +564,9 @@ class DeltaCodec:
             self.buffer.close()
 
     def _prepare(self, example_ids: Tensor, row_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+        if not isinstance(example_ids, Tensor) or example_ids.dtype in _NOT_IDS:
+            got = example_ids.dtype if isinstance(example_ids, Tensor) else type(example_ids)
+            raise TypeError(f"example_ids must be an integer tensor, got {got}; use .long()")
         ids = example_ids.long()
         flat: list[int] = ids.reshape(-1).tolist()  # a few ids: plain Python is cheapest
         if flat and min(flat) < 0:
@@ -490,8 +592,17 @@ class DeltaCodec:
         """Set the buffers of `example_ids` to `x` exactly (warm-up: x travelled as fp32).
 
         Raises:
-            ValueError: If ids repeat or are negative.
+            TypeError: If `x` is not float32 or the ids are not integers.
+            ValueError: If ids repeat, are negative or do not match x's rows, or x holds NaN
+                or inf.
         """
+        _check_float32(x)
+        if example_ids.shape != (x.shape[0],):
+            raise ValueError(
+                f"example_ids must have shape ({x.shape[0]},), got {tuple(example_ids.shape)}"
+            )
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("cannot buffer NaN or inf; check the activations for overflow")
         ids, _ = self._prepare(example_ids, tuple(x.shape[1:]))
         self._write(ids, x.clone(), step)
 
@@ -499,9 +610,9 @@ class DeltaCodec:
         """Encode; update this side's buffers with what the receiver will decode.
 
         Raises:
-            TypeError: If `x` is not float32.
+            TypeError: If `x` is not float32 or the ids are not integers.
             ValueError: If ids repeat, are negative or their count differs from x's first
-                dimension.
+                dimension, or x holds NaN or inf (nothing is buffered then).
         """
         _check_float32(x)
         if example_ids.shape != (x.shape[0],):
@@ -518,6 +629,8 @@ class DeltaCodec:
             return Encoded(tuple(x.shape), (x[:0].contiguous(), *delta.tensors))
         seen = ~new
         tensors: list[Tensor] = [x[new].contiguous()]
+        if not bool(torch.isfinite(tensors[0]).all()):  # seen rows: the quantizer checks
+            raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
         rows = x.clone()
         if seen.any():
             reference = self.buffer.read(ids[seen], step)
@@ -531,10 +644,24 @@ class DeltaCodec:
         """Rebuild the activations and update this side's buffers.
 
         Raises:
-            ValueError: If ids repeat or are negative.
+            TypeError: If the ids are not integers.
+            ValueError: If ids repeat, are negative or do not match the message's rows, or
+                the message's first visits are not this side's unbuffered ids (the two
+                sides are out of sync); nothing is buffered then.
         """
+        if not isinstance(example_ids, Tensor) or example_ids.shape != encoded.shape[:1]:
+            got = tuple(example_ids.shape) if isinstance(example_ids, Tensor) else example_ids
+            raise ValueError(f"example_ids must have shape {encoded.shape[:1]}, got {got}")
         ids, new = self._prepare(example_ids, tuple(encoded.shape[1:]))
         assert self.buffer is not None
+        num_new, sent_new = int(new.sum()), encoded.tensors[0].numel()
+        if sent_new != num_new * math.prod(encoded.shape[1:]):
+            unbuffered = ids[new].tolist()
+            raise ValueError(
+                f"the sender sent {sent_new // max(math.prod(encoded.shape[1:]), 1)} first "
+                f"visit(s), but this side has {num_new} unbuffered id(s) {unbuffered[:8]}: "
+                "sender and receiver buffers are out of sync (same ids, same order, both sides)"
+            )
         if not new.any():  # steady state: no masked copies
             rows = self.buffer.read(ids, step)  # a copy
             rows.add_(self.quantizer.decode(Encoded(encoded.shape, tuple(encoded.tensors[1:]))))

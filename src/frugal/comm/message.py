@@ -116,7 +116,8 @@ class CodecSpec:
         if match is None:
             raise ValueError(
                 f"codec {text!r}: use fp32, fp16, bf16, directq:fwK,bwJ or aqsgd:fwK,bwJ "
-                "with K, J in 1..8 (e.g. aqsgd:fw2,bw4)"
+                "with K, J in 1..8 (e.g. aqsgd:fw2,bw4), optionally followed by :row for "
+                "per-row min/step scales (e.g. aqsgd:fw2,bw4:row)"
             )
         method: MethodName = "directq" if match.group(1) == "directq" else "aqsgd"
         scale: ScaleName = "row" if match.group(4) == ":row" else "channel"

@@ -76,6 +76,10 @@ __all__ = [
 PROGRESS_PREFIX = "FRUGAL_PROGRESS "
 
 
+MAX_RHO = 100.0
+"""Largest transfer/compute ratio a config accepts (30x the paper's slowest link)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PipelineTrainConfig:
     """A pipeline training job (`frugal pipeline train`)."""
@@ -183,6 +187,17 @@ class PipelineTrainConfig:
             )
         if self.bandwidth_mbps > 0 and self.rho > 0:
             raise ValueError("set bandwidth_mbps or rho, not both")
+        if self.rho > MAX_RHO:
+            raise ValueError(
+                f"rho={self.rho:g} is above {MAX_RHO:g}: each link would take over {MAX_RHO:g}x "
+                "a stage's compute per message (the paper's slowest link is rho 3.3); choose "
+                "a rho in (0, 100]"
+            )
+        if self.comm_timeout_s < 1.0:
+            raise ValueError(
+                f"comm_timeout_s={self.comm_timeout_s:g} must be >= 1 s: every wait for a "
+                "peer would time out; the default is 120"
+            )
         if self.learning_rate <= 0 or self.comm_timeout_s <= 0:
             raise ValueError(
                 f"learning_rate={self.learning_rate} and comm_timeout_s={self.comm_timeout_s} "

@@ -193,7 +193,10 @@ class Plan:
         fields = set(cls.__dataclass_fields__)
         unknown, missing = set(data) - fields, fields - set(data) - {"format_version"}
         if unknown or missing:
-            raise ValueError(f"plan fields: unknown {sorted(unknown)}, missing {sorted(missing)}")
+            raise ValueError(
+                f"not a plan: unknown fields {sorted(unknown)}, missing {sorted(missing)}; "
+                "write a plan with `frugal plan --out FILE`"
+            )
 
         def tuples(value: Any) -> Any:
             return tuple(tuples(v) for v in value) if isinstance(value, list) else value

@@ -31,6 +31,10 @@ __all__ = [
 ]
 
 
+_ROW_KEYS = ("protocol_hash", "protocol", "dataset", "system", "seed", "setting", "negatives")
+"""Fields every link-prediction row of `frugal tgraph bench` carries (the tables group by them)."""
+
+
 def collect_rows(results_dir: Path) -> list[dict[str, Any]]:
     """Link-prediction rows of every tgraph `results.json` under `results_dir` (any depth).
 
@@ -40,7 +44,8 @@ def collect_rows(results_dir: Path) -> list[dict[str, Any]]:
     seed, view, negatives), the first file in path order wins.
 
     Raises:
-        ValueError: If a results.json is not valid JSON (naming the file).
+        ValueError: If a results.json is not valid JSON, or its config, rows or a row's
+            fields are malformed (naming the file and row).
         FileNotFoundError: If no tgraph results.json is found.
     """
     rows: list[dict[str, Any]] = []
@@ -55,15 +60,32 @@ def collect_rows(results_dir: Path) -> list[dict[str, Any]]:
             ) from exc
         if not isinstance(document, dict) or document.get("benchmark") != "tgraph":
             continue
-        protocol = (document.get("config") or {}).get("protocol")
+        config = document.get("config") or {}
+        if not isinstance(config, dict):
+            raise ValueError(
+                f"{path}: 'config' must be an object, got {type(config).__name__}; re-run its "
+                "bench or remove the file"
+            )
+        protocol = config.get("protocol")
         settings = (
             hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()
             if protocol is not None
             else None
         )
-        for row in document.get("rows", []):
+        document_rows = document.get("rows", [])
+        if not isinstance(document_rows, list):
+            raise ValueError(
+                f"{path}: 'rows' must be a list of rows, got {type(document_rows).__name__}; "
+                "re-run its bench or remove the file"
+            )
+        for index, row in enumerate(document_rows):
             if not (isinstance(row, dict) and "protocol_hash" in row and "setting" in row):
                 continue
+            lacking = [k for k in _ROW_KEYS if k not in row]
+            if lacking:
+                raise ValueError(
+                    f"{path}: row {index} lacks {lacking}; re-run its bench or remove the file"
+                )
             key = tuple(
                 row.get(k)
                 for k in ("protocol_hash", "dataset", "system", "seed", "setting", "negatives")
