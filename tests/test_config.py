@@ -87,7 +87,7 @@ def test_missing_required_key_is_named() -> None:
         ({"name": "a", "seed": True}, "seed = True must be an integer"),
         ({"name": "a", "use_cache": 1}, "use_cache = 1 must be true or false"),
         ({"name": "a", "schedule": "zb"}, "choose one of 'gpipe', '1f1b'"),
-        ({"name": "a", "inner": 3}, "inner must be a table"),
+        ({"name": "a", "inner": 3}, "inner must be a table (Inner), got 3; set its fields"),
         ({"name": "a", "inner": {"ratios": 0.5}}, "inner.ratios = 0.5 must be an array"),
         ({"name": 5}, "name = 5 must be a string"),
     ],

@@ -1,11 +1,12 @@
-"""glibc allocator settings for the bench children (no-ops where there is no glibc)."""
+"""glibc allocator settings for the bench children (no-ops where there is no glibc), and RAM."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 
-__all__ = ["fixed_mmap_threshold", "keep_freed_memory"]
+__all__ = ["fixed_mmap_threshold", "keep_freed_memory", "physical_memory_bytes"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -43,3 +44,11 @@ def keep_freed_memory() -> bool:
     no glibc.
     """
     return _mallopt((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 1 << 40))
+
+
+def physical_memory_bytes() -> int:
+    """This machine's physical memory (sysconf), or 2^62 where it cannot be read."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62

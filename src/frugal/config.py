@@ -99,7 +99,10 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
         if isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{source}: {key} must be a table ({_describe(tp)}), got {value!r}")
+            raise ConfigError(
+                f"{source}: {key} must be {_describe(tp)}, got {value!r}; set its fields with "
+                f"dotted keys (e.g. {key}.FIELD=VALUE)"
+            )
         return config_from_dict(tp, value, source=source, prefix=key)
     if tp is bool:
         if not isinstance(value, bool):

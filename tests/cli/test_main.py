@@ -171,8 +171,12 @@ def test_export_of_tabular_data_is_a_usage_error(
         (["pipeline", "train", "--out", "{file}/sub"], "cannot create the folder"),
         (["plan", "--scenario", "world", "--out", "{file}/x/plan.json"], "cannot create"),
         (["recsys", "export", "{dir}", "--out", "{dir}"], "is a folder; give a file name"),
+        (["data", "export", "sp_hospital", "--format", "ml", "--out", "{file}"],
+         "is a file; give a folder"),
+        (["data", "export", "sp_hospital", "--format", "ml", "--out", "{file}/sub"],
+         "cannot create the folder"),
     ],
-)
+)  # fmt: skip
 def test_a_bad_output_path_is_refused_before_any_work(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:

@@ -65,6 +65,10 @@ def test_cluster_file_builds_the_described_topology(tmp_path: Path) -> None:
             GOOD.replace('{name = "va1", site = "Virginia"}', '{name = "va0", site = "Virginia"}'),
             "host 'va0' appears twice",
         ),
+        (
+            GOOD.replace('{name = "Virginia", delay_ms', '{name = "Oregon", delay_ms'),
+            "site 'Oregon' appears twice in sites; rename one",
+        ),
         (GOOD.replace("num_gpus = 4,", "num_gpus = 4, colour = 1,"), "unknown key hosts[0].colour"),
         (GOOD.replace("num_layers = 4", "num_layer = 4"), "unknown key model.num_layer"),
         ("sites = [", "not valid TOML"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -79,11 +80,50 @@ def test_train_command_runs_adult(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert (tmp_path / "result.json").exists()
 
 
-def test_export_of_a_missing_checkpoint_exits_1(
+def test_export_of_a_folder_that_is_no_checkpoint_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["recsys", "export", str(tmp_path), "--out", str(tmp_path / "t.npz")]) == 1
-    assert "no MANIFEST.json" in capsys.readouterr().err
+    assert main(["recsys", "export", str(tmp_path), "--out", str(tmp_path / "t.npz")]) == 2
+    assert "has neither LATEST nor MANIFEST.json: not a checkpoint" in capsys.readouterr().err
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["recsys", "export", str(afile), "--out", str(tmp_path / "t.npz")]) == 2
+    assert "is a file; give a checkpoint_dir or step-S folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("manifest", "message"),
+    [
+        ("{bad", "MANIFEST.json is not valid JSON"),
+        ("[1]", "MANIFEST.json: not a frugal recsys checkpoint"),
+        ('{"format": "frugal-recsys-checkpoint", "files": {}, "compat": {}, "world_size": 1}',
+         r"missing or malformed \['compat.embedding_dim'\]"),
+        ('{"format": "frugal-recsys-checkpoint"}',
+         r"missing or malformed \['files'\]"),
+    ],
+)  # fmt: skip
+def test_export_of_a_damaged_manifest_names_the_file_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], manifest: str, message: str
+) -> None:
+    from frugal.recsys.checkpoint import CHECKPOINT_FORMAT
+
+    assert CHECKPOINT_FORMAT == "frugal-recsys-checkpoint"
+    (tmp_path / "ck" / "step-5").mkdir(parents=True)
+    (tmp_path / "ck" / "step-5" / "MANIFEST.json").write_text(manifest)
+    out = str(tmp_path / "t.npz")
+    assert main(["recsys", "export", str(tmp_path / "ck" / "step-5"), "--out", out]) == 1
+    err = capsys.readouterr().err
+    assert "step-5/MANIFEST.json" in err
+    assert re.search(message, err), err
+
+
+def test_export_names_a_latest_that_points_nowhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "LATEST").write_text("step-9\n")
+    assert main(["recsys", "export", str(tmp_path / "ck"), "--out", str(tmp_path / "t.npz")]) == 1
+    assert "LATEST names 'step-9', which is missing" in capsys.readouterr().err
 
 
 def test_a_checkpoint_dir_that_is_a_file_exits_2_before_training(

@@ -247,6 +247,26 @@ def test_budget_too_small_for_the_id_map_names_the_minimum(tmp_path: Path) -> No
         )
 
 
+def test_create_names_impossible_sizes_paths_and_config_types(tmp_path: Path) -> None:
+    # 2^62 rows: the id map alone (4 B per row) needs 16 EiB, beyond any machine.
+    with pytest.raises(ValueError, match=r"num_rows=4,611,686,018,427,387,904 needs .* GiB"):
+        EmbeddingStore.create(tmp_path / "s", num_rows=2**62, spec=SPEC)
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    with pytest.raises(ValueError, match=r"cannot create the store folder .*; choose a writable"):
+        EmbeddingStore.create(afile / "s", num_rows=10, spec=SPEC)
+    with pytest.raises(TypeError, match=r"config must be an EmbeddingStore.Config, got dict"):
+        EmbeddingStore.create(
+            tmp_path / "t",
+            num_rows=10,
+            spec=SPEC,
+            config={"memory_budget_bytes": 5},  # type: ignore[arg-type]
+        )
+    with pytest.raises(TypeError, match=r"config must be an EmbeddingStore.Config, got dict"):
+        EmbeddingStore.open(tmp_path / "t", config={"memory_budget_bytes": 5})  # type: ignore[arg-type]
+    assert afile.read_text() == "keep"
+
+
 def test_create_refuses_a_non_empty_folder(tmp_path: Path) -> None:
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "notes.txt").write_text("mine")

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from frugal.cli.options import add_config_arguments, config_from_args
+from frugal.cli.options import add_config_arguments, config_from_args, output_folder
 
 if TYPE_CHECKING:
     from frugal.data import DatasetInfo, DatasetStats
@@ -225,8 +225,9 @@ def _export(args: argparse.Namespace) -> int:
         )
     if not args.out.strip():
         raise ValueError("--out is empty; give the folder to write the ml_NAME files into")
+    out = output_folder(args.out)  # a file or an unwritable path fails before loading
     config = config_from_args(DataConfig, args)
     events = load_events(info, config)
-    for path in write_ml(events, info.name, args.out):
+    for path in write_ml(events, info.name, out):
         print(path)
     return 0

@@ -29,8 +29,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help=(
             "override one setting (repeatable); the value is TOML: --set seed=1, "
-            "--set 'name=\"text\"', --set 'values=[1, 2]' (see --help of the command for "
-            "its settings)"
+            "--set 'name=\"text\"', --set 'values=[1, 2]', --set 'table.key=1'; an unknown "
+            "KEY's error lists every setting (e.g. --set list=0)"
         ),
     )
 

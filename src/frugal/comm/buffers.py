@@ -24,13 +24,14 @@ References:
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from frugal._libc import physical_memory_bytes
 
 __all__ = ["ActivationBuffer", "BufferFactory", "MemmapBuffer", "MemoryBuffer"]
 
@@ -103,14 +104,6 @@ def _check_ids(ids: Tensor, limit: int | None) -> tuple[Tensor, list[int]]:
     return ids, flat
 
 
-def _ram_bytes() -> int:
-    """Physical memory of this machine (sysconf), or unbounded where unknown."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
-
-
 class _Seen:
     """Flags of ids that have a row (a bytearray grown on demand; ids come a few at a time)."""
 
@@ -168,7 +161,7 @@ class MemoryBuffer:
         """Store rows; the table doubles when an id is beyond it."""
         ids, flat = _check_ids(ids, None)
         need = max(flat) + 1 if flat else 0
-        if need > self.table.shape[0] and need * self.row_bytes > _ram_bytes():
+        if need > self.table.shape[0] and need * self.row_bytes > physical_memory_bytes():
             raise ValueError(
                 f"example id {need - 1} needs a {need * self.row_bytes / 2**30:,.1f} GiB table "
                 f"(one {self.row_bytes}-byte row per id up to it), beyond this machine's RAM; "

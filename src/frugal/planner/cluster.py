@@ -204,7 +204,9 @@ def _build(spec: ClusterFile, source: str, name: str) -> Topology:
         raise ConfigError(f"{source}: sites and hosts must each list at least one entry")
     sites = {s.name: s for s in spec.sites}
     if len(sites) != len(spec.sites):
-        raise ConfigError(f"{source}: a site name appears twice in sites")
+        names = [s.name for s in spec.sites]
+        dup_site = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"{source}: site {dup_site!r} appears twice in sites; rename one")
     host_names = [h.name for h in spec.hosts]
     if len(set(host_names)) != len(host_names):
         dup = next(h for h in host_names if host_names.count(h) > 1)

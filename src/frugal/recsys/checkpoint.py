@@ -170,13 +170,19 @@ def read_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest sealed checkpoint and its manifest, or None if there is none.
 
     Raises:
-        RecsysError: If LATEST names a folder whose manifest is missing, of another format,
-            or whose files fail their sha256.
+        RecsysError: If LATEST names a missing folder, or its manifest is missing, of another
+            format, or its files fail their sha256.
     """
     latest = directory / "LATEST"
     if not latest.is_file():
         return None
-    folder = directory / latest.read_text().strip()
+    name = latest.read_text().strip()
+    folder = directory / name
+    if not folder.is_dir():
+        raise RecsysError(
+            f"{latest} names {name!r}, which is missing: the checkpoint folder is damaged; "
+            "give one of its step-S folders instead"
+        )
     return folder, read_checkpoint(folder)
 
 
@@ -184,20 +190,49 @@ def read_checkpoint(folder: Path) -> dict[str, Any]:
     """The manifest of a sealed `step-N` folder, after checking every file's sha256.
 
     Raises:
-        RecsysError: If the manifest is missing or of another format, or a file is corrupt.
+        ValueError: If `folder` is missing, a file, or holds no manifest (not a checkpoint).
+        RecsysError: If the manifest is not JSON, of another format or lacks a field, or a
+            file is corrupt.
     """
     manifest_path = folder / "MANIFEST.json"
     if not folder.exists():
         raise ValueError(f"checkpoint {folder} does not exist; give a checkpoint_dir or step-S")
+    if not folder.is_dir():
+        raise ValueError(f"checkpoint {folder} is a file; give a checkpoint_dir or step-S folder")
     if not manifest_path.is_file():
-        raise RecsysError(f"{folder}: no MANIFEST.json; not a sealed checkpoint")
-    manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-    if manifest.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"{folder} has neither LATEST nor MANIFEST.json: not a checkpoint; give a "
+            "checkpoint_dir written by `frugal recsys train` or one of its step-S folders"
+        )
+    damaged = "the checkpoint is damaged or from another version; use an older step-S"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RecsysError(f"{manifest_path} is not valid JSON ({exc}); {damaged}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
         raise RecsysError(f"{manifest_path}: not a frugal recsys checkpoint")
+    _require(manifest_path, manifest, ("files",))
     for name, digest in manifest["files"].items():
         if _sha256(folder / name) != digest:
             raise RecsysError(f"{folder / name}: sha256 mismatch; the checkpoint is corrupt")
     return manifest
+
+
+def _require(manifest_path: Path, manifest: dict[str, Any], fields: tuple[str, ...]) -> None:
+    """Raise RecsysError naming the manifest's missing or malformed fields."""
+    compat = manifest.get("compat")
+    checks = {
+        "files": isinstance(manifest.get("files"), dict),
+        "world_size": isinstance(manifest.get("world_size"), int),
+        "compat": isinstance(compat, dict),
+        "compat.embedding_dim": isinstance(compat, dict) and "embedding_dim" in compat,
+    }
+    lacking = [field for field in fields if not checks[field]]
+    if lacking:
+        raise RecsysError(
+            f"{manifest_path}: missing or malformed {lacking}; the checkpoint is damaged or "
+            "from another version; use an older step-S"
+        )
 
 
 def export_tables(checkpoint: Path, out_path: Path) -> dict[str, int]:
@@ -221,6 +256,7 @@ def export_tables(checkpoint: Path, out_path: Path) -> dict[str, int]:
         folder, manifest = found
     else:
         folder, manifest = checkpoint, read_checkpoint(checkpoint)
+    _require(folder / "MANIFEST.json", manifest, ("world_size", "compat", "compat.embedding_dim"))
     embedding_dim = int(manifest["compat"]["embedding_dim"])
     per_table: dict[int, list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]]] = {}
     for rank in range(int(manifest["world_size"])):

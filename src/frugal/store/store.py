@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 import frugal
+from frugal._libc import physical_memory_bytes
 from frugal.config import check_types, config_from_dict, config_to_dict
 from frugal.store.backends import FileBackend, LmdbBackend, MemoryBackend, RocksDbBackend
 from frugal.store.backends.base import (
@@ -241,6 +242,12 @@ class EmbeddingStore:
         capacity = (budget - fixed) // (self.spec.row_bytes + slot_overhead_bytes())
         if capacity < 64:  # checked before any file is written
             needed = fixed + 64 * (self.spec.row_bytes + slot_overhead_bytes())
+            if needed > physical_memory_bytes():
+                raise ValueError(
+                    f"num_rows={self.num_rows:,} needs {needed / 2**30:,.1f} GiB of RAM for its "
+                    "id map alone (4 bytes per row) plus a minimal cache, beyond this machine's "
+                    "memory; lower num_rows"
+                )
             raise ValueError(
                 f"memory_budget_bytes={budget} leaves room for {max(capacity, 0)} cached rows "
                 f"after the id map, backend and I/O buffers ({fixed} bytes); set it to at least "
@@ -386,10 +393,12 @@ class EmbeddingStore:
             The open store.
 
         Raises:
-            ValueError: If `num_rows` < 1, the folder is not empty, or the budget is too small.
+            TypeError: If `config` is not an `EmbeddingStore.Config`.
+            ValueError: If `num_rows` < 1 or needs more RAM than the machine has, the folder
+                is not empty or cannot be created, or the budget is too small.
             StoreLockedError: If another process holds the folder.
         """
-        config = config or cls.Config()
+        config = cls._check_config(config)
         if (
             isinstance(num_rows, bool)
             or not isinstance(num_rows, (int, np.integer))
@@ -403,7 +412,12 @@ class EmbeddingStore:
         path = Path(directory)
         if path.exists() and not path.is_dir():
             raise ValueError(f"{path} is a file; give a folder for the store")
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(
+                f"cannot create the store folder {path} ({exc.strerror}); choose a writable path"
+            ) from exc
         if any(p.name != "LOCK" for p in path.iterdir()):
             raise ValueError(
                 f"{path} is not empty; create a store in a new folder, or EmbeddingStore.open it"
@@ -431,6 +445,17 @@ class EmbeddingStore:
         return store
 
     @classmethod
+    def _check_config(cls, config: Config | None) -> Config:
+        if config is None:
+            return cls.Config()
+        if not isinstance(config, cls.Config):
+            raise TypeError(
+                f"config must be an EmbeddingStore.Config, got {type(config).__name__}; build "
+                "one with EmbeddingStore.Config(memory_budget_bytes=..., ...)"
+            )
+        return config
+
+    @classmethod
     def open(cls, directory: str | Path, config: Config | None = None) -> EmbeddingStore:
         """Open a store at its last checkpoint (updates after it are discarded).
 
@@ -447,6 +472,7 @@ class EmbeddingStore:
             StoreCorruptionError: If the backend's files fail their checks.
             StoreLockedError: If another process holds the folder.
         """
+        config = cls._check_config(config)
         path = Path(directory)
         if not path.is_dir():
             raise StoreError(f"{path} does not exist or is not a folder; check the store path")
