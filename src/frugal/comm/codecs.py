@@ -23,6 +23,7 @@ References:
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -193,7 +194,8 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
       k i + k - 1. Packing is one matrix product with (1, 2^k, ..., 2^(k (m-1))), so it runs
       as the same few torch calls on CPU and GPU.
     - k = 8: the codes as bytes.
-    - k in {3, 5, 6, 7}: a little-endian bit stream; code c occupies bits c k to c k + k - 1.
+    - k in {3, 5, 6, 7}: a little-endian bit stream; code c occupies bits c k to c k + k - 1
+      (8 codes per k bytes, packed as one int64 word per 8 codes).
 
     Raises:
         TypeError: If codes is not a tensor or bits not an integer.
@@ -240,16 +242,18 @@ def _pack(codes: Tensor, bits: int) -> Tensor:
         weights = _pack_weights(bits, codes.device)
         planar = (weights @ grouped[0]).unsqueeze(0) if rows == 1 else weights @ grouped
         return planar.to(torch.uint8)  # sums of distinct places: exact in float32
-    codes = codes.to(torch.uint8)
-    shifts = torch.arange(bits, device=codes.device, dtype=torch.uint8)
-    bit_RCk = (codes.unsqueeze(-1) >> shifts) & 1  # (R, C, k), bit b of each code
-    stream = bit_RCk.reshape(rows, cols * bits)
-    pad = (-stream.shape[1]) % 8
-    if pad:
-        stream = torch.nn.functional.pad(stream, (0, pad))
-    weights = (1 << torch.arange(8, device=codes.device, dtype=torch.int32)).to(torch.uint8)
-    packed: Tensor = (stream.reshape(rows, -1, 8) * weights).sum(dim=-1, dtype=torch.int32)
-    return packed.to(torch.uint8)
+    # k in {3, 5, 6, 7}: 8 codes fill k bytes. Each group of 8 codes becomes one int64 word
+    # (code i at bit k i) whose k low bytes, little-endian, are the stream's bytes.
+    groups = -(-cols // 8)
+    codes_g = codes if cols % 8 == 0 else torch.nn.functional.pad(codes, (0, 8 * groups - cols))
+    places = torch.arange(0, 8 * bits, bits, device=codes.device, dtype=torch.int64)
+    words = (codes_g.reshape(rows, groups, 8).long() << places).sum(dim=-1)  # (R, G)
+    if sys.byteorder == "little":
+        grouped = words.view(torch.uint8).reshape(rows, groups, 8)[:, :, :bits]
+    else:  # byte b of a word is (word >> 8 b) & 255 whatever the machine's order
+        shifts = torch.arange(0, 8 * bits, 8, device=codes.device, dtype=torch.int64)
+        grouped = ((words.unsqueeze(-1) >> shifts) & 255).to(torch.uint8)
+    return grouped.reshape(rows, groups * bits)[:, : -(-cols * bits // 8)].contiguous()
 
 
 def unpack_bits(
@@ -289,10 +293,13 @@ def unpack_bits(
         place = torch.arange(0, 256 * per_byte, 256, device=packed.device)
         index = packed.reshape(rows, 1, -1).long() + place.view(1, per_byte, 1)  # (R, m, B)
         return torch.take(lut, index).reshape(rows, -1)[:, :cols]
-    shifts = torch.arange(8, device=packed.device, dtype=torch.uint8)
-    stream = ((packed.unsqueeze(-1) >> shifts) & 1).reshape(rows, -1)[:, : cols * bits]
-    weights = (1 << torch.arange(bits, device=packed.device, dtype=torch.int32)).to(torch.int32)
-    codes: Tensor = (stream.reshape(rows, cols, bits).to(torch.int32) * weights).sum(dim=-1)
+    groups = -(-cols // 8)  # k in {3, 5, 6, 7}: rebuild each group's int64 word, then shift
+    grouped = torch.nn.functional.pad(packed, (0, groups * bits - packed.shape[1]))
+    grouped = grouped.reshape(rows, groups, bits).long()
+    byte_places = torch.arange(0, 8 * bits, 8, device=packed.device, dtype=torch.int64)
+    words = (grouped << byte_places).sum(dim=-1, keepdim=True)  # (R, G, 1), order-free
+    places = torch.arange(0, 8 * bits, bits, device=packed.device, dtype=torch.int64)
+    codes = ((words >> places) & ((1 << bits) - 1)).reshape(rows, groups * 8)[:, :cols]
     return (codes - offset).to(dtype) if offset else codes.to(dtype)
 
 
