@@ -249,7 +249,10 @@ def test_delta_codec_decode_names_out_of_sync_buffers_and_other_bits() -> None:
     # The sender revisits 0..3 (deltas only); a receiver that never saw 4..7 cannot apply them.
     delta_message = sender.encode(x + 0.1, ids)
     before = {i: receiver.buffers[i].clone() for i in range(4)}
-    with pytest.raises(ValueError, match=r"0 first visit\(s\), but this side has 4 unbuffered"):
+    with pytest.raises(
+        ValueError,
+        match=r"sent 0 bytes of first visits \(32 per example\), but this side has 4 unbuffered",
+    ):
         receiver.decode(delta_message, ids + 4)
     assert sorted(receiver.buffers) == [0, 1, 2, 3]
     assert all(torch.equal(receiver.buffers[i], before[i]) for i in range(4))

@@ -157,3 +157,21 @@ def test_buffer_set_removes_the_parent_it_made_but_keeps_a_users(tmp_path: Path)
     buffers.factory("link0-1.send")((4,))
     buffers.close()
     assert [p.name for p in kept.iterdir()] == ["notes.txt"]  # the user's folder stays as it was
+
+
+def test_compressed_first_visits_train_with_buffers_in_sync() -> None:
+    # fv8: the warm-up (2 steps) and every later first visit travel as 8-bit codes; the
+    # drift check compares sender and receiver buffer CRCs at every message.
+    config = PipelineTrainConfig(
+        gpt=GPT, num_stages=2, num_train=24, num_eval=4, micro_batch_size=2,
+        num_microbatches=3, steps=8, codec="aqsgd:fw2,bw4:fv8", drift_check_every=1,
+        warmup_steps=2,
+    )  # fmt: skip
+    data = TextWindows(TEXT, GPT.context, 24, 4)  # 4 steps per epoch: revisits from step 4
+    fv8 = train_local(config, data=data)
+    plain = train_local(replace(config, codec="aqsgd:fw2,bw4"), data=data)
+    assert fv8.losses[-1] < fv8.losses[0]
+    # Step 0's stage 1 already sees 8-bit activations: close to fp32's, not equal.
+    assert fv8.losses[0] != plain.losses[0]
+    assert abs(fv8.losses[0] - plain.losses[0]) < 1e-4 * plain.losses[0]
+    assert abs(fv8.eval_loss - plain.eval_loss) < 0.05 * plain.eval_loss

@@ -496,13 +496,33 @@ class DeltaCodec:
     """
 
     def __init__(
-        self, bits: int, scale: str = "row", buffer_factory: BufferFactory | None = None
+        self,
+        bits: int,
+        scale: str = "row",
+        buffer_factory: BufferFactory | None = None,
+        first_visit_bits: int = 32,
     ) -> None:
         if scale not in ("row", "channel"):
             raise ValueError(f"scale={scale!r}; choose 'row' (min/step) or 'channel' (abs-max)")
+        if first_visit_bits != 32 and (
+            isinstance(first_visit_bits, bool)
+            or not isinstance(first_visit_bits, int)
+            or not 1 <= first_visit_bits <= 8
+        ):
+            raise ValueError(
+                f"first_visit_bits={first_visit_bits!r} must be 32 (float32) or in [1, 8]"
+            )
         self.quantizer: QuantizeCodec | ChannelQuantizeCodec = (
             QuantizeCodec(bits) if scale == "row" else ChannelQuantizeCodec(bits)
         )
+        self.first_visit: QuantizeCodec | ChannelQuantizeCodec | None = None
+        if first_visit_bits != 32:
+            self.first_visit = (
+                QuantizeCodec(first_visit_bits)
+                if scale == "row"
+                else ChannelQuantizeCodec(first_visit_bits)
+            )
+        self.first_visit_bits = first_visit_bits
         self.bits = bits
         self.name = f"aqsgd{bits}"
         self._factory: BufferFactory = buffer_factory or MemoryBuffer
@@ -524,11 +544,55 @@ class DeltaCodec:
         return int(self.buffer.seen_ids().numel()) * self.buffer.row_bytes
 
     def wire_bytes(self, shape: tuple[int, ...], num_new: int = 0) -> int:
-        """Quantized deltas for the seen examples plus float32 rows for `num_new` new ones."""
-        per_example = math.prod(shape[1:])
+        """Quantized deltas for the seen examples plus the `num_new` new ones' first visit."""
         seen = (shape[0] - num_new, *shape[1:])
         delta = self.quantizer.wire_bytes(seen) if seen[0] else 0
-        return delta + 4 * per_example * num_new
+        return delta + self.first_visit_bytes((num_new, *shape[1:]))
+
+    def first_visit_bytes(self, shape: tuple[int, ...]) -> int:
+        """Bytes of `shape[0]` examples on their first visit: float32, or quantized."""
+        if self.first_visit is None:
+            return 4 * math.prod(shape)
+        return self.first_visit.wire_bytes(shape) if shape[0] else 0
+
+    def encode_first_visit(self, x: Tensor) -> tuple[Encoded, Tensor]:
+        """Examples on their first visit: (what travels, the value both sides buffer).
+
+        float32 by default (the value itself); with `first_visit_bits` k <= 8, k-bit codes of
+        the same scale type as the deltas, and both sides buffer the decoded value.
+
+        Raises:
+            TypeError: If `x` is not float32.
+            ValueError: If `x` holds NaN or inf.
+        """
+        _check_float32(x)
+        if self.first_visit is None:
+            if not bool(torch.isfinite(x).all()):
+                raise ValueError("cannot send NaN or inf; check the activations for overflow")
+            return Encoded(tuple(x.shape), (x.contiguous(),)), x
+        if x.shape[0] == 0:
+            return Encoded(tuple(x.shape), self._no_first_visits()), x
+        return self.first_visit.quantize(x)
+
+    def decode_first_visit(self, encoded: Encoded) -> Tensor:
+        """The buffered value of first-visit examples from what `encode_first_visit` sent."""
+        if self.first_visit is None:
+            return encoded.tensors[0].reshape(encoded.shape)
+        if encoded.shape[0] == 0:
+            return torch.empty(encoded.shape, dtype=torch.float32)
+        return self.first_visit.decode(encoded)
+
+    @property
+    def first_visit_parts(self) -> int:
+        """Tensors of the first-visit part of a message (1: float32 rows; 2: quantized)."""
+        return 1 if self.first_visit is None else 2
+
+    def _no_first_visits(self) -> tuple[Tensor, ...]:
+        if self.first_visit is None:
+            return (torch.empty(0, dtype=torch.float32),)
+        if isinstance(self.first_visit, ChannelQuantizeCodec):
+            return torch.empty(0, dtype=torch.float16), torch.empty((1, 0), dtype=torch.uint8)
+        return torch.empty((0, 2)), torch.empty((0, 0), dtype=torch.uint8)
 
     def num_new(self, example_ids: Tensor) -> int:
         """How many of `example_ids` this side has not buffered yet."""
@@ -633,12 +697,13 @@ class DeltaCodec:
             delta, delta_hat = self.quantizer.quantize(x - reference)
             rows = reference.add_(delta_hat)  # the read is a copy: update it in place
             self._write(ids, rows, step)
-            return Encoded(tuple(x.shape), (x[:0].contiguous(), *delta.tensors))
+            return Encoded(tuple(x.shape), (*self._no_first_visits(), *delta.tensors))
         seen = ~new
-        tensors: list[Tensor] = [x[new].contiguous()]
-        if not bool(torch.isfinite(tensors[0]).all()):  # seen rows: the quantizer checks
-            raise ValueError("cannot quantize NaN or inf; check the activations for overflow")
+        first, first_hat = self.encode_first_visit(x[new])  # checks NaN and inf
+        tensors: list[Tensor] = list(first.tensors)
         rows = x.clone()
+        if self.first_visit is not None:
+            rows[new] = first_hat
         if seen.any():
             reference = self.buffer.read(ids[seen], step)
             delta, delta_hat = self.quantizer.quantize(x[seen] - reference)
@@ -661,17 +726,20 @@ class DeltaCodec:
             raise ValueError(f"example_ids must have shape {encoded.shape[:1]}, got {got}")
         ids, new = self._prepare(example_ids, tuple(encoded.shape[1:]))
         assert self.buffer is not None
-        num_new, sent_new = int(new.sum()), encoded.tensors[0].numel()
-        if sent_new != num_new * math.prod(encoded.shape[1:]):
-            unbuffered = ids[new].tolist()
+        num_new, parts = int(new.sum()), self.first_visit_parts
+        sent_bytes = sum(t.numel() * t.element_size() for t in encoded.tensors[:parts])
+        if sent_bytes != self.first_visit_bytes((num_new, *encoded.shape[1:])):
+            per_example = self.first_visit_bytes((1, *encoded.shape[1:]))
             raise ValueError(
-                f"the sender sent {sent_new // max(math.prod(encoded.shape[1:]), 1)} first "
-                f"visit(s), but this side has {num_new} unbuffered id(s) {unbuffered[:8]}: "
-                "sender and receiver buffers are out of sync (same ids, same order, both sides)"
+                f"the sender sent {sent_bytes} bytes of first visits ({per_example} per "
+                f"example), but this side has {num_new} unbuffered id(s) "
+                f"{ids[new].tolist()[:8]}: sender and receiver buffers are out of sync (same "
+                "ids, same order, both sides)"
             )
         if not new.any():  # steady state: no masked copies
             rows = self.buffer.read(ids, step)  # a copy
-            rows.add_(self.quantizer.decode(Encoded(encoded.shape, tuple(encoded.tensors[1:]))))
+            deltas = Encoded(encoded.shape, tuple(encoded.tensors[parts:]))
+            rows.add_(self.quantizer.decode(deltas))
             self._write(ids, rows, step)
             return rows.clone()
         seen = ~new
@@ -679,9 +747,10 @@ class DeltaCodec:
         if seen.any():
             reference = self.buffer.read(ids[seen], step)
             shape = (int(seen.sum()), *encoded.shape[1:])
-            delta = self.quantizer.decode(Encoded(shape, tuple(encoded.tensors[1:])))
+            delta = self.quantizer.decode(Encoded(shape, tuple(encoded.tensors[parts:])))
             rows[seen] = reference + delta
-        rows[new] = encoded.tensors[0].reshape(-1, *encoded.shape[1:])
+        first = Encoded((num_new, *encoded.shape[1:]), tuple(encoded.tensors[:parts]))
+        rows[new] = self.decode_first_visit(first)
         self._write(ids, rows, step)
         return rows.clone()
 

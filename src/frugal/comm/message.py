@@ -66,7 +66,7 @@ FLAG_NONFINITE = 1
 MethodName = Literal["fp32", "fp16", "bf16", "directq", "aqsgd"]
 _METHOD_IDS: dict[str, int] = {"fp32": 1, "fp16": 2, "bf16": 3, "directq": 4, "aqsgd": 5}
 _DTYPE_IDS = {torch.float32: 1}
-_SPEC = re.compile(r"^(directq|aqsgd):fw([1-8]),bw([1-8])(:row|:channel)?$")
+_SPEC = re.compile(r"^(directq|aqsgd):fw([1-8]),bw([1-8])(:row|:channel)?(:fv([1-8]))?$")
 ScaleName = Literal["channel", "row"]
 
 
@@ -93,18 +93,23 @@ class CodecSpec:
         bw_bits: Bits per gradient value (directq, aqsgd), else 32 or 16.
         scale: Quantizer scales: "channel" (AQ-SGD's reference: per-channel abs-max, fp16
             scales; the default) or "row" (per-row min and step, finer; suffix `:row`).
+        first_visit_bits: aqsgd only: how an example's first visit (and the warm-up)
+            travels: 32 = float32 (AQ-SGD's reference), or k in 1..8 = k-bit codes of the
+            same scale type, both sides buffering the decoded value (suffix `:fvK`).
     """
 
     method: MethodName
     fw_bits: int
     bw_bits: int
     scale: ScaleName = "channel"
+    first_visit_bits: int = 32
 
     @classmethod
     def parse(cls, text: str) -> CodecSpec:
         """Parse `fp32`, `fp16`, `bf16`, `directq:fwK,bwJ` or `aqsgd:fwK,bwJ` (1 <= K, J <= 8).
 
-        A `:row` suffix selects per-row min/step scales instead of per-channel abs-max.
+        A `:row` suffix selects per-row min/step scales instead of per-channel abs-max; an
+        aqsgd `:fvF` suffix (after `:row`, if any) sends first visits as F-bit codes.
 
         Raises:
             ValueError: If the text is none of these.
@@ -117,11 +122,18 @@ class CodecSpec:
             raise ValueError(
                 f"codec {text!r}: use fp32, fp16, bf16, directq:fwK,bwJ or aqsgd:fwK,bwJ "
                 "with K, J in 1..8 (e.g. aqsgd:fw2,bw4), optionally followed by :row for "
-                "per-row min/step scales (e.g. aqsgd:fw2,bw4:row)"
+                "per-row min/step scales and, for aqsgd, :fvF for F-bit first visits (e.g. "
+                "aqsgd:fw2,bw4:row:fv8)"
             )
         method: MethodName = "directq" if match.group(1) == "directq" else "aqsgd"
         scale: ScaleName = "row" if match.group(4) == ":row" else "channel"
-        return cls(method, int(match.group(2)), int(match.group(3)), scale)
+        if match.group(6) is not None and method != "aqsgd":
+            raise ValueError(
+                f"codec {text!r}: :fv{match.group(6)} sets how AQ-SGD sends first visits; "
+                "directq has none (drop the suffix)"
+            )
+        first_visit_bits = int(match.group(6)) if match.group(6) is not None else 32
+        return cls(method, int(match.group(2)), int(match.group(3)), scale, first_visit_bits)
 
     @property
     def label(self) -> str:
@@ -129,6 +141,8 @@ class CodecSpec:
         if self.method in ("fp32", "fp16", "bf16"):
             return self.method
         suffix = ":row" if self.scale == "row" else ""
+        if self.first_visit_bits != 32:
+            suffix += f":fv{self.first_visit_bits}"
         return f"{self.method}:fw{self.fw_bits},bw{self.bw_bits}{suffix}"
 
     @property
@@ -147,8 +161,13 @@ class CodecSpec:
 
     @property
     def codec_id(self) -> int:
-        """Method id (+ 16 for row scales), written in every header."""
-        return _METHOD_IDS[self.method] + (16 if self.scale == "row" else 0)
+        """Method id (+ 16 for row scales, + 32 F for F-bit first visits), in every header."""
+        first_visit = 0 if self.first_visit_bits == 32 else 32 * self.first_visit_bits
+        return _METHOD_IDS[self.method] + (16 if self.scale == "row" else 0) + first_visit
+
+    def delta_codec(self, buffer_factory: BufferFactory | None = None) -> DeltaCodec:
+        """The AQ-SGD activation codec of this spec (aqsgd only)."""
+        return DeltaCodec(self.fw_bits, self.scale, buffer_factory, self.first_visit_bits)
 
 
 def message_wire_bytes(
@@ -160,8 +179,10 @@ def message_wire_bytes(
         spec: The link's codec.
         kind: KIND_ACTIVATION or KIND_GRADIENT.
         shape: Shape of the float32 tensor, first dimension = examples.
-        num_new: AQ-SGD activations only: examples on their first visit (sent as fp32).
-        warmup: Whether the message falls in the fp32 warm-up.
+        num_new: AQ-SGD activations only: examples on their first visit (sent as fp32, or
+            as `first_visit_bits` codes).
+        warmup: Whether the message falls in the warm-up (fp32; AQ-SGD activations with
+            `:fvF` send every example as a first visit).
 
     Raises:
         ValueError: If `kind` is unknown.
@@ -169,12 +190,13 @@ def message_wire_bytes(
     if kind not in (KIND_ACTIVATION, KIND_GRADIENT):
         raise ValueError(f"kind={kind}; use KIND_ACTIVATION (0) or KIND_GRADIENT (1)")
     n = math.prod(shape)
-    if spec.method == "fp32" or warmup:
+    if spec.method == "aqsgd" and kind == KIND_ACTIVATION:
+        delta = spec.delta_codec()
+        payload = delta.first_visit_bytes(shape) if warmup else delta.wire_bytes(shape, num_new)
+    elif spec.method == "fp32" or warmup:
         payload = 4 * n
     elif spec.method in ("fp16", "bf16"):
         payload = 2 * n
-    elif spec.method == "aqsgd" and kind == KIND_ACTIVATION:
-        payload = DeltaCodec(spec.fw_bits, spec.scale).wire_bytes(shape, num_new)
     else:
         payload = spec.quantizer(kind).wire_bytes(shape)
     return HEADER_BYTES + payload
@@ -266,7 +288,7 @@ class LinkCodec:
         self.warmup_steps = warmup_steps
         self.delta: DeltaCodec | None = None
         if spec.method == "aqsgd" and kind == KIND_ACTIVATION:
-            self.delta = DeltaCodec(spec.fw_bits, spec.scale, buffer_factory)
+            self.delta = spec.delta_codec(buffer_factory)
         self._fp32 = IdentityCodec()
         self.sent_bytes = 0
         """Wire bytes this side encoded or decoded so far (header + payload)."""
@@ -315,9 +337,10 @@ class LinkCodec:
             payload, flags = torch.zeros(size, dtype=torch.uint8), FLAG_NONFINITE
         elif self.delta is not None:
             num_new = self.delta.num_new(example_ids)
-            if step < self.warmup_steps:  # warm-up: fp32, buffers filled with the exact value
-                self.delta.store(x, example_ids, step)
-                payload, num_new = _to_payload(self._fp32.encode(x)), x.shape[0]
+            if step < self.warmup_steps:  # warm-up: every example as a first visit
+                first, first_hat = self.delta.encode_first_visit(x)
+                self.delta.store(first_hat, example_ids, step)
+                payload, num_new = _to_payload(first), x.shape[0]
             else:
                 payload = _to_payload(self.delta.encode(x, example_ids, step))
             if check_crc:
@@ -333,7 +356,7 @@ class LinkCodec:
                 self.kind,
                 step,
                 mb,
-                32 if step < self.warmup_steps else self.spec.bits(self.kind),
+                self._bits(step),
                 _DTYPE_IDS[torch.float32],
                 *shape,
                 payload.numel(),
@@ -345,6 +368,11 @@ class LinkCodec:
         )
         self.sent_bytes += HEADER_BYTES + payload.numel()
         return header, payload, finite
+
+    def _bits(self, step: int) -> int:
+        if step >= self.warmup_steps:
+            return self.spec.bits(self.kind)
+        return self.delta.first_visit_bits if self.delta is not None else 32
 
     def expect(self, header: Tensor, step: int, mb: int) -> dict[str, int]:
         """Parse and check a received header against (codec, kind, step, micro-batch).
@@ -368,6 +396,15 @@ class LinkCodec:
             )
         return fields
 
+    def _first_visit_parts(self, payload: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, ...]:
+        """The first-visit tensors of `shape[0]` examples at the payload's start."""
+        assert self.delta is not None
+        if self.delta.first_visit is None:
+            return (_take(payload, 0, torch.float32, shape),)
+        if shape[0] == 0:
+            return self.delta.encode_first_visit(torch.empty(shape))[0].tensors
+        return _quantized_parts(payload, 0, shape, self.delta.first_visit_bits, self.spec.scale)
+
     def decode(self, fields: dict[str, int], payload: Tensor, example_ids: Tensor) -> Tensor:
         """Rebuild the float32 tensor from a checked header and its payload.
 
@@ -381,7 +418,9 @@ class LinkCodec:
         if self.delta is not None:
             num_new = self.delta.num_new(example_ids)
             if step < self.warmup_steps:
-                x = _take(payload, 0, torch.float32, shape).clone()
+                x = self.delta.decode_first_visit(
+                    Encoded(shape, self._first_visit_parts(payload, shape))
+                ).clone()
                 self.delta.store(x, example_ids, step)
             else:
                 if num_new != fields["num_new"]:
@@ -390,10 +429,10 @@ class LinkCodec:
                         f"examples, receiver {num_new}; the example ids differ across ranks"
                     )
                 rows_new = (num_new, *shape[1:])
-                parts: list[Tensor] = [_take(payload, 0, torch.float32, rows_new)]
+                parts: list[Tensor] = list(self._first_visit_parts(payload, rows_new))
                 seen = (shape[0] - num_new, *shape[1:])
                 if seen[0]:
-                    off = 4 * math.prod(rows_new)
+                    off = self.delta.first_visit_bytes(rows_new)
                     parts.extend(
                         _quantized_parts(payload, off, seen, self.spec.fw_bits, self.spec.scale)
                     )
