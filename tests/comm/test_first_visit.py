@@ -1,4 +1,4 @@
-"""AQ-SGD's compressed first visit (`:fvF`): exact bytes, identical buffers on both sides."""
+"""AQ-SGD's compressed first visit (`:fvF`) and error-feedback gradients (`:ef`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from frugal.comm.codecs import ChannelQuantizeCodec, DeltaCodec
 from frugal.comm.message import (
     HEADER_BYTES,
     KIND_ACTIVATION,
+    KIND_GRADIENT,
     CodecSpec,
     LinkCodec,
     message_wire_bytes,
@@ -88,3 +89,48 @@ def test_link_codec_warmup_and_first_visits_match_the_analytic_bytes() -> None:
     n = math.prod(shape)
     assert message_wire_bytes(spec, KIND_ACTIVATION, shape, warmup=True) == HEADER_BYTES + n + 64
     assert ChannelQuantizeCodec(8).wire_bytes(shape) == n + 64
+
+
+def test_error_feedback_sums_differ_from_the_truth_by_the_last_residual_only() -> None:
+    from frugal.comm.codecs import ErrorFeedbackCodec, QuantizeCodec
+
+    codec, plain = ErrorFeedbackCodec(ChannelQuantizeCodec(2)), ChannelQuantizeCodec(2)
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.tensor([3, 1])
+    meant, arrived, plain_arrived = torch.zeros(2, 5, 8), torch.zeros(2, 5, 8), torch.zeros(2, 5, 8)
+    for _ in range(20):
+        x = torch.randn(2, 5, 8, generator=gen)
+        encoded = codec.encode(x, ids)
+        assert encoded.nbytes == plain.wire_bytes((2, 5, 8))  # no extra bytes
+        meant += x
+        arrived += codec.decode(encoded)
+        plain_arrived += plain.decode(plain.encode(x))
+    assert codec.residual is not None
+    residual = torch.stack([codec.residual.peek(torch.tensor([i]))[0] for i in (3, 1)])
+    assert torch.allclose(meant - arrived, residual, atol=1e-4)
+    # Without feedback the error of the sum grows with the steps; with it, it stays bounded.
+    assert (meant - arrived).abs().mean() < 0.5 * (meant - plain_arrived).abs().mean()
+    with pytest.raises(ValueError, match="repeat within one message"):
+        codec.encode(torch.zeros(2, 5, 8), torch.tensor([4, 4]))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        ErrorFeedbackCodec(QuantizeCodec(4)).encode(torch.full((1, 3), float("nan")), ids[:1])
+
+
+def test_error_feedback_spec_and_link_codec_bytes() -> None:
+    spec = CodecSpec.parse("aqsgd:fw2,bw4:row:fv8:ef")
+    assert spec.bw_error_feedback and spec.first_visit_bits == 8
+    assert spec.label == "aqsgd:fw2,bw4:row:fv8:ef"
+    assert CodecSpec.parse("directq:fw2,bw4:ef").label == "directq:fw2,bw4:ef"
+    assert spec.codec_id != CodecSpec.parse("aqsgd:fw2,bw4:row:fv8").codec_id
+    sender = LinkCodec(CodecSpec.parse("directq:fw2,bw4:ef"), KIND_GRADIENT)
+    receiver = LinkCodec(CodecSpec.parse("directq:fw2,bw4:ef"), KIND_GRADIENT)
+    ids = torch.arange(4)
+    for step in range(3):
+        g = torch.randn(4, 8, 16)
+        header, payload, _ = sender.encode(g, ids, step, mb=0)
+        expected = message_wire_bytes(sender.spec, KIND_GRADIENT, (4, 8, 16))
+        assert HEADER_BYTES + payload.numel() == expected
+        out = receiver.decode(receiver.expect(header, step, 0), payload, ids)
+        assert out.shape == g.shape
+    assert sender.feedback is not None and receiver.feedback is not None
+    assert receiver.feedback.residual is None  # the receiver keeps no state

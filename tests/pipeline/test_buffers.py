@@ -175,3 +175,17 @@ def test_compressed_first_visits_train_with_buffers_in_sync() -> None:
     assert fv8.losses[0] != plain.losses[0]
     assert abs(fv8.losses[0] - plain.losses[0]) < 1e-4 * plain.losses[0]
     assert abs(fv8.eval_loss - plain.eval_loss) < 0.05 * plain.eval_loss
+
+
+def test_error_feedback_gradients_train_and_differ_from_plain_ones() -> None:
+    config = PipelineTrainConfig(
+        gpt=GPT, num_stages=2, num_train=24, num_eval=4, micro_batch_size=2,
+        num_microbatches=3, steps=8, codec="aqsgd:fw2,bw4:ef", drift_check_every=1,
+    )  # fmt: skip
+    data = TextWindows(TEXT, GPT.context, 24, 4)
+    ef = train_local(config, data=data)
+    plain = train_local(replace(config, codec="aqsgd:fw2,bw4"), data=data)
+    assert ef.losses[-1] < ef.losses[0]
+    assert ef.losses[0] == plain.losses[0]  # step 0's forward is the same; its backward is not
+    assert ef.losses[1:] != plain.losses[1:]
+    assert abs(ef.eval_loss - plain.eval_loss) < 0.05 * plain.eval_loss

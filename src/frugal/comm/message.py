@@ -36,6 +36,7 @@ from frugal.comm.codecs import (
     ChannelQuantizeCodec,
     DeltaCodec,
     Encoded,
+    ErrorFeedbackCodec,
     HalfCodec,
     IdentityCodec,
     QuantizeCodec,
@@ -66,7 +67,7 @@ FLAG_NONFINITE = 1
 MethodName = Literal["fp32", "fp16", "bf16", "directq", "aqsgd"]
 _METHOD_IDS: dict[str, int] = {"fp32": 1, "fp16": 2, "bf16": 3, "directq": 4, "aqsgd": 5}
 _DTYPE_IDS = {torch.float32: 1}
-_SPEC = re.compile(r"^(directq|aqsgd):fw([1-8]),bw([1-8])(:row|:channel)?(:fv([1-8]))?$")
+_SPEC = re.compile(r"^(directq|aqsgd):fw([1-8]),bw([1-8])(:row|:channel)?(:fv([1-8]))?(:ef)?$")
 ScaleName = Literal["channel", "row"]
 
 
@@ -96,6 +97,8 @@ class CodecSpec:
         first_visit_bits: aqsgd only: how an example's first visit (and the warm-up)
             travels: 32 = float32 (AQ-SGD's reference), or k in 1..8 = k-bit codes of the
             same scale type, both sides buffering the decoded value (suffix `:fvK`).
+        bw_error_feedback: Gradients (backward) with error feedback per example: the sender
+            adds what an example's last gradient message dropped to its next one (`:ef`).
     """
 
     method: MethodName
@@ -103,13 +106,15 @@ class CodecSpec:
     bw_bits: int
     scale: ScaleName = "channel"
     first_visit_bits: int = 32
+    bw_error_feedback: bool = False
 
     @classmethod
     def parse(cls, text: str) -> CodecSpec:
         """Parse `fp32`, `fp16`, `bf16`, `directq:fwK,bwJ` or `aqsgd:fwK,bwJ` (1 <= K, J <= 8).
 
         A `:row` suffix selects per-row min/step scales instead of per-channel abs-max; an
-        aqsgd `:fvF` suffix (after `:row`, if any) sends first visits as F-bit codes.
+        aqsgd `:fvF` suffix (after `:row`, if any) sends first visits as F-bit codes; a final
+        `:ef` adds error feedback per example to the k-bit gradients.
 
         Raises:
             ValueError: If the text is none of these.
@@ -122,8 +127,8 @@ class CodecSpec:
             raise ValueError(
                 f"codec {text!r}: use fp32, fp16, bf16, directq:fwK,bwJ or aqsgd:fwK,bwJ "
                 "with K, J in 1..8 (e.g. aqsgd:fw2,bw4), optionally followed by :row for "
-                "per-row min/step scales and, for aqsgd, :fvF for F-bit first visits (e.g. "
-                "aqsgd:fw2,bw4:row:fv8)"
+                "per-row min/step scales, for aqsgd :fvF for F-bit first visits, and :ef for "
+                "error feedback on the gradients (e.g. aqsgd:fw2,bw4:row:fv8:ef)"
             )
         method: MethodName = "directq" if match.group(1) == "directq" else "aqsgd"
         scale: ScaleName = "row" if match.group(4) == ":row" else "channel"
@@ -133,7 +138,9 @@ class CodecSpec:
                 "directq has none (drop the suffix)"
             )
         first_visit_bits = int(match.group(6)) if match.group(6) is not None else 32
-        return cls(method, int(match.group(2)), int(match.group(3)), scale, first_visit_bits)
+        feedback = match.group(7) is not None
+        fw, bw = int(match.group(2)), int(match.group(3))
+        return cls(method, fw, bw, scale, first_visit_bits, feedback)
 
     @property
     def label(self) -> str:
@@ -143,6 +150,8 @@ class CodecSpec:
         suffix = ":row" if self.scale == "row" else ""
         if self.first_visit_bits != 32:
             suffix += f":fv{self.first_visit_bits}"
+        if self.bw_error_feedback:
+            suffix += ":ef"
         return f"{self.method}:fw{self.fw_bits},bw{self.bw_bits}{suffix}"
 
     @property
@@ -161,9 +170,12 @@ class CodecSpec:
 
     @property
     def codec_id(self) -> int:
-        """Method id (+ 16 for row scales, + 32 F for F-bit first visits), in every header."""
+        """Method id (+ 16 row scales, + 32 F F-bit first visits, + 512 error feedback)."""
         first_visit = 0 if self.first_visit_bits == 32 else 32 * self.first_visit_bits
-        return _METHOD_IDS[self.method] + (16 if self.scale == "row" else 0) + first_visit
+        feedback = 512 if self.bw_error_feedback else 0
+        return (
+            _METHOD_IDS[self.method] + (16 if self.scale == "row" else 0) + first_visit + feedback
+        )
 
     def delta_codec(self, buffer_factory: BufferFactory | None = None) -> DeltaCodec:
         """The AQ-SGD activation codec of this spec (aqsgd only)."""
@@ -289,6 +301,9 @@ class LinkCodec:
         self.delta: DeltaCodec | None = None
         if spec.method == "aqsgd" and kind == KIND_ACTIVATION:
             self.delta = spec.delta_codec(buffer_factory)
+        self.feedback: ErrorFeedbackCodec | None = None
+        if spec.bw_error_feedback and kind == KIND_GRADIENT:
+            self.feedback = ErrorFeedbackCodec(spec.quantizer(kind))
         self._fp32 = IdentityCodec()
         self.sent_bytes = 0
         """Wire bytes this side encoded or decoded so far (header + payload)."""
@@ -345,6 +360,8 @@ class LinkCodec:
                 payload = _to_payload(self.delta.encode(x, example_ids, step))
             if check_crc:
                 crc = self.delta.rows_crc32(example_ids)
+        elif self.feedback is not None and step >= self.warmup_steps:
+            payload = _to_payload(self.feedback.encode(x, example_ids, step))
         else:
             payload = _to_payload(self._plain(step).encode(x))
         shape = [*x.shape, *([-1] * (4 - x.dim()))]

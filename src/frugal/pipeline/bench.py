@@ -4,7 +4,8 @@ Both presets run `aqsgd:fw2,bw4:row` ("ours": per-row min/step scales instead of
 reference's per-channel abs-max over all tokens, so one outlier token no longer coarsens a
 whole channel; the same bytes up to the scale overhead). The full preset adds
 `aqsgd:fw2,bw4:row:fv8`: first visits and the warm-up as 8-bit codes instead of float32 (a
-quarter of the bytes of AQ-SGD's first epoch), both sides buffering the decoded value.
+quarter of the bytes of AQ-SGD's first epoch), both sides buffering the decoded value, and
+`aqsgd:fw2,bw4:row:ef`: 4-bit gradients with error feedback per example. One flag each.
 
 Three parts, one results.json:
 
@@ -81,6 +82,7 @@ _FULL_METHODS = (
     "aqsgd:fw4,bw8",
     "aqsgd:fw2,bw4:row",
     "aqsgd:fw2,bw4:row:fv8",
+    "aqsgd:fw2,bw4:row:ef",
 )
 
 
@@ -628,6 +630,8 @@ def _summary(rows: list[dict[str, Any]], config: PipelineBenchConfig) -> dict[st
     out["speedup_at_slowest_ours"] = ours["tokens_per_s"] / fp32["tokens_per_s"] if ours else None
     fv8 = _row(rows, "aqsgd:fw2,bw4:row:fv8", slowest)
     out["loss_gap_ours_fv8"] = fv8["final_eval_loss"] / base - 1 if fv8 else None
+    ef = _row(rows, "aqsgd:fw2,bw4:row:ef", slowest)
+    out["loss_gap_ours_ef"] = ef["final_eval_loss"] / base - 1 if ef else None
     out["fp32_final_eval_loss"] = base
     gaps = [
         abs(r["tokens_per_s"] / r["simulated_tokens_per_s"] - 1)
