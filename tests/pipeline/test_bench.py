@@ -53,6 +53,10 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
     assert summary["speedup_at_slowest"] > 0 and summary["slowest_link"] == "100mbps"
     low, high = summary["speedup_range_by_link"]["100mbps"]
     assert low <= high and low > 0
+    assert len(summary["calibration_ms"]) == 2 and min(summary["calibration_ms"]) > 0  # per round
+    shaped = saved["rows"][0]
+    assert len(shaped["link_mbps_by_round"]) == 2
+    assert shaped["link_mbps"] == pytest.approx(sum(shaped["link_mbps_by_round"]) / 2)
     assert (tmp_path / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -19,8 +19,9 @@ Three parts, one results.json:
 2. Speed: one torchrun launch of `num_stages` gloo ranks on 127.0.0.1 runs every (method, rho)
    for `speed_steps` steps over one repeated macro-batch (AQ-SGD's examples are all seen after
    the first step, so later steps are steady state), in `speed_rounds` interleaved rounds.
-   The bandwidth of each rho point is B = 16 S / (rho c) with c measured in the same launch
-   (`frugal.comm.link`). tokens_per_s = tokens per step / median step time over every
+   The bandwidth of each rho point is B = 16 S / (rho c) with c measured at the start of
+   each round, minutes from the cells it sets (`frugal.comm.link`; `calibration_ms` in the
+   summary, one per round). tokens_per_s = tokens per step / median step time over every
    round's steps after its first (max over ranks);
    `tokens_per_s_by_round` keeps each round's, and the summary's `speedup_range_by_link` the
    spread of the per-round speed-ups.
@@ -309,9 +310,10 @@ def run_pipeline_bench(
             steps=config.speed_steps,
             rho=rho,
             repeat_examples=True,
+            calibrate=c == 0,  # each round measures c right before its cells
         )
         for r in range(config.speed_rounds)
-        for m, rho in cells
+        for c, (m, rho) in enumerate(cells)
     ]
     say(
         f"speed: {len(cells)} cells x {config.speed_rounds} interleaved rounds on "
@@ -350,17 +352,23 @@ def run_pipeline_bench(
         opt = _median_by_rank(rounds, "median_optimizer_s")
         act = [o["activation_bytes"][-1] for o in outs[:-1]]
         grad = [o["gradient_bytes"][-1] for o in outs[1:]]
-        bandwidth = outs[0]["bandwidth_bits_per_s"] or math.inf
-        sim = simulate_step(
-            schedule=train.schedule,
-            num_microbatches=m,
-            forward_s=fwd,
-            backward_s=bwd,
-            activation_bytes=act,
-            gradient_bytes=grad,
-            bandwidth_bits_per_s=bandwidth,
-            optimizer_s=opt,
-            num_cores=cores,
+        # Each round's link speed comes from its own calibration: simulate every round at its
+        # bandwidth and keep the median step, as for the measured side.
+        bandwidths = [rnd[0]["bandwidth_bits_per_s"] or math.inf for rnd in rounds]
+        bandwidth = statistics.median(bandwidths)
+        sim_step_s = statistics.median(
+            simulate_step(
+                schedule=train.schedule,
+                num_microbatches=m,
+                forward_s=fwd,
+                backward_s=bwd,
+                activation_bytes=act,
+                gradient_bytes=grad,
+                bandwidth_bits_per_s=b,
+                optimizer_s=opt,
+                num_cores=cores,
+            ).step_time_s
+            for b in bandwidths
         )
         spec = CodecSpec.parse(method)
         result = quality[method]
@@ -383,7 +391,7 @@ def run_pipeline_bench(
         elapsed, reached = 0.0, None
         for step, value in enumerate(_ema(result.losses)):
             new_visits = spec.method == "aqsgd" and step < max(steps_per_epoch, warmup_steps)
-            elapsed += first_sim.step_time_s if new_visits else sim.step_time_s
+            elapsed += first_sim.step_time_s if new_visits else sim_step_s
             if value <= fp32_final:
                 reached = elapsed
                 break
@@ -396,6 +404,7 @@ def run_pipeline_bench(
                 "rho": rho,
                 "link": rho_label(rho) if rho > 0 else "unshaped",
                 "link_mbps": bandwidth / 1e6 if math.isfinite(bandwidth) else None,
+                "link_mbps_by_round": [b / 1e6 if math.isfinite(b) else None for b in bandwidths],
                 "tokens_per_s": tokens_per_step / measured_s,
                 "tokens_per_s_by_round": [
                     tokens_per_step / statistics.median(steps) for steps in round_step_s
@@ -407,7 +416,7 @@ def run_pipeline_bench(
                 "final_train_loss": statistics.fmean(result.losses[-steps_per_epoch:]),
                 "final_eval_loss": result.eval_loss,
                 "time_to_fp32_loss_s": reached,
-                "simulated_tokens_per_s": tokens_per_step / sim.step_time_s,
+                "simulated_tokens_per_s": tokens_per_step / sim_step_s,
                 "stage_compute_ms": [1e3 * (f + b) for f, b in zip(fwd, bwd, strict=True)],
                 "buffer_bytes": result.buffer_bytes,
             }
@@ -419,6 +428,7 @@ def run_pipeline_bench(
 
     summary = _summary(rows, config)
     summary["sim_num_cores"] = cores
+    summary["calibration_ms"] = [1e3 * c for c in by_stage[0].get("calibration_s", [])]
     summary["quality_start"] = "fine-tune" if pretraining else "scratch"
     if pretraining is not None:
         summary["pretraining"] = pretraining

@@ -265,6 +265,10 @@ class RunSpec:
     """Per directed pair of ranks (src, dst, bandwidth_mbps, latency_ms), overriding
     bandwidth_mbps / latency_ms for that pair (bandwidth 0 = unshaped); a topology's link
     table. When set, the DP all-reduce is shaped too (see `rank_links`)."""
+    calibrate: bool = False
+    """Measure c (an unshaped FP32 calibration run) right before this run; this run and the
+    next ones use it until the next run that calibrates. Without any such run, a launch
+    with a rho > 0 calibrates once, before its first run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -651,15 +655,15 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
             )
             if i == stage:
                 dp_group = group
-        results = {"rank": rank, "replica": replica, "stage": stage, "runs": []}
-        compute_s = 0.0
-        if any(r.rho > 0 for r in runs):
-            calib = RunSpec(
-                label="calibrate",
-                codec="fp32",
-                steps=max(config.calibrate_steps, 2),
-                repeat_examples=True,
-            )
+        results: dict[str, Any] = {"rank": rank, "replica": replica, "stage": stage, "runs": []}
+        calib = RunSpec(
+            label="calibrate",
+            codec="fp32",
+            steps=max(config.calibrate_steps, 2),
+            repeat_examples=True,
+        )
+
+        def calibrate() -> float:
             out = _run_one(config, calib, layout, rank, replica, stage, dp_group, data, math.inf)
             # c = the pace of one stage per micro-batch as this machine runs it: an unshaped
             # flush step takes (m + p - 1) c, so c includes the CPU sharing of co-located
@@ -669,10 +673,17 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
             )
             mine = torch.tensor([pace])
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-            compute_s = float(mine)
-            results["calibration"] = out
+            results.setdefault("calibration", out)  # the first: the simulator's core fit
+            results.setdefault("calibration_s", []).append(float(mine))
+            return float(mine)
+
+        compute_s = 0.0
+        if any(r.rho > 0 for r in runs) and not any(r.calibrate for r in runs):
+            compute_s = calibrate()
         boundary = math.prod(boundary_shape(config)) * 4
         for run in runs:
+            if run.calibrate:
+                compute_s = calibrate()
             bandwidth = _resolve_bandwidth(run, boundary, compute_s)
             out = _run_one(config, run, layout, rank, replica, stage, dp_group, data, bandwidth)
             out.update(
@@ -682,7 +693,7 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
                 compute_s=compute_s,
                 bandwidth_bits_per_s=bandwidth if math.isfinite(bandwidth) else None,
             )
-            results["runs"].append(out)  # type: ignore[attr-defined]
+            results["runs"].append(out)
             _barrier(config.comm_timeout_s)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
