@@ -477,6 +477,20 @@ _NOT_IDS = (
 )
 
 
+def _message_ids(example_ids: Tensor) -> tuple[Tensor, list[int]]:
+    """(int64 ids, as a list) of one message, checked: integers, >= 0, each once."""
+    if not isinstance(example_ids, Tensor) or example_ids.dtype in _NOT_IDS:
+        got = example_ids.dtype if isinstance(example_ids, Tensor) else type(example_ids)
+        raise TypeError(f"example_ids must be an integer tensor, got {got}; use .long()")
+    ids = example_ids.long()
+    flat: list[int] = ids.reshape(-1).tolist()  # a few ids: plain Python is cheapest
+    if flat and min(flat) < 0:
+        raise ValueError(f"example_ids must be >= 0, got min {min(flat)}")
+    if len(set(flat)) != len(flat):
+        raise ValueError("example_ids repeat within one message; each example once")
+    return ids, flat
+
+
 class DeltaCodec:
     """AQ-SGD: quantize the change of each example's activation against shared buffers.
 
@@ -636,15 +650,7 @@ class DeltaCodec:
             self.buffer.close()
 
     def _prepare(self, example_ids: Tensor, row_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
-        if not isinstance(example_ids, Tensor) or example_ids.dtype in _NOT_IDS:
-            got = example_ids.dtype if isinstance(example_ids, Tensor) else type(example_ids)
-            raise TypeError(f"example_ids must be an integer tensor, got {got}; use .long()")
-        ids = example_ids.long()
-        flat: list[int] = ids.reshape(-1).tolist()  # a few ids: plain Python is cheapest
-        if flat and min(flat) < 0:
-            raise ValueError(f"example_ids must be >= 0, got min {min(flat)}")
-        if len(set(flat)) != len(flat):
-            raise ValueError("example_ids repeat within one message; each example once")
+        ids, flat = _message_ids(example_ids)
         if self.buffer is None:
             self.buffer, self._row_shape = self._factory(row_shape), row_shape
         elif self._row_shape != row_shape:
@@ -796,20 +802,14 @@ class ErrorFeedbackCodec:
                 NaN or inf (no residual changes then).
         """
         _check_float32(x)
-        if not isinstance(example_ids, Tensor) or example_ids.dtype in _NOT_IDS:
-            got = example_ids.dtype if isinstance(example_ids, Tensor) else type(example_ids)
-            raise TypeError(f"example_ids must be an integer tensor, got {got}; use .long()")
+        ids, _ = _message_ids(example_ids)
         if example_ids.shape != (x.shape[0],):
             raise ValueError(
                 f"example_ids must have shape ({x.shape[0]},), got {tuple(example_ids.shape)}"
             )
-        ids = example_ids.long()
-        flat: list[int] = ids.tolist()
-        if len(set(flat)) != len(flat):
-            raise ValueError("example_ids repeat within one message; each example once")
         if self.residual is None:
             self.residual = self._factory(tuple(x.shape[1:]))
-        seen = self.residual.seen(ids)  # refuses negative ids
+        seen = self.residual.seen(ids)
         if bool(seen.all()):
             target = x + self.residual.read(ids, step)
         else:
