@@ -53,6 +53,8 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
     assert summary["pretraining"]["windows"] == 32 and summary["pretraining"]["steps"] == 2
     assert summary["loss_gap_directq_fw2"] is None  # DirectQ was not run
     assert summary["speedup_at_slowest"] > 0 and summary["slowest_link"] == "100mbps"
+    # AQ-SGD sends a tenth of FP32's bytes: with FP32's compute the link-bound step shrinks.
+    assert summary["sim_speedup_free_codec_at_slowest"] > 1
     low, high = summary["speedup_range_by_link"]["100mbps"]
     assert low <= high and low > 0
     assert len(summary["calibration_ms"]) == 2 and min(summary["calibration_ms"]) > 0  # per round
@@ -113,3 +115,26 @@ def test_summary_monotone_within_noise_uses_per_round_ranges() -> None:
     # A slower link wholly below a faster one's range is a real drop.
     table = rows([95.0, 105.0], 0.03) + rows([90.0, 94.0], 0.33) + rows([290.0, 310.0], 3.3)
     assert _summary(table, config)["speedup_monotone_within_noise"] is False
+
+
+def test_free_codec_speedup_replays_fp32_compute_with_aqsgd_bytes() -> None:
+    from frugal.pipeline.bench import _free_codec_speedup
+
+    # With no compute, a step is every message's transfer: one micro-batch on 2 stages
+    # sends one activation and one gradient, so the speed-up is the byte ratio.
+    train = PipelineTrainConfig(num_stages=2, num_microbatches=1, micro_batch_size=4)
+    config = PipelineBenchConfig(train=train, rhos=(3.3,))
+    rows = [{"method": "fp32", "rho": 3.3, "link_mbps": 8.0}]
+    zero = ([0.0, 0.0], [0.0, 0.0], [0.0, 0.0])
+    n, channels = 4 * 64 * 128, 128
+    fp32 = 2 * (128 + 4 * n)
+    aqsgd = (128 + 2 * channels + n * 2 // 8) + (128 + 2 * channels + n * 4 // 8)
+    speedup = _free_codec_speedup(rows, {("fp32", 3.3): zero}, config, cores=2.0)
+    assert speedup == pytest.approx(fp32 / aqsgd)
+    # Compute that dwarfs the link leaves nothing to gain.
+    slow = ([100.0, 100.0], [100.0, 100.0], [0.0, 0.0])
+    assert _free_codec_speedup(rows, {("fp32", 3.3): slow}, config, 2.0) == pytest.approx(
+        1.0, abs=0.01
+    )
+    # No FP32 row at the slowest link: not measured.
+    assert _free_codec_speedup([], {}, config, 2.0) is None

@@ -26,7 +26,9 @@ Three parts, one results.json:
    `tokens_per_s_by_round` keeps each round's, and the summary's `speedup_range_by_link` the
    spread of the per-round speed-ups.
 3. Simulation: `frugal.pipeline.sim` replays the same schedule from the run's median per-stage
-   forward/backward seconds and its exact wire bytes: `simulated_tokens_per_s`.
+   forward/backward seconds and its exact wire bytes: `simulated_tokens_per_s`. The summary's
+   `sim_speedup_free_codec_at_slowest` replays FP32's compute with AQ-SGD fw2/bw4's bytes at
+   the slowest link: the speed-up the schedule and link allow if the codec cost no CPU.
 
 The full preset adds three more launches: torch.distributed.pipelining head to head with our
 FP32 runtime, the data-parallel section (`frugal.pipeline.dpbench`) and the SmolLM2-135M
@@ -346,6 +348,7 @@ def run_pipeline_bench(
     fp32_final = _ema(quality["fp32"].losses)[-1]
 
     rows: list[dict[str, Any]] = []
+    compute_by_cell: dict[tuple[str, float], tuple[list[float], ...]] = {}
     for c, (method, rho) in enumerate(cells):
         # This cell's run in every round: rounds[i][stage] is one rank's output.
         rounds, round_step_s, measured_s = cell_rounds(by_stage, len(cells), c, config.speed_rounds)
@@ -353,6 +356,7 @@ def run_pipeline_bench(
         fwd = _median_by_rank(rounds, "median_forward_cpu_s")
         bwd = _median_by_rank(rounds, "median_backward_cpu_s")
         opt = _median_by_rank(rounds, "median_optimizer_s")
+        compute_by_cell[(method, rho)] = (fwd, bwd, opt)
         act = [o["activation_bytes"][-1] for o in outs[:-1]]
         grad = [o["gradient_bytes"][-1] for o in outs[1:]]
         # Each round's link speed comes from its own calibration: simulate every round at its
@@ -430,6 +434,9 @@ def run_pipeline_bench(
         )
 
     summary = _summary(rows, config)
+    summary["sim_speedup_free_codec_at_slowest"] = _free_codec_speedup(
+        rows, compute_by_cell, config, cores
+    )
     summary["sim_num_cores"] = cores
     summary["calibration_ms"] = [1e3 * c for c in by_stage[0].get("calibration_s", [])]
     summary["quality_start"] = "fine-tune" if pretraining else "scratch"
@@ -562,6 +569,45 @@ def torch_pipelining_rows(
         "torch_pipelining_skipped": reason,
     }
     return out_rows, summary
+
+
+def _free_codec_speedup(
+    rows: list[dict[str, Any]],
+    compute_by_cell: dict[tuple[str, float], tuple[list[float], ...]],
+    config: PipelineBenchConfig,
+    cores: float,
+) -> float | None:
+    """AQ-SGD fw2/bw4's simulated speed-up at the slowest link if its codec cost no CPU.
+
+    Both sides are simulated with FP32's measured per-stage compute at that link, one with
+    FP32's wire bytes and one with AQ-SGD's (steady state), at the same bandwidth: what the
+    schedule and the link alone allow. The measured speed-up falls short of it by the
+    codec's CPU share.
+    """
+    slowest = max(config.rhos)
+    fp32 = _row(rows, "fp32", slowest)
+    if fp32 is None or fp32["link_mbps"] is None or ("fp32", slowest) not in compute_by_cell:
+        return None
+    train = config.train
+    shape = (train.micro_batch_size, train.gpt.context, train.gpt.hidden)
+    fwd, bwd, opt = compute_by_cell[("fp32", slowest)]
+    links, m = train.num_stages - 1, train.num_microbatches
+
+    def step_s(method: str) -> float:
+        spec = CodecSpec.parse(method)
+        return simulate_step(
+            schedule=train.schedule,
+            num_microbatches=m,
+            forward_s=fwd,
+            backward_s=bwd,
+            activation_bytes=[[message_wire_bytes(spec, 0, shape)] * m] * links,
+            gradient_bytes=[[message_wire_bytes(spec, 1, shape)] * m] * links,
+            bandwidth_bits_per_s=fp32["link_mbps"] * 1e6,
+            optimizer_s=opt,
+            num_cores=cores,
+        ).step_time_s
+
+    return step_s("fp32") / step_s("aqsgd:fw2,bw4")
 
 
 def _timed_steps(runs: list[dict[str, Any]]) -> list[float]:
