@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,16 @@ def test_tiny_bench_writes_rows_with_the_protocol_hash(tmp_path: Path) -> None:
     assert [{k: v for k, v in r.items() if k not in strip} for r in again] == [
         {k: v for k, v in r.items() if k not in strip} for r in rows
     ]
+    # Extending the sweep (one more model, a longer timeout) reruns only what is new.
+    wider = replace(config, models=("jodie", "dyrep"), run_timeout_s=1234.0)
+    extended = run_tgraph_bench(wider, tmp_path)["rows"]
+    assert all(r.get("resumed") for r in extended if r["system"] != "dyrep")
+    assert [r for r in extended if r["system"] == "dyrep"] and not any(
+        r.get("resumed") for r in extended if r["system"] == "dyrep"
+    )
+    # Another protocol setting is another result: nothing is reused.
+    other = replace(config, protocol=replace(config.protocol, train_batch_size=100))
+    assert not any(r.get("resumed") for r in run_tgraph_bench(other, tmp_path)["rows"])
 
 
 def test_tgraph_leaderboard_of_a_missing_folder_exits_2(

@@ -28,7 +28,8 @@ def register(commands: Any) -> None:
         description=(
             "Train and evaluate every model on every dataset under one hashed protocol. Each "
             "finished (dataset, model, seed) run is journaled in OUT/runs.jsonl and reused by "
-            "the next run with the same settings and --out, so a long bench can be resumed."
+            "any later run with the same --out, protocol, task and threads (other datasets, "
+            "models or seeds add to it), so a long bench can be resumed and extended."
         ),
     )
     bench.add_argument("--dataset", action="append", default=None, metavar="NAME",

@@ -109,6 +109,21 @@ classifier on per-node activity features, `frugal.tgraph.train.degree_features`)
 
 
 @dataclass(frozen=True, slots=True)
+class _RunSettings:
+    """What one (dataset, model, seed) run's result depends on beyond its cell name.
+
+    The bench journal is keyed on these, not on the whole config: a later invocation with
+    more datasets, models or seeds (or another timeout) reuses every run already finished
+    under the same protocol, task and threads.
+    """
+
+    task: str
+    protocol: ProtocolConfig
+    num_threads: int
+    use_subprocess: bool
+
+
+@dataclass(frozen=True, slots=True)
 class _Run:
     dataset: str
     model: str
@@ -225,7 +240,10 @@ def run_tgraph_bench(
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = out_dir / "negatives"
-    journal = BenchJournal(out_dir / "runs.jsonl", config)
+    journal = BenchJournal(
+        out_dir / "runs.jsonl",
+        _RunSettings(config.task, config.protocol, config.num_threads, config.use_subprocess),
+    )
     rows: list[dict[str, Any]] = []
     protocols: dict[str, dict[str, Any]] = {}
     models = tuple(dict.fromkeys(HEURISTICS + tuple(config.models)))
