@@ -37,6 +37,8 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
     assert document["summary"]["speedup_vs_torch_pipelining"] > 0
     # head to head: our FP32 launched like torch's in every round
     assert document["summary"]["fp32_head_to_head_tokens_per_s"] > 0
+    by_schedule = document["summary"]["speedup_vs_torch_pipelining_by_schedule"]
+    assert by_schedule == {"gpipe": document["summary"]["speedup_vs_torch_pipelining"]}
     for row in saved["rows"][:-1]:
         for key in ("codec", "fw_bits", "bw_bits", "rho", "link_mbps", "tokens_per_s",
                     "bytes_per_step", "final_train_loss", "final_eval_loss",

@@ -97,6 +97,11 @@ def test_pipeline_verdicts_include_dp_and_torch_baseline_only_when_measured() ->
     assert "smollm2-135m" in llm[0].claim and "100mbps" in llm[0].claim
     skipped = part.verdicts({"rows": [], "summary": summary | {"llm_skipped": "no wheel"}})
     assert [v.met for v in skipped if "pre-trained" in v.claim] == [None]  # not measured
+    both = summary | {"speedup_vs_torch_pipelining_by_schedule": {"gpipe": 1.2, "1f1b": 0.9}}
+    torch_verdict = [v for v in part.verdicts({"rows": [], "summary": both}) if "torch" in v.claim]
+    assert [(v.value, v.met) for v in torch_verdict] == [(0.9, False)]  # the worst schedule
+    assert "gpipe, 1f1b" in torch_verdict[0].claim
+    assert [v.met for v in skipped if "pre-trained" in v.claim] == [None]  # not measured
 
 
 def test_planner_verdicts_average_the_random_seeds() -> None:

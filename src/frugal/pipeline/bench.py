@@ -480,10 +480,13 @@ def torch_pipelining_rows(
     steps (a launch's first step is not timed). Rows carry `codec` "torch.pipelining",
     `method` "torch.pipelining:SCHEDULE", FP32 bits, rho 0 (link "unshaped"), measured
     tokens/s and the first step's loss; `skipped` holds the reason when a launch failed or
-    hung (the bench goes on). Summary: `torch_pipelining_tokens_per_s` per schedule,
-    `fp32_unshaped_tokens_per_s` (ours, from the speed cells), `fp32_head_to_head_tokens_per_s`
-    (ours, launched like torch's) and `speedup_vs_torch_pipelining` (head to head, same
-    schedule as ours).
+    hung (the bench goes on). Our runtime runs its own schedule and every other schedule of
+    `torch_pipelining` (GPipe and 1F1B in the full preset). Summary:
+    `torch_pipelining_tokens_per_s` per schedule, `fp32_unshaped_tokens_per_s` (ours, from the
+    speed cells), `fp32_head_to_head_tokens_per_s` (ours on the bench's schedule, launched
+    like torch's), `speedup_vs_torch_pipelining` (head to head on that schedule), and
+    `fp32_head_to_head_tokens_per_s_by_schedule` and `speedup_vs_torch_pipelining_by_schedule`
+    (ours against torch's, schedule by schedule).
     """
     from frugal.pipeline.runtime import PipelineError
     from frugal.pipeline.torch_pipelining import launch_torch_pipelining
@@ -494,8 +497,10 @@ def torch_pipelining_rows(
     analytic = (train.num_stages - 1) * train.num_microbatches * 4 * math.prod(shape) * 2
     tokens_per_step = train.micro_batch_size * train.num_microbatches * train.gpt.context
     timeout_s = min(config.launch_timeout_s, 600.0)
+    # Ours on its own schedule first, then on each other schedule torch runs.
+    ours_schedules = tuple(dict.fromkeys((train.schedule, *config.torch_pipelining)))
     steps_by_side: dict[str, list[float]] = {name: [] for name in config.torch_pipelining}
-    steps_by_side["ours"] = []
+    steps_by_side |= {f"ours:{name}": [] for name in ours_schedules}
     first_losses: dict[str, list[float]] = {}
     reason = None
     ours_spec = RunSpec(
@@ -504,11 +509,14 @@ def torch_pipelining_rows(
     with tempfile.TemporaryDirectory(prefix="frugal-torch-pipelining-") as tmp:
         try:
             for r in range(config.speed_rounds):  # ours, then torch's, in every round
-                ours_ranks = launch_torchrun(
-                    train, [ours_spec], Path(tmp) / f"ours{r}", nproc=train.num_stages,
-                    timeout_s=timeout_s,
-                )  # fmt: skip
-                steps_by_side["ours"] += _timed_steps([rank["runs"][0] for rank in ours_ranks])
+                for name in ours_schedules:
+                    ours_ranks = launch_torchrun(
+                        replace(train, schedule=name), [ours_spec],  # type: ignore[arg-type]
+                        Path(tmp) / f"ours-{name}{r}", nproc=train.num_stages, timeout_s=timeout_s,
+                    )  # fmt: skip
+                    steps_by_side[f"ours:{name}"] += _timed_steps(
+                        [rank["runs"][0] for rank in ours_ranks]
+                    )
                 torch_ranks = launch_torch_pipelining(
                     train, config.torch_pipelining, config.speed_steps, Path(tmp) / f"torch{r}",
                     timeout_s=timeout_s,
@@ -555,12 +563,23 @@ def torch_pipelining_rows(
             }
         )
     ours_cell = next((r for r in rows if r["method"] == "fp32" and r["rho"] == 0.0), None)
-    head_to_head = measured.get("ours")
+    head_to_head = measured.get(f"ours:{train.schedule}")
     theirs = measured.get(train.schedule)
+    by_schedule = {
+        name: measured[f"ours:{name}"]["tokens_per_s"] / measured[name]["tokens_per_s"]
+        for name in config.torch_pipelining
+        if name in measured and f"ours:{name}" in measured
+    }
     summary: dict[str, Any] = {
         "torch_pipelining_tokens_per_s": {
-            k: v["tokens_per_s"] for k, v in measured.items() if k != "ours"
+            k: v["tokens_per_s"] for k, v in measured.items() if not k.startswith("ours:")
         },
+        "fp32_head_to_head_tokens_per_s_by_schedule": {
+            k.removeprefix("ours:"): v["tokens_per_s"]
+            for k, v in measured.items()
+            if k.startswith("ours:")
+        },
+        "speedup_vs_torch_pipelining_by_schedule": by_schedule,
         "fp32_unshaped_tokens_per_s": ours_cell["tokens_per_s"] if ours_cell else None,
         "fp32_head_to_head_tokens_per_s": head_to_head["tokens_per_s"] if head_to_head else None,
         "speedup_vs_torch_pipelining": head_to_head["tokens_per_s"] / theirs["tokens_per_s"]

@@ -708,14 +708,22 @@ def _pipeline_verdicts(document: Document) -> list[Verdict]:
             )
         )
     if s.get("torch_pipelining_tokens_per_s") is not None:
+        # Schedule by schedule where the bench ran ours on each of torch's: the worst one.
+        by_schedule = s.get("speedup_vs_torch_pipelining_by_schedule") or {}
+        names = ", ".join(by_schedule) or "same schedule"
         out.append(
             Verdict(
                 part="pipeline",
                 claim=(
                     "our FP32 pipeline >= torch.distributed.pipelining tokens/s "
+                    f"({names}; the worst; unshaped loopback)"
+                    if len(by_schedule) > 1
+                    else "our FP32 pipeline >= torch.distributed.pipelining tokens/s "
                     "(same schedule, unshaped loopback)"
                 ),
-                value=s.get("speedup_vs_torch_pipelining"),
+                value=min(by_schedule.values())
+                if len(by_schedule) > 1
+                else s.get("speedup_vs_torch_pipelining"),
                 target=1.0,
                 comparison=">=",
             )
