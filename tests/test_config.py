@@ -13,6 +13,7 @@ import pytest
 from frugal.config import (
     ConfigError,
     apply_overrides,
+    check_types,
     config_from_dict,
     config_to_dict,
     config_to_json,
@@ -165,3 +166,24 @@ def test_non_config_class_is_a_type_error() -> None:
         config_from_dict(int, {})
     with pytest.raises(TypeError):
         config_to_dict(3)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Checked:
+    """A component that checks its fields."""
+
+    rhos: tuple[float, ...] = (1.0,)
+    """Ratios."""
+    links: tuple[tuple[int, float], ...] = ()
+    """(peer, bandwidth) pairs."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+
+
+def test_nan_or_inf_inside_a_list_field_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"Checked: rhos\[1\] = nan must be finite"):
+        Checked(rhos=(1.0, float("nan")))
+    with pytest.raises(ConfigError, match=r"links\[0\]\[1\] = inf must be finite"):
+        Checked(links=((1, float("inf")),))
+    assert Checked(rhos=(0.5, 2.0), links=((1, 3.5),)).links == ((1, 3.5),)

@@ -187,8 +187,19 @@ def check_types(config: object) -> None:
     for field in dataclasses.fields(config):  # type: ignore[arg-type]
         value = getattr(config, field.name)
         _convert(value, hints[field.name], field.name, cls.__qualname__)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{cls.__qualname__}: {field.name} = {value} must be finite")
+        _check_finite(value, field.name, cls.__qualname__)
+
+
+def _check_finite(value: Any, where: str, owner: str) -> None:
+    """Raise on NaN or infinity in a float field or in any item of a tuple/list field.
+
+    Nested Configs are not entered: they check themselves.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{owner}: {where} = {value} must be finite")
+    if isinstance(value, (tuple, list)):
+        for k, item in enumerate(value):
+            _check_finite(item, f"{where}[{k}]", owner)
 
 
 def config_to_dict(config: object) -> dict[str, Any]:

@@ -23,11 +23,19 @@ def test_quick_preset_skips_the_llm_section_and_the_full_one_runs_smollm2() -> N
     [
         ({"methods": ("aqsgd:fw2,bw4",)}, "must include 'fp32'"),
         ({"methods": ("fp32", "fp16")}, "'aqsgd:fw2,bw4'"),
-        ({"rhos": ()}, "non-empty"),
-        ({"rhos": (0.0,)}, "> 0"),
-        ({"speed_steps": 1}, "speed_steps=1"),
-        ({"calibrate_steps": 1}, "calibrate_steps=1"),
-        ({"num_microbatches": 0}, "num_microbatches=0"),
+        ({"rhos": ()}, "rhos is empty"),
+        ({"rhos": (0.0,)}, r"outside \(0, 100\]"),
+        ({"rhos": (1000.0,)}, r"1000 is outside \(0, 100\]"),
+        ({"rhos": (float("nan"),)}, r"rhos\[0\] = nan must be finite"),
+        ({"rhos": (3.3, 3.3)}, "lists a value twice"),
+        ({"methods": ("fp32", "aqsgd:fw2,bw4", "fp32")}, "lists a value twice"),
+        ({"speed_steps": 1}, "speed_steps=1 must be >= 2"),
+        ({"calibrate_steps": 1}, "calibrate_steps=1 must be >= 2"),
+        ({"num_microbatches": 0}, "num_microbatches=0 must be >= 1"),
+        ({"micro_batch_size": 1000}, "8000 examples per step exceed"),
+        ({"dataset": "collegemsg"}, "not a text corpus"),
+        ({"dataset": "nonexistent"}, "unknown dataset 'nonexistent'"),
+        ({"launch_timeout_s": 0.0}, "launch_timeout_s=0.0 must be > 0"),
     ],
 )
 def test_bad_llm_settings_are_named(changes: dict[str, object], message: str) -> None:
@@ -73,3 +81,12 @@ def test_llm_section_measures_fp32_and_aqsgd_with_exact_bytes() -> None:
     )
     low, high = summary["llm_speedup_range"]
     assert low == high == pytest.approx(aqsgd["speedup_vs_fp32"])
+
+
+def test_main_bench_rejects_duplicates_and_rhos_out_of_range() -> None:
+    with pytest.raises(ValueError, match="lists a value twice"):
+        PipelineBenchConfig(methods=("fp32", "fp32"))
+    with pytest.raises(ValueError, match="lists a value twice"):
+        PipelineBenchConfig(torch_pipelining=("gpipe", "gpipe"))
+    with pytest.raises(ValueError, match=r"1000 is outside \(0, 100\]"):
+        PipelineBenchConfig(rhos=(3.3, 1000.0))

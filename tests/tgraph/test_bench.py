@@ -100,6 +100,16 @@ def test_leaderboard_merges_datasets_by_settings_and_counts_a_copied_run_once(
         ({"config": [1], "rows": []}, "'config' must be an object, got list"),
         ({"rows": 5}, "'rows' must be a list of rows, got int"),
         ({"rows": "x"}, "'rows' must be a list of rows, got str"),
+        ({"rows": [_row("tgn", 0, 0.8) | {"seed": [0]}]}, r"row 0: seed must be an integer"),
+        ({"rows": [_row("tgn", 0, 0.8) | {"seed": True}]}, r"row 0: seed must be an integer"),
+        ({"rows": [_row("tgn", 0, 0.8) | {"setting": None}]}, "row 0: setting must be a string"),
+        ({"rows": [_row("tgn", 0, 0.8) | {"dataset": 1}]}, "row 0: dataset must be a string"),
+        ({"rows": [_row("tgn", 0, 0.8) | {"protocol_hash": 12345}]},
+         "row 0: protocol_hash must be a string"),
+        ({"rows": [_row("tgn", 0, 0.8) | {"auc": "0.9"}]}, "row 0: auc must be a number or null"),
+        ({"rows": [_row("tgn", 0, 0.8) | {"auc": True}]}, "row 0: auc must be a number or null"),
+        ({"rows": [_row("tgn", 0, 0.8), _row("jodie", 0, 0.8) | {"run_s": "10"}]},
+         "row 1: run_s must be a number or null"),
     ],
 )  # fmt: skip
 def test_leaderboard_names_the_file_and_row_of_malformed_results(
@@ -108,6 +118,51 @@ def test_leaderboard_names_the_file_and_row_of_malformed_results(
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "results.json").write_text(json.dumps({"benchmark": "tgraph", **document}))
     with pytest.raises(ValueError, match=f"r/results.json: {message}"):
+        collect_rows(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"num_seeds": 0}, "num_seeds=0 must be >= 1"),
+        ({"run_timeout_s": 0.0}, "run_timeout_s=0.0 must be > 0"),
+        ({"datasets": ("sp_hospital", "sp_hospital")}, "lists a name twice"),
+        ({"models": ("tgn", "tgn")}, "lists a name twice"),
+    ],
+)
+def test_bench_config_names_the_bad_setting(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TgraphBenchConfig(**changes)  # type: ignore[arg-type]
+
+
+def test_leaderboard_names_a_results_file_that_is_not_utf8(tmp_path: Path) -> None:
+    (tmp_path / "results.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(ValueError, match=r"results\.json is not UTF-8 text"):
+        collect_rows(tmp_path)
+
+
+def test_leaderboard_reads_the_journal_of_an_unfinished_bench(tmp_path: Path) -> None:
+    # A sweep stopped mid-group: no results.json yet, only its journal (one line cut short).
+    settings = {"protocol_settings": "cd" * 32}
+    lines = [
+        {"config": "k", "cell": "d1/tgn/0", "value": [_row("tgn", 0, 0.8) | settings]},
+        {"config": "k", "cell": "d1/tgn/1", "value": [_row("tgn", 1, 0.9) | settings]},
+    ]
+    text = "\n".join(json.dumps(line) for line in lines) + '\n{"config": "k", "ce'
+    (tmp_path / "running").mkdir()
+    (tmp_path / "running" / "runs.jsonl").write_text(text)
+    rows = collect_rows(tmp_path)
+    assert [(r["seed"], r["protocol_settings"]) for r in rows] == [(0, "cd" * 32), (1, "cd" * 32)]
+    assert "**0.8500" in render_leaderboard(rows)
+    # Once the bench has written results.json, its journal is not read twice.
+    finished = {"benchmark": "tgraph", "rows": [_row("tgn", 0, 0.8) | settings]}
+    (tmp_path / "running" / "results.json").write_text(json.dumps(finished))
+    assert [r["seed"] for r in collect_rows(tmp_path)] == [0]
+    bad = tmp_path / "other"
+    bad.mkdir()
+    broken = {"value": [_row("tgn", 0, 0.8) | {"seed": "0"}]}
+    (bad / "runs.jsonl").write_text(json.dumps(broken))
+    with pytest.raises(ValueError, match=r"runs\.jsonl: line 1, row 0: seed must be an integer"):
         collect_rows(tmp_path)
 
 
@@ -163,6 +218,11 @@ def test_tiny_bench_writes_rows_with_the_protocol_hash(tmp_path: Path) -> None:
         assert key in jodie[0], key
     assert len(list((tmp_path / "negatives").glob("*.npz"))) == 1
     assert (tmp_path / "results.jsonl").read_text().count("\n") == len(rows)
+    # Rows name their protocol settings as the leaderboard derives them from results.json.
+    settings = {r["protocol_settings"] for r in rows}
+    assert (
+        len(settings) == 1 and {r["protocol_settings"] for r in collect_rows(tmp_path)} == settings
+    )
     # A second invocation on the same folder and config reuses every finished run.
     again = run_tgraph_bench(config, tmp_path)["rows"]
     assert all(r.get("resumed") for r in again)

@@ -69,10 +69,21 @@ def register(commands: Any) -> None:
     add_config_arguments(train)
     train.set_defaults(handler=_train)
     bench = children.add_parser(
-        "bench", help="FP32, fp16, DirectQ and AQ-SGD side by side at five link speeds"
+        "bench",
+        help="FP32, fp16, DirectQ and AQ-SGD side by side at five link speeds",
+        description=(
+            "Without --quick this is the full benchmark (about 40 minutes on 2 cores): 11 "
+            "codecs fine-tune the tiny GPT for quality and run 4 gloo ranks at five rho points "
+            "for speed, then torch.distributed.pipelining head to head (GPipe and 1F1B), the "
+            "data-parallel section (dp.*) and the LLM section (llm.*: pre-trained SmolLM2-135M, "
+            "FP32 vs AQ-SGD fw2/bw4 at the slowest link). Settings: --set KEY=VALUE, e.g. "
+            "--set llm.enabled=false."
+        ),
     )
     bench.add_argument(
-        "--quick", action="store_true", help="small preset (5 methods, 512 windows x 12 epochs)"
+        "--quick",
+        action="store_true",
+        help="small preset (5 methods, 512 windows, 1 pre-training + 6 epochs; no LLM section)",
     )
     bench.add_argument(
         "--out", default="reports/pipeline", metavar="DIR", help="folder for results.json"

@@ -71,6 +71,7 @@ from frugal.pipeline.train import (
     PipelineTrainConfig,
     RunSpec,
     cell_rounds,
+    check_rhos,
     launch_torchrun,
     pretrain_local,
     rho_label,
@@ -160,8 +161,11 @@ class PipelineBenchConfig:
             CodecSpec.parse(method)
         if "fp32" not in self.methods:
             raise ValueError(f"methods={self.methods} must include 'fp32' (the reference)")
-        if not self.rhos or min(self.rhos) <= 0:
-            raise ValueError(f"rhos={self.rhos} must be a non-empty list of values > 0")
+        check_rhos(self.rhos)
+        for name in ("methods", "rhos", "torch_pipelining"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name}={values} lists a value twice; list each once")
         if self.aqsgd_warmup_epochs < 0 or self.aqsgd_warmup_epochs >= self.epochs:
             raise ValueError(
                 f"aqsgd_warmup_epochs={self.aqsgd_warmup_epochs} must be in [0, epochs)"
@@ -456,7 +460,7 @@ def run_pipeline_bench(
 
         try:
             llm_rows, llm_summary = run_llm_section(config.llm, train.schedule, say)
-        except FrugalError as exc:  # a missing model wheel or a failed launch: keep the rest
+        except (FrugalError, ValueError, OSError) as exc:  # e.g. no model wheel: keep the rest
             say(f"llm section skipped: {exc}")
             llm_rows, llm_summary = [], {"llm_skipped": f"{type(exc).__name__}: {exc}"}
         rows.extend(llm_rows)

@@ -35,7 +35,13 @@ from frugal.comm.link import RHO_POINTS
 from frugal.comm.message import CodecSpec
 from frugal.config import check_types
 from frugal.pipeline.models import TinyGPT, build_stages
-from frugal.pipeline.train import PipelineTrainConfig, RunSpec, launch_torchrun, rho_label
+from frugal.pipeline.train import (
+    PipelineTrainConfig,
+    RunSpec,
+    check_rhos,
+    launch_torchrun,
+    rho_label,
+)
 
 __all__ = ["DPBenchConfig", "run_dp_section"]
 
@@ -77,8 +83,15 @@ class DPBenchConfig:
                 raise ValueError(f"DP method {method!r}; choose one of {', '.join(DP_METHODS)}")
         if ("fp32", "none") not in self.pairs:
             raise ValueError(f"pairs={self.pairs} must include ('fp32', 'none'), the baseline")
-        if not self.rhos or min(self.rhos) <= 0 or self.speed_steps < 2:
-            raise ValueError("rhos must be > 0 (at least one) and speed_steps >= 2")
+        check_rhos(self.rhos)
+        for name in ("pairs", "rhos"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name}={values} lists a value twice; list each once")
+        if self.speed_steps < 2:
+            raise ValueError(
+                f"speed_steps={self.speed_steps} must be >= 2 (the first is not timed)"
+            )
 
     @classmethod
     def quick(cls) -> DPBenchConfig:

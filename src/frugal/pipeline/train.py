@@ -958,6 +958,22 @@ def rho_label(rho: float) -> str:
     return f"rho={rho}"
 
 
+def check_rhos(rhos: Sequence[float]) -> None:
+    """Check a bench's transfer/compute ratios: at least one, each in (0, MAX_RHO].
+
+    Raises:
+        ValueError: Naming the first bad value and the range.
+    """
+    if not rhos:
+        raise ValueError("rhos is empty; list at least one transfer/compute ratio, e.g. [3.3]")
+    for rho in rhos:
+        if not 0 < rho <= MAX_RHO:
+            raise ValueError(
+                f"rhos={tuple(rhos)}: {rho:g} is outside (0, {MAX_RHO:g}] (the paper's slowest "
+                "link is rho 3.3)"
+            )
+
+
 def median_or_zero(values: Sequence[float]) -> float:
     """Median, or 0 for an empty list."""
     return statistics.median(values) if values else 0.0

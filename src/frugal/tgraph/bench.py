@@ -14,6 +14,7 @@ References:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import time
@@ -27,7 +28,7 @@ import numpy as np
 
 from frugal import FrugalError
 from frugal._libc import keep_freed_memory
-from frugal.config import check_types
+from frugal.config import check_types, config_to_dict
 from frugal.data import DATASETS, get_dataset_info, load_events
 from frugal.results import BenchJournal, results_document, write_results
 from frugal.tgraph.models import HEURISTICS, MODELS, ModelName
@@ -79,8 +80,15 @@ class TgraphBenchConfig:
         unknown = [m for m in self.models if m not in MODELS]
         if unknown:
             raise ValueError(f"unknown models {unknown}; choose from {MODELS}")
-        if self.num_seeds < 1 or self.num_threads < 1 or self.run_timeout_s <= 0:
-            raise ValueError("num_seeds and num_threads must be >= 1 and run_timeout_s > 0")
+        for name in ("num_seeds", "num_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.run_timeout_s <= 0:
+            raise ValueError(f"run_timeout_s={self.run_timeout_s} must be > 0 seconds")
+        for name in ("datasets", "models"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name}={values} lists a name twice; list each once")
         if self.pyg_reference_batches < 2:
             raise ValueError(f"pyg_reference_batches={self.pyg_reference_batches} must be >= 2")
 
@@ -201,6 +209,11 @@ def _rows_of(run: _Run, protocol: Protocol, payload: dict[str, Any]) -> list[dic
             f"run {run.model} saw protocol {payload['protocol_hash'][:12]} but the bench built "
             f"{protocol.protocol_hash[:12]}: the negatives changed between processes"
         )
+    # The settings without the dataset (as the leaderboard derives them from a results.json):
+    # journal rows carry it, so partial sweeps group into the same tables.
+    settings = hashlib.sha256(
+        json.dumps(config_to_dict(run.config.protocol), sort_keys=True).encode()
+    ).hexdigest()
     rows = []
     for row in payload["rows"]:
         rows.append(
@@ -209,6 +222,7 @@ def _rows_of(run: _Run, protocol: Protocol, payload: dict[str, Any]) -> list[dic
                 "dataset": run.dataset,
                 "protocol": protocol.config.name,
                 "protocol_hash": protocol.protocol_hash,
+                "protocol_settings": settings,
                 "task": "lp",
                 "seed": run.seed,
                 "setting": row["view"],

@@ -35,25 +35,93 @@ _ROW_KEYS = ("protocol_hash", "protocol", "dataset", "system", "seed", "setting"
 """Fields every link-prediction row of `frugal tgraph bench` carries (the tables group by them)."""
 
 
+_STRING_KEYS = ("protocol_hash", "protocol", "dataset", "system", "setting", "negatives")
+_NUMBER_KEYS = (
+    "auc",
+    "ap",
+    "auc_per_batch",
+    "ap_per_batch",
+    "mrr",
+    "hits_at_10",
+    "nc_auc",
+    "s_per_epoch",
+    "train_events_per_s",
+    "infer_events_per_s",
+    "peak_rss_mib",
+    "epochs",
+    "run_s",
+)
+"""Fields the tables and plots compute with: numbers (or null) when present."""
+
+
+def _check_row(where: str, row: dict[str, Any]) -> None:
+    """Raise ValueError naming `where` (file and row) if a field has the wrong type."""
+    lacking = [k for k in _ROW_KEYS if k not in row]
+    if lacking:
+        raise ValueError(f"{where} lacks {lacking}; re-run its bench or remove the file")
+    for key in _STRING_KEYS:
+        if not isinstance(row[key], str):
+            raise ValueError(
+                f"{where}: {key} must be a string, got {row[key]!r}; re-run its bench or "
+                "remove the file"
+            )
+    if isinstance(row["seed"], bool) or not isinstance(row["seed"], int):
+        raise ValueError(
+            f"{where}: seed must be an integer, got {row['seed']!r}; re-run its bench or "
+            "remove the file"
+        )
+    for key in _NUMBER_KEYS:
+        value = row.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(
+                f"{where}: {key} must be a number or null, got {value!r}; re-run its bench or "
+                "remove the file"
+            )
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path} is not UTF-8 text ({exc}); re-run its bench or remove the file"
+        ) from exc
+
+
 def collect_rows(results_dir: Path) -> list[dict[str, Any]]:
     """Link-prediction rows of every tgraph `results.json` under `results_dir` (any depth).
 
-    Each row gets `protocol_settings`, a hash of its bench's protocol settings without the
-    dataset (rows of several datasets under the same settings share a table). A run found
-    twice (a copied folder) counts once: rows are unique per (protocol hash, dataset, model,
-    seed, view, negatives), the first file in path order wins.
+    A bench folder without `results.json` (a sweep still running, or stopped) contributes the
+    runs its journal `runs.jsonl` holds, so partial progress shows too. Each row gets
+    `protocol_settings`, a hash of its bench's protocol settings without the dataset (rows of
+    several datasets under the same settings share a table). A run found twice (a copied
+    folder) counts once: rows are unique per (protocol hash, dataset, model, seed, view,
+    negatives), the first file in path order wins (results files before journals).
 
     Raises:
-        ValueError: If a results.json is not valid JSON, or its config, rows or a row's
-            fields are malformed (naming the file and row).
-        FileNotFoundError: If no tgraph results.json is found.
+        ValueError: If a results.json is not valid JSON or UTF-8, or its config, rows or a
+            row's fields are malformed (naming the file and row).
+        FileNotFoundError: If no tgraph results.json or journal is found.
     """
     rows: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
+
+    def accept(where: str, row: Any, settings: str | None) -> None:
+        if not (isinstance(row, dict) and "protocol_hash" in row and "setting" in row):
+            return
+        _check_row(where, row)
+        key = tuple(
+            row[k] for k in ("protocol_hash", "dataset", "system", "seed", "setting", "negatives")
+        )
+        if key in seen:
+            return
+        seen.add(key)
+        rows.append({"protocol_settings": settings or row["protocol_hash"], **row})
+
     files = sorted(results_dir.rglob("results.json"))
     for path in files:
         try:
-            document = json.loads(path.read_text())
+            document = json.loads(_read_text(path))
         except json.JSONDecodeError as exc:
             raise ValueError(
                 f"{path} is not valid JSON ({exc}); re-run its bench or remove the file"
@@ -79,26 +147,26 @@ def collect_rows(results_dir: Path) -> list[dict[str, Any]]:
                 "re-run its bench or remove the file"
             )
         for index, row in enumerate(document_rows):
-            if not (isinstance(row, dict) and "protocol_hash" in row and "setting" in row):
-                continue
-            lacking = [k for k in _ROW_KEYS if k not in row]
-            if lacking:
-                raise ValueError(
-                    f"{path}: row {index} lacks {lacking}; re-run its bench or remove the file"
-                )
-            key = tuple(
-                row.get(k)
-                for k in ("protocol_hash", "dataset", "system", "seed", "setting", "negatives")
-            )
-            if key in seen:
-                continue
-            seen.add(key)
-            rows.append({"protocol_settings": settings or row["protocol_hash"], **row})
+            accept(f"{path}: row {index}", row, settings)
+    journals = [
+        p
+        for p in sorted(results_dir.rglob("runs.jsonl"))
+        if not (p.parent / "results.json").exists()
+    ]
+    for path in journals:  # rows carry their own protocol_settings
+        for number, line in enumerate(_read_text(path).splitlines(), start=1):
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line a crash cut short (the bench skips it too)
+            value = entry.get("value") if isinstance(entry, dict) else None
+            for index, row in enumerate(value if isinstance(value, list) else []):
+                accept(f"{path}: line {number}, row {index}", row, None)
     if not rows:
         raise FileNotFoundError(
-            f"no rows of `frugal tgraph bench` in the {len(files)} results.json under "
-            f"{results_dir}; run `frugal tgraph bench --out DIR` and point at DIR (or a folder "
-            "above several such folders)"
+            f"no rows of `frugal tgraph bench` in the {len(files)} results.json and "
+            f"{len(journals)} journals under {results_dir}; run `frugal tgraph bench --out DIR` "
+            "and point at DIR (or a folder above several such folders)"
         )
     return rows
 
