@@ -186,6 +186,22 @@ def test_cli_rejects_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert "not a temporal event stream" in capsys.readouterr().err
 
 
+def test_cli_flags_win_over_the_config_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # The file alone is a valid node-classification bench on PubMed; --dataset replaces it,
+    # and CollegeMsg has no labels: refused before any training.
+    settings = tmp_path / "bench.toml"
+    settings.write_text('datasets = ["pubmed"]\ntask = "nc"\n')
+    out = str(tmp_path / "out")
+    args = ["tgraph", "bench", "--config", str(settings), "--out", out]
+    assert main([*args, "--dataset", "collegemsg"]) == 2
+    assert "needs node labels, and collegemsg has none" in capsys.readouterr().err
+    settings.write_text('datasets = ["collegemsg"]\n')  # without a flag the file applies
+    assert main([*args, "--task", "nc"]) == 2
+    assert "collegemsg has none" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_tiny_bench_writes_rows_with_the_protocol_hash(tmp_path: Path) -> None:
     config = TgraphBenchConfig(

@@ -58,8 +58,6 @@ def register(commands: Any) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from frugal.config import config_to_dict, load_config
@@ -68,17 +66,20 @@ def _bench(args: argparse.Namespace) -> int:
     preset = TgraphBenchConfig.quick() if args.quick else TgraphBenchConfig()
     if args.protocol == "benchtemp":
         preset = benchtemp_config(preset)
-    if args.dataset:
-        preset = replace(preset, datasets=tuple(args.dataset))
-    if args.model:
-        preset = replace(preset, models=tuple(args.model))
-    if args.task:
-        preset = replace(preset, task=args.task)
-    if args.seeds is not None:
-        preset = replace(preset, num_seeds=args.seeds)
-    config = load_config(
-        TgraphBenchConfig, args.config, args.overrides, base=config_to_dict(preset)
+    # The preset, then --config and --set, then the explicit flags (as `pipeline train`).
+    base = config_to_dict(
+        load_config(TgraphBenchConfig, args.config, args.overrides, base=config_to_dict(preset))
     )
+    cli: dict[str, Any] = {}
+    for key, value in (
+        ("datasets", args.dataset),
+        ("models", args.model),
+        ("task", args.task),
+        ("num_seeds", args.seeds),
+    ):
+        if value is not None and value != []:
+            cli[key] = value
+    config = load_config(TgraphBenchConfig, base={**base, **cli}, base_source="command line")
     out = output_folder(args.out)
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
