@@ -157,3 +157,55 @@ def test_the_surplus_of_a_victim_scan_spares_hinted_rows(tmp_path: Path) -> None
     finally:
         cache.close()
         backend.close()
+
+
+def test_prefetch_leaves_room_for_one_batch(tmp_path: Path) -> None:
+    from frugal.store.backends.memory import MemoryBackend
+    from frugal.store.cache import NEVER, RowCache
+
+    backend = MemoryBackend(tmp_path, 1000, 1, None)
+    cache = RowCache(
+        backend, num_rows=1000, width=1, capacity=100,
+        initializer=lambda ids: ids[:, None].astype(np.float32),
+        staleness_bound=None, eviction="lookahead", max_pending_rows=1000,
+    )  # fmt: skip
+    try:
+        first = np.arange(30)
+        cache.get(first, 0)  # a batch of 30 rows: the largest get
+        cache.update(first, 0, lambda rows: None)
+        for k in range(1, 5):  # a window of 4 batches of 30 new rows each
+            cache.prefetch(np.arange(100 * k, 100 * k + 30), k)
+        cache.flush()
+        # Room for 70 hinted rows: batches 1 and 2 whole, 10 rows of batch 3, none of 4.
+        assert cache.stats.prefetched == 70
+        assert int(np.count_nonzero(cache.next_use != NEVER)) == 70
+        assert (cache.id_to_slot[100:130] >= 0).all() and (cache.id_to_slot[400:430] < 0).all()
+        # The values are unchanged either way (a prefetch only moves residency).
+        assert cache.get(np.array([300, 429]), 5)[:, 0].tolist() == [300.0, 429.0]
+    finally:
+        cache.close()
+        backend.close()
+
+
+def test_prefetch_of_the_next_step_only_needs_to_fit(tmp_path: Path) -> None:
+    from frugal.store.backends.memory import MemoryBackend
+    from frugal.store.cache import RowCache
+
+    backend = MemoryBackend(tmp_path, 1000, 1, None)
+    cache = RowCache(
+        backend, num_rows=1000, width=1, capacity=50,
+        initializer=lambda ids: ids[:, None].astype(np.float32),
+        staleness_bound=None, eviction="lookahead", max_pending_rows=1000,
+    )  # fmt: skip
+    try:
+        first = np.arange(30)
+        cache.get(first, 0)
+        cache.update(first, 0, lambda rows: None)
+        cache.prefetch(np.arange(100, 130), 1)  # the next step: all 30 fit (50 slots)
+        cache.prefetch(np.arange(200, 230), 2)  # beyond: 50 - 30 hinted - 30 margin < 0
+        cache.flush()
+        assert cache.stats.prefetched == 30
+        assert (cache.id_to_slot[100:130] >= 0).all() and (cache.id_to_slot[200:230] < 0).all()
+    finally:
+        cache.close()
+        backend.close()

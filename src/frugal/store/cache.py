@@ -8,7 +8,9 @@ open-read counter r, last access step and next use step.
   first; then hinted rows, farthest next use first (Belady within the hinted window). Rows
   with open reads or still loading are never evicted. `lru` ignores hints (ablation).
 - `prefetch(ids, step)` loads missing rows in the background, evicting only rows needed later
-  than `step` (or not at all), and never blocks the caller.
+  than `step` (or not at all), and never blocks the caller. Rows hinted for steps after the
+  next never fill more than the capacity minus the largest get, so a window longer than the
+  cache holds does not evict its own prefetches.
 - Dirty victims go to one background writer (FIFO, so two write-backs of a row land in order);
   reads of a row whose write-back is still queued are served from the write buffer.
 - Bounded staleness (store.md 2.2): a get of row i is served iff r(i) <= bound, then r(i) += 1;
@@ -156,6 +158,8 @@ class RowCache:
         self.pending: list[_Pending] = []
         self.pending_rows = 0
         self.stats = CacheStats()
+        self.largest_get = 0  # unique rows of the largest counted get so far
+        self.last_get_step = -1  # step of the latest counted get
         self._staleness_counts = np.zeros(64, dtype=np.int64)
         self.cond = threading.Condition()
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="frugal-writeback")
@@ -390,6 +394,8 @@ class RowCache:
                 slots = self.id_to_slot[ids].astype(np.int64)
                 missing = slots < 0
                 if first_pass and count_read:  # updates re-read their rows: not counted
+                    self.largest_get = max(self.largest_get, len(ids))
+                    self.last_get_step = max(self.last_get_step, step)
                     self.stats.gets += 1
                     self.stats.misses += int(missing.sum())
                     self.stats.hits += len(ids) - int(missing.sum())
@@ -570,6 +576,17 @@ class RowCache:
             missing_ids = ids[~resident]
             if len(missing_ids) == 0 or self.pending_rows > self.max_pending_rows:
                 return  # nothing to load, or the writer is behind: defer to the get
+            # Leave room for one batch that was not prefetched: rows hinted for any step but
+            # the next may fill the cache only up to capacity minus the largest get. Beyond
+            # that a get's misses would evict rows prefetched for later steps, which are then
+            # read again (a small cache with a long window read more and ran slower than with
+            # a short one). The next step's rows only need to fit.
+            hinted = int(np.count_nonzero(self.next_use != NEVER))
+            margin = 0 if step <= self.last_get_step + 1 else self.largest_get
+            room = self.capacity - hinted - margin
+            if room <= 0:
+                return
+            missing_ids = missing_ids[:room]
             new = self._allocate(len(missing_ids), protect=None, later_than=step)
             if len(new) == 0:
                 return
