@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec, apply_optimizer, init_rows
+from frugal.store.backends.memory import MemoryBackend
+from frugal.store.cache import NEVER, RowCache
 
 SPEC = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="sgd", lr=0.1))
 NUM_ROWS = 50
@@ -95,9 +97,6 @@ def test_unbounded_reader_runs_far_ahead_and_is_still_counted(tmp_path: Path) ->
 
 
 def test_one_victim_scan_frees_a_batch_of_slots_in_lru_order(tmp_path: Path) -> None:
-    from frugal.store.backends.memory import MemoryBackend
-    from frugal.store.cache import RowCache
-
     width = 2
     backend = MemoryBackend(tmp_path, 1000, width, None)
     cache = RowCache(
@@ -132,15 +131,7 @@ def test_one_victim_scan_frees_a_batch_of_slots_in_lru_order(tmp_path: Path) -> 
 
 
 def test_the_surplus_of_a_victim_scan_spares_hinted_rows(tmp_path: Path) -> None:
-    from frugal.store.backends.memory import MemoryBackend
-    from frugal.store.cache import RowCache
-
-    backend = MemoryBackend(tmp_path, 1000, 1, None)
-    cache = RowCache(
-        backend, num_rows=1000, width=1, capacity=64,
-        initializer=lambda ids: ids[:, None].astype(np.float32),
-        staleness_bound=None, eviction="lookahead", max_pending_rows=1000,
-    )  # fmt: skip
+    backend, cache = _hinted_cache(tmp_path, capacity=64)
     try:
         for step in range(64):
             cache.update(np.array([step]), step, lambda rows: None)
@@ -159,16 +150,19 @@ def test_the_surplus_of_a_victim_scan_spares_hinted_rows(tmp_path: Path) -> None
         backend.close()
 
 
-def test_prefetch_leaves_room_for_one_batch(tmp_path: Path) -> None:
-    from frugal.store.backends.memory import MemoryBackend
-    from frugal.store.cache import NEVER, RowCache
-
+def _hinted_cache(tmp_path: Path, capacity: int) -> tuple[MemoryBackend, RowCache]:
+    """A lookahead RowCache of `capacity` one-float rows over a memory backend of 1000 rows."""
     backend = MemoryBackend(tmp_path, 1000, 1, None)
     cache = RowCache(
-        backend, num_rows=1000, width=1, capacity=100,
+        backend, num_rows=1000, width=1, capacity=capacity,
         initializer=lambda ids: ids[:, None].astype(np.float32),
         staleness_bound=None, eviction="lookahead", max_pending_rows=1000,
     )  # fmt: skip
+    return backend, cache
+
+
+def test_prefetch_leaves_room_for_one_batch(tmp_path: Path) -> None:
+    backend, cache = _hinted_cache(tmp_path, capacity=100)
     try:
         first = np.arange(30)
         cache.get(first, 0)  # a batch of 30 rows: the largest get
@@ -188,15 +182,7 @@ def test_prefetch_leaves_room_for_one_batch(tmp_path: Path) -> None:
 
 
 def test_prefetch_of_the_next_step_only_needs_to_fit(tmp_path: Path) -> None:
-    from frugal.store.backends.memory import MemoryBackend
-    from frugal.store.cache import RowCache
-
-    backend = MemoryBackend(tmp_path, 1000, 1, None)
-    cache = RowCache(
-        backend, num_rows=1000, width=1, capacity=50,
-        initializer=lambda ids: ids[:, None].astype(np.float32),
-        staleness_bound=None, eviction="lookahead", max_pending_rows=1000,
-    )  # fmt: skip
+    backend, cache = _hinted_cache(tmp_path, capacity=50)
     try:
         first = np.arange(30)
         cache.get(first, 0)
