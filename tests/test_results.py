@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from frugal.results import BenchJournal
+from frugal.results import BenchJournal, source_digest
 
 
 @dataclass(frozen=True)
@@ -32,3 +32,25 @@ def test_journal_resumes_cells_of_the_same_config_only(tmp_path: Path) -> None:
     other = BenchJournal(path, _Config(seeds=1))  # another config measures everything again
     assert other.key != again.key
     assert other.get("collegemsg/tgn/0") is None
+
+
+def test_journal_keyed_on_code_resumes_only_unchanged_code(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "sub" / "b.py").write_text("y = 2\n")
+    (package / "notes.txt").write_text("not code")
+    path = tmp_path / "runs.jsonl"
+    first = BenchJournal(path, _Config(), code=(package,))
+    first.record("cell", 1.0)
+    assert first.key != BenchJournal(path, _Config()).key  # the code is part of the key
+    (package / "notes.txt").write_text("edited, still not code")
+    assert BenchJournal(path, _Config(), code=(package,)).get("cell") == 1.0
+    copy = tmp_path / "copy"  # the same files elsewhere (a wheel): the same key
+    (copy / "sub").mkdir(parents=True)
+    (copy / "a.py").write_text("x = 1\n")
+    (copy / "sub" / "b.py").write_text("y = 2\n")
+    assert BenchJournal(path, _Config(), code=(copy,)).get("cell") == 1.0
+    (package / "sub" / "b.py").write_text("y = 3\n")  # one edit measures everything again
+    assert BenchJournal(path, _Config(), code=(package,)).get("cell") is None
+    assert source_digest(package) != source_digest(copy)

@@ -9,6 +9,7 @@ import math
 import os
 import platform
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,22 +111,44 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON data")
 
 
+def source_digest(folder: Path) -> str:
+    """SHA-256 of the `.py` files under `folder` (relative paths and bytes, sorted by path).
+
+    Equal for an editable checkout and an installed wheel of the same source, so a journal
+    written by one resumes in the other; any edit changes it.
+    """
+    digest = hashlib.sha256()
+    for file in sorted(folder.rglob("*.py"), key=lambda f: f.relative_to(folder).as_posix()):
+        digest.update(file.relative_to(folder).as_posix().encode() + b"\0")
+        digest.update(file.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 class BenchJournal:
     """Finished cells of a long bench, appended to `runs.jsonl` so an interrupted run resumes.
 
     Each line is `{"config": key, "cell": name, "value": ...}`; `key` hashes the whole bench
-    config, so a changed setting measures everything again. A line cut by a crash is skipped.
-    A new output folder starts a fresh journal.
+    config and, when given, the source of the packages that shape the measurement, so a
+    changed setting or changed code measures everything again. A line cut by a crash is
+    skipped. A new output folder starts a fresh journal.
     """
 
-    def __init__(self, path: Path, config: object) -> None:
-        """Open (or start) the journal at `path` for `config`.
+    def __init__(self, path: Path, config: object, code: Sequence[Path] = ()) -> None:
+        """Open (or start) the journal at `path` for `config` and the code under `code`.
+
+        Args:
+            path: The journal file (`runs.jsonl`).
+            config: The bench's Config dataclass.
+            code: Package folders whose `.py` files join the key (see `source_digest`).
 
         Raises:
             TypeError: If `config` is not a Config dataclass.
         """
         self.path = path
-        self.key = hashlib.sha256(config_to_json(config).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(config_to_json(config).encode())
+        for folder in code:
+            digest.update(source_digest(folder).encode())
+        self.key = digest.hexdigest()[:16]
         self.finished: dict[str, Any] = {}
         if path.exists():
             text = path.read_text()

@@ -505,7 +505,9 @@ def run_store_bench(
 
     Each finished cell is appended to `out_dir/runs.jsonl`; a later call with the same config
     reuses those rows (marked `resumed`) and measures only the rest, so a long full bench
-    survives interruption. Use a new `out_dir` to measure everything again.
+    survives interruption. The journal is keyed on the config and on the source of
+    `frugal.store`, so a folder kept across sessions resumes only unchanged code. Use a new
+    `out_dir` to measure everything again.
 
     Args:
         config: The grid and sizes.
@@ -534,7 +536,9 @@ def run_store_bench(
         runs = _plan(config, workloads, scratch)
         rows: list[dict[str, Any]] = []
         context = multiprocessing.get_context("spawn")
-        journal = BenchJournal(out_dir / "runs.jsonl", config)
+        # Keyed on the store's code too: a journal kept across sessions (benchmarks/store/)
+        # resumes only while frugal.store is unchanged, so one table never mixes versions.
+        journal = BenchJournal(out_dir / "runs.jsonl", config, code=(Path(__file__).parent,))
         for index, run in enumerate(runs):
             cell = _cell(run)
             if (earlier := journal.get(cell)) is not None:  # an interrupted invocation's
