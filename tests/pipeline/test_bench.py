@@ -85,6 +85,17 @@ def test_effective_cores_fit_the_calibration_step() -> None:
         assert _effective_cores(ranks(11.25), "gpipe") == pytest.approx(1.25)
         assert _effective_cores(ranks(8.0), "gpipe") == pytest.approx(2.0)
     assert _effective_cores(ranks(20.0), "gpipe") == pytest.approx(1.0)
+    if (os.cpu_count() or 1) >= 2:  # one disturbed calibration of three does not move the fit
+        rounds = [ranks(11.25), ranks(20.0), ranks(11.25)]
+        runs = [
+            {"stage": s, "calibration": rounds[0][s]["calibration"]}
+            | {"calibrations": [r[s]["calibration"] for r in rounds]}
+            for s in range(2)
+        ]
+        assert _effective_cores(runs, "gpipe") == pytest.approx(1.25)
+        runs[0]["calibrations"] = runs[0]["calibrations"][1:2]  # type: ignore[index]
+        runs[1]["calibrations"] = runs[1]["calibrations"][1:2]  # type: ignore[index]
+        assert _effective_cores(runs, "gpipe") == pytest.approx(1.0)  # only the disturbed one
     with pytest.raises(ValueError, match=r"sim_num_cores=0.5 must be >= 1"):
         PipelineBenchConfig(sim_num_cores=0.5)
 

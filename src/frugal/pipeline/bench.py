@@ -641,31 +641,43 @@ def _timed_steps(runs: list[dict[str, Any]]) -> list[float]:
 
 
 def _effective_cores(by_stage: list[dict[str, Any]], schedule: str) -> float:
-    """Cores the ranks really had, fitted on the unshaped FP32 calibration run.
+    """Cores the ranks really had, fitted on the unshaped FP32 calibration runs.
 
-    The simulator replays the calibration step (its median per-stage forward, backward and
-    optimizer seconds, free links) with c cores for c = 1, 1.05, ... up to min(CPU count,
-    stages); the c whose step time is closest to the measured wall step time (median after
-    the first, max over ranks) is returned. On a shared machine other jobs hold part of the
-    CPUs, so c is often fractional (ranks time-sharing ~1.3 cores of 2); rounding it to an
-    integer made every simulated point 20-25% slower than measured.
+    The simulator replays the calibration step (the per-stage forward, backward and
+    optimizer seconds, free links; medians over every round's calibration) with c cores for
+    c = 1, 1.05, ... up to min(CPU count, stages); the c whose step time is closest to the
+    measured wall step time (max over ranks per step, median over every calibration's steps
+    after the first) is returned. On a shared machine other jobs hold part of the CPUs, so c
+    is often fractional (ranks time-sharing ~1.3 cores of 2); rounding it to an integer made
+    every simulated point 20-25% slower than measured. Fitting on the first round's
+    calibration alone let one disturbed calibration (another job's burst) slow every
+    simulated point by ~28%.
     """
-    calib = [r["calibration"] for r in by_stage]
+    # rounds[i][stage]: stage's calibration run of round i (older outputs: the first only).
+    rounds = [
+        list(col)
+        for col in zip(
+            *(r.get("calibrations") or [r["calibration"]] for r in by_stage), strict=True
+        )
+    ]
     wall = statistics.median(
-        max(c["step_s"][i] for c in calib) for i in range(1, len(calib[0]["step_s"]))
+        max(c["step_s"][i] for c in calib)
+        for calib in rounds
+        for i in range(1, len(calib[0]["step_s"]))
     )
-    p = len(calib)
-    no_bytes = [[0] * int(calib[0]["num_microbatches"])] * (p - 1)
+    p = len(by_stage)
+    m = int(rounds[0][0]["num_microbatches"])
+    no_bytes = [[0] * m] * (p - 1)
     replay = functools.partial(
         simulate_step,
         schedule=schedule,
-        num_microbatches=int(calib[0]["num_microbatches"]),
-        forward_s=[c["median_forward_cpu_s"] for c in calib],
-        backward_s=[c["median_backward_cpu_s"] for c in calib],
+        num_microbatches=m,
+        forward_s=_median_by_rank(rounds, "median_forward_cpu_s"),
+        backward_s=_median_by_rank(rounds, "median_backward_cpu_s"),
         activation_bytes=no_bytes,
         gradient_bytes=no_bytes,
         bandwidth_bits_per_s=math.inf,
-        optimizer_s=[c["median_optimizer_s"] for c in calib],
+        optimizer_s=_median_by_rank(rounds, "median_optimizer_s"),
     )
     upper = max(1, min(os.cpu_count() or 1, p))
     grid = [1 + 0.05 * k for k in range(round((upper - 1) / 0.05) + 1)]
