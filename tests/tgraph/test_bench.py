@@ -301,3 +301,13 @@ def test_node_classification_bench_has_the_floor_row(tmp_path: Path) -> None:
     floor = next(r for r in rows if r["system"] == "popularity")
     assert 0 <= floor["nc_auc"] <= 1 and floor["num_classes"] == 4
     assert floor["nc_steps"] >= 300
+
+
+def test_benchtemp_config_keeps_the_presets_epochs_and_learning_rate() -> None:
+    from frugal.tgraph.bench import benchtemp_config
+
+    quick = benchtemp_config(TgraphBenchConfig.quick())
+    assert quick.protocol.name == "benchtemp" and quick.protocol.embedding_dim == 172
+    assert (quick.protocol.max_epochs, quick.protocol.learning_rate) == (2, 1e-3)
+    full = benchtemp_config(TgraphBenchConfig())
+    assert full.protocol == ProtocolConfig.benchtemp()  # the full preset: Benchtemp's own

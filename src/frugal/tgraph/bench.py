@@ -411,7 +411,15 @@ def _mean_of(
 
 
 def benchtemp_config(base: TgraphBenchConfig) -> TgraphBenchConfig:
-    """`base` with the Benchtemp-compatible protocol (keeps an overridden epoch cap)."""
+    """`base` with the Benchtemp-compatible protocol, keeping its epoch cap and learning rate.
+
+    The `--quick` preset's 2 epochs need its 1e-3; Benchtemp's own rate is the default 1e-4.
+    """
     return replace(
-        base, protocol=replace(ProtocolConfig.benchtemp(), max_epochs=base.protocol.max_epochs)
+        base,
+        protocol=replace(
+            ProtocolConfig.benchtemp(),
+            max_epochs=base.protocol.max_epochs,
+            learning_rate=base.protocol.learning_rate,
+        ),
     )
