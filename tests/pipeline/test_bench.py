@@ -79,7 +79,7 @@ def test_effective_cores_fit_the_calibration_step() -> None:
             "median_optimizer_s": 0.0,
             "step_s": [99.0, wall_s, wall_s],
         }
-        return [{"stage": s, "calibration": calib} for s in range(2)]
+        return [{"stage": s, "calibrations": [calib]} for s in range(2)]
 
     if (os.cpu_count() or 1) >= 2:
         assert _effective_cores(ranks(11.25), "gpipe") == pytest.approx(1.25)
@@ -88,8 +88,7 @@ def test_effective_cores_fit_the_calibration_step() -> None:
     if (os.cpu_count() or 1) >= 2:  # one disturbed calibration of three does not move the fit
         rounds = [ranks(11.25), ranks(20.0), ranks(11.25)]
         runs = [
-            {"stage": s, "calibration": rounds[0][s]["calibration"]}
-            | {"calibrations": [r[s]["calibration"] for r in rounds]}
+            {"stage": s, "calibrations": [r[s]["calibrations"][0] for r in rounds]}
             for s in range(2)
         ]
         assert _effective_cores(runs, "gpipe") == pytest.approx(1.25)

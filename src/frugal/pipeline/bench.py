@@ -653,13 +653,8 @@ def _effective_cores(by_stage: list[dict[str, Any]], schedule: str) -> float:
     calibration alone let one disturbed calibration (another job's burst) slow every
     simulated point by ~28%.
     """
-    # rounds[i][stage]: stage's calibration run of round i (older outputs: the first only).
-    rounds = [
-        list(col)
-        for col in zip(
-            *(r.get("calibrations") or [r["calibration"]] for r in by_stage), strict=True
-        )
-    ]
+    # rounds[i][stage]: stage's calibration run of round i.
+    rounds = [list(col) for col in zip(*(r["calibrations"] for r in by_stage), strict=True)]
     wall = statistics.median(
         max(c["step_s"][i] for c in calib)
         for calib in rounds

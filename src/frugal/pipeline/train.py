@@ -677,8 +677,7 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
             )
             mine = torch.tensor([pace])
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-            results.setdefault("calibration", out)  # the first one
-            results.setdefault("calibrations", []).append(out)  # all: the simulator's core fit
+            results.setdefault("calibrations", []).append(out)  # the simulator's core fit
             results.setdefault("calibration_s", []).append(float(mine))
             return float(mine)
 
