@@ -7,6 +7,7 @@ import queue
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -96,7 +97,15 @@ def test_unbounded_reader_runs_far_ahead_and_is_still_counted(tmp_path: Path) ->
     assert stats["staleness_max"] > 4  # nothing held the reader back
 
 
-def test_one_victim_scan_frees_a_batch_of_slots_in_lru_order(tmp_path: Path) -> None:
+def _slots(cache: RowCache, ids: np.ndarray) -> np.ndarray:
+    """Slots of `ids` in the cache's id -> slot map (-1 = not cached)."""
+    return cache.index.lookup(ids.astype(np.int64))
+
+
+@pytest.mark.parametrize("slot_index", ["dense", "hash"])
+def test_one_victim_scan_frees_a_batch_of_slots_in_lru_order(
+    tmp_path: Path, slot_index: Literal["dense", "hash"]
+) -> None:
     width = 2
     backend = MemoryBackend(tmp_path, 1000, width, None)
     cache = RowCache(
@@ -108,6 +117,7 @@ def test_one_victim_scan_frees_a_batch_of_slots_in_lru_order(tmp_path: Path) -> 
         staleness_bound=None,
         eviction="lru",
         max_pending_rows=1000,
+        slot_index=slot_index,
     )
     try:
         assert cache.evict_batch == 2  # capacity // 32
@@ -119,7 +129,9 @@ def test_one_victim_scan_frees_a_batch_of_slots_in_lru_order(tmp_path: Path) -> 
         rows = cache.get(np.array([100]), 64, count_read=False)
         assert rows.tolist() == [[100.0, 100.0]]
         assert cache.stats.evictions == 2 and cache.free_count == 1
-        assert (cache.id_to_slot[[0, 1]] == -1).all() and (cache.id_to_slot[2:64] >= 0).all()
+        assert (_slots(cache, np.array([0, 1])) == -1).all() and (
+            _slots(cache, np.arange(2, 64)) >= 0
+        ).all()
         cache.get(np.array([101]), 65, count_read=False)
         assert cache.stats.evictions == 2 and cache.free_count == 0
         # Evicted dirty rows were written back and read back unchanged.
@@ -130,8 +142,11 @@ def test_one_victim_scan_frees_a_batch_of_slots_in_lru_order(tmp_path: Path) -> 
         backend.close()
 
 
-def test_the_surplus_of_a_victim_scan_spares_hinted_rows(tmp_path: Path) -> None:
-    backend, cache = _hinted_cache(tmp_path, capacity=64)
+@pytest.mark.parametrize("slot_index", ["dense", "hash"])
+def test_the_surplus_of_a_victim_scan_spares_hinted_rows(
+    tmp_path: Path, slot_index: Literal["dense", "hash"]
+) -> None:
+    backend, cache = _hinted_cache(tmp_path, capacity=64, slot_index=slot_index)
     try:
         for step in range(64):
             cache.update(np.array([step]), step, lambda rows: None)
@@ -140,29 +155,37 @@ def test_the_surplus_of_a_victim_scan_spares_hinted_rows(tmp_path: Path) -> None
         # scan evicts the one unhinted row (63) only.
         cache.get(np.array([500]), 64, count_read=False)
         assert cache.stats.evictions == 1 and cache.free_count == 0
-        assert cache.id_to_slot[63] == -1 and (cache.id_to_slot[:63] >= 0).all()
+        assert (
+            _slots(cache, np.array([63]))[0] == -1 and (_slots(cache, np.arange(0, 63)) >= 0).all()
+        )
         # The next miss evicts the only unhinted row, 500; the hinted rows stay.
         cache.get(np.array([501]), 65, count_read=False)
-        assert cache.stats.evictions == 2 and cache.id_to_slot[500] == -1
-        assert (cache.id_to_slot[:63] >= 0).all()
+        assert cache.stats.evictions == 2 and _slots(cache, np.array([500]))[0] == -1
+        assert (_slots(cache, np.arange(0, 63)) >= 0).all()
     finally:
         cache.close()
         backend.close()
 
 
-def _hinted_cache(tmp_path: Path, capacity: int) -> tuple[MemoryBackend, RowCache]:
+def _hinted_cache(
+    tmp_path: Path, capacity: int, slot_index: Literal["dense", "hash"] = "dense"
+) -> tuple[MemoryBackend, RowCache]:
     """A lookahead RowCache of `capacity` one-float rows over a memory backend of 1000 rows."""
     backend = MemoryBackend(tmp_path, 1000, 1, None)
     cache = RowCache(
         backend, num_rows=1000, width=1, capacity=capacity,
         initializer=lambda ids: ids[:, None].astype(np.float32),
         staleness_bound=None, eviction="lookahead", max_pending_rows=1000,
+        slot_index=slot_index,
     )  # fmt: skip
     return backend, cache
 
 
-def test_prefetch_leaves_room_for_one_batch(tmp_path: Path) -> None:
-    backend, cache = _hinted_cache(tmp_path, capacity=100)
+@pytest.mark.parametrize("slot_index", ["dense", "hash"])
+def test_prefetch_leaves_room_for_one_batch(
+    tmp_path: Path, slot_index: Literal["dense", "hash"]
+) -> None:
+    backend, cache = _hinted_cache(tmp_path, capacity=100, slot_index=slot_index)
     try:
         first = np.arange(30)
         cache.get(first, 0)  # a batch of 30 rows: the largest get
@@ -173,7 +196,9 @@ def test_prefetch_leaves_room_for_one_batch(tmp_path: Path) -> None:
         # Room for 70 hinted rows: batches 1 and 2 whole, 10 rows of batch 3, none of 4.
         assert cache.stats.prefetched == 70
         assert int(np.count_nonzero(cache.next_use != NEVER)) == 70
-        assert (cache.id_to_slot[100:130] >= 0).all() and (cache.id_to_slot[400:430] < 0).all()
+        assert (_slots(cache, np.arange(100, 130)) >= 0).all() and (
+            _slots(cache, np.arange(400, 430)) < 0
+        ).all()
         # The values are unchanged either way (a prefetch only moves residency).
         assert cache.get(np.array([300, 429]), 5)[:, 0].tolist() == [300.0, 429.0]
     finally:
@@ -181,8 +206,11 @@ def test_prefetch_leaves_room_for_one_batch(tmp_path: Path) -> None:
         backend.close()
 
 
-def test_prefetch_of_the_next_step_only_needs_to_fit(tmp_path: Path) -> None:
-    backend, cache = _hinted_cache(tmp_path, capacity=50)
+@pytest.mark.parametrize("slot_index", ["dense", "hash"])
+def test_prefetch_of_the_next_step_only_needs_to_fit(
+    tmp_path: Path, slot_index: Literal["dense", "hash"]
+) -> None:
+    backend, cache = _hinted_cache(tmp_path, capacity=50, slot_index=slot_index)
     try:
         first = np.arange(30)
         cache.get(first, 0)
@@ -191,7 +219,9 @@ def test_prefetch_of_the_next_step_only_needs_to_fit(tmp_path: Path) -> None:
         cache.prefetch(np.arange(200, 230), 2)  # beyond: 50 - 30 hinted - 30 margin < 0
         cache.flush()
         assert cache.stats.prefetched == 30
-        assert (cache.id_to_slot[100:130] >= 0).all() and (cache.id_to_slot[200:230] < 0).all()
+        assert (_slots(cache, np.arange(100, 130)) >= 0).all() and (
+            _slots(cache, np.arange(200, 230)) < 0
+        ).all()
     finally:
         cache.close()
         backend.close()

@@ -93,6 +93,51 @@ def test_training_matches_a_numpy_reference_bit_for_bit(backend: str, tmp_path: 
         assert store.table_sha256() == _sha(table)
 
 
+@pytest.mark.parametrize("backend", ["file", "rocksdb"])
+def test_hash_slot_index_trains_like_the_reference_bit_for_bit(
+    backend: str, tmp_path: Path
+) -> None:
+    # The run above, longer, with the id -> slot map as a hash table over the cache slots:
+    # evictions, write-backs, re-reads and tombstone rebuilds, the same table at the end.
+    num_rows = 30_000
+    table = init_rows(np.arange(num_rows, dtype=np.int64), SPEC, seed=3)
+    config = _config(backend, 1, slot_index="hash")
+    with EmbeddingStore.create(
+        tmp_path / "s", num_rows=num_rows, spec=SPEC, config=config, seed=3
+    ) as store:
+        _train(store, table, range(60), batch=500)
+        assert store.table_sha256() == _sha(table)
+        stats = store.stats()
+        assert stats["slot_index"] == "hash" and stats["evictions"] > 0
+        assert store.cache.index.rebuilds > 0  # type: ignore[attr-defined]
+    with EmbeddingStore.open(tmp_path / "s", _config(backend, 1, slot_index="dense")) as store:
+        assert store.table_sha256() == _sha(table)  # the map is not part of the files
+
+
+def test_auto_slot_index_caches_more_rows_of_a_large_table(tmp_path: Path) -> None:
+    # 1M rows of 48 B at a 4 MiB budget: the dense map alone would take 4 MB of it.
+    spec = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="adagrad"))
+    budget = 4 * MIB + 2 * (1 << 20)  # 4 MiB for the file backend's addresses, 2 MiB left
+    capacities = {}
+    for kind in ("dense", "auto"):
+        config = EmbeddingStore.Config(memory_budget_bytes=budget, slot_index=kind)  # type: ignore[arg-type]
+        if kind == "dense":
+            with pytest.raises(ValueError, match="after the dense slot index"):
+                EmbeddingStore.create(tmp_path / kind, num_rows=1 << 20, spec=spec, config=config)
+            continue
+        with EmbeddingStore.create(
+            tmp_path / kind, num_rows=1 << 20, spec=spec, config=config
+        ) as store:
+            capacities[kind] = store.stats()["capacity_rows"]
+            assert store.stats()["slot_index"] == "hash"
+            ids = np.arange(0, 1 << 20, 997, dtype=np.int64)
+            assert np.array_equal(store.peek(ids), init_rows(ids, spec, 0))
+    # 6 MiB - 4 MiB of addresses - 768 KiB of I/O buffer = 1,310,720 B; 84 B per slot (32 B
+    # row + 52 B metadata); 13,107 slots at 100 B would want 65,536 cells (256 KiB), which
+    # leaves (1,310,720 - 262,144) // 84 = 12,483 slots.
+    assert capacities["auto"] == 12_483
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_reopen_without_checkpoint_returns_the_last_checkpoint(
     backend: str, tmp_path: Path

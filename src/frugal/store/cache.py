@@ -41,6 +41,7 @@ import numpy.typing as npt
 
 from frugal.store.backends.base import F32, I64, StoreBackend
 from frugal.store.errors import StalenessTimeoutError, StoreError
+from frugal.store.slot_index import DenseSlotIndex, HashSlotIndex, SlotIndex
 
 __all__ = ["CacheStats", "RowCache", "slot_overhead_bytes"]
 
@@ -118,6 +119,7 @@ class RowCache:
         eviction: Literal["lookahead", "lru"] = "lookahead",
         timeout_s: float = 60.0,
         max_pending_rows: int = 65536,
+        slot_index: Literal["dense", "hash"] = "dense",
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity={capacity} must be >= 1 slot")
@@ -140,14 +142,20 @@ class RowCache:
         self.readers = self.meta["readers"]
         self.reader_thread = self.meta["reader_thread"]
         self.closes = 0  # puts/updates so far: progress that may unblock a waiting get
-        # thread -> (ids, whole rows, closes) of its last counted get (see `update`).
-        self._last_read: dict[int, tuple[I64, F32, int]] = {}
+        # thread -> (ids, whole rows, closes, slots) of its last counted get (see `update`).
+        self._last_read: dict[int, tuple[I64, F32, int, npt.NDArray[np.int64]]] = {}
         self.last_access = self.meta["last_access"]
         self.next_use = self.meta["next_use"]
         self.next_use[:] = NEVER
         self.next_use2 = self.meta["next_use2"]
         self.next_use2[:] = NEVER
-        self.id_to_slot = np.full(num_rows, -1, dtype=np.int32)
+        # id -> slot: a dense array over the table's rows, or a hash table over the slots
+        # (frugal.store.slot_index; the store picks the one that leaves more cache).
+        self.index: SlotIndex = (
+            HashSlotIndex(capacity, self.slot_ids)
+            if slot_index == "hash"
+            else DenseSlotIndex(num_rows)
+        )
         # Stack of free slot numbers: free_slots[:free_count], the top at free_count - 1.
         self.free_slots = np.arange(capacity - 1, -1, -1, dtype=np.int32)
         self.free_count = capacity
@@ -277,7 +285,7 @@ class RowCache:
             self.pending_rows += len(pending.ids)
             self.stats.writebacks += len(pending.ids)
             self.writer.submit(self._write_back, pending)
-        self.id_to_slot[ids] = -1
+        self.index.remove(ids, victims)
         self.slot_ids[victims] = -1
         self.slot_state[victims] = FREE
         self.dirty[victims] = False
@@ -338,7 +346,7 @@ class RowCache:
             with self.cond:  # give the slots back so nobody waits forever
                 if background:
                     self.error = exc
-                self.id_to_slot[ids] = -1
+                self.index.remove(ids, slots)
                 self.slot_ids[slots] = -1
                 self.slot_state[slots] = FREE
                 self._push_free(slots)
@@ -391,7 +399,7 @@ class RowCache:
             closes_before: int | None = None
             own_since = 0.0
             while True:
-                slots = self.id_to_slot[ids].astype(np.int64)
+                slots = self.index.lookup(ids)
                 missing = slots < 0
                 if first_pass and count_read:  # updates re-read their rows: not counted
                     self.largest_get = max(self.largest_get, len(ids))
@@ -411,8 +419,8 @@ class RowCache:
                         waited = True
                         continue
                     miss_ids = ids[missing]
-                    self.id_to_slot[miss_ids] = new
                     self.slot_ids[new] = miss_ids
+                    self.index.insert(miss_ids, new)
                     self.slot_state[new] = LOADING
                     self.last_access[new] = step
                     self.cond.release()
@@ -468,7 +476,7 @@ class RowCache:
                 # rows (the training loop's get -> apply_gradients), which then skips its own.
                 full = self.slab[slots]
                 # A copy of ids: a caller may refill its id buffer before the update.
-                self._last_read[threading.get_ident()] = (ids.copy(), full, self.closes)
+                self._last_read[threading.get_ident()] = (ids.copy(), full, self.closes, slots)
                 rows = full.copy() if columns is None else full[:, :columns].copy()
             else:  # fancy indexing copies already: one gather, of the wanted columns only
                 rows = self.slab[slots] if columns is None else self.slab[slots, :columns]
@@ -506,7 +514,7 @@ class RowCache:
             self._check()
             self._last_read.pop(threading.get_ident(), None)  # its reads close here, not in update
             while True:
-                slots = self.id_to_slot[ids].astype(np.int64)
+                slots = self.index.lookup(ids)
                 resident = slots >= 0
                 if not (self.slot_state[slots[resident]] == LOADING).any():
                     break
@@ -520,12 +528,12 @@ class RowCache:
                     )
                 except _CacheFullError:
                     self._wait_for_room(deadline, len(ids))
-                    slots = self.id_to_slot[ids].astype(np.int64)
+                    slots = self.index.lookup(ids)
                     resident = slots >= 0
                     missing = ~resident
                     continue
-                self.id_to_slot[ids[missing]] = new
                 self.slot_ids[new] = ids[missing]
+                self.index.insert(ids[missing], new)
                 slots[missing] = new
                 self.last_access[new] = step
                 break
@@ -541,15 +549,18 @@ class RowCache:
         with self.cond:
             self._check()
             last = self._last_read.pop(threading.get_ident(), None)
-            slots = self.id_to_slot[ids].astype(np.int64)
+            if last is not None and last[2] == self.closes and np.array_equal(last[0], ids):
+                # Nothing was written since this thread read these rows (no read closed: the
+                # counter is unchanged), and open reads keep them resident in the same slots,
+                # so its copy equals the slab's rows and no index lookup is needed.
+                rows, slots = last[1], last[3]
+                fn(rows)
+                self._install(slots, rows)
+                self.last_access[slots] = step
+                return
+            slots = self.index.lookup(ids)
             if (slots >= 0).all() and (self.slot_state[slots] == VALID).all():
-                if last is not None and last[2] == self.closes and np.array_equal(last[0], ids):
-                    # Nothing was written since this thread read these rows (no read closed:
-                    # the counter is unchanged), and open reads keep them resident, so its
-                    # copy equals the slab's rows.
-                    rows = last[1]
-                else:
-                    rows = self.slab[slots]
+                rows = self.slab[slots]
                 fn(rows)
                 self._install(slots, rows)
                 self.last_access[slots] = step
@@ -570,7 +581,7 @@ class RowCache:
         """Hint that sorted unique `ids` are needed at `step`; load misses in the background."""
         with self.cond:
             self._check()
-            slots = self.id_to_slot[ids].astype(np.int64)
+            slots = self.index.lookup(ids)
             resident = slots >= 0
             self._hint(slots[resident], step)
             missing_ids = ids[~resident]
@@ -591,8 +602,8 @@ class RowCache:
             if len(new) == 0:
                 return
             load_ids = missing_ids[: len(new)]
-            self.id_to_slot[load_ids] = new
             self.slot_ids[new] = load_ids
+            self.index.insert(load_ids, new)
             self.slot_state[new] = LOADING
             self.next_use[new] = step
             self.next_use2[new] = NEVER

@@ -48,6 +48,12 @@ from frugal.store.errors import (
 )
 from frugal.store.keys import HashedKeys
 from frugal.store.rows import RowSpec, apply_optimizer, init_rows, round_rows
+from frugal.store.slot_index import (
+    DenseSlotIndex,
+    HashSlotIndex,
+    SlotIndexKind,
+    choose_slot_index,
+)
 
 __all__ = ["EmbeddingStore"]
 
@@ -177,7 +183,7 @@ class EmbeddingStore:
         backend: BackendName = "file"
         """Storage engine; only used by `create` (`open` reads it from the MANIFEST)."""
         memory_budget_bytes: int = 256 * _MIB
-        """All RAM the store may use: cache slab, slot metadata, id map, backend, I/O buffers."""
+        """All RAM the store may use: cache slab, slot metadata, slot index, backend, I/O."""
         staleness_bound: int | None = 0
         """Updates a read may miss, >= 0 (0 = synchronous); None = unbounded."""
         eviction: Literal["lookahead", "lru"] = "lookahead"
@@ -188,6 +194,9 @@ class EmbeddingStore:
         """Bypass the page cache (O_DIRECT) where the file system allows it."""
         timeout_s: float = 60.0
         """Longest wait for a row (staleness bound, prefetch, write-back), > 0."""
+        slot_index: SlotIndexKind = "auto"
+        """id -> cache slot map: `dense` (4 B per table row, one gather), `hash` (16-32 B per
+        cache slot) or `auto`, the one that leaves more cached rows (frugal.store.slot_index)."""
 
         def __post_init__(self) -> None:
             check_types(self)
@@ -236,21 +245,30 @@ class EmbeddingStore:
             key_map_bytes = HashedKeys.memory_bytes_for(self.num_rows)
         io_buffer_bytes = max(16 << 10, min(16 * _MIB, budget // 8))
         self._io_buffer_bytes = io_buffer_bytes  # bounds every backend read and write buffer
-        fixed = (
-            4 * self.num_rows + key_map_bytes + self._backend_memory_bytes(budget) + io_buffer_bytes
+        fixed = key_map_bytes + self._backend_memory_bytes(budget) + io_buffer_bytes
+        per_slot = self.spec.row_bytes + slot_overhead_bytes()
+        index_kind, capacity = choose_slot_index(
+            config.slot_index,
+            num_rows=self.num_rows,
+            available_bytes=budget - fixed,
+            bytes_per_slot=per_slot,
         )
-        capacity = (budget - fixed) // (self.spec.row_bytes + slot_overhead_bytes())
+        if index_kind == "dense":
+            fixed += DenseSlotIndex.memory_bytes_for(self.num_rows)
+        else:
+            fixed += HashSlotIndex.memory_bytes_for(max(capacity, 64))
         if capacity < 64:  # checked before any file is written
-            needed = fixed + 64 * (self.spec.row_bytes + slot_overhead_bytes())
+            needed = fixed + 64 * per_slot
             if needed > physical_memory_bytes():
                 raise ValueError(
                     f"num_rows={self.num_rows:,} needs {needed / 2**30:,.1f} GiB of RAM for its "
-                    "id map alone (4 bytes per row) plus a minimal cache, beyond this machine's "
-                    "memory; lower num_rows"
+                    "per-row maps (record addresses, key map, id map: 4-20 bytes per row) plus a "
+                    "minimal cache, beyond this machine's memory; lower num_rows"
                 )
             raise ValueError(
                 f"memory_budget_bytes={budget} leaves room for {max(capacity, 0)} cached rows "
-                f"after the id map, backend and I/O buffers ({fixed} bytes); set it to at least "
+                f"after the {index_kind} slot index, backend and I/O buffers ({fixed} bytes); set "
+                f"it to at least "
                 f"{needed}"
             )
         if self.key_space == "hashed":
@@ -270,6 +288,7 @@ class EmbeddingStore:
             eviction=config.eviction,
             timeout_s=config.timeout_s,
             max_pending_rows=max(1, io_buffer_bytes // self.spec.row_bytes),
+            slot_index=index_kind,
         )
 
     def _backend_memory_bytes(self, budget: int) -> int:
@@ -806,6 +825,7 @@ class EmbeddingStore:
         looked_up = s.hits + s.misses
         return {
             "capacity_rows": self.cache.capacity,
+            "slot_index": self.cache.index.kind,
             "key_space": self.key_space,
             "num_keys": self.num_rows if self.keys is None else self.keys.num_keys,
             "memory_budget_bytes": self.config.memory_budget_bytes,
