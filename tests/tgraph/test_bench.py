@@ -311,3 +311,22 @@ def test_benchtemp_config_keeps_the_presets_epochs_and_learning_rate() -> None:
     assert (quick.protocol.max_epochs, quick.protocol.learning_rate) == (2, 1e-3)
     full = benchtemp_config(TgraphBenchConfig())
     assert full.protocol == ProtocolConfig.benchtemp()  # the full preset: Benchtemp's own
+
+
+def test_protocol_name_benchtemp_in_set_selects_the_benchtemp_preset() -> None:
+    from frugal.cli.main import build_parser
+    from frugal.cli.tgraph import bench_config
+
+    def config(*argv: str) -> TgraphBenchConfig:
+        return bench_config(build_parser().parse_args(["tgraph", "bench", *argv]))
+
+    flag = config("--protocol", "benchtemp")
+    via_set = config("--set", 'protocol.name="benchtemp"')
+    assert via_set == flag
+    assert via_set.protocol.embedding_dim == 172 and via_set.protocol.patience == 3
+    # An explicit setting still wins over the preset's.
+    wider = config("--set", 'protocol.name="benchtemp"', "--set", "protocol.embedding_dim=64")
+    assert wider.protocol.embedding_dim == 64 and wider.protocol.patience == 3
+    assert config().protocol.embedding_dim == 100  # the frugal protocol by default
+    with pytest.raises(ValueError, match=r"--protocol frugal contradicts protocol\.name"):
+        config("--protocol", "frugal", "--set", 'protocol.name="benchtemp"')

@@ -6,11 +6,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frugal.cli.options import add_config_arguments, output_folder
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from frugal.tgraph.bench import TgraphBenchConfig
+
+__all__ = ["bench_config", "register"]
 
 
 def register(commands: Any) -> None:
@@ -57,19 +60,36 @@ def register(commands: Any) -> None:
     board.set_defaults(handler=_leaderboard)
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+def bench_config(args: argparse.Namespace) -> TgraphBenchConfig:
+    """The `TgraphBenchConfig` of parsed `tgraph bench` arguments.
 
+    The preset (`--quick`, `--protocol`), then `--config` and `--set`, then the explicit flags.
+    A protocol named `benchtemp` in `--config` or `--set` selects the Benchtemp preset as
+    `--protocol benchtemp` does (widths 172, patience 3, random negatives); settings given
+    explicitly still win over it.
+
+    Raises:
+        ValueError: On an invalid setting, or `--protocol frugal` with a benchtemp protocol.
+    """
     from frugal.config import config_to_dict, load_config
-    from frugal.tgraph.bench import TgraphBenchConfig, benchtemp_config, run_tgraph_bench
+    from frugal.tgraph.bench import TgraphBenchConfig, benchtemp_config
 
     preset = TgraphBenchConfig.quick() if args.quick else TgraphBenchConfig()
     if args.protocol == "benchtemp":
         preset = benchtemp_config(preset)
-    # The preset, then --config and --set, then the explicit flags (as `pipeline train`).
-    base = config_to_dict(
-        load_config(TgraphBenchConfig, args.config, args.overrides, base=config_to_dict(preset))
+    merged = load_config(
+        TgraphBenchConfig, args.config, args.overrides, base=config_to_dict(preset)
     )
+    if merged.protocol.name == "benchtemp" and preset.protocol.name != "benchtemp":
+        if args.protocol == "frugal":
+            raise ValueError(
+                "--protocol frugal contradicts protocol.name = 'benchtemp' from --config or "
+                "--set; keep one of them"
+            )
+        preset = benchtemp_config(preset)
+        merged = load_config(
+            TgraphBenchConfig, args.config, args.overrides, base=config_to_dict(preset)
+        )
     cli: dict[str, Any] = {}
     for key, value in (
         ("datasets", args.dataset),
@@ -79,7 +99,19 @@ def _bench(args: argparse.Namespace) -> int:
     ):
         if value is not None and value != []:
             cli[key] = value
-    config = load_config(TgraphBenchConfig, base={**base, **cli}, base_source="command line")
+    base = config_to_dict(merged)
+    config: TgraphBenchConfig = load_config(
+        TgraphBenchConfig, base={**base, **cli}, base_source="command line"
+    )
+    return config
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from frugal.tgraph.bench import run_tgraph_bench
+
+    config = bench_config(args)
     out = output_folder(args.out)
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
