@@ -225,3 +225,54 @@ def test_prefetch_of_the_next_step_only_needs_to_fit(
     finally:
         cache.close()
         backend.close()
+
+
+class _GatedBackend(MemoryBackend):
+    """A memory backend whose reads of row 100 wait for `gate` (a slow prefetch)."""
+
+    gate: threading.Event
+
+    def read_rows(self, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if 100 in ids:
+            assert self.gate.wait(20), "the test never opened the gate"
+        return super().read_rows(ids, out)
+
+
+@pytest.mark.parametrize("slot_index", ["dense", "hash"])
+def test_a_write_waiting_for_room_is_not_overwritten_by_a_prefetch(
+    tmp_path: Path, slot_index: Literal["dense", "hash"]
+) -> None:
+    """A write that waited for room must wait for a prefetch that began meanwhile.
+
+    Otherwise the prefetch's load lands after the write and the written row is lost.
+    """
+    backend = _GatedBackend(tmp_path, 1000, 1, None)
+    backend.gate = threading.Event()
+    cache = RowCache(
+        backend, num_rows=1000, width=1, capacity=4,
+        initializer=lambda ids: ids[:, None].astype(np.float32),
+        staleness_bound=None, eviction="lookahead", max_pending_rows=1000,
+        slot_index=slot_index, timeout_s=20,
+    )  # fmt: skip
+    try:
+        cache.get(np.array([0, 1, 2]), 0)  # three open reads: one free slot, nothing evictable
+        written = np.array([[-1.0], [-2.0]], dtype=np.float32)
+        writer = threading.Thread(target=cache.write, args=(np.array([100, 101]), written, 1))
+        writer.start()
+        deadline = time.monotonic() + 10
+        while not cache.cond._waiters and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            time.sleep(0.01)  # until the writer waits for room (needs 2 slots, 1 is free)
+        cache.prefetch(np.array([100]), 5)  # takes the free slot; its read waits at the gate
+        assert cache.stats.prefetched == 1
+        cache.update(np.array([0, 1, 2]), 0, lambda rows: None)  # closes the reads: room
+        time.sleep(0.2)  # the writer wakes (and, before the fix, wrote into the loading slot)
+        backend.gate.set()
+        writer.join(20)
+        assert not writer.is_alive()
+        cache.reader.shutdown(wait=True)  # the prefetch's load has landed
+        rows = cache.get(np.array([100, 101]), 2, count_read=False)
+        assert rows[:, 0].tolist() == [-1.0, -2.0]  # the write, not the prefetched old row
+    finally:
+        backend.gate.set()
+        cache.close()
+        backend.close()

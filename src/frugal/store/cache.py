@@ -349,6 +349,9 @@ class RowCache:
                 self.index.remove(ids, slots)
                 self.slot_ids[slots] = -1
                 self.slot_state[slots] = FREE
+                self.dirty[slots] = False
+                self.next_use[slots] = NEVER
+                self.next_use2[slots] = NEVER
                 self._push_free(slots)
                 self.cond.notify_all()
             if background:
@@ -516,21 +519,24 @@ class RowCache:
             while True:
                 slots = self.index.lookup(ids)
                 resident = slots >= 0
-                if not (self.slot_state[slots[resident]] == LOADING).any():
+                if (self.slot_state[slots[resident]] == LOADING).any():
+                    # A prefetch is filling some of the rows: wait, else its load would
+                    # overwrite them after this write.
+                    self._wait(deadline, "rows being prefetched")
+                    self._check()
+                    continue
+                missing = ~resident
+                if not missing.any():
                     break
-                self._wait(deadline, "rows being prefetched")  # else the load would overwrite
-                self._check()
-            missing = ~resident
-            while missing.any():
                 try:
                     new = self._allocate(
                         int(missing.sum()), protect=slots[resident], later_than=None
                     )
                 except _CacheFullError:
+                    # The lock is released while waiting, and a prefetch may then start
+                    # loading some of these rows: look them up (and wait for loads) again.
                     self._wait_for_room(deadline, len(ids))
-                    slots = self.index.lookup(ids)
-                    resident = slots >= 0
-                    missing = ~resident
+                    self._check()
                     continue
                 self.slot_ids[new] = ids[missing]
                 self.index.insert(ids[missing], new)
