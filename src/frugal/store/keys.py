@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from frugal.store.errors import StoreError
+from frugal.store.slot_index import first_of_each
 
 __all__ = ["HashedKeys", "KeySpaceFullError"]
 
@@ -112,13 +113,7 @@ class HashedKeys:
         while len(pending):
             free = self._keys[slots] == _EMPTY
             # Among keys probing the same free slot, the first claims it; the rest move on.
-            order = np.argsort(slots, kind="stable")
-            sorted_slots = slots[order]
-            first = np.ones(len(order), dtype=bool)
-            first[1:] = sorted_slots[1:] != sorted_slots[:-1]
-            winner = np.zeros(len(pending), dtype=bool)
-            winner[order[first]] = True
-            winner &= free
+            winner = first_of_each(slots) & free
             self._keys[slots[winner]] = keys[pending[winner]]
             self._rows[slots[winner]] = rows[pending[winner]].astype(np.int32)
             pending, slots = pending[~winner], (slots[~winner] + 1) & self._mask

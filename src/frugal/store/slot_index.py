@@ -30,6 +30,7 @@ __all__ = [
     "SlotIndex",
     "SlotIndexKind",
     "choose_slot_index",
+    "first_of_each",
     "hash_table_cells",
 ]
 
@@ -91,6 +92,21 @@ class DenseSlotIndex:
     def memory_bytes(self) -> int:
         """Bytes the map holds."""
         return int(self.slots.nbytes)
+
+
+def first_of_each(cells: I64) -> npt.NDArray[np.bool_]:
+    """True at the first occurrence of each value of `cells` (one claimant per probed cell).
+
+    Shapes:
+        cells: (N,) int64 -> (N,) bool.
+    """
+    order = np.argsort(cells, kind="stable")
+    sorted_cells = cells[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = sorted_cells[1:] != sorted_cells[:-1]
+    out = np.zeros(len(cells), dtype=bool)
+    out[order[first]] = True
+    return out
 
 
 def hash_table_cells(capacity: int) -> int:
@@ -189,13 +205,7 @@ class HashSlotIndex:
             found = self.table[cells]
             free = found < 0
             # Among ids probing the same free cell, the first claims it; the rest move on.
-            order = np.argsort(cells, kind="stable")
-            sorted_cells = cells[order]
-            first = np.ones(len(order), dtype=bool)
-            first[1:] = sorted_cells[1:] != sorted_cells[:-1]
-            winner = np.zeros(len(pending), dtype=bool)
-            winner[order[first]] = True
-            winner &= free
+            winner = first_of_each(cells) & free
             self.used += int(np.count_nonzero(found[winner] == _EMPTY))
             self.table[cells[winner]] = slots[pending[winner]].astype(np.int32)
             distance += 1
