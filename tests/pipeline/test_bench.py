@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,31 @@ def test_effective_cores_fit_the_calibration_step() -> None:
         assert _effective_cores(runs, "gpipe") == pytest.approx(1.0)  # only the disturbed one
     with pytest.raises(ValueError, match=r"sim_num_cores=0.5 must be >= 1"):
         PipelineBenchConfig(sim_num_cores=0.5)
+
+
+def test_each_round_is_simulated_from_its_own_compute_and_link() -> None:
+    from frugal.pipeline.bench import _simulate_rounds
+
+    # 2 stages, m = 1, GPipe, one core each: a step is F0 + send + F1 + B1 + send + B0, where
+    # a send of 1,000 B takes 8,000 / B s. Rounds (F, B per stage; both sends):
+    # (3, 6 ms; 30 ms) -> 48 ms, (2, 4 ms; free link) -> 12 ms, (1, 2 ms; 10 ms) -> 16 ms.
+    def outs(forward_ms: float) -> list[dict[str, float]]:
+        run = {
+            "median_forward_cpu_s": forward_ms / 1e3,
+            "median_backward_cpu_s": 2 * forward_ms / 1e3,
+            "median_optimizer_s": 0.0,
+        }
+        return [run, run]
+
+    rounds = [outs(3.0), outs(2.0), outs(1.0)]
+    bandwidths = [8_000 / 0.015, math.inf, 8_000 / 0.005]
+    steps = _simulate_rounds("gpipe", 1, rounds, [[1_000]], [[1_000]], bandwidths, 2.0)
+    assert steps == pytest.approx([0.048, 0.012, 0.016])
+    # The cell's simulated step is their median, 16 ms; the compute pooled over the rounds
+    # (2, 4 ms) with each round's link would have given 22 ms.
+    assert statistics.median(steps) == pytest.approx(0.016)
+    with pytest.raises(ValueError, match=r"3 rounds but 2 bandwidths"):
+        _simulate_rounds("gpipe", 1, rounds, [[1_000]], [[1_000]], bandwidths[:2], 2.0)
 
 
 def test_summary_monotone_within_noise_uses_per_round_ranges() -> None:

@@ -25,8 +25,10 @@ Three parts, one results.json:
    round's steps after its first (max over ranks);
    `tokens_per_s_by_round` keeps each round's, and the summary's `speedup_range_by_link` the
    spread of the per-round speed-ups.
-3. Simulation: `frugal.pipeline.sim` replays the same schedule from the run's median per-stage
-   forward/backward seconds and its exact wire bytes: `simulated_tokens_per_s`. The summary's
+3. Simulation: `frugal.pipeline.sim` replays the same schedule from each round's median
+   per-stage forward/backward seconds, its link speed and the exact wire bytes
+   (`simulated_tokens_per_s_by_round`); `simulated_tokens_per_s` is the median step over the
+   rounds. The summary's
    `sim_speedup_free_codec_at_slowest` replays FP32's compute with AQ-SGD fw2/bw4's bytes at
    the slowest link: the speed-up the schedule and link allow if the codec cost no CPU.
 
@@ -363,24 +365,15 @@ def run_pipeline_bench(
         compute_by_cell[(method, rho)] = (fwd, bwd, opt)
         act = [o["activation_bytes"][-1] for o in outs[:-1]]
         grad = [o["gradient_bytes"][-1] for o in outs[1:]]
-        # Each round's link speed comes from its own calibration: simulate every round at its
-        # bandwidth and keep the median step, as for the measured side.
+        # Each round's link speed comes from its own calibration and its compute was timed in
+        # that same run: simulate every round from its own bandwidth and per-stage seconds and
+        # keep the median step, as for the measured side. (Pairing every round's bandwidth with
+        # the compute pooled over all rounds mis-estimated cells near the compute/link knee
+        # when the machine's speed drifted between rounds.)
         bandwidths = [rnd[0]["bandwidth_bits_per_s"] or math.inf for rnd in rounds]
         bandwidth = statistics.median(bandwidths)
-        sim_step_s = statistics.median(
-            simulate_step(
-                schedule=train.schedule,
-                num_microbatches=m,
-                forward_s=fwd,
-                backward_s=bwd,
-                activation_bytes=act,
-                gradient_bytes=grad,
-                bandwidth_bits_per_s=b,
-                optimizer_s=opt,
-                num_cores=cores,
-            ).step_time_s
-            for b in bandwidths
-        )
+        round_sim_s = _simulate_rounds(train.schedule, m, rounds, act, grad, bandwidths, cores)
+        sim_step_s = statistics.median(round_sim_s)
         spec = CodecSpec.parse(method)
         result = quality[method]
         # Per quality step: simulated time with the bytes that step sent.
@@ -428,6 +421,7 @@ def run_pipeline_bench(
                 "final_eval_loss": result.eval_loss,
                 "time_to_fp32_loss_s": reached,
                 "simulated_tokens_per_s": tokens_per_step / sim_step_s,
+                "simulated_tokens_per_s_by_round": [tokens_per_step / s for s in round_sim_s],
                 "stage_compute_ms": [1e3 * (f + b) for f, b in zip(fwd, bwd, strict=True)],
                 "buffer_bytes": result.buffer_bytes,
             }
@@ -592,6 +586,56 @@ def torch_pipelining_rows(
         "torch_pipelining_skipped": reason,
     }
     return out_rows, summary
+
+
+def _simulate_rounds(
+    schedule: str,
+    num_microbatches: int,
+    rounds: list[list[dict[str, Any]]],
+    activation_bytes: list[list[int]],
+    gradient_bytes: list[list[int]],
+    bandwidths_bits_per_s: list[float],
+    num_cores: float,
+) -> list[float]:
+    """Simulated step seconds of each round of one cell, each from that round's own run.
+
+    Args:
+        schedule: "gpipe" or "1f1b".
+        num_microbatches: m.
+        rounds: rounds[i][stage]: a rank's output of this cell in round i (its
+            `median_forward_cpu_s`, `median_backward_cpu_s`, `median_optimizer_s`).
+        activation_bytes: [s][j] wire bytes, as `simulate_step` takes them.
+        gradient_bytes: [s][j] wire bytes.
+        bandwidths_bits_per_s: Round i's link speed (from its own calibration; inf =
+            unshaped).
+        num_cores: Cores the ranks share (fitted on the calibrations).
+
+    Returns:
+        One step time (s) per round.
+
+    Raises:
+        ValueError: If the rounds and bandwidths differ in number, or `simulate_step` refuses
+            the inputs.
+    """
+    if len(rounds) != len(bandwidths_bits_per_s):
+        raise ValueError(
+            f"{len(rounds)} rounds but {len(bandwidths_bits_per_s)} bandwidths; give one "
+            "bandwidth per round"
+        )
+    return [
+        simulate_step(
+            schedule=schedule,
+            num_microbatches=num_microbatches,
+            forward_s=[o["median_forward_cpu_s"] for o in outs],
+            backward_s=[o["median_backward_cpu_s"] for o in outs],
+            activation_bytes=activation_bytes,
+            gradient_bytes=gradient_bytes,
+            bandwidth_bits_per_s=b,
+            optimizer_s=[o["median_optimizer_s"] for o in outs],
+            num_cores=num_cores,
+        ).step_time_s
+        for outs, b in zip(rounds, bandwidths_bits_per_s, strict=True)
+    ]
 
 
 def _free_codec_speedup(
