@@ -28,9 +28,9 @@ Three parts, one results.json:
 3. Simulation: `frugal.pipeline.sim` replays the same schedule from each round's median
    per-stage forward/backward seconds, its link speed and the exact wire bytes
    (`simulated_tokens_per_s_by_round`); `simulated_tokens_per_s` is the median step over the
-   rounds. The summary's
-   `sim_speedup_free_codec_at_slowest` replays FP32's compute with AQ-SGD fw2/bw4's bytes at
-   the slowest link: the speed-up the schedule and link allow if the codec cost no CPU.
+   rounds. The summary's `sim_speedup_free_codec_at_slowest` replays FP32's compute with
+   AQ-SGD fw2/bw4's bytes at the slowest link: the speed-up the schedule and link allow if the
+   codec cost no CPU.
 
 The full preset adds three more launches: torch.distributed.pipelining head to head with our
 FP32 runtime, the data-parallel section (`frugal.pipeline.dpbench`) and the SmolLM2-135M
@@ -368,8 +368,8 @@ def run_pipeline_bench(
         # Each round's link speed comes from its own calibration and its compute was timed in
         # that same run: simulate every round from its own bandwidth and per-stage seconds and
         # keep the median step, as for the measured side. (Pairing every round's bandwidth with
-        # the compute pooled over all rounds mis-estimated cells near the compute/link knee
-        # when the machine's speed drifted between rounds.)
+        # the compute pooled over all rounds can mis-estimate a cell when the machine's speed
+        # drifts between rounds.)
         bandwidths = [rnd[0]["bandwidth_bits_per_s"] or math.inf for rnd in rounds]
         bandwidth = statistics.median(bandwidths)
         round_sim_s = _simulate_rounds(train.schedule, m, rounds, act, grad, bandwidths, cores)
