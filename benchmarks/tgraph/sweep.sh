@@ -16,6 +16,7 @@ cd "$(dirname "$0")/../.."
 FRUGAL=${FRUGAL:-.venv/bin/frugal}
 OUT=${OUT:-benchmarks/tgraph}
 PROTOCOLS=${PROTOCOLS:-frugal benchtemp}
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)  # logged with every group
 RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-14400}  # TGAT on sp_primary takes well over an hour a seed
 
 if [ ! -x "$FRUGAL" ]; then
@@ -33,7 +34,7 @@ group() {  # protocol group [frugal tgraph bench options...]; returns the bench'
     local protocol=$1 name=$2 rc=0
     shift 2
     local began=$SECONDS
-    echo "$(date -u +%FT%TZ) start $protocol/$name"
+    echo "$(date -u +%FT%TZ) start $protocol/$name at commit $COMMIT"
     "$FRUGAL" tgraph bench --protocol "$protocol" --seeds 3 --set num_threads=1 \
         --set "run_timeout_s=$RUN_TIMEOUT_S" --out "$OUT/$protocol/$name" "$@" || rc=$?
     if [ "$rc" -eq 0 ]; then

@@ -293,6 +293,46 @@ def test_time_encoder_backward_matches_autograd() -> None:
     assert fast.shape == (3, 4, 5)
 
 
+def test_time_encoder_deduplicates_repeated_dt_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from frugal.tgraph.models import tgnn
+
+    torch.manual_seed(0)
+    encoder = tgnn.TimeEncoder(6)
+    with torch.no_grad():
+        encoder.log_scale.copy_(torch.randn(6))
+        encoder.bias.copy_(torch.randn(6))
+    encoded_rows: list[int] = []
+    apply = tgnn._CosineEncoding.apply
+
+    def counting_apply(dt_M: torch.Tensor, w_T: torch.Tensor, b_T: torch.Tensor) -> torch.Tensor:
+        encoded_rows.append(dt_M.numel())
+        out: torch.Tensor = apply(dt_M, w_T, b_T)
+        return out
+
+    monkeypatch.setattr(tgnn._CosineEncoding, "apply", counting_apply)
+    # 100 x 60 slots over 37 distinct values (with the padding value 0 among them).
+    repeated = torch.randint(0, 37, (100, 60)).float() * 1_000.0
+    distinct = torch.randperm(6_000).float().view(100, 60)
+    upstream = torch.randn(100, 60, 6)
+    for dt, expected_rows in ((repeated, 37), (distinct, 6_000)):
+        encoded_rows.clear()
+        fast = encoder(dt)
+        assert encoded_rows == [expected_rows]  # distinct values only, or all when no gain
+        grads = torch.autograd.grad((fast * upstream).sum(), [encoder.log_scale, encoder.bias])
+        monkeypatch.setattr(tgnn, "_DEDUP_MIN_SLOTS", 10**9)  # every slot encoded
+        encoded_rows.clear()
+        plain = encoder(dt)
+        assert encoded_rows == [6_000]
+        plain_grads = torch.autograd.grad(
+            (plain * upstream).sum(), [encoder.log_scale, encoder.bias]
+        )
+        monkeypatch.setattr(tgnn, "_DEDUP_MIN_SLOTS", 4096)
+        assert torch.equal(fast, plain)  # the same scalar ops per element: bit-identical
+        for a, b in zip(grads, plain_grads, strict=True):  # only the summation order differs
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
+            assert torch.all(a != 0)
+
+
 def test_neighbour_memory_is_flushed_with_the_batch() -> None:
     # Batch 1: 1 -> 2 at t 1. Batch 2: 2 -> 3 at t 2; node 1 is not in batch 2 but is node
     # 2's neighbour, so its stored message must be applied before the attention reads it.

@@ -59,6 +59,10 @@ def _rows(x_ND: Tensor, index: IntArray) -> Tensor:
     return x_ND.index_select(0, flat).view(*index.shape, *x_ND.shape[1:])
 
 
+_DEDUP_MIN_SLOTS = 4096
+"""Inputs of `TimeEncoder` from this many dt values on are deduplicated before encoding."""
+
+
 class TimeEncoder(nn.Module):
     """phi(dt) = cos(w * dt + b), w initialised to 10^(-linspace(0, 9, T)), b = 0, learnable.
 
@@ -101,9 +105,23 @@ class TimeEncoder(nn.Module):
         return self.base * self.log_scale.exp()
 
     def forward(self, dt: Tensor) -> Tensor:
-        """Encode time differences (any shape, in the dataset's time unit)."""
+        """Encode time differences (any shape, in the dataset's time unit).
+
+        Large inputs are deduplicated first: each distinct dt is encoded once and its row
+        gathered into every slot that holds it. The rows are bit-identical to encoding every
+        slot (the same scalar ops per element); only the summation order of the gradients
+        of w and b changes. Neighbour slots repeat their dt a lot (padding slots are all 0,
+        shared events recur across a batch's queries): TGAT's CollegeMsg batches hold 13-17 %
+        distinct values in its 2-hop layer and 30-40 % in its 1-hop layer.
+        """
         flat = dt.reshape(-1).float()
-        phi: Tensor = _CosineEncoding.apply(flat, self.weight, self.bias)  # type: ignore[no-untyped-call]
+        w_T, b_T = self.weight, self.bias
+        if flat.numel() >= _DEDUP_MIN_SLOTS:
+            unique_U, inverse_M = torch.unique(flat, return_inverse=True)
+            if 2 * unique_U.numel() <= flat.numel():  # encoding cost dominates the gather
+                phi_UT: Tensor = _CosineEncoding.apply(unique_U, w_T, b_T)  # type: ignore[no-untyped-call]
+                return phi_UT.index_select(0, inverse_M).view(*dt.shape, self.out_channels)
+        phi: Tensor = _CosineEncoding.apply(flat, w_T, b_T)  # type: ignore[no-untyped-call]
         return phi.view(*dt.shape, self.out_channels)
 
 
