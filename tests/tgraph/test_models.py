@@ -333,6 +333,20 @@ def test_time_encoder_deduplicates_repeated_dt_exactly(monkeypatch: pytest.Monke
             assert torch.all(a != 0)
 
 
+@pytest.mark.parametrize("num_columns", [0, 1, 7, 5_000])
+def test_unique_columns_equals_numpy_unique(num_columns: int) -> None:
+    from frugal.tgraph.models.tgnn import _unique_columns
+
+    rng = np.random.default_rng(num_columns)
+    # Few distinct values per row, so columns repeat; negative values sort numerically.
+    rows = rng.integers(-3, 4, size=(3, num_columns)).astype(np.int64)
+    unique, inverse = _unique_columns(rows)
+    expected_unique, expected_inverse = np.unique(rows, axis=1, return_inverse=True)
+    np.testing.assert_array_equal(unique, expected_unique)
+    np.testing.assert_array_equal(inverse, expected_inverse.ravel())
+    np.testing.assert_array_equal(unique[:, inverse], rows)  # every column is recovered
+
+
 def test_neighbour_memory_is_flushed_with_the_batch() -> None:
     # Batch 1: 1 -> 2 at t 1. Batch 2: 2 -> 3 at t 2; node 1 is not in batch 2 but is node
     # 2's neighbour, so its stored message must be applied before the attention reads it.

