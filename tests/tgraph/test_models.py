@@ -92,6 +92,31 @@ def test_commit_keeps_each_nodes_last_message() -> None:
     assert model.pending_eid.tolist() == [1, 0, 1]
 
 
+def test_commit_keeps_the_latest_event_whichever_side_the_node_was_on() -> None:
+    # (0 -> 1, t 5), (1 -> 2, t 7), (3 -> 1, t 8), (1 -> 1, t 9): node 1 is dst, src, dst,
+    # then both; each node's stored message must be its latest event.
+    events = TemporalEvents(
+        src=np.array([0, 1, 3, 1]), dst=np.array([1, 2, 1, 1]), t=np.array([5, 7, 8, 9]),
+        num_nodes=4,
+    )  # fmt: skip
+    model = _model("tgn", events)
+    model.commit(
+        torch.tensor([0, 1, 3, 1]), torch.tensor([1, 2, 1, 1]), torch.tensor([5, 7, 8, 9]),
+        torch.tensor([0, 1, 2, 3]),
+    )  # fmt: skip
+    assert model.pending_t.tolist() == [5, 9, 7, 8]
+    assert model.pending_eid.tolist() == [0, 3, 1, 2]
+    assert model.pending_other.tolist() == [1, 1, 1, 1]  # node 1's last event is a self-loop
+    model.reset_state()
+    # (0 -> 1, t 5), (1 -> 2, t 7): node 1's latest event is the one it sent.
+    model.commit(
+        torch.tensor([0, 1]), torch.tensor([1, 2]), torch.tensor([5, 7]), torch.tensor([0, 1])
+    )
+    assert model.pending_t.tolist() == [5, 7, 7, 0]
+    assert model.pending_other.tolist() == [1, 2, 1, 0]
+    assert model.pending.tolist() == [True, True, True, False]
+
+
 def test_score_all_matches_pairwise_decoder(stream: TemporalEvents) -> None:
     model = _model("tgn", stream)
     z_src, z_cand = torch.randn(5, 16), torch.randn(7, 16)
@@ -131,6 +156,161 @@ def test_node_classification_needs_labels(stream: TemporalEvents) -> None:
         run_node_classification(_model("tgn", stream), protocol, 0)
     with pytest.raises(ValueError, match="unknown"):
         run_link_prediction("cawn", protocol, 0)
+
+
+def test_early_stopping_stops_after_patience_epochs_without_gain(
+    stream: TemporalEvents, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from frugal.tgraph import train
+
+    # Scripted val APs: best at epoch 2; epochs 3-5 bring no gain of more than tolerance,
+    # so with patience 3 training stops after epoch 5 (Benchtemp's EarlyStopMonitor).
+    scripted = iter([0.50, 0.60, 0.60, 0.55, 0.6000001, 0.9, 0.9])
+    monkeypatch.setattr(train, "_primary_val_ap", lambda protocol, scores: next(scripted))
+    config = replace(ProtocolConfig(), max_epochs=7, patience=3, tolerance=1e-4)
+    protocol = build_protocol(stream, "synthetic", config)
+    result = run_link_prediction("jodie", protocol, 0, num_threads=1)
+    assert [h["epoch"] for h in result.history] == [1, 2, 3, 4, 5]
+    assert result.efficiency["epochs"] == 5 and result.efficiency["epochs_to_best"] == 2
+
+
+def _tied_stream() -> TemporalEvents:
+    # 14 training events at t 1..14 over nodes 0-4, then val: three events at t 20 and
+    # test: three at t 30. The pair (5, 6) occurs twice at t 20 and never before.
+    src = np.array([0, 1, 2, 3] * 3 + [0, 1] + [5, 5, 7] + [5, 7, 9])
+    dst = np.array([1, 2, 3, 4] * 3 + [2, 3] + [6, 6, 8] + [6, 8, 6])
+    t = np.array([*range(1, 15), 20, 20, 20, 30, 30, 30])
+    return TemporalEvents(src=src, dst=dst, t=t, num_nodes=10)
+
+
+@pytest.mark.parametrize("name", ["frugal", "benchtemp"])
+def test_no_prediction_reads_an_event_of_its_own_time_through_state(name: str) -> None:
+    events = _tied_stream()
+    config = replace(ProtocolConfig(), name=name, mask_fraction=0.0, eval_batch_size=1)
+    protocol = build_protocol(events, "tied", config)
+    assert (protocol.split.val_start, protocol.split.test_start) == (14, 17)
+    bank = HeuristicModel("edgebank", events.num_nodes)
+    bank.observe(events.src[:14], events.dst[:14], events.t[:14])
+    val = evaluate_split(bank, protocol, "val", _full_finder(events), use_ranking=False)
+    # frugal: the second (5, 6) at t 20 must not see the first one (same time, one batch
+    # earlier); benchtemp commits every batch as Benchtemp does, so it sees it.
+    expected = [0.0, 0.0, 0.0] if name == "frugal" else [0.0, 1.0, 0.0]
+    assert val.pos.tolist() == expected
+    # At the end of the pass every val event is stored: the test pass sees (5, 6).
+    test = evaluate_split(bank, protocol, "test", _full_finder(events), use_ranking=False)
+    assert test.pos.tolist() == [1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("variant", ["tgn", "jodie", "dyrep", "tgat"])
+def test_held_back_ties_do_not_depend_on_the_eval_batch_size(variant: str) -> None:
+    # Under frugal, a query at time t reads no event at time t: all val events share t 20,
+    # so their scores must be the same whether the pass runs them in one batch of 3 or in
+    # three batches of 1 (before, the second and third read the first through memory).
+    events = _tied_stream()
+    scores = []
+    for batch in (3, 1):
+        config = replace(ProtocolConfig(), mask_fraction=0.0, eval_batch_size=batch)
+        protocol = build_protocol(events, "tied", config)
+        model = _model(variant, events)
+        with torch.no_grad():
+            for lo in range(0, 14, 7):
+                _step(model, events, lo, lo + 7, _full_finder(events))
+            val = evaluate_split(model, protocol, "val", _full_finder(events), use_ranking=False)
+        scores.append(val.pos)
+    np.testing.assert_allclose(scores[0], scores[1], rtol=1e-5, atol=1e-6)
+
+
+def test_frugal_evaluation_hides_the_dropped_training_events_of_masked_nodes(
+    stream: TemporalEvents,
+) -> None:
+    from frugal.tgraph.train import _evaluation_finder
+
+    for name, hidden in (("frugal", True), ("benchtemp", False)):
+        protocol = build_protocol(stream, "synthetic", replace(ProtocolConfig(), name=name))
+        split = protocol.split
+        masked = split.masked_nodes
+        assert len(masked) > 0
+        finder = _evaluation_finder(protocol)
+        # Neighbours of every masked node just before the val cut.
+        cutoff = finder.cutoff_before(np.full(len(masked), stream.t[split.val_start]))
+        found = finder.sample(masked, cutoff, 50).mask.sum()
+        in_train_period = np.isin(stream.src[: split.val_start], masked) | np.isin(
+            stream.dst[: split.val_start], masked
+        )
+        assert in_train_period.sum() > 0  # they had events, dropped from training
+        assert (found == 0) if hidden else (found > 0)
+
+
+def test_benchtemp_neighbours_are_bounded_by_time_only(stream: TemporalEvents) -> None:
+    from frugal.tgraph.train import _neighbour_bound
+
+    scores = {}
+    for name in ("frugal", "benchtemp"):
+        for batch in (1, 400):
+            config = replace(ProtocolConfig(), name=name, eval_batch_size=batch)
+            protocol = build_protocol(stream, "synthetic", config)
+            model = _model("tgat", stream)  # no state: only the neighbour bound matters
+            finder = _full_finder(stream)
+            with torch.no_grad():
+                scores[name, batch] = evaluate_split(
+                    model, protocol, "val", finder, use_ranking=False
+                ).pos
+        assert _neighbour_bound(protocol, 7) == (stream.num_events if name == "benchtemp" else 7)
+    # benchtemp: a query sees its own batch's earlier events, so the batch size is moot.
+    np.testing.assert_allclose(scores["benchtemp", 1], scores["benchtemp", 400], atol=1e-6)
+    # frugal: a batch hides its own events; batches of 1 see more than batches of 400.
+    assert not np.allclose(scores["frugal", 1], scores["frugal", 400], atol=1e-6)
+    np.testing.assert_allclose(scores["frugal", 1], scores["benchtemp", 1], atol=1e-6)
+
+
+def test_benchtemp_early_stopping_reads_the_per_batch_val_ap(stream: TemporalEvents) -> None:
+    from frugal.tgraph.evaluator import link_prediction_metrics, per_batch_metrics
+    from frugal.tgraph.train import SplitScores, _primary_val_ap
+
+    for name in ("frugal", "benchtemp"):
+        config = replace(ProtocolConfig(), name=name, eval_batch_size=7)
+        protocol = build_protocol(stream, "synthetic", config)
+        start, end = protocol.split.bounds("val")
+        rng = np.random.default_rng(0)
+        key = next(k for k in protocol.negatives if k.startswith("val/") and k.endswith("/random"))
+        # Scores that drift over the split, so global and per-batch AP differ.
+        drift = np.linspace(0, 3, end - start)
+        scores = SplitScores(
+            pos=rng.normal(size=end - start) + 1 + drift,
+            neg={key: rng.normal(size=end - start) + drift},
+            ranks=None,
+            seconds=0.0,
+        )
+        negative = protocol.negatives_for("val", "transductive", "random")
+        mask = negative >= 0
+        pos, neg = scores.pos[mask], scores.neg[key][mask]
+        per_batch = per_batch_metrics(pos, neg, 7)["ap_per_batch"]
+        global_ap = link_prediction_metrics(pos, neg)["ap"]
+        assert abs(per_batch - global_ap) > 0.01
+        expected = per_batch if name == "benchtemp" else global_ap
+        assert _primary_val_ap(protocol, scores) == pytest.approx(expected)
+
+
+def test_node_classifier_standardises_with_training_nodes_only() -> None:
+    from frugal.tgraph.train import _node_split, fit_node_classifier
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(3), 20)
+    x = torch.from_numpy(rng.normal(size=(60, 4)) + labels[:, None]).float()
+    part = _node_split(labels, np.random.default_rng(5))
+    assert np.bincount(part).tolist() == [36, 12, 12]  # 60/20/20 within every class
+    shifted = x.clone()
+    shifted[torch.from_numpy(part == 2)] = shifted[torch.from_numpy(part == 2)] * 50 + 1000
+    kwargs = {"max_steps": 200, "standardize": True}
+    a = fit_node_classifier(x, labels, 3, 5, **kwargs)  # type: ignore[arg-type]
+    b = fit_node_classifier(shifted, labels, 3, 5, **kwargs)  # type: ignore[arg-type]
+    # Test features never reach training or selection: val AUC and the steps are unchanged.
+    assert a["nc_val_auc"] == b["nc_val_auc"] and a["nc_steps"] == b["nc_steps"]
+    assert a["nc_auc"] > 0.8 and 0 <= a["nc_macro_f1"] <= 1
+
+
+def _full_finder(events: TemporalEvents) -> NeighborFinder:
+    return NeighborFinder(events.src, events.dst, events.t, events.num_nodes)
 
 
 def _hospital_prefix(num_events: int = 6000) -> TemporalEvents:

@@ -480,6 +480,44 @@ class TemporalGNN(nn.Module):
         return self._flushed_memory(torch.arange(self.num_nodes), stage=False)
 
     @torch.no_grad()
+    def write_staged(self) -> None:
+        """Write the memory that the last `forward_batch` flushed, storing no new messages.
+
+        Used when a batch's own events are held back (`store_events` stores them later).
+        """
+        if self._staged is not None:
+            n_id, updated, new_t = self._staged
+            self.memory[n_id] = updated.detach()
+            self.last_update[n_id] = new_t
+            self.pending[n_id] = False
+            self._staged = None
+
+    @torch.no_grad()
+    def store_events(
+        self,
+        src: IntArray,
+        dst: IntArray,
+        t: IntArray,
+        eid: IntArray,
+        other_vec: Tensor | None = None,
+    ) -> None:
+        """Store events scored earlier (held back) as their nodes' last messages.
+
+        Each node's message still waiting is applied first, as the flush of a batch with
+        these nodes would, so no update is lost when the new message replaces it. Call
+        `write_staged` after the `forward_batch` that scored them.
+
+        Shapes:
+            src, dst, t, eid: (B,); other_vec: (2B, D) (DyRep) or None.
+        """
+        if self.updater is None:
+            return
+        self.write_staged()
+        nodes = torch.from_numpy(np.unique(np.concatenate([src, dst])))
+        self._flushed_memory(nodes, stage=True)
+        self.commit_numpy(src, dst, t, eid, other_vec)
+
+    @torch.no_grad()
     def commit(
         self, src: Tensor, dst: Tensor, t: Tensor, eid: Tensor, other_vec: Tensor | None = None
     ) -> None:
@@ -494,19 +532,17 @@ class TemporalGNN(nn.Module):
         """
         if self.updater is None:
             return
-        if self._staged is not None:
-            n_id, updated, new_t = self._staged
-            self.memory[n_id] = updated.detach()
-            self.last_update[n_id] = new_t
-            self.pending[n_id] = False
-            self._staged = None
+        self.write_staged()
+        num = src.numel()
         node = torch.cat([src, dst])
         other = torch.cat([dst, src])
-        position = torch.arange(node.numel())
+        # Keep-last by event order: event i's source sits at position 2i, its destination
+        # at 2i + 1, so a node's latest event wins whichever side of it the node was on.
+        position = torch.cat([2 * torch.arange(num), 2 * torch.arange(num) + 1])
         last = torch.full((self.num_nodes,), -1, dtype=torch.long)
         last.scatter_reduce_(0, node, position, reduce="amax")
         nodes = torch.nonzero(last >= 0).squeeze(1)
-        pick = last[nodes]
+        pick = last[nodes] // 2 + (last[nodes] % 2) * num  # back to an index into `node`
         self.pending[nodes] = True
         self.pending_other[nodes] = other[pick]
         self.pending_t[nodes] = torch.cat([t, t])[pick]
@@ -701,7 +737,8 @@ class TemporalGNN(nn.Module):
             src: Sources, (B,).
             dst_sets: Destination arrays, each (B,): the true dst first, then negatives.
             t: Event times, (B,).
-            first_eid: Global id of the batch's first event; nothing at or after it is seen.
+            first_eid: Global event id bound of the neighbour sampling: nothing with an id
+                at or after it is seen (the batch's first event hides the whole batch).
             finder: Neighbour finder over the events the model may see.
             rng: Generator for uniform neighbour sampling.
 
