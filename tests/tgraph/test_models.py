@@ -309,6 +309,64 @@ def test_node_classifier_standardises_with_training_nodes_only() -> None:
     assert a["nc_auc"] > 0.8 and 0 <= a["nc_macro_f1"] <= 1
 
 
+def test_benchtemp_scores_each_inductive_view_in_a_pass_of_its_own(
+    stream: TemporalEvents,
+) -> None:
+    from frugal.tgraph.train import _benchtemp_view_passes
+
+    def fitted(protocol):  # type: ignore[no-untyped-def]
+        model = HeuristicModel("popularity", stream.num_nodes, window_s=50.0)
+        index = protocol.split.train_index
+        model.observe(stream.src[index], stream.dst[index], stream.t[index])
+        evaluate_split(model, protocol, "val", _full_finder(stream), use_ranking=False)
+        return model
+
+    frugal = build_protocol(stream, "synthetic", ProtocolConfig())
+    assert (
+        _benchtemp_view_passes(fitted(frugal), frugal, _full_finder(stream), None, lambda: None)
+        == {}
+    )
+    config = replace(ProtocolConfig.benchtemp(), eval_batch_size=16, use_ranking=False)
+    protocol = build_protocol(stream, "synthetic", config)
+    model = fitted(protocol)
+    state = model.state()
+    full = evaluate_split(model, protocol, "test", _full_finder(stream), use_ranking=False)
+    passes = _benchtemp_view_passes(model, protocol, _full_finder(stream), state, lambda: None)
+    assert set(passes) == {"inductive", "new_old", "new_new"}
+    start, _ = protocol.split.bounds("test")
+    negative_key = "test/inductive/random"
+    for view, scores in passes.items():
+        mask = protocol.split.view_mask("test", view)
+        assert mask.sum() > 16 or view == "new_new"  # more than one batch
+        assert np.isnan(scores.pos[~mask]).all() and not np.isnan(scores.pos[mask]).any()
+        # Reference: the backed-up state fed only this view's events, batch by batch.
+        ref = HeuristicModel("popularity", stream.num_nodes, window_s=50.0)
+        ref.load_state(state)
+        ids = start + np.flatnonzero(mask)
+        expected = []
+        for lo in range(0, len(ids), 16):
+            part = ids[lo : lo + 16]
+            expected.extend(ref.score(stream.src[part], stream.dst[part], stream.t[part]))
+            ref.observe(stream.src[part], stream.dst[part], stream.t[part])
+        np.testing.assert_array_equal(scores.pos[mask], expected)
+    # The full pass also saw the transductive-only events before them: other scores.
+    inductive = protocol.split.view_mask("test", "inductive")
+    assert not np.array_equal(full.pos[inductive], passes["inductive"].pos[inductive])
+    assert negative_key in protocol.negatives
+
+
+def test_benchtemp_tgat_samples_neighbours_uniformly(stream: TemporalEvents) -> None:
+    config = replace(ProtocolConfig.benchtemp(), max_epochs=1, embedding_dim=16, use_ranking=False)
+    protocol = build_protocol(stream, "synthetic", config)
+    tgat = run_link_prediction("tgat", protocol, 0, num_threads=1)
+    tgn = run_link_prediction("tgn", protocol, 0, num_threads=1)
+    assert tgat.model.config.neighbor_strategy == "uniform"  # type: ignore[union-attr]
+    assert tgn.model.config.neighbor_strategy == "recent"  # type: ignore[union-attr]
+    frugal = build_protocol(stream, "synthetic", replace(config, name="frugal"))
+    tgat_frugal = run_link_prediction("tgat", frugal, 0, num_threads=1)
+    assert tgat_frugal.model.config.neighbor_strategy == "recent"  # type: ignore[union-attr]
+
+
 def _full_finder(events: TemporalEvents) -> NeighborFinder:
     return NeighborFinder(events.src, events.dst, events.t, events.num_nodes)
 

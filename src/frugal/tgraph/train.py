@@ -3,9 +3,12 @@
 Every model goes through the same loop: chronological batches, a negative per positive from
 the training graph, one evaluation pass per split that scores the true events, every fixed
 negative set and (test) every candidate destination, then updates the model's state with the
-split's true events. Views are masks over that pass, so they all start from the same state;
-the state at the start of each pass is checked against the backed-up one. Early stopping reads
-the validation AP only; the test split is read once, with the best epoch's weights.
+split's true events (under `frugal` only once no later query shares their time). Under
+`frugal` the views are masks over that pass, so they all start from the same state; under
+`benchtemp` each inductive view gets a pass of its own from the backed-up state, as in
+Benchtemp. The state at the start of each pass is checked against the backed-up one. Early
+stopping reads the validation AP only; the test split is read once, with the best epoch's
+weights.
 
 Shape legend: B batch, C candidates, S events of a split, N nodes, D embedding width.
 
@@ -118,6 +121,8 @@ def evaluate_split(
     finder: NeighborFinder,
     *,
     use_ranking: bool,
+    view: str | None = None,
+    rng: np.random.Generator | None = None,
 ) -> SplitScores:
     """Score a split's true events and negatives in time order, then observe each batch.
 
@@ -133,87 +138,100 @@ def evaluate_split(
         split: 'val' or 'test'.
         finder: Neighbour finder over the events the evaluation may see.
         use_ranking: Also rank each true destination among all candidates (filtered).
+        view: Run the pass over this view's events only (Benchtemp scores each inductive
+            view in a pass of its own); None = every event of the split.
+        rng: Generator for uniform neighbour sampling (None: the model samples the most
+            recent neighbours).
 
     Returns:
-        The scores.
+        The scores, aligned with the split's events (NaN outside `view`).
     """
     events = protocol.split.events
     start, end = protocol.split.bounds(split)
     keys = [key for key in protocol.negatives if key.startswith(split + "/")]
     neg_arrays = [protocol.negatives[key] for key in keys]
     size = end - start
-    pos = np.zeros(size)
+    local = (
+        np.arange(size, dtype=np.int64)
+        if view is None
+        else np.flatnonzero(protocol.split.view_mask(split, view))
+    )
+    pos = np.full(size, np.nan)
     neg = {key: np.full(size, np.nan) for key in keys}
-    ranks = np.zeros(size) if use_ranking else None
+    ranks = np.full(size, np.nan) if use_ranking else None
     candidates = _candidates(protocol)
     true_keys, group = true_destination_keys(events, start, end)
     batch = protocol.config.eval_batch_size
     hold_ties = protocol.config.name != "benchtemp"
-    held: list[tuple[int, int, Tensor | None]] = []  # scored, not yet stored: (lo, hi, DyRep)
+    held: list[tuple[IntArray, Tensor | None]] = []  # scored, not yet stored: (ids, DyRep)
     rank_s = 0.0
     began = time.perf_counter()
-    for lo in range(0, size, batch):  # one iteration per eval batch
-        hi = min(lo + batch, size)
-        g_lo, g_hi = start + lo, start + hi
-        src, dst, t = events.src[g_lo:g_hi], events.dst[g_lo:g_hi], events.t[g_lo:g_hi]
+    for lo in range(0, len(local), batch):  # one iteration per eval batch
+        offsets = local[lo : lo + batch]  # positions within the split
+        ids = start + offsets  # global event ids
+        src, dst, t = events.src[ids], events.dst[ids], events.t[ids]
         held = _store_held(model, events, held, before_t=int(t[0]))
-        negs = [np.where(arr[lo:hi] >= 0, arr[lo:hi], dst) for arr in neg_arrays]
+        negs = [np.where(arr[offsets] >= 0, arr[offsets], dst) for arr in neg_arrays]
+        bound = _neighbour_bound(protocol, int(ids[0]))
+        other_vec = None
         if isinstance(model, HeuristicModel):
             scores = [model.score(src, d, t) for d in [dst, *negs]]
-            pos[lo:hi] = scores[0]
-            for key, arr, score in zip(keys, neg_arrays, scores[1:], strict=True):
-                neg[key][lo:hi] = np.where(arr[lo:hi] >= 0, score, np.nan)
-            if ranks is not None:
-                rank_began = time.perf_counter()
-                cand_BC = model.score(src[:, None], candidates[None, :], t[:, None])
-                ranks[lo:hi] = _filtered_ranks(
-                    cand_BC, dst, candidates, true_keys, group[lo:hi], events.num_nodes
-                )
-                rank_s += time.perf_counter() - rank_began
-            held.append((g_lo, g_hi, None))
-            if not hold_ties:
-                held = _store_held(model, events, held, before_t=None)
-            continue
-        bound = _neighbour_bound(protocol, g_lo)
-        logits, _, _, other_vec = model.forward_batch(src, [dst, *negs], t, bound, finder)
-        pos[lo:hi] = logits[0].numpy()
-        for key, arr, logit in zip(keys, neg_arrays, logits[1:], strict=True):
-            neg[key][lo:hi] = np.where(arr[lo:hi] >= 0, logit.numpy(), np.nan)
+        else:
+            logits, _, _, other_vec = model.forward_batch(src, [dst, *negs], t, bound, finder, rng)
+            scores = [logit.numpy() for logit in logits]
+        pos[offsets] = scores[0]
+        for key, arr, score in zip(keys, neg_arrays, scores[1:], strict=True):
+            neg[key][offsets] = np.where(arr[offsets] >= 0, score, np.nan)
         if ranks is not None:
             rank_began = time.perf_counter()
-            # Candidates read memory outside the batch: flush every stored message (out of
-            # place; a node's flushed memory does not depend on which others are flushed).
-            memory_ND, last_update_N = model.peek_memory()
-            z_src = model.embed(src, t, np.full(len(src), bound), finder, memory_ND, last_update_N)
-            # Candidates are embedded once per batch at the batch's first time; the true
-            # destination is scored inside the same matrix, so its rank is consistent.
-            z_cand = model.embed(
-                candidates,
-                np.full(len(candidates), t[0]),
-                np.full(len(candidates), bound),
-                finder,
-                memory_ND,
-                last_update_N,
-            )
-            cand_BC = model.score_all(z_src, z_cand).numpy().astype(np.float64)
-            ranks[lo:hi] = _filtered_ranks(
-                cand_BC, dst, candidates, true_keys, group[lo:hi], events.num_nodes
+            cand_BC = _candidate_scores(model, src, t, bound, candidates, finder, rng)
+            ranks[offsets] = _filtered_ranks(
+                cand_BC, dst, candidates, true_keys, group[offsets], events.num_nodes
             )
             rank_s += time.perf_counter() - rank_began
-        model.write_staged()
-        held.append((g_lo, g_hi, other_vec))
+        if isinstance(model, TemporalGNN):
+            model.write_staged()
+        held.append((ids, other_vec))
         if not hold_ties:
             held = _store_held(model, events, held, before_t=None)
     _store_held(model, events, held, before_t=None)  # the next split starts at a later time
     return SplitScores(pos, neg, ranks, time.perf_counter() - began - rank_s)
 
 
+def _candidate_scores(
+    model: TemporalGNN | HeuristicModel,
+    src: IntArray,
+    t: IntArray,
+    bound: int,
+    candidates: IntArray,
+    finder: NeighborFinder,
+    rng: np.random.Generator | None,
+) -> FloatArray:
+    """Scores of every (src, candidate destination) pair of a batch, (B, C)."""
+    if isinstance(model, HeuristicModel):
+        return model.score(src[:, None], candidates[None, :], t[:, None])
+    # Candidates read memory outside the batch: flush every stored message (out of place;
+    # a node's flushed memory does not depend on which others are flushed).
+    memory_ND, last_update_N = model.peek_memory()
+    z_src = model.embed(
+        src, t, np.full(len(src), bound), finder, memory_ND, last_update_N, rng
+    )  # fmt: skip
+    # Candidates are embedded once per batch at the batch's first time; the true
+    # destination is scored inside the same matrix, so its rank is consistent.
+    z_cand = model.embed(
+        candidates, np.full(len(candidates), t[0]), np.full(len(candidates), bound), finder,
+        memory_ND, last_update_N, rng,
+    )  # fmt: skip
+    scores: FloatArray = model.score_all(z_src, z_cand).numpy().astype(np.float64)
+    return scores
+
+
 def _store_held(
     model: TemporalGNN | HeuristicModel,
     events: TemporalEvents,
-    held: list[tuple[int, int, Tensor | None]],
+    held: list[tuple[IntArray, Tensor | None]],
     before_t: int | None,
-) -> list[tuple[int, int, Tensor | None]]:
+) -> list[tuple[IntArray, Tensor | None]]:
     """Store (TGNN) or observe (heuristic) the held events with time < before_t (None: all).
 
     Each held batch is stored as one unit (or its earlier part), in time order, so a batch
@@ -222,26 +240,24 @@ def _store_held(
     Returns:
         The batches (or parts) still held.
     """
-    for index, (lo, hi, other_vec) in enumerate(held):
-        cut = hi if before_t is None else lo + int(np.searchsorted(events.t[lo:hi], before_t))
-        if cut > lo:
-            src, dst, t = events.src[lo:cut], events.dst[lo:cut], events.t[lo:cut]
+    for index, (ids, other_vec) in enumerate(held):
+        num = len(ids)
+        cut = num if before_t is None else int(np.searchsorted(events.t[ids], before_t))
+        if cut > 0:
+            part = ids[:cut]
+            src, dst, t = events.src[part], events.dst[part], events.t[part]
             if isinstance(model, HeuristicModel):
                 model.observe(src, dst, t)
             else:
-                part = other_vec
-                if other_vec is not None and cut < hi:  # rows [src part; dst part]
-                    rows = np.concatenate([np.arange(cut - lo), hi - lo + np.arange(cut - lo)])
-                    part = other_vec[torch.from_numpy(rows)]
-                model.store_events(src, dst, t, np.arange(lo, cut), part)
-        if cut < hi:  # this batch and every later one hold times >= before_t
+                vec = other_vec
+                if other_vec is not None and cut < num:  # rows [src part; dst part]
+                    vec = other_vec[torch.from_numpy(np.r_[0:cut, num : num + cut])]
+                model.store_events(src, dst, t, part, vec)
+        if cut < num:  # this batch and every later one hold times >= before_t
             rest = other_vec
-            if other_vec is not None and cut > lo:
-                rows = np.concatenate(
-                    [np.arange(cut - lo, hi - lo), hi - lo + np.arange(cut - lo, hi - lo)]
-                )
-                rest = other_vec[torch.from_numpy(rows)]
-            return [(cut, hi, rest), *held[index + 1 :]]
+            if other_vec is not None and cut > 0:
+                rest = other_vec[torch.from_numpy(np.r_[cut:num, num + cut : 2 * num])]
+            return [(ids[cut:], rest), *held[index + 1 :]]
     return []
 
 
@@ -264,8 +280,20 @@ def _filtered_ranks(
     return tie_aware_ranks(pos_B, filtered)
 
 
-def view_metrics(protocol: Protocol, split: str, scores: SplitScores) -> list[dict[str, Any]]:
+def view_metrics(
+    protocol: Protocol,
+    split: str,
+    scores: SplitScores,
+    view_scores: dict[str, SplitScores] | None = None,
+) -> list[dict[str, Any]]:
     """Metric rows per (view, negative strategy) of one pass.
+
+    Args:
+        protocol: The protocol.
+        split: 'val' or 'test'.
+        scores: The pass over every event of the split.
+        view_scores: Passes of their own for some views (`benchtemp`'s inductive views);
+            the other views are masks over `scores`.
 
     Returns:
         One dict per (view, strategy) with num_events, auc, ap, auc_per_batch, ap_per_batch,
@@ -274,12 +302,13 @@ def view_metrics(protocol: Protocol, split: str, scores: SplitScores) -> list[di
     rows = []
     for view in VIEWS:
         view_mask = protocol.split.view_mask(split, view)
+        pass_scores = (view_scores or {}).get(view, scores)
         for strategy in protocol.strategies():
             negative = protocol.negatives_for(split, view, strategy)
             key = next(
                 k
                 for k in (f"{split}/{view}/{strategy}", f"{split}/all/{strategy}")
-                if k in scores.neg
+                if k in pass_scores.neg
             )
             mask = view_mask & (negative >= 0)
             row: dict[str, Any] = {
@@ -290,11 +319,11 @@ def view_metrics(protocol: Protocol, split: str, scores: SplitScores) -> list[di
             if mask.sum() == 0:
                 rows.append(row)
                 continue
-            pos, neg = scores.pos[mask], scores.neg[key][mask]
+            pos, neg = pass_scores.pos[mask], pass_scores.neg[key][mask]
             row.update(link_prediction_metrics(pos, neg))
             row.update(per_batch_metrics(pos, neg, protocol.config.eval_batch_size))
-            if scores.ranks is not None:
-                ranking = rank_metrics(scores.ranks[view_mask])
+            if pass_scores.ranks is not None:
+                ranking = rank_metrics(pass_scores.ranks[view_mask])
                 row.update({"mrr": ranking["mrr"], "hits_at_10": ranking["hits@10"]})
             rows.append(row)
     return rows
@@ -385,6 +414,11 @@ def run_link_prediction(
         raise ValueError(f"model={model_name!r} is unknown; choose one of {HEURISTICS + variants}")
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
+    uniform = config.name == "benchtemp" and model_name == "tgat"
+
+    def eval_rng() -> np.random.Generator | None:  # the same draws in every eval pass
+        return np.random.default_rng([seed, 1]) if uniform else None
+
     msg = events.msg if events.msg is not None else np.zeros((events.num_events, 0), np.float32)
     if config.name == "benchtemp" and events.msg is None:
         msg = np.zeros((events.num_events, 172), np.float32)  # Benchtemp's zero edge features
@@ -393,6 +427,8 @@ def run_link_prediction(
         embedding_dim=config.embedding_dim,
         num_neighbors=config.num_neighbors * (2 if model_name == "tgat" else 1),
         dropout=config.dropout,
+        # Benchtemp's TGAT (TGAT's own code) samples its 20 neighbours uniformly.
+        neighbor_strategy="uniform" if uniform else "recent",
     )
     model = TemporalGNN(
         model_config,
@@ -437,7 +473,9 @@ def run_link_prediction(
         model.eval()
         after_train = model.state()
         with torch.no_grad():
-            val = evaluate_split(model, protocol, "val", full_finder, use_ranking=False)
+            val = evaluate_split(
+                model, protocol, "val", full_finder, use_ranking=False, rng=eval_rng()
+            )
         val_ap = _primary_val_ap(protocol, val)
         history.append(
             {
@@ -472,10 +510,48 @@ def run_link_prediction(
         raise FrugalError("the memory state was not restored before the test pass")
     model.eval()
     with torch.no_grad():
-        test = evaluate_split(model, protocol, "test", full_finder, use_ranking=config.use_ranking)
-    rows = view_metrics(protocol, "test", test)
+        test = evaluate_split(
+            model, protocol, "test", full_finder, use_ranking=config.use_ranking, rng=eval_rng()
+        )
+        view_scores = _benchtemp_view_passes(
+            model, protocol, full_finder, best["after_val"], eval_rng
+        )
+    rows = view_metrics(protocol, "test", test, view_scores)
     efficiency = _efficiency(history, best, len(train_index), protocol, test, model)
     return LinkPredictionResult(rows, efficiency, model, history)
+
+
+def _benchtemp_view_passes(
+    model: TemporalGNN | HeuristicModel,
+    protocol: Protocol,
+    finder: NeighborFinder,
+    state: Any,
+    eval_rng: Callable[[], np.random.Generator | None],
+) -> dict[str, SplitScores]:
+    """`benchtemp` only: each inductive test view in a pass of its own from `state`.
+
+    Benchtemp (TGN's loop) restores the memory backed up after validation and runs each
+    inductive test set (Inductive, New-Old, New-New) through the model on its own, so the
+    state that scores a view has seen only that view's earlier events. Under `frugal` every
+    view is a mask over the one test pass (returns {}).
+
+    Raises:
+        FrugalError: If the state was not restored before a pass.
+    """
+    if protocol.config.name != "benchtemp":
+        return {}
+    passes = {}
+    for view in VIEWS:
+        if view == "transductive":
+            continue
+        model.load_state(state)
+        if _state_sha256(model.state()) != _state_sha256(state):
+            raise FrugalError(f"the state was not restored before the {view} test pass")
+        passes[view] = evaluate_split(
+            model, protocol, "test", finder, use_ranking=protocol.config.use_ranking,
+            view=view, rng=eval_rng(),
+        )  # fmt: skip
+    return passes
 
 
 def _efficiency(
@@ -524,8 +600,8 @@ def _run_heuristic(
     test = evaluate_split(
         model, protocol, "test", full_finder, use_ranking=protocol.config.use_ranking
     )
-    del before_test
-    rows = view_metrics(protocol, "test", test)
+    view_scores = _benchtemp_view_passes(model, protocol, full_finder, before_test, lambda: None)
+    rows = view_metrics(protocol, "test", test, view_scores)
     start, end = protocol.split.bounds("test")
     efficiency = {
         "s_per_epoch": fit_s,
