@@ -363,8 +363,57 @@ def test_benchtemp_tgat_samples_neighbours_uniformly(stream: TemporalEvents) -> 
     assert tgat.model.config.neighbor_strategy == "uniform"  # type: ignore[union-attr]
     assert tgn.model.config.neighbor_strategy == "recent"  # type: ignore[union-attr]
     frugal = build_protocol(stream, "synthetic", replace(config, name="frugal"))
+    # Node classification replays the stream with the same seeded uniform draws.
+    nc = run_node_classification(tgat.model, protocol, 0, max_steps=20)  # type: ignore[arg-type]
+    assert 0 <= nc["nc_auc"] <= 1
     tgat_frugal = run_link_prediction("tgat", frugal, 0, num_threads=1)
     assert tgat_frugal.model.config.neighbor_strategy == "recent"  # type: ignore[union-attr]
+
+
+def test_split_held_batches_store_the_right_dyrep_vectors() -> None:
+    # Coarse times and batches of 7 split many held batches at a time boundary; tag each
+    # DyRep message vector with its event id (+ 0.5 on the destination half) and check that
+    # every node ends up with its latest val event's vector, from the right half.
+    from frugal.tgraph.train import _evaluation_finder
+
+    rng = np.random.default_rng(3)
+    num_events, num_nodes = 900, 30
+    src = rng.integers(0, num_nodes, num_events)
+    dst = (src + 1 + rng.integers(0, num_nodes - 1, num_events)) % num_nodes
+    events = TemporalEvents(
+        src=src, dst=dst, t=np.sort(rng.integers(0, 200, num_events)), num_nodes=num_nodes
+    )
+    config = replace(ProtocolConfig(), eval_batch_size=7, embedding_dim=16)
+    protocol = build_protocol(events, "coarse", config)
+    start, end = protocol.split.bounds("val")
+    t = events.t
+    split_batches = sum(
+        t[start + lo] < t[start + lo + 6] == t[start + lo + 7]
+        for lo in range(0, end - start - 7, 7)
+    )
+    assert split_batches >= 5
+    model = _model("dyrep", events)
+    forward = model.forward_batch
+
+    def tagged(src, dst_sets, t, first_eid, finder, rng=None):  # type: ignore[no-untyped-def]
+        logits, memory, last, vec = forward(src, dst_sets, t, first_eid, finder, rng)
+        ids = torch.from_numpy(first_eid + np.arange(len(src))).float()
+        vec = vec.clone()
+        vec[: len(src), 0], vec[len(src) :, 0] = ids, ids + 0.5
+        return logits, memory, last, vec
+
+    model.forward_batch = tagged  # type: ignore[method-assign]
+    with torch.no_grad():
+        evaluate_split(model, protocol, "val", _evaluation_finder(protocol), use_ranking=False)
+    latest = {}
+    for i in range(start, end):
+        latest[int(src[i])], latest[int(dst[i])] = i, i
+    for node, eid in latest.items():
+        assert int(model.pending_eid[node]) == eid
+        vec = float(model.pending_vec[node, 0])
+        assert int(vec) == eid  # the vector of that very event
+        # A source stores the destination's half (+ 0.5) and a destination the source's.
+        assert (vec % 1 == 0.5) == (int(src[eid]) == node)
 
 
 def _full_finder(events: TemporalEvents) -> NeighborFinder:

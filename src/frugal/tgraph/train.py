@@ -128,8 +128,9 @@ def evaluate_split(
 
     Under the `frugal` protocol a batch's events are held back until the first batch that
     starts after their time, so no prediction at time t reads an event at time t through
-    memory or a heuristic, as none does through the neighbour finder (scores do not depend
-    on how events that share a timestamp fall into batches). Under `benchtemp` each batch is
+    memory or a heuristic, as none does through the neighbour finder (the scores of tied
+    queries do not depend on how the tied events fall into batches; later scores can, as a
+    node in two parts of a split batch gets two memory updates). Under `benchtemp` each batch is
     committed right after it is scored, as Benchtemp's TGN loop does.
 
     Args:
@@ -675,17 +676,20 @@ def run_node_classification(
     model.eval()
     model.reset_state()
     batch = protocol.config.eval_batch_size
+    # Benchtemp's TGAT samples uniformly: seeded draws, as in the link-prediction passes.
+    rng = np.random.default_rng([seed, 2]) if model.config.neighbor_strategy == "uniform" else None
     with torch.no_grad():
         for lo in range(0, events.num_events, batch):  # one iteration per batch
             hi = min(lo + batch, events.num_events)
             src, dst, t = events.src[lo:hi], events.dst[lo:hi], events.t[lo:hi]
-            _, _, _, other_vec = model.forward_batch(src, [dst], t, lo, finder)
+            bound = _neighbour_bound(protocol, lo)
+            _, _, _, other_vec = model.forward_batch(src, [dst], t, bound, finder, rng)
             model.commit_numpy(src, dst, t, np.arange(lo, hi), other_vec)
         memory_ND, last_update_N = model.peek_memory()
         end_t = np.full(len(nodes), events.t[-1] + 1)
         z = model.embed(
             nodes, end_t, np.full(len(nodes), events.num_events), finder, memory_ND,
-            last_update_N,
+            last_update_N, rng,
         )  # fmt: skip
     assert events.node_label is not None  # checked by _labelled_nodes
     labels = events.node_label[nodes]
@@ -815,7 +819,8 @@ def fit_node_classifier(
     if standardize:  # statistics of the training nodes: nothing is read from val or test
         train_rows = torch.from_numpy(np.flatnonzero(part == 0))
         mean, std = x[train_rows].mean(dim=0), x[train_rows].std(dim=0)
-        x = (x - mean) / torch.nan_to_num(std, nan=1.0).clamp_min(1e-6)
+        std = torch.nan_to_num(std, nan=1.0)
+        x = (x - mean) / torch.where(std > 1e-6, std, 1.0)  # constant on train: centred only
     y = torch.from_numpy(np.asarray(labels, dtype=np.int64))
     train_ids = np.flatnonzero(part == 0)
     best_val_auc = -np.inf
@@ -857,7 +862,13 @@ def fit_node_classifier(
         "nc_val_auc": float(best_val_auc),
         "nc_accuracy": float((prob[test].argmax(1) == labels[test]).mean()),
         "nc_macro_f1": float(
-            f1_score(labels[test], prob[test].argmax(1), average="macro", zero_division=0)
+            f1_score(
+                labels[test],
+                prob[test].argmax(1),
+                labels=np.arange(num_classes),
+                average="macro",
+                zero_division=0,
+            )
         ),
         "nc_steps": float(step),
     }

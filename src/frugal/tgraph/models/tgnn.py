@@ -131,11 +131,12 @@ class TimeEncoder(nn.Module):
         """Encode time differences (any shape, in the dataset's time unit).
 
         Large inputs are deduplicated first: each distinct dt is encoded once and its row
-        gathered into every slot that holds it. The rows are bit-identical to encoding every
-        slot (the same scalar ops per element); only the summation order of the gradients
-        of w and b changes. Neighbour slots repeat their dt a lot (padding slots are all 0,
-        shared events recur across a batch's queries): TGAT's CollegeMsg batches hold 13-17 %
-        distinct values in its 2-hop layer and 30-40 % in its 1-hop layer.
+        gathered into every slot that holds it. With one torch thread the rows are
+        bit-identical to encoding every slot (the same scalar ops per element; with more,
+        the vectorised split over threads can differ in the last bits); the gradients of w
+        and b are summed in another order. Neighbour slots repeat their dt a lot (padding
+        slots are all 0, shared events recur across a batch's queries): TGAT's CollegeMsg
+        batches hold 13-17 % distinct values in its 2-hop layer and 30-40 % in its 1-hop one.
         """
         flat = dt.reshape(-1).float()
         w_T, b_T = self.weight, self.bias
