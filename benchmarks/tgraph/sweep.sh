@@ -16,7 +16,6 @@ cd "$(dirname "$0")/../.."
 FRUGAL=${FRUGAL:-.venv/bin/frugal}
 OUT=${OUT:-benchmarks/tgraph}
 PROTOCOLS=${PROTOCOLS:-frugal benchtemp}
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)  # logged with every group
 RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-14400}  # TGAT on sp_primary takes well over an hour a seed
 
 if [ ! -x "$FRUGAL" ]; then
@@ -34,7 +33,9 @@ group() {  # protocol group [frugal tgraph bench options...]; returns the bench'
     local protocol=$1 name=$2 rc=0
     shift 2
     local began=$SECONDS
-    echo "$(date -u +%FT%TZ) start $protocol/$name at commit $COMMIT"
+    local commit
+    commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)  # read at every group
+    echo "$(date -u +%FT%TZ) start $protocol/$name at commit $commit"
     "$FRUGAL" tgraph bench --protocol "$protocol" --seeds 3 --set num_threads=1 \
         --set "run_timeout_s=$RUN_TIMEOUT_S" --out "$OUT/$protocol/$name" "$@" || rc=$?
     if [ "$rc" -eq 0 ]; then
