@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
 # The full tgraph sweep: every model on every bundled temporal dataset under both protocols,
-# 3 seeds, one torch thread per run. Two queues run side by side (one per protocol, one core
-# each). Every (dataset, model, seed) run is journaled in its group's runs.jsonl, so running
-# this again resumes where it stopped; commit the group folders to keep the progress.
+# 3 seeds, one torch thread per run. WORKERS (2) benches run side by side, one core each;
+# they share the (protocol, group) tasks, cheapest group first, each taken by one worker,
+# so a core that finishes early takes the next task of either protocol.
+# Every (dataset, model, seed) run is journaled in its group's runs.jsonl, so running this
+# again resumes where it stopped; commit the group folders to keep the progress.
 #
 #   make install && benchmarks/tgraph/sweep.sh     # both protocols (hours)
 #   PROTOCOLS=frugal benchmarks/tgraph/sweep.sh
 #   .venv/bin/frugal tgraph leaderboard benchmarks/tgraph
 #
 # FRUGAL (the frugal executable) and OUT (the results folder) are relative to the
-# repository root. A group that fails is logged and the queue goes on with the next one.
-# Stop the sweep with Ctrl-C or `kill <pid of this script>`: both queues stop with it.
+# repository root. A group that fails is logged and its worker goes on with the next one.
+# Stop the sweep with Ctrl-C or `kill <pid of this script>`: every worker stops with it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 FRUGAL=${FRUGAL:-.venv/bin/frugal}
 OUT=${OUT:-benchmarks/tgraph}
 PROTOCOLS=${PROTOCOLS:-frugal benchtemp}
 RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-14400}  # TGAT on sp_primary takes well over an hour a seed
+WORKERS=${WORKERS:-2}  # benches at a time, one core each
+if ! [[ $WORKERS =~ ^[1-9][0-9]*$ ]]; then
+    echo "sweep.sh: WORKERS=$WORKERS must be a positive integer (one bench per core)" >&2
+    exit 2
+fi
 
 if [ ! -x "$FRUGAL" ]; then
     echo "sweep.sh: $FRUGAL is not an executable; run 'make install' first (or set FRUGAL)" >&2
@@ -46,20 +53,45 @@ group() {  # protocol group [frugal tgraph bench options...]; returns the bench'
     return "$rc"
 }
 
-queue() {  # protocol: its groups in order, cheapest first; a failed group does not stop it
-    local protocol=$1 failed=0
-    group "$protocol" collegemsg --dataset collegemsg || failed=1
-    group "$protocol" sociopatterns --task nc --dataset sp_hospital --dataset sp_highschool \
-        --dataset sp_primary --set compare_pyg_reference=false || failed=1
-    group "$protocol" pubmed --task nc --dataset pubmed --set compare_pyg_reference=false ||
-        failed=1
-    group "$protocol" movielens100k --dataset movielens100k --set compare_pyg_reference=false ||
-        failed=1
+GROUPS_ORDER=(collegemsg sociopatterns pubmed movielens100k)  # cheapest first
+group_options() {  # name: the bench options of one group
+    case $1 in
+        collegemsg) echo "--dataset collegemsg" ;;
+        sociopatterns) echo "--task nc --dataset sp_hospital --dataset sp_highschool" \
+            "--dataset sp_primary --set compare_pyg_reference=false" ;;
+        pubmed) echo "--task nc --dataset pubmed --set compare_pyg_reference=false" ;;
+        movielens100k) echo "--dataset movielens100k --set compare_pyg_reference=false" ;;
+        *) echo "sweep.sh: unknown group $1" >&2; return 2 ;;
+    esac
+}
+
+tasks=()  # (protocol, group) pairs, group-major: a worker's next task is the cheapest left
+for name in "${GROUPS_ORDER[@]}"; do
+    for protocol in $PROTOCOLS; do
+        tasks+=("$protocol $name")
+    done
+done
+
+claims=$(mktemp -d)  # one directory per task a worker took (mkdir is atomic)
+trap 'rm -rf "$claims"' EXIT
+
+worker() {  # id: walks the task list and runs every task no other worker has taken
+    local id=$1 failed=0 task protocol name
+    for task in "${tasks[@]}"; do
+        protocol=${task%% *}
+        name=${task#* }
+        if mkdir "$claims/$protocol-$name" 2>/dev/null; then
+            echo "$(date -u +%FT%TZ) worker $id takes $protocol/$name" >>"$OUT/$protocol/sweep.log"
+            # shellcheck disable=SC2046  # group_options' words are separate options
+            group "$protocol" "$name" $(group_options "$name") \
+                >>"$OUT/$protocol/sweep.log" 2>&1 || failed=1
+        fi
+    done
     return "$failed"
 }
 
 pids=()
-stop() {  # each queue is its own process group: its bench and the bench's runs stop with it
+stop() {  # each worker is its own process group: its bench and the bench's runs stop with it
     trap - INT TERM
     for pid in "${pids[@]}"; do
         kill -TERM -- "-$pid" 2>/dev/null || true
@@ -68,14 +100,16 @@ stop() {  # each queue is its own process group: its bench and the bench's runs 
     exit 130
 }
 trap stop INT TERM
-set -m  # job control: every queue gets a process group of its own
 for protocol in $PROTOCOLS; do
     mkdir -p "$OUT/$protocol"
-    queue "$protocol" >>"$OUT/$protocol/sweep.log" 2>&1 &
+done
+set -m  # job control: every worker gets a process group of its own
+for ((id = 1; id <= WORKERS; id++)); do
+    worker "$id" &
     pids+=($!)
 done
 set +m
-echo "sweep.sh: queues ${pids[*]} for $PROTOCOLS; logs in $OUT/<protocol>/sweep.log"
+echo "sweep.sh: workers ${pids[*]} share the groups of $PROTOCOLS; logs in $OUT/<protocol>/sweep.log"
 status=0
 for pid in "${pids[@]}"; do
     wait "$pid" || status=1
