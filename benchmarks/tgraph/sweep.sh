@@ -24,6 +24,12 @@ if ! [[ $WORKERS =~ ^[1-9][0-9]*$ ]]; then
     echo "sweep.sh: WORKERS=$WORKERS must be a positive integer (one bench per core)" >&2
     exit 2
 fi
+for protocol in $PROTOCOLS; do
+    if [ "$protocol" != frugal ] && [ "$protocol" != benchtemp ]; then
+        echo "sweep.sh: PROTOCOLS names '$protocol'; each must be frugal or benchtemp" >&2
+        exit 2
+    fi
+done
 
 if [ ! -x "$FRUGAL" ]; then
     echo "sweep.sh: $FRUGAL is not an executable; run 'make install' first (or set FRUGAL)" >&2

@@ -92,3 +92,10 @@ def test_bad_workers_is_refused_before_any_bench(tmp_path: Path, workers: str) -
     assert proc.returncode == 2
     assert f"WORKERS={workers} must be a positive integer" in proc.stderr
     assert lines == []
+
+
+def test_unknown_protocol_is_refused_before_any_bench(tmp_path: Path) -> None:
+    proc, lines = _run(tmp_path, PROTOCOLS="frugal benchtmp")
+    assert proc.returncode == 2
+    assert "PROTOCOLS names 'benchtmp'; each must be frugal or benchtemp" in proc.stderr
+    assert lines == []
