@@ -128,6 +128,7 @@ def test_leaderboard_names_the_file_and_row_of_malformed_results(
         ({"run_timeout_s": 0.0}, "run_timeout_s=0.0 must be > 0"),
         ({"datasets": ("sp_hospital", "sp_hospital")}, "lists a name twice"),
         ({"models": ("tgn", "tgn")}, "lists a name twice"),
+        ({"pyg_reference_batches": 5}, "pyg_reference_batches=5 must be > 5"),
     ],
 )
 def test_bench_config_names_the_bad_setting(changes: dict[str, object], message: str) -> None:
@@ -282,6 +283,34 @@ def test_compute_time_counts_each_run_once_and_sums_seeds() -> None:
     assert "| all | 3.5 | 0.1 | 3.6 |" in text
     assert "no run_s" not in text
     assert "1 run(s) have no run_s" in render_compute_time([_row("tgn", 0, 0.9)])
+
+
+@pytest.mark.slow
+def test_pyg_reference_timing_is_journaled_and_kept_on_resume(tmp_path: Path) -> None:
+    config = TgraphBenchConfig(
+        datasets=("sp_hospital",),
+        models=("tgn",),
+        protocol=ProtocolConfig(max_epochs=1, embedding_dim=8, learning_rate=1e-3),
+        num_seeds=1,
+        num_threads=1,
+        use_subprocess=False,
+        pyg_reference_batches=7,
+    )
+    first = run_tgraph_bench(config, tmp_path)
+    (reference,) = [r for r in first["rows"] if r["system"] == "tgn_pyg_reference"]
+    assert reference["dataset"] == "sp_hospital" and reference["timed_batches"] == 2 * 2
+    assert reference["speedup"] == pytest.approx(
+        reference["ours_train_events_per_s"] / reference["pyg_train_events_per_s"]
+    )
+    # A resumed bench reports the first timing, not a new one taken on a busier machine.
+    again = run_tgraph_bench(config, tmp_path)
+    (resumed,) = [r for r in again["rows"] if r["system"] == "tgn_pyg_reference"]
+    assert resumed.pop("resumed") is True and resumed == reference
+    assert again["summary"]["tgn_vs_pyg_reference"] == first["summary"]["tgn_vs_pyg_reference"]
+    # Another timing window is another measurement.
+    longer = run_tgraph_bench(replace(config, pyg_reference_batches=8), tmp_path)
+    (retimed,) = [r for r in longer["rows"] if r["system"] == "tgn_pyg_reference"]
+    assert "resumed" not in retimed and retimed["timed_batches"] == 2 * 3
 
 
 @pytest.mark.slow

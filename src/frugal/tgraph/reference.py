@@ -24,9 +24,9 @@ from frugal.data import load_events
 from frugal.tgraph.neighbors import NeighborFinder
 from frugal.tgraph.protocol import ProtocolConfig, build_split
 
-__all__ = ["compare_with_pyg_tgn"]
+__all__ = ["WARMUP_BATCHES", "compare_with_pyg_tgn"]
 
-_WARMUP_BATCHES = 5
+WARMUP_BATCHES = 5
 _ROUNDS = 2
 
 
@@ -182,12 +182,12 @@ def compare_with_pyg_tgn(
     for _ in range(_ROUNDS):
         torch.manual_seed(0)
         ours += _our_batch_times(events, msg, index, dim, k, batch, num_batches, lr)[
-            _WARMUP_BATCHES:
+            WARMUP_BATCHES:
         ]
         torch.manual_seed(0)
         pyg += _pyg_batch_times(
             src_t, dst_t, t_t, msg_t, events.num_nodes, dim, k, batch, num_batches, lr
-        )[_WARMUP_BATCHES:]
+        )[WARMUP_BATCHES:]
     ours_s = float(np.median(ours))
     pyg_s = float(np.median(pyg))
     return {
