@@ -173,6 +173,17 @@ def test_empty_split_is_a_clear_error() -> None:
         build_split(events, ProtocolConfig())
 
 
+def test_benchtemp_split_of_pubmed_years_is_refused_with_the_cut_times() -> None:
+    # 22 % of PubMed's events carry the year 2008, so Benchtemp's time quantiles 0.70 and
+    # 0.85 both fall on 2008 and its val split (val_time < t <= test_time) is empty.
+    events = load_events("pubmed")
+    with pytest.raises(ValueError, match=r"t=2008 and t=2008.*val \[38906, 38906\)") as error:
+        build_split(events, ProtocolConfig.benchtemp())
+    assert "use --protocol frugal" in str(error.value)
+    split = build_split(events, ProtocolConfig())  # frugal moves the cuts to year boundaries
+    assert 0 < split.val_start < split.test_start < events.num_events
+
+
 def test_benchtemp_collegemsg_split_matches_the_published_counts() -> None:
     # Benchtemp's CollegeMsg (UCI) split: 189 masked nodes; train 34,544 events on 1,337
     # nodes; val 8,975; test 8,975 events. Our minute timestamps may shift a cut: within 1 %.
