@@ -180,7 +180,8 @@ def test_benchtemp_split_of_pubmed_years_is_refused_with_the_cut_times() -> None
     with pytest.raises(ValueError, match=r"t=2008 and t=2008.*val \[38906, 38906\)") as error:
         build_split(events, ProtocolConfig.benchtemp())
     assert "use --protocol frugal" in str(error.value)
-    split = build_split(events, ProtocolConfig())  # frugal moves the cuts to year boundaries
+    with pytest.warns(UserWarning, match=r"test split holds 12\.2% of the events"):
+        split = build_split(events, ProtocolConfig())  # frugal cuts at year boundaries
     assert 0 < split.val_start < split.test_start < events.num_events
 
 
