@@ -322,14 +322,12 @@ def run_tgraph_bench(
         # Journaled like a run, so a resumed sweep keeps the first timing instead of re-timing
         # both implementations on a machine that is now busy with other work.
         cell = f"{reference_dataset}/tgn_pyg_reference/{config.pyg_reference_batches}"
-        if (earlier_reference := journal.get(cell)) is not None:
-            reference = dict(earlier_reference)
-            if progress is not None:
-                progress(f"{reference_dataset} PyG reference TGN: resumed from {journal.path}")
-            rows.append({"system": "tgn_pyg_reference", **reference, "resumed": True})
-        else:
-            if progress is not None:
-                progress(f"{reference_dataset} PyG reference TGN: timing")
+        reference = journal.get(cell)
+        resumed = reference is not None
+        if progress is not None:
+            state = f"resumed from {journal.path}" if resumed else "timing"
+            progress(f"{reference_dataset} PyG reference TGN: {state}")
+        if reference is None:
             reference = compare_with_pyg_tgn(
                 reference_dataset,
                 config.protocol,
@@ -338,7 +336,9 @@ def run_tgraph_bench(
             )
             reference["dataset"] = reference_dataset
             journal.record(cell, reference)
-            rows.append({"system": "tgn_pyg_reference", **reference})
+        rows.append(
+            {"system": "tgn_pyg_reference", **reference, **({"resumed": True} if resumed else {})}
+        )
     summary = _summary(rows, protocols, reference)
     document = results_document("tgraph", config, rows, summary)
     write_results(out_dir / "results.json", document)

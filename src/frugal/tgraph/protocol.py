@@ -228,15 +228,16 @@ def build_split(events: TemporalEvents, config: ProtocolConfig) -> TemporalSplit
     else:
         val_start = _nearest_boundary(t, config.val_quantile * num_events)
         test_start = _nearest_boundary(t, config.test_quantile * num_events)
-    if config.name == "benchtemp" and not 0 < val_start < test_start < num_events:
-        raise ValueError(
-            f"Benchtemp's split cuts at the time quantiles {config.val_quantile}/"
-            f"{config.test_quantile}, here t={val_time:g} and t={test_time:g}: train is "
-            f"events [0, {val_start}), val [{val_start}, {test_start}), test "
-            f"[{test_start}, {num_events}), so a split is empty and Benchtemp's protocol is not "
-            "defined on this data; use --protocol frugal (cuts at timestamp boundaries)"
-        )
     if not 0 < val_start < test_start < num_events:
+        if config.name == "benchtemp":
+            raise ValueError(
+                f"Benchtemp's split cuts at the time quantiles {config.val_quantile}/"
+                f"{config.test_quantile}, here t={val_time:g} and t={test_time:g}: train is "
+                f"events [0, {val_start}), val [{val_start}, {test_start}), test "
+                f"[{test_start}, {num_events}), so a split is empty and Benchtemp's protocol "
+                "is not defined on this data; use --protocol frugal (cuts at timestamp "
+                "boundaries)"
+            )
         raise ValueError(
             f"the split of {num_events} events at positions val={val_start}, test={test_start} "
             "leaves a split empty; the data needs more distinct timestamps or other quantiles"
