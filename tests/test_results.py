@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from frugal.results import BenchJournal, source_digest
 
@@ -54,3 +56,27 @@ def test_journal_keyed_on_code_resumes_only_unchanged_code(tmp_path: Path) -> No
     (package / "sub" / "b.py").write_text("y = 3\n")  # one edit measures everything again
     assert BenchJournal(path, _Config(), code=(package,)).get("cell") is None
     assert source_digest(package) != source_digest(copy)
+
+
+def _append_cells(path: Path, prefix: str, count: int) -> None:
+    journal = BenchJournal(path, _Config())
+    for index in range(count):  # rows well past any write buffer, as a TGNN run's are
+        journal.record(f"{prefix}/{index}", [{"auc": index, "pad": "x" * 200_000}])
+
+
+@pytest.mark.slow
+def test_two_benches_appending_to_one_journal_keep_every_line(tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    context = multiprocessing.get_context("fork")
+    writers = [context.Process(target=_append_cells, args=(path, p, 25)) for p in "ab"]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=60)
+        assert writer.exitcode == 0
+    lines = path.read_text().splitlines()
+    assert len(lines) == 50
+    journal = BenchJournal(path, _Config())
+    for prefix in "ab":
+        for index in range(25):
+            assert journal.get(f"{prefix}/{index}")[0]["auc"] == index

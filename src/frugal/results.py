@@ -168,12 +168,20 @@ class BenchJournal:
         return self.finished.get(cell)
 
     def record(self, cell: str, value: Any) -> None:
-        """Append `cell`'s value (JSON data) and flush it to disk."""
+        """Append `cell`'s value (JSON data) and flush it to disk.
+
+        The line goes out in one `write` on a file opened with `O_APPEND`, so benches that
+        share an output folder (e.g. one seed each) append whole lines without interleaving.
+        """
         self.finished[cell] = value
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as handle:
-            entry = {"config": self.key, "cell": cell, "value": _clean(value)}
-            handle.write(json.dumps(entry, default=_plain))
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        entry = {"config": self.key, "cell": cell, "value": _clean(value)}
+        line = (json.dumps(entry, default=_plain) + "\n").encode()
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = 0
+            while written < len(line):  # a regular file takes it in one call; be safe
+                written += os.write(descriptor, line[written:])
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)

@@ -125,6 +125,7 @@ def test_leaderboard_names_the_file_and_row_of_malformed_results(
     ("changes", "message"),
     [
         ({"num_seeds": 0}, "num_seeds=0 must be >= 1"),
+        ({"first_seed": -1}, "first_seed=-1 must be >= 0"),
         ({"run_timeout_s": 0.0}, "run_timeout_s=0.0 must be > 0"),
         ({"datasets": ("sp_hospital", "sp_hospital")}, "lists a name twice"),
         ({"models": ("tgn", "tgn")}, "lists a name twice"),
@@ -359,3 +360,35 @@ def test_protocol_name_benchtemp_in_set_selects_the_benchtemp_preset() -> None:
     assert config().protocol.embedding_dim == 100  # the frugal protocol by default
     with pytest.raises(ValueError, match=r"--protocol frugal contradicts protocol\.name"):
         config("--protocol", "frugal", "--set", 'protocol.name="benchtemp"')
+    split = config("--seeds", "1", "--first-seed", "2")
+    assert (split.first_seed, split.num_seeds) == (2, 1) and config().first_seed == 0
+
+
+@pytest.mark.slow
+def test_benches_of_one_folder_split_the_seeds_and_the_full_bench_resumes_them(
+    tmp_path: Path,
+) -> None:
+    config = TgraphBenchConfig(
+        datasets=("sp_hospital",),
+        models=("edgebank", "jodie"),
+        protocol=ProtocolConfig(max_epochs=1, embedding_dim=8, learning_rate=1e-3),
+        num_seeds=1,
+        num_threads=1,
+        use_subprocess=False,
+        compare_pyg_reference=False,
+    )
+    seed_1 = run_tgraph_bench(replace(config, first_seed=1), tmp_path)["rows"]
+    jodie = {(r["seed"], r.get("resumed", False)) for r in seed_1 if r["system"] == "jodie"}
+    assert jodie == {(1, False)}
+    assert {r["seed"] for r in seed_1 if r["system"] == "edgebank"} == {0}  # heuristics: seed 0
+    seed_0 = run_tgraph_bench(config, tmp_path)["rows"]  # the other bench of the folder
+    assert {r["seed"] for r in seed_0 if r["system"] == "jodie" and not r.get("resumed")} == {0}
+    both = run_tgraph_bench(replace(config, num_seeds=2), tmp_path)
+    assert all(r.get("resumed") for r in both["rows"])
+    assert {r["seed"] for r in both["rows"] if r["system"] == "jodie"} == {0, 1}
+    assert both["summary"]["datasets"]["sp_hospital"]["models"]["jodie"]["num_seeds"] == 2
+    auc = {r["seed"]: r["auc"] for r in both["rows"] if r["system"] == "jodie"
+           and r["setting"] == "transductive" and r["negatives"] == "random"}  # fmt: skip
+    first = {r["seed"]: r["auc"] for r in seed_1 + seed_0 if r["system"] == "jodie"
+             and r["setting"] == "transductive" and r["negatives"] == "random"}  # fmt: skip
+    assert auc == first

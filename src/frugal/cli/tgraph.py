@@ -45,6 +45,9 @@ def register(commands: Any) -> None:
     bench.add_argument("--task", choices=("lp", "nc"), default=None,
                        help="link prediction, or also node classification")  # fmt: skip
     bench.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per model")
+    bench.add_argument("--first-seed", type=int, default=None, metavar="K",
+                       help="first seed (default 0): the models run seeds K .. K+N-1, so "
+                       "benches of one --out can split the seeds between cores")  # fmt: skip
     bench.add_argument("--out", default="reports/tgraph", metavar="DIR",
                        help="folder for results.json")  # fmt: skip
     bench.add_argument("--quick", action="store_true",
@@ -96,6 +99,7 @@ def bench_config(args: argparse.Namespace) -> TgraphBenchConfig:
         ("models", args.model),
         ("task", args.task),
         ("num_seeds", args.seeds),
+        ("first_seed", args.first_seed),
     ):
         if value is not None and value != []:
             cli[key] = value

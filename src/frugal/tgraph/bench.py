@@ -54,7 +54,11 @@ class TgraphBenchConfig:
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
     """The protocol every model runs under."""
     num_seeds: int = 3
-    """Seeds 0 .. num_seeds-1, paired across models (heuristics run once)."""
+    """Seeds first_seed .. first_seed+num_seeds-1, paired across models (heuristics run once,
+    as seed 0)."""
+    first_seed: int = 0
+    """The first seed; e.g. `first_seed=2, num_seeds=1` runs seed 2 alone, so the seeds of a
+    long model can run as separate benches (one core each) into the same `--out`."""
     num_threads: int = 2
     """torch threads per run."""
     use_subprocess: bool = True
@@ -84,6 +88,8 @@ class TgraphBenchConfig:
         for name in ("num_seeds", "num_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.first_seed < 0:
+            raise ValueError(f"first_seed={self.first_seed} must be >= 0")
         if self.run_timeout_s <= 0:
             raise ValueError(f"run_timeout_s={self.run_timeout_s} must be > 0 seconds")
         for name in ("datasets", "models"):
@@ -280,7 +286,11 @@ def run_tgraph_bench(
         protocol = build_protocol(events, dataset, config.protocol, cache_dir)
         protocols[dataset] = protocol.describe()
         for model in models:
-            seeds = range(1 if model in HEURISTICS else config.num_seeds)
+            seeds = (
+                range(1)  # deterministic: one run, seed 0, whatever seeds the models get
+                if model in HEURISTICS
+                else range(config.first_seed, config.first_seed + config.num_seeds)
+            )
             for seed in seeds:
                 run = _Run(dataset, model, seed, config, str(cache_dir))
                 cell = f"{dataset}/{model}/{seed}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -547,7 +548,8 @@ def build_protocol(
         negatives, collisions = builder(events, split, config)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.stem + ".tmp.npz")
+            # One temporary file per process: benches sharing a folder may build at once.
+            tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
             arrays: dict[str, Any] = {key.replace("/", "__"): v for key, v in negatives.items()}
             np.savez(tmp, **arrays)
             tmp.replace(path)
