@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The full tgraph sweep: every model on every bundled temporal dataset under both protocols,
-# 3 seeds, one torch thread per run. WORKERS (2) benches run side by side, one core each;
-# they share the (protocol, group) tasks, cheapest group first, each taken by one worker,
-# so a core that finishes early takes the next task of either protocol.
+# SEEDS (3) seeds, one torch thread per run. WORKERS (2) benches run side by side, one core
+# each; they share the (protocol, group, seed) tasks, cheapest group first, each taken by one
+# worker, so a core that finishes early takes the next seed of any group: one group's slow
+# model (TGAT) runs its seeds on both cores. The worker that ends a group's last seed writes
+# the group's results.json over all its seeds (a bench that resumes every run).
 # Every (dataset, model, seed) run is journaled in its group's runs.jsonl, so running this
 # again resumes where it stopped; commit the group folders to keep the progress.
 #
@@ -20,8 +22,13 @@ OUT=${OUT:-benchmarks/tgraph}
 PROTOCOLS=${PROTOCOLS:-frugal benchtemp}
 RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-14400}  # TGAT on sp_primary takes well over an hour a seed
 WORKERS=${WORKERS:-2}  # benches at a time, one core each
+SEEDS=${SEEDS:-3}  # seeds 0 .. SEEDS-1 of every learned model (heuristics run once)
 if ! [[ $WORKERS =~ ^[1-9][0-9]*$ ]]; then
     echo "sweep.sh: WORKERS=$WORKERS must be a positive integer (one bench per core)" >&2
+    exit 2
+fi
+if ! [[ $SEEDS =~ ^[1-9][0-9]*$ ]]; then
+    echo "sweep.sh: SEEDS=$SEEDS must be a positive integer (seeds per model)" >&2
     exit 2
 fi
 for protocol in $PROTOCOLS; do
@@ -42,19 +49,20 @@ if ! flock -n 9; then
     exit 2
 fi
 
-group() {  # protocol group [frugal tgraph bench options...]; returns the bench's exit code
-    local protocol=$1 name=$2 rc=0
-    shift 2
+bench() {  # protocol group what [frugal tgraph bench options...]; returns the bench's exit code
+    local protocol=$1 name=$2 what=$3 rc=0
+    shift 3
     local began=$SECONDS
     local commit
-    commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)  # read at every group
-    echo "$(date -u +%FT%TZ) start $protocol/$name at commit $commit"
-    "$FRUGAL" tgraph bench --protocol "$protocol" --seeds 3 --set num_threads=1 \
+    commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)  # read at every bench
+    echo "$(date -u +%FT%TZ) start $protocol/$name $what at commit $commit"
+    "$FRUGAL" tgraph bench --protocol "$protocol" --set num_threads=1 \
         --set "run_timeout_s=$RUN_TIMEOUT_S" --out "$OUT/$protocol/$name" "$@" || rc=$?
     if [ "$rc" -eq 0 ]; then
-        echo "$(date -u +%FT%TZ) done $protocol/$name in $((SECONDS - began)) s"
+        echo "$(date -u +%FT%TZ) done $protocol/$name $what in $((SECONDS - began)) s"
     else
-        echo "$(date -u +%FT%TZ) FAILED $protocol/$name (exit $rc) after $((SECONDS - began)) s"
+        echo "$(date -u +%FT%TZ) FAILED $protocol/$name $what (exit $rc) after" \
+            "$((SECONDS - began)) s"
     fi
     return "$rc"
 }
@@ -75,11 +83,13 @@ group_options() {  # name: the bench options of one group
 # the year 2008 (22 % of the events), so its val split (val_time < t <= test_time) is empty.
 UNDEFINED="benchtemp pubmed"
 undefined_reason="Benchtemp's time quantiles 0.70/0.85 both fall on the year 2008, so its val split is empty (frugal/pubmed covers PubMed)"
-tasks=()  # (protocol, group) pairs, group-major: a worker's next task is the cheapest left
+tasks=()  # (protocol, group, seed), group-major: a worker's next task is the cheapest left
 for name in "${GROUPS_ORDER[@]}"; do
     for protocol in $PROTOCOLS; do
         if [ "$protocol $name" != "$UNDEFINED" ]; then
-            tasks+=("$protocol $name")
+            for ((seed = 0; seed < SEEDS; seed++)); do
+                tasks+=("$protocol $name $seed")
+            done
         fi
     done
 done
@@ -87,16 +97,36 @@ done
 claims=$(mktemp -d)  # one directory per task a worker took (mkdir is atomic)
 trap 'rm -rf "$claims"' EXIT
 
+collect() {  # protocol group: results.json over every seed, once all seeds of it are done
+    local protocol=$1 name=$2 seed
+    for ((seed = 0; seed < SEEDS; seed++)); do
+        [ -e "$claims/done-$protocol-$name-$seed" ] || return 0  # a seed still runs, or failed
+    done
+    mkdir "$claims/collect-$protocol-$name" 2>/dev/null || return 0  # another worker does it
+    # shellcheck disable=SC2046  # group_options' words are separate options
+    bench "$protocol" "$name" "results of seeds 0-$((SEEDS - 1))" --seeds "$SEEDS" \
+        $(group_options "$name")
+}
+
 worker() {  # id: walks the task list and runs every task no other worker has taken
-    local id=$1 failed=0 task protocol name
+    local id=$1 failed=0 task protocol name seed rest
     for task in "${tasks[@]}"; do
-        protocol=${task%% *}
-        name=${task#* }
-        if mkdir "$claims/$protocol-$name" 2>/dev/null; then
-            echo "$(date -u +%FT%TZ) worker $id takes $protocol/$name" >>"$OUT/$protocol/sweep.log"
+        read -r protocol name seed <<<"$task"
+        if mkdir "$claims/$protocol-$name-$seed" 2>/dev/null; then
+            echo "$(date -u +%FT%TZ) worker $id takes $protocol/$name seed $seed" \
+                >>"$OUT/$protocol/sweep.log"
+            rest=()
+            if [ "$seed" -gt 0 ]; then  # PyG's reference TGN is timed once, by seed 0's bench
+                rest=(--set compare_pyg_reference=false)
+            fi
             # shellcheck disable=SC2046  # group_options' words are separate options
-            group "$protocol" "$name" $(group_options "$name") \
-                >>"$OUT/$protocol/sweep.log" 2>&1 || failed=1
+            if bench "$protocol" "$name" "seed $seed" --seeds 1 --first-seed "$seed" \
+                $(group_options "$name") "${rest[@]}" >>"$OUT/$protocol/sweep.log" 2>&1; then
+                touch "$claims/done-$protocol-$name-$seed"
+                collect "$protocol" "$name" >>"$OUT/$protocol/sweep.log" 2>&1 || failed=1
+            else
+                failed=1
+            fi
         fi
     done
     return "$failed"
@@ -125,7 +155,8 @@ for ((id = 1; id <= WORKERS; id++)); do
     pids+=($!)
 done
 set +m
-echo "sweep.sh: workers ${pids[*]} share the groups of $PROTOCOLS; logs in $OUT/<protocol>/sweep.log"
+echo "sweep.sh: workers ${pids[*]} share the seeds of every group of $PROTOCOLS; logs in" \
+    "$OUT/<protocol>/sweep.log"
 status=0
 for pid in "${pids[@]}"; do
     wait "$pid" || status=1

@@ -156,10 +156,11 @@ def test_leaderboard_reads_the_journal_of_an_unfinished_bench(tmp_path: Path) ->
     rows = collect_rows(tmp_path)
     assert [(r["seed"], r["protocol_settings"]) for r in rows] == [(0, "cd" * 32), (1, "cd" * 32)]
     assert "**0.8500" in render_leaderboard(rows)
-    # Once the bench has written results.json, its journal is not read twice.
-    finished = {"benchmark": "tgraph", "rows": [_row("tgn", 0, 0.8) | settings]}
+    # A bench of one seed wrote results.json (another bench of the folder ran seed 1): the
+    # journal still adds seed 1, and seed 0, in both files, counts once (results.json's row).
+    finished = {"benchmark": "tgraph", "rows": [_row("tgn", 0, 0.8) | settings | {"x": 1}]}
     (tmp_path / "running" / "results.json").write_text(json.dumps(finished))
-    assert [r["seed"] for r in collect_rows(tmp_path)] == [0]
+    assert [(r["seed"], r.get("x")) for r in collect_rows(tmp_path)] == [(0, 1), (1, None)]
     bad = tmp_path / "other"
     bad.mkdir()
     broken = {"value": [_row("tgn", 0, 0.8) | {"seed": "0"}]}

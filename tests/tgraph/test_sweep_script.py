@@ -1,7 +1,8 @@
-"""benchmarks/tgraph/sweep.sh: its workers share the (protocol, group) tasks.
+"""benchmarks/tgraph/sweep.sh: its workers share the (protocol, group, seed) tasks.
 
-A stand-in for the `frugal` executable records each bench's --out folder and sleeps; the
-real benches are covered by test_bench.py. What is tested here is the script's scheduling.
+A stand-in for the `frugal` executable records each bench's --out folder and --first-seed
+("all" for the bench that writes a group's results over every seed) and sleeps; the real
+benches are covered by test_bench.py. What is tested here is the script's scheduling.
 """
 
 from __future__ import annotations
@@ -19,14 +20,25 @@ SWEEP = ROOT / "benchmarks" / "tgraph" / "sweep.sh"
 GROUPS = ["collegemsg", "sociopatterns", "pubmed", "movielens100k"]
 
 STAND_IN = """#!/usr/bin/env bash
-out=""
+out="" first=all seeds=""
 while [ $# -gt 0 ]; do
-    case $1 in --out) out=$2; shift ;; esac
+    case $1 in
+        --out) out=$2; shift ;;
+        --first-seed) first=$2; shift ;;
+        --seeds) seeds=$2; shift ;;
+    esac
     shift
 done
-echo "start $out" >> "$TRACE"
-case $out in */frugal/collegemsg) sleep 2 ;; *) sleep 0.2 ;; esac
-echo "end $out" >> "$TRACE"
+if [ "$first" = all ] && [ "$seeds" != "${SEEDS:-3}" ]; then
+    echo "the results bench asked for --seeds $seeds" >&2
+    exit 3
+fi
+echo "start $out $first" >> "$TRACE"
+case "$out:$first" in */frugal/collegemsg:0) sleep 5 ;; *) sleep 0.05 ;; esac
+if [ "$out $first" = "${FAIL:-}" ]; then
+    exit 1
+fi
+echo "end $out $first" >> "$TRACE"
 """
 
 pytestmark = pytest.mark.skipif(
@@ -58,27 +70,32 @@ def _run(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], 
     return proc, lines
 
 
+@pytest.mark.slow
 def test_every_task_runs_once_and_a_free_worker_takes_the_other_protocol(
     tmp_path: Path,
 ) -> None:
     proc, lines = _run(tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "out"
-    expected = {f"{out}/{p}/{g}" for p in ("frugal", "benchtemp") for g in GROUPS} - {
+    folders = {f"{out}/{p}/{g}" for p in ("frugal", "benchtemp") for g in GROUPS} - {
         f"{out}/benchtemp/pubmed"  # Benchtemp's split is not defined on PubMed's years
     }
+    expected = {f"{f} {seed}" for f in folders for seed in ("0", "1", "2", "all")}
     starts = [line.removeprefix("start ") for line in lines if line.startswith("start ")]
-    assert sorted(starts) == sorted(expected)  # each task exactly once
-    # frugal/collegemsg holds worker 1 for 2 s; worker 2 runs every other task meanwhile,
-    # frugal groups included, so frugal/collegemsg ends after all the rest
-    assert lines[-1] == f"end {out}/frugal/collegemsg"
+    assert sorted(starts) == sorted(expected)  # each seed and each group's results once
+    for folder in folders:  # a group's results bench starts after all its seeds ended
+        ends = [lines.index(f"end {folder} {seed}") for seed in "012"]
+        assert lines.index(f"start {folder} all") > max(ends)
+    # frugal/collegemsg seed 0 holds worker 1 for 5 s; worker 2 runs every other task
+    # meanwhile, the group's other seeds included, so frugal/collegemsg's results come last
+    assert lines[-2:] == [f"start {out}/frugal/collegemsg all", f"end {out}/frugal/collegemsg all"]
     taker = {}
     for line in (out / "frugal" / "sweep.log").read_text().splitlines():
-        if " takes " in line:  # "<time> worker <id> takes <protocol>/<group>"
-            _, _, worker, _, task = line.split()
-            taker[task] = worker
-    assert set(taker) == {f"frugal/{g}" for g in GROUPS}
-    assert taker["frugal/sociopatterns"] != taker["frugal/collegemsg"]
+        if " takes " in line:  # "<time> worker <id> takes <protocol>/<group> seed <seed>"
+            _, _, worker, _, task, _, seed = line.split()
+            taker[task, seed] = worker
+    assert set(taker) == {(f"frugal/{g}", s) for g in GROUPS for s in "012"}
+    assert taker["frugal/collegemsg", "1"] != taker["frugal/collegemsg", "0"]
 
 
 def test_one_worker_runs_the_tasks_in_order(tmp_path: Path) -> None:
@@ -87,10 +104,37 @@ def test_one_worker_runs_the_tasks_in_order(tmp_path: Path) -> None:
     out = tmp_path / "out"
     benchtemp_groups = [g for g in GROUPS if g != "pubmed"]
     assert lines == [
-        f"{kind} {out}/benchtemp/{g}" for g in benchtemp_groups for kind in ("start", "end")
+        f"{kind} {out}/benchtemp/{g} {seed}"
+        for g in benchtemp_groups
+        for seed in ("0", "1", "2", "all")
+        for kind in ("start", "end")
     ]
     log = (out / "benchtemp" / "sweep.log").read_text()
     assert "not run: benchtemp/pubmed: Benchtemp's time quantiles" in log
+
+
+def test_a_failed_seed_leaves_its_group_without_results_and_the_rest_runs(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    failing = f"{out}/benchtemp/sociopatterns 1"
+    proc, lines = _run(tmp_path, WORKERS="1", PROTOCOLS="benchtemp", SEEDS="2", FAIL=failing)
+    assert proc.returncode == 1
+    starts = [line.removeprefix("start ") for line in lines if line.startswith("start ")]
+    assert f"{out}/benchtemp/sociopatterns all" not in starts
+    assert starts[-3:] == [f"{out}/benchtemp/movielens100k {s}" for s in ("0", "1", "all")]
+    assert (
+        "FAILED benchtemp/sociopatterns seed 1 (exit 1)"
+        in (out / "benchtemp" / "sweep.log").read_text()
+    )
+
+
+@pytest.mark.parametrize("seeds", ["0", "x"])
+def test_bad_seeds_is_refused_before_any_bench(tmp_path: Path, seeds: str) -> None:
+    proc, lines = _run(tmp_path, SEEDS=seeds)
+    assert proc.returncode == 2
+    assert f"SEEDS={seeds} must be a positive integer" in proc.stderr
+    assert lines == []
 
 
 @pytest.mark.parametrize("workers", ["0", "two", "-1"])

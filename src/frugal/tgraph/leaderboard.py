@@ -91,8 +91,9 @@ def _read_text(path: Path) -> str:
 def collect_rows(results_dir: Path) -> list[dict[str, Any]]:
     """Link-prediction rows of every tgraph `results.json` under `results_dir` (any depth).
 
-    A bench folder without `results.json` (a sweep still running, or stopped) contributes the
-    runs its journal `runs.jsonl` holds, so partial progress shows too. Each row gets
+    Journals (`runs.jsonl`) are read too, so the runs of a bench still running or stopped,
+    and of benches that split the seeds of one folder (each `results.json` then holds one
+    bench's seeds), all show. Each row gets
     `protocol_settings`, a hash of its bench's protocol settings without the dataset (rows of
     several datasets under the same settings share a table). A run found twice (a copied
     folder) counts once: rows are unique per (protocol hash, dataset, model, seed, view,
@@ -148,11 +149,7 @@ def collect_rows(results_dir: Path) -> list[dict[str, Any]]:
             )
         for index, row in enumerate(document_rows):
             accept(f"{path}: row {index}", row, settings)
-    journals = [
-        p
-        for p in sorted(results_dir.rglob("runs.jsonl"))
-        if not (p.parent / "results.json").exists()
-    ]
+    journals = sorted(results_dir.rglob("runs.jsonl"))
     for path in journals:  # rows carry their own protocol_settings
         for number, line in enumerate(_read_text(path).splitlines(), start=1):
             try:
