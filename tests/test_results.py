@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from frugal.results import BenchJournal, source_digest
+from frugal.results import BenchJournal, source_digest, write_results
 
 
 @dataclass(frozen=True)
@@ -80,3 +81,22 @@ def test_two_benches_appending_to_one_journal_keep_every_line(tmp_path: Path) ->
     for prefix in "ab":
         for index in range(25):
             assert journal.get(f"{prefix}/{index}")[0]["auc"] == index
+
+
+def _rewrite_results(path: Path, marker: str, count: int) -> None:
+    for index in range(count):
+        write_results(path, {"writer": marker, "index": index, "pad": "x" * 50_000})
+
+
+@pytest.mark.slow
+def test_two_benches_writing_one_results_file_never_fail_or_tear_it(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    context = multiprocessing.get_context("fork")
+    writers = [context.Process(target=_rewrite_results, args=(path, m, 200)) for m in "ab"]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=60)
+        assert writer.exitcode == 0  # a shared temporary name made one writer's rename fail
+    assert json.loads(path.read_text())["index"] == 199
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temp left

@@ -13,7 +13,7 @@
 #   .venv/bin/frugal tgraph leaderboard benchmarks/tgraph
 #
 # FRUGAL (the frugal executable) and OUT (the results folder) are relative to the
-# repository root. A group that fails is logged and its worker goes on with the next one.
+# repository root. A seed that fails is logged and its worker goes on with the next task.
 # Stop the sweep with Ctrl-C or `kill <pid of this script>`: every worker stops with it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,8 +27,12 @@ if ! [[ $WORKERS =~ ^[1-9][0-9]*$ ]]; then
     echo "sweep.sh: WORKERS=$WORKERS must be a positive integer (one bench per core)" >&2
     exit 2
 fi
-if ! [[ $SEEDS =~ ^[1-9][0-9]*$ ]]; then
-    echo "sweep.sh: SEEDS=$SEEDS must be a positive integer (seeds per model)" >&2
+if ! [[ $SEEDS =~ ^[1-9][0-9]{0,2}$ ]]; then
+    echo "sweep.sh: SEEDS=$SEEDS must be an integer from 1 to 999 (seeds per model)" >&2
+    exit 2
+fi
+if ! [[ $RUN_TIMEOUT_S =~ ^[1-9][0-9]*$ ]]; then
+    echo "sweep.sh: RUN_TIMEOUT_S=$RUN_TIMEOUT_S must be a positive whole number of seconds" >&2
     exit 2
 fi
 for protocol in $PROTOCOLS; do

@@ -16,7 +16,14 @@ from typing import Any
 import frugal
 from frugal.config import config_to_dict, config_to_json
 
-__all__ = ["BenchJournal", "environment", "git_commit", "results_document", "write_results"]
+__all__ = [
+    "BenchJournal",
+    "environment",
+    "git_commit",
+    "results_document",
+    "write_results",
+    "write_text_atomically",
+]
 
 _GIT_TIMEOUT_S = 5.0
 
@@ -98,10 +105,25 @@ def write_results(path: Path, document: dict[str, Any]) -> None:
     Raises:
         OSError: If the file cannot be written.
     """
+    write_text_atomically(path, json.dumps(document, indent=1, sort_keys=False) + "\n")
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file of this process, then rename it.
+
+    Readers see the old file or the whole new one, and processes writing the same path at
+    once (benches sharing an output folder) do not take each other's temporary file.
+
+    Raises:
+        OSError: If the file cannot be written.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only left when the write or the rename failed
 
 
 def _plain(value: Any) -> Any:

@@ -126,6 +126,7 @@ def test_leaderboard_names_the_file_and_row_of_malformed_results(
     [
         ({"num_seeds": 0}, "num_seeds=0 must be >= 1"),
         ({"first_seed": -1}, "first_seed=-1 must be >= 0"),
+        ({"first_seed": 2**32 - 1, "num_seeds": 2}, r"reaches seed 4294967296; seeds must be <="),
         ({"run_timeout_s": 0.0}, "run_timeout_s=0.0 must be > 0"),
         ({"datasets": ("sp_hospital", "sp_hospital")}, "lists a name twice"),
         ({"models": ("tgn", "tgn")}, "lists a name twice"),

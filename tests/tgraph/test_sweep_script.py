@@ -129,11 +129,19 @@ def test_a_failed_seed_leaves_its_group_without_results_and_the_rest_runs(
     )
 
 
-@pytest.mark.parametrize("seeds", ["0", "x"])
+@pytest.mark.parametrize("seeds", ["0", "x", "99999999999999999999999"])
 def test_bad_seeds_is_refused_before_any_bench(tmp_path: Path, seeds: str) -> None:
     proc, lines = _run(tmp_path, SEEDS=seeds)
     assert proc.returncode == 2
-    assert f"SEEDS={seeds} must be a positive integer" in proc.stderr
+    assert f"SEEDS={seeds} must be an integer from 1 to 999" in proc.stderr
+    assert lines == []
+
+
+@pytest.mark.parametrize("timeout", ["abc", "0", "1.5"])
+def test_bad_run_timeout_is_refused_before_any_bench(tmp_path: Path, timeout: str) -> None:
+    proc, lines = _run(tmp_path, RUN_TIMEOUT_S=timeout)
+    assert proc.returncode == 2
+    assert f"RUN_TIMEOUT_S={timeout} must be a positive whole number of seconds" in proc.stderr
     assert lines == []
 
 

@@ -31,8 +31,9 @@ def register(commands: Any) -> None:
         description=(
             "Train and evaluate every model on every dataset under one hashed protocol. Each "
             "finished (dataset, model, seed) run is journaled in OUT/runs.jsonl and reused by "
-            "any later run with the same --out, protocol, task and threads (other datasets, "
-            "models or seeds add to it), so a long bench can be resumed and extended."
+            "any later run with the same --out, protocol, task, threads and process isolation "
+            "(other datasets, models or seeds add to it), so a long bench can be resumed and "
+            "extended."
         ),
     )
     bench.add_argument("--dataset", action="append", default=None, metavar="NAME",
@@ -44,10 +45,13 @@ def register(commands: Any) -> None:
                        help="evaluation protocol (default frugal)")  # fmt: skip
     bench.add_argument("--task", choices=("lp", "nc"), default=None,
                        help="link prediction, or also node classification")  # fmt: skip
-    bench.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per model")
+    bench.add_argument("--seeds", type=int, default=None, metavar="N",
+                       help="seeds per learned model (default 3)")  # fmt: skip
     bench.add_argument("--first-seed", type=int, default=None, metavar="K",
-                       help="first seed (default 0): the models run seeds K .. K+N-1, so "
-                       "benches of one --out can split the seeds between cores")  # fmt: skip
+                       help="first seed (default 0): learned models run seeds K .. K+N-1 "
+                       "(heuristics run once, as seed 0), so benches of one --out can split "
+                       "the seeds between cores; give them disjoint seeds: a bench reads the "
+                       "journal when it starts")  # fmt: skip
     bench.add_argument("--out", default="reports/tgraph", metavar="DIR",
                        help="folder for results.json")  # fmt: skip
     bench.add_argument("--quick", action="store_true",
@@ -56,7 +60,8 @@ def register(commands: Any) -> None:
     bench.set_defaults(handler=_bench)
     board = children.add_parser("leaderboard", help="Markdown tables and a PNG from results")
     board.add_argument("results_dir", metavar="RESULTS_DIR",
-                       help="folder with results.json files (searched at any depth)")  # fmt: skip
+                       help="folder with results.json files and bench journals "
+                       "(runs.jsonl; searched at any depth)")  # fmt: skip
     board.add_argument("--metric", default="auc", choices=("auc", "ap", "mrr", "hits_at_10",
                        "auc_per_batch", "ap_per_batch", "nc_auc"),
                        help="metric of the tables (nc_auc: node classification only)")  # fmt: skip

@@ -30,7 +30,12 @@ from frugal import FrugalError
 from frugal._libc import keep_freed_memory
 from frugal.config import check_types, config_to_dict
 from frugal.data import DATASETS, get_dataset_info, load_events
-from frugal.results import BenchJournal, results_document, write_results
+from frugal.results import (
+    BenchJournal,
+    results_document,
+    write_results,
+    write_text_atomically,
+)
 from frugal.tgraph.models import HEURISTICS, MODELS, ModelName
 from frugal.tgraph.protocol import Protocol, ProtocolConfig, build_protocol
 from frugal.tgraph.reference import WARMUP_BATCHES, compare_with_pyg_tgn
@@ -38,6 +43,10 @@ from frugal.tgraph.reference import WARMUP_BATCHES, compare_with_pyg_tgn
 __all__ = ["TgraphBenchConfig", "run_tgraph_bench"]
 
 Progress = Callable[[str], None]
+
+
+MAX_SEED = 2**32 - 1
+"""The largest run seed (it seeds torch and numpy; a bigger one overflows them)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +99,11 @@ class TgraphBenchConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.first_seed < 0:
             raise ValueError(f"first_seed={self.first_seed} must be >= 0")
+        if self.first_seed + self.num_seeds > MAX_SEED + 1:
+            raise ValueError(
+                f"first_seed={self.first_seed} with num_seeds={self.num_seeds} reaches seed "
+                f"{self.first_seed + self.num_seeds - 1}; seeds must be <= {MAX_SEED} (2**32 - 1)"
+            )
         if self.run_timeout_s <= 0:
             raise ValueError(f"run_timeout_s={self.run_timeout_s} must be > 0 seconds")
         for name in ("datasets", "models"):
@@ -352,9 +366,8 @@ def run_tgraph_bench(
     summary = _summary(rows, protocols, reference)
     document = results_document("tgraph", config, rows, summary)
     write_results(out_dir / "results.json", document)
-    with (out_dir / "results.jsonl").open("w") as handle:
-        for row in document["rows"]:
-            handle.write(json.dumps(row) + "\n")
+    lines = "".join(json.dumps(row) + "\n" for row in document["rows"])
+    write_text_atomically(out_dir / "results.jsonl", lines)
     return document
 
 

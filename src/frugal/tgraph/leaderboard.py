@@ -1,7 +1,8 @@
 """`frugal tgraph leaderboard DIR`: Markdown tables (mean and 95 % CI over seeds) and a PNG.
 
-Reads every `results.json` under DIR (at any depth: point it at a folder of several benches'
-`--out` folders to merge datasets) written by `frugal tgraph bench`. One table per
+Reads every `results.json` and bench journal (`runs.jsonl`) under DIR (at any depth: point it
+at a folder of several benches' `--out` folders to merge datasets) written by `frugal tgraph
+bench`. One table per
 (protocol settings, view, negative strategy): rows are datasets, columns models, cells the mean
 test metric over seeds with a Student-t 95 % half-width ("n=1" for a single run), the best
 cell in bold; a last row gives each model's mean rank over the datasets. A table holds the

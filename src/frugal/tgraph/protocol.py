@@ -39,6 +39,7 @@ import numpy.typing as npt
 from frugal import FrugalError
 from frugal.config import check_types
 from frugal.data import TemporalEvents
+from frugal.results import write_text_atomically
 
 __all__ = [
     "SPLITS",
@@ -548,12 +549,13 @@ def build_protocol(
         negatives, collisions = builder(events, split, config)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # One temporary file per process: benches sharing a folder may build at once.
+            # One temporary file per process: benches sharing a folder may build at once. The
+            # digest lands first, so a reader that finds the .npz also finds its .sha256.
             tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
             arrays: dict[str, Any] = {key.replace("/", "__"): v for key, v in negatives.items()}
             np.savez(tmp, **arrays)
+            write_text_atomically(path.with_suffix(".sha256"), _arrays_sha256(negatives) + "\n")
             tmp.replace(path)
-            path.with_suffix(".sha256").write_text(_arrays_sha256(negatives) + "\n")
     negative_sha256 = _arrays_sha256(negatives)
     protocol_hash = hashlib.sha256(
         json.dumps({**setup, "negatives": negative_sha256}, sort_keys=True).encode()
