@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,6 +61,17 @@ def test_journal_keyed_on_code_resumes_only_unchanged_code(tmp_path: Path) -> No
     assert source_digest(package) != source_digest(copy)
 
 
+def _run_at_once(target: Callable[..., None], calls: list[tuple[Any, ...]]) -> list[int | None]:
+    """Exit codes of one forked process per `calls` entry, all started before any is joined."""
+    context = multiprocessing.get_context("fork")
+    processes = [context.Process(target=target, args=args) for args in calls]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=60)
+    return [process.exitcode for process in processes]
+
+
 def _append_cells(path: Path, prefix: str, count: int) -> None:
     journal = BenchJournal(path, _Config())
     for index in range(count):  # rows well past any write buffer, as a TGNN run's are
@@ -68,13 +81,7 @@ def _append_cells(path: Path, prefix: str, count: int) -> None:
 @pytest.mark.slow
 def test_two_benches_appending_to_one_journal_keep_every_line(tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
-    context = multiprocessing.get_context("fork")
-    writers = [context.Process(target=_append_cells, args=(path, p, 25)) for p in "ab"]
-    for writer in writers:
-        writer.start()
-    for writer in writers:
-        writer.join(timeout=60)
-        assert writer.exitcode == 0
+    assert _run_at_once(_append_cells, [(path, p, 25) for p in "ab"]) == [0, 0]
     lines = path.read_text().splitlines()
     assert len(lines) == 50
     journal = BenchJournal(path, _Config())
@@ -91,12 +98,7 @@ def _rewrite_results(path: Path, marker: str, count: int) -> None:
 @pytest.mark.slow
 def test_two_benches_writing_one_results_file_never_fail_or_tear_it(tmp_path: Path) -> None:
     path = tmp_path / "results.json"
-    context = multiprocessing.get_context("fork")
-    writers = [context.Process(target=_rewrite_results, args=(path, m, 200)) for m in "ab"]
-    for writer in writers:
-        writer.start()
-    for writer in writers:
-        writer.join(timeout=60)
-        assert writer.exitcode == 0  # a shared temporary name made one writer's rename fail
+    # A shared temporary name made one writer's rename fail (exit code 1).
+    assert _run_at_once(_rewrite_results, [(path, m, 200) for m in "ab"]) == [0, 0]
     assert json.loads(path.read_text())["index"] == 199
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temp left
