@@ -1,8 +1,8 @@
 """`frugal tgraph leaderboard DIR`: Markdown tables (mean and 95 % CI over seeds) and a PNG.
 
-Reads every `results.json` and bench journal (`runs.jsonl`) under DIR (at any depth: point it
-at a folder of several benches' `--out` folders to merge datasets) written by `frugal tgraph
-bench`. One table per
+Reads every `results.json` and bench journal (`runs.jsonl`) written by `frugal tgraph bench`
+under DIR (at any depth: point it at a folder of several benches' `--out` folders to merge
+datasets). One table per
 (protocol settings, view, negative strategy): rows are datasets, columns models, cells the mean
 test metric over seeds with a Student-t 95 % half-width ("n=1" for a single run), the best
 cell in bold; a last row gives each model's mean rank over the datasets. A table holds the
@@ -94,11 +94,11 @@ def collect_rows(results_dir: Path) -> list[dict[str, Any]]:
 
     Journals (`runs.jsonl`) are read too, so the runs of a bench still running or stopped,
     and of benches that split the seeds of one folder (each `results.json` then holds one
-    bench's seeds), all show. Each row gets
-    `protocol_settings`, a hash of its bench's protocol settings without the dataset (rows of
-    several datasets under the same settings share a table). A run found twice (a copied
-    folder) counts once: rows are unique per (protocol hash, dataset, model, seed, view,
-    negatives), the first file in path order wins (results files before journals).
+    bench's seeds), all show. Each row gets `protocol_settings`, a hash of its bench's
+    protocol settings without the dataset (rows of several datasets under the same settings
+    share a table). A run found twice (a copied folder, or a results.json and its journal)
+    counts once: rows are unique per (protocol hash, dataset, model, seed, view, negatives),
+    the first file in path order wins (results files before journals).
 
     Raises:
         ValueError: If a results.json is not valid JSON or UTF-8, or its config, rows or a
