@@ -47,6 +47,7 @@ PINNED_SURFACE = {
     "tgraph bench": [
         "--config",
         "--dataset",
+        "--first-seed",
         "--help",
         "--model",
         "--out",
