@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,16 +207,22 @@ def test_cli_flags_win_over_the_config_file(
     assert "collegemsg has none" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_tiny_bench_writes_rows_with_the_protocol_hash(tmp_path: Path) -> None:
-    config = TgraphBenchConfig(
+def _tiny_config(embedding_dim: int = 16, **changes: Any) -> TgraphBenchConfig:
+    """EdgeBank and JODIE on sp_hospital, one seed, one epoch: a bench of seconds."""
+    return TgraphBenchConfig(
         datasets=("sp_hospital",),
         models=("edgebank", "jodie"),
-        protocol=ProtocolConfig(max_epochs=1, embedding_dim=16, learning_rate=1e-3),
+        protocol=ProtocolConfig(max_epochs=1, embedding_dim=embedding_dim, learning_rate=1e-3),
         num_seeds=1,
         num_threads=1,
         compare_pyg_reference=False,
+        **changes,
     )
+
+
+@pytest.mark.slow
+def test_tiny_bench_writes_rows_with_the_protocol_hash(tmp_path: Path) -> None:
+    config = _tiny_config()
     document = run_tgraph_bench(config, tmp_path)
     stored = json.loads((tmp_path / "results.json").read_text())
     assert stored["benchmark"] == "tgraph"
@@ -370,15 +377,7 @@ def test_protocol_name_benchtemp_in_set_selects_the_benchtemp_preset() -> None:
 def test_benches_of_one_folder_split_the_seeds_and_the_full_bench_resumes_them(
     tmp_path: Path,
 ) -> None:
-    config = TgraphBenchConfig(
-        datasets=("sp_hospital",),
-        models=("edgebank", "jodie"),
-        protocol=ProtocolConfig(max_epochs=1, embedding_dim=8, learning_rate=1e-3),
-        num_seeds=1,
-        num_threads=1,
-        use_subprocess=False,
-        compare_pyg_reference=False,
-    )
+    config = _tiny_config(embedding_dim=8, use_subprocess=False)
     seed_1 = run_tgraph_bench(replace(config, first_seed=1), tmp_path)["rows"]
     jodie = {(r["seed"], r.get("resumed", False)) for r in seed_1 if r["system"] == "jodie"}
     assert jodie == {(1, False)}
@@ -389,8 +388,9 @@ def test_benches_of_one_folder_split_the_seeds_and_the_full_bench_resumes_them(
     assert all(r.get("resumed") for r in both["rows"])
     assert {r["seed"] for r in both["rows"] if r["system"] == "jodie"} == {0, 1}
     assert both["summary"]["datasets"]["sp_hospital"]["models"]["jodie"]["num_seeds"] == 2
-    auc = {r["seed"]: r["auc"] for r in both["rows"] if r["system"] == "jodie"
-           and r["setting"] == "transductive" and r["negatives"] == "random"}  # fmt: skip
-    first = {r["seed"]: r["auc"] for r in seed_1 + seed_0 if r["system"] == "jodie"
-             and r["setting"] == "transductive" and r["negatives"] == "random"}  # fmt: skip
-    assert auc == first
+
+    def jodie_auc(rows: list[dict[str, Any]]) -> dict[int, float]:
+        return {r["seed"]: r["auc"] for r in rows if r["system"] == "jodie"
+                and r["setting"] == "transductive" and r["negatives"] == "random"}  # fmt: skip
+
+    assert jodie_auc(both["rows"]) == jodie_auc(seed_1 + seed_0)  # the same runs, resumed
