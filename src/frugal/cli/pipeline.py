@@ -311,8 +311,8 @@ def _plot_losses(losses: list[float], label: str, path: Path) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from frugal.bench.pipeline import PipelineBenchConfig, run_pipeline_bench
     from frugal.config import config_to_dict, load_config
-    from frugal.pipeline.bench import PipelineBenchConfig, run_pipeline_bench
 
     preset = config_to_dict(PipelineBenchConfig.quick()) if args.quick else None
     config = load_config(PipelineBenchConfig, args.config, args.overrides, base=preset)

@@ -112,8 +112,8 @@ def _no_cluster_flags(args: argparse.Namespace, action: str, instead: str) -> No
 def _bench(args: argparse.Namespace) -> int:
     import json
 
+    from frugal.bench.planner import PlanBenchConfig, run_plan_bench
     from frugal.config import config_to_dict, load_config
-    from frugal.planner.bench import PlanBenchConfig, run_plan_bench
 
     _no_cluster_flags(args, "bench", "choose scenarios with --set 'scenarios=[\"world\"]'")
     preset = config_to_dict(PlanBenchConfig.quick()) if args.quick else None
@@ -128,8 +128,8 @@ def _bench(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     import json
 
+    from frugal.bench.plan_validation import Config, quick, run_plan_validation
     from frugal.config import config_to_dict, load_config
-    from frugal.pipeline.validate import Config, quick, run_plan_validation
 
     _no_cluster_flags(
         args,

@@ -116,8 +116,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from frugal.bench.recsys import RecsysBenchConfig, run_recsys_bench
     from frugal.config import config_to_dict, load_config
-    from frugal.recsys.bench import RecsysBenchConfig, run_recsys_bench
 
     preset = config_to_dict(RecsysBenchConfig.quick()) if args.quick else None
     config = load_config(RecsysBenchConfig, args.config, args.overrides, base=preset)

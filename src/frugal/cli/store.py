@@ -45,8 +45,8 @@ def register(commands: Any) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from frugal.bench.store import StoreBenchConfig, run_store_bench
     from frugal.config import config_to_dict, load_config
-    from frugal.store.bench import StoreBenchConfig, run_store_bench
 
     preset = config_to_dict(StoreBenchConfig.quick()) if args.quick else None
     config = load_config(StoreBenchConfig, args.config, args.overrides, base=preset)

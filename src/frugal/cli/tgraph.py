@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from frugal.cli.options import add_config_arguments, output_folder
 
 if TYPE_CHECKING:
-    from frugal.tgraph.bench import TgraphBenchConfig
+    from frugal.bench.tgraph import TgraphBenchConfig
 
 __all__ = ["bench_config", "register"]
 
@@ -79,8 +79,8 @@ def bench_config(args: argparse.Namespace) -> TgraphBenchConfig:
     Raises:
         ValueError: On an invalid setting, or `--protocol frugal` with a benchtemp protocol.
     """
+    from frugal.bench.tgraph import TgraphBenchConfig, benchtemp_config
     from frugal.config import config_to_dict, load_config
-    from frugal.tgraph.bench import TgraphBenchConfig, benchtemp_config
 
     preset = TgraphBenchConfig.quick() if args.quick else TgraphBenchConfig()
     if args.protocol == "benchtemp":
@@ -118,7 +118,7 @@ def bench_config(args: argparse.Namespace) -> TgraphBenchConfig:
 def _bench(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from frugal.tgraph.bench import run_tgraph_bench
+    from frugal.bench.tgraph import run_tgraph_bench
 
     config = bench_config(args)
     out = output_folder(args.out)

@@ -2,7 +2,7 @@
 
 Stages of a model (`models`), GPipe and 1F1B schedules (`schedule`), a runtime over
 torch.distributed point-to-point or in one process (`runtime`), training and torchrun launch
-(`train`), a discrete-event simulator (`sim`) and the benchmark (`bench`).
+(`train`) and a discrete-event simulator (`sim`). Its benchmarks live in `frugal.bench`.
 
 References:
     Fine-tuning Language Models over Slow Networks using Activation Compression with

@@ -146,7 +146,7 @@ class PipelineTrainConfig:
     """RAM budget of each store-backed buffer (one per link side), MiB, >= 1."""
     init_weights: str = ""
     """A `torch.save`d state_dict of the whole model to start from (fine-tuning), e.g. what
-    `frugal.pipeline.bench.pretrain` writes; "" = the seeded initialisation (or SmolLM2's
+    `frugal.bench.pipeline.pretrain` writes; "" = the seeded initialisation (or SmolLM2's
     GGUF weights)."""
 
     def __post_init__(self) -> None:

@@ -2,12 +2,11 @@
 
 Embedding tables live on parameter-server shards backed by `frugal.store` and train
 asynchronously with a bounded, measured staleness; the dense network trains synchronously
-(AllReduce every step). `launch_training` runs a job under torchrun; `run_recsys_bench`
-compares sync, hybrid and async side by side. The trainer module
+(AllReduce every step). `launch_training` runs a job under torchrun; the benchmark comparing
+sync, hybrid and async side by side is `frugal.bench.recsys`. The trainer module
 (`frugal.recsys.trainer`) is what each torchrun process runs.
 """
 
-from frugal.recsys.bench import RecsysBenchConfig, run_recsys_bench
 from frugal.recsys.config import Mode, RecsysTrainConfig, staleness_bound
 from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
 from frugal.recsys.errors import (
@@ -22,7 +21,6 @@ __all__ = [
     "BadBatchError",
     "Mode",
     "PSUnavailableError",
-    "RecsysBenchConfig",
     "RecsysDataConfig",
     "RecsysError",
     "RecsysTrainConfig",
@@ -30,6 +28,5 @@ __all__ = [
     "launch_runs",
     "launch_training",
     "load_recsys_data",
-    "run_recsys_bench",
     "staleness_bound",
 ]

@@ -1,7 +1,7 @@
 """`frugal reproduce`: every subsystem's headline comparison, side by side, in one report.
 
-The main job. Each part calls its subsystem's own bench (`frugal.store.bench`,
-`frugal.tgraph.bench`, `frugal.recsys.bench`, `frugal.pipeline.bench`, `frugal.planner.bench`)
+The main job. Each part calls its subsystem's own bench (`frugal.bench.store`,
+`frugal.bench.tgraph`, `frugal.bench.recsys`, `frugal.bench.pipeline`, `frugal.bench.planner`)
 with a preset of the chosen mode, then the report puts the published claim, our number, the
 baseline's and the verdict side by side. See `frugal.reproduce.run.run_reproduce`.
 """

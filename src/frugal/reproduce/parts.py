@@ -126,7 +126,7 @@ def _save(fig: Any, path: Path) -> None:
 
 
 def _store_run(mode: Mode, out: Path, progress: Progress) -> Document:
-    from frugal.store.bench import StoreBenchConfig, run_store_bench
+    from frugal.bench.store import StoreBenchConfig, run_store_bench
 
     if mode == "full":
         config = StoreBenchConfig()
@@ -235,7 +235,7 @@ def _store_figure(document: Document, path: Path) -> None:
 
 
 def _planner_run(mode: Mode, out: Path, progress: Progress) -> Document:
-    from frugal.planner.bench import PlanBenchConfig, run_plan_bench
+    from frugal.bench.planner import PlanBenchConfig, run_plan_bench
 
     if mode == "full":
         config = PlanBenchConfig()
@@ -255,9 +255,9 @@ def _planner_run(mode: Mode, out: Path, progress: Progress) -> Document:
     if mode == "smoke":
         return document  # the emulated validation runs take minutes
     # Validation: the cost model's predictions against emulated pipeline runs of each plan.
-    from frugal.pipeline.validate import Config as ValidateConfig
-    from frugal.pipeline.validate import quick as validate_quick
-    from frugal.pipeline.validate import run_plan_validation
+    from frugal.bench.plan_validation import Config as ValidateConfig
+    from frugal.bench.plan_validation import quick as validate_quick
+    from frugal.bench.plan_validation import run_plan_validation
 
     # full: 8 ranks, 3 rounds of 8 steps per method; quick: 4 ranks, 2 rounds of 6 (one round
     # under load reversed two plans the replay calls tied).
@@ -425,7 +425,7 @@ def _planner_figure(document: Document, path: Path) -> None:
 
 
 def _tgraph_run(mode: Mode, out: Path, progress: Progress) -> Document:
-    from frugal.tgraph.bench import TgraphBenchConfig, run_tgraph_bench
+    from frugal.bench.tgraph import TgraphBenchConfig, run_tgraph_bench
 
     if mode == "full":
         config = TgraphBenchConfig()
@@ -492,7 +492,7 @@ def _tgraph_figure(document: Document, path: Path) -> None:
 
 
 def _recsys_run(mode: Mode, out: Path, progress: Progress) -> Document:
-    from frugal.recsys.bench import RecsysBenchConfig, run_recsys_bench
+    from frugal.bench.recsys import RecsysBenchConfig, run_recsys_bench
 
     if mode == "full":
         config = RecsysBenchConfig()
@@ -604,7 +604,7 @@ def _recsys_figure(document: Document, path: Path) -> None:
 
 
 def _pipeline_run(mode: Mode, out: Path, progress: Progress) -> Document:
-    from frugal.pipeline.bench import PipelineBenchConfig, run_pipeline_bench
+    from frugal.bench.pipeline import PipelineBenchConfig, run_pipeline_bench
 
     if mode == "full":
         config = PipelineBenchConfig()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from frugal.store.bench import StoreBenchConfig, run_store_bench
+from frugal.bench.store import StoreBenchConfig, run_store_bench
 
 ROW_KEYS = {
     "system", "workload", "memory_ratio", "lookahead", "staleness_bound", "samples_per_s",
@@ -98,7 +98,7 @@ def test_bad_bench_configs(kwargs: dict[str, object], fragment: str) -> None:
 
 
 def test_real_streams_follow_their_own_grid(tmp_path: Path) -> None:
-    from frugal.store.bench import _plan, _Workload
+    from frugal.bench.store import _plan, _Workload
     from frugal.store.rows import RowSpec
 
     config = StoreBenchConfig(
@@ -126,7 +126,7 @@ def test_real_streams_follow_their_own_grid(tmp_path: Path) -> None:
 
 
 def test_bit_identity_needs_two_finished_systems() -> None:
-    from frugal.store.bench import _summary
+    from frugal.bench.store import _summary
 
     def row(system: str, workload: str, sha: str, status: str = "ok") -> dict[str, object]:
         return {"system": system, "workload": workload, "memory_ratio": 0.1, "lookahead": 0,
@@ -146,7 +146,7 @@ def test_bit_identity_needs_two_finished_systems() -> None:
 
 
 def test_progress_line_of_a_resumed_row_without_hit_ratio() -> None:
-    from frugal.store.bench import _describe
+    from frugal.bench.store import _describe
 
     # A journaled rocksdb_offload row comes back with hit_ratio null (NaN in the run).
     row = {"workload": "criteo_zipf", "system": "rocksdb_offload", "memory_ratio": 1.0,

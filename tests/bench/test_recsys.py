@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from frugal.recsys.bench import RecsysBenchConfig, _cells, _summary
+from frugal.bench.recsys import RecsysBenchConfig, _cells, _summary
 from frugal.recsys.config import RecsysTrainConfig
 
 

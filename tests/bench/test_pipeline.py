@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from frugal.pipeline.bench import PipelineBenchConfig, run_pipeline_bench
-from frugal.pipeline.dpbench import DPBenchConfig
-from frugal.pipeline.llmbench import LLMBenchConfig
+from frugal.bench.pipeline import PipelineBenchConfig, run_pipeline_bench
+from frugal.bench.pipeline_dp import DPBenchConfig
+from frugal.bench.pipeline_llm import LLMBenchConfig
 from frugal.pipeline.train import PipelineTrainConfig
 
 
@@ -69,7 +69,7 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
 
 
 def test_effective_cores_fit_the_calibration_step() -> None:
-    from frugal.pipeline.bench import _effective_cores
+    from frugal.bench.pipeline import _effective_cores
 
     # 2 stages, m = 2, GPipe, F = 1 s, B = 2 s: 12 s on one core, 9 s on two (see
     # test_link.py). A measured step of 11.25 s is 1.25 cores; 9 s is both cores.
@@ -102,7 +102,7 @@ def test_effective_cores_fit_the_calibration_step() -> None:
 
 
 def test_each_round_is_simulated_from_its_own_compute_and_link() -> None:
-    from frugal.pipeline.bench import _simulate_rounds
+    from frugal.bench.pipeline import _simulate_rounds
 
     # 2 stages, m = 1, GPipe, one core each: a step is F0 + send + F1 + B1 + send + B0, where
     # a send of 1,000 B takes 8,000 / B s. Rounds (F, B per stage; both sends):
@@ -127,7 +127,7 @@ def test_each_round_is_simulated_from_its_own_compute_and_link() -> None:
 
 
 def test_summary_monotone_within_noise_uses_per_round_ranges() -> None:
-    from frugal.pipeline.bench import _summary
+    from frugal.bench.pipeline import _summary
 
     # Speed-ups by link, fast to slow: 1.00 (rounds 0.95..1.05), 0.97 (0.96..0.98),
     # 3.0 (2.9..3.1). Strictly the second drops; its round range overlaps the first's.
@@ -157,7 +157,7 @@ def test_summary_monotone_within_noise_uses_per_round_ranges() -> None:
 
 
 def test_free_codec_speedup_replays_fp32_compute_with_aqsgd_bytes() -> None:
-    from frugal.pipeline.bench import _free_codec_speedup
+    from frugal.bench.pipeline import _free_codec_speedup
 
     # With no compute, a step is every message's transfer: one micro-batch on 2 stages
     # sends one activation and one gradient, so the speed-up is the byte ratio.

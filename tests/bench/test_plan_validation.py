@@ -1,4 +1,4 @@
-"""`frugal.pipeline.validate`: topology, link table, workload calibration, one end-to-end run."""
+"""`frugal.bench.plan_validation`: topology, link table, calibration, an end-to-end run."""
 
 from __future__ import annotations
 
@@ -11,11 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from frugal.comm.link import LinkSpec
-from frugal.pipeline.models import TinyGPT, TinyGPTConfig, build_stages
-from frugal.pipeline.runtime import ring_allreduce_s
-from frugal.pipeline.train import RunSpec, rank_links, ring_bottleneck
-from frugal.pipeline.validate import (
+from frugal.bench.plan_validation import (
     Config,
     build_topology,
     link_rows,
@@ -25,13 +21,17 @@ from frugal.pipeline.validate import (
     workload_for,
     worst_plan,
 )
+from frugal.comm.link import LinkSpec
+from frugal.pipeline.models import TinyGPT, TinyGPTConfig, build_stages
+from frugal.pipeline.runtime import ring_allreduce_s
+from frugal.pipeline.train import RunSpec, rank_links, ring_bottleneck
 from frugal.planner.plan import Plan, PlannerConfig, build_plan
 
 _FOUR = Config(ranks_per_site=2, num_stages=2)  # 4 ranks: 2 stages x 2 replicas on 2 sites
 
 
 def test_default_is_eight_processes_and_quick_four() -> None:
-    from frugal.pipeline.validate import quick
+    from frugal.bench.plan_validation import quick
 
     config = Config()
     assert (config.world_size, config.num_stages, config.num_replicas) == (8, 4, 2)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from frugal.bench.pipeline_dp import DPBenchConfig, run_dp_section
 from frugal.comm.gradcomp import dp_wire_bytes
-from frugal.pipeline.dpbench import DPBenchConfig, run_dp_section
 from frugal.pipeline.models import TinyGPT, build_stages
 from frugal.pipeline.train import PipelineTrainConfig, RunSpec, launch_torchrun
 from tests.pipeline.test_distributed import CONFIG, _dp_plan

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from frugal.planner.bench import PlanBenchConfig, run_plan_bench
+from frugal.bench.planner import PlanBenchConfig, run_plan_bench
 
 
 @pytest.mark.slow

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from frugal.bench.tgraph import TgraphBenchConfig, run_tgraph_bench
 from frugal.cli.main import main
-from frugal.tgraph.bench import TgraphBenchConfig, run_tgraph_bench
 from frugal.tgraph.leaderboard import (
     collect_rows,
     mean_ci95,
@@ -343,7 +343,7 @@ def test_node_classification_bench_has_the_floor_row(tmp_path: Path) -> None:
 
 
 def test_benchtemp_config_keeps_the_presets_epochs_and_learning_rate() -> None:
-    from frugal.tgraph.bench import benchtemp_config
+    from frugal.bench.tgraph import benchtemp_config
 
     quick = benchtemp_config(TgraphBenchConfig.quick())
     assert quick.protocol.name == "benchtemp" and quick.protocol.embedding_dim == 172

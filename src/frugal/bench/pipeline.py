@@ -33,8 +33,8 @@ Three parts, one results.json:
    codec cost no CPU.
 
 The full preset adds three more launches: torch.distributed.pipelining head to head with our
-FP32 runtime, the data-parallel section (`frugal.pipeline.dpbench`) and the SmolLM2-135M
-section (`frugal.pipeline.llmbench`: FP32 vs AQ-SGD fw2/bw4 on the pre-trained LM, where a
+FP32 runtime, the data-parallel section (`frugal.bench.pipeline_dp`) and the SmolLM2-135M
+section (`frugal.bench.pipeline_llm`: FP32 vs AQ-SGD fw2/bw4 on the pre-trained LM, where a
 stage's compute dwarfs the codec's, as in the paper's setting).
 
 `time_to_fp32_loss_s`: the first time the quality run's train-loss EMA (0.9) reaches FP32's
@@ -62,11 +62,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from frugal.bench.pipeline_dp import DPBenchConfig, run_dp_section
+from frugal.bench.pipeline_llm import LLMBenchConfig, run_llm_section
 from frugal.comm.link import RHO_POINTS
 from frugal.comm.message import CodecSpec, message_wire_bytes
 from frugal.config import check_types
-from frugal.pipeline.dpbench import DPBenchConfig, run_dp_section
-from frugal.pipeline.llmbench import LLMBenchConfig, run_llm_section
 from frugal.pipeline.sim import simulate_step
 from frugal.pipeline.train import (
     LocalResult,
@@ -155,7 +155,7 @@ class PipelineBenchConfig:
     dp: DPBenchConfig = field(default_factory=DPBenchConfig)
     """The data-parallel section (2 stages x 2 replicas, AQ-SGD + DP compression)."""
     llm: LLMBenchConfig = field(default_factory=LLMBenchConfig)
-    """The LLM section: FP32 vs AQ-SGD on pre-trained SmolLM2-135M (`frugal.pipeline.llmbench`)."""
+    """The LLM section: FP32 vs AQ-SGD on pre-trained SmolLM2-135M (`frugal.bench.pipeline_llm`)."""
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
+from frugal.bench.pipeline import PipelineBenchConfig
+from frugal.bench.pipeline_llm import LLMBenchConfig, run_llm_section
 from frugal.comm.message import CodecSpec, message_wire_bytes
-from frugal.pipeline.bench import PipelineBenchConfig
-from frugal.pipeline.llmbench import LLMBenchConfig, run_llm_section
 
 
 def test_quick_preset_skips_the_llm_section_and_the_full_one_runs_smollm2() -> None:
