@@ -28,7 +28,6 @@ LAYERS = {
     "tgraph": 3,
     "pipeline": 4,
     "recsys": 4,
-    "testing": 5,
     "bench": 6,
     "reproduce": 7,
     "cli": 8,

@@ -14,7 +14,7 @@ from frugal.comm.gradcomp import (
     dp_wire_bytes,
     powersgd_numel,
 )
-from frugal.testing import run_torchrun
+from frugal.launch import TorchrunJob, run_torchrun
 
 WORKER = Path(__file__).with_name("_gradcomp_worker.py")
 SHAPES = [(48, 64), (48,), (8, 48), (8,)]  # the worker's two-layer model
@@ -73,7 +73,9 @@ def test_wire_bytes_by_hand() -> None:
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_two_gloo_ranks_exchange_and_sync(tmp_path: Path) -> None:
-    result = run_torchrun([str(WORKER), str(tmp_path)], nproc=2, timeout_s=200, module=False)
+    result = run_torchrun(
+        TorchrunJob([str(WORKER), str(tmp_path)], nproc=2, timeout_s=200, module=False)
+    )
     assert result.ok, result.format()
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     a, b = (r["exchange"] for r in ranks)

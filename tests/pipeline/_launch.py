@@ -3,7 +3,7 @@
 No agent, so a killed rank's peers must notice by themselves: N worker processes on
 127.0.0.1 with env:// rendezvous.
 
-It differs from `frugal.testing.run_torchrun` on purpose: torchrun's agent would restart or
+It differs from `frugal.launch.run_torchrun` on purpose: torchrun's agent would restart or
 stop the peers of a killed rank itself.
 """
 
@@ -16,8 +16,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from frugal.comm.launch import free_port
 from frugal.config import config_to_dict
+from frugal.launch import free_port
 from frugal.pipeline.train import PipelineTrainConfig, RunSpec
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

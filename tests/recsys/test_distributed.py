@@ -12,9 +12,9 @@ import pytest
 
 from frugal.cli.main import main
 from frugal.config import config_to_dict
+from frugal.launch import TorchrunJob, run_torchrun
 from frugal.recsys.config import RecsysTrainConfig, staleness_bound
 from frugal.recsys.datasets import RecsysDataConfig
-from frugal.testing import run_torchrun
 
 
 def _config(**fields: Any) -> RecsysTrainConfig:
@@ -33,13 +33,14 @@ def _run(tmp_path: Path, runs: list[tuple[RecsysTrainConfig, str]], nproc: int =
     job = {"runs": [{"config": config_to_dict(c), "out_dir": str(tmp_path / n)} for c, n in runs]}
     (tmp_path / "job.json").write_text(json.dumps(job))
     restarts = str(max(c.max_restarts for c, _ in runs))
-    result = run_torchrun(
+    job_spec = TorchrunJob(
         ["frugal.recsys.trainer", str(tmp_path / "job.json")],
         nproc=nproc,
         timeout_s=240,
         max_restarts=int(restarts),
         log_dir=tmp_path / "logs",
     )
+    result = run_torchrun(job_spec)
     assert result.ok, result.format()
     return [json.loads((tmp_path / n / "result.json").read_text()) for _, n in runs]
 

@@ -18,12 +18,7 @@ import hashlib
 import json
 import math
 import os
-import queue
-import signal
 import statistics
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,10 +30,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import frugal
-from frugal.comm.launch import EXCEPTION_LINE, free_port, kill_launch, launch_marker
 from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
 from frugal.comm.message import CodecSpec
 from frugal.config import check_types, config_from_dict, config_to_dict
+from frugal.launch import TorchrunJob, run_torchrun
 from frugal.pipeline.buffers import BufferSet
 from frugal.pipeline.models import TextWindows, TinyGPTConfig, split_layers
 from frugal.pipeline.runtime import (
@@ -859,85 +854,22 @@ def launch_torchrun(
     )
     for old in out_dir.glob("rank*.json"):
         old.unlink()
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        "--nnodes=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        "--max-restarts=0",
-        "-m",
-        module,
-        str(job),
-        str(out_dir),
-    ]
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-        **launch_marker(),
-    }
-    src = str(Path(frugal.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,  # its own process group: a timeout kills torchrun and workers
+
+    def on_line(local_rank: int, line: str) -> None:
+        if on_progress is not None and line.startswith(PROGRESS_PREFIX):
+            on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
+
+    result = run_torchrun(
+        TorchrunJob(
+            target=[module, str(job), str(out_dir)],
+            nproc=nproc,
+            timeout_s=timeout_s,
+            log_dir=out_dir / "logs",
+        ),
+        on_line=on_line,
     )
-    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for text in proc.stdout:
-            lines.put(text)
-        lines.put(None)
-
-    threading.Thread(target=pump, name="frugal-torchrun-output", daemon=True).start()
-    tail: list[str] = []
-    # Workers' exception lines ("ValueError: ...", "[rank1]: frugal...Error: ..."): torchrun's
-    # own summary at the end of the output hides the cause otherwise.
-    raised: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise PipelineError(
-                    f"the pipeline launch exceeded {timeout_s} s; killed it (last output: "
-                    + " | ".join(tail[-3:])
-                    + ")"
-                ) from None
-            if line is None:
-                break
-            if line.startswith(PROGRESS_PREFIX):
-                if on_progress is not None:
-                    on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
-            else:
-                tail = [*tail, line.rstrip()][-30:]
-                if EXCEPTION_LINE.search(line):
-                    raised = [*raised, line.strip()][-16:]
-        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired as exc:
-        raise PipelineError(f"the pipeline launch exceeded {timeout_s} s") from exc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()  # torchrun's agent stops its workers on SIGTERM
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        kill_launch(env)  # workers live in their own sessions: killpg misses them
-    if code != 0:
-        errors = list(dict.fromkeys(raised)) or tail[-8:]
-        raise PipelineError(f"torchrun exited with {code}: " + " | ".join(errors[-4:]))
+    if not result.ok:
+        raise PipelineError(f"pipeline launch failed: {result.failure_message()}")
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 

@@ -6,17 +6,12 @@ the same trainer module runs unchanged under a multi-machine torchrun command li
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from frugal.comm.launch import exception_lines, free_port, kill_launch, launch_marker
 from frugal.config import config_to_dict
+from frugal.launch import TorchrunJob, run_torchrun
 from frugal.recsys.config import RecsysTrainConfig
 from frugal.recsys.datasets import load_recsys_data
 from frugal.recsys.errors import RecsysError
@@ -43,14 +38,15 @@ def launch_training(
 
     Args:
         config: The training run.
-        out_dir: Folder for `job.json`, `result.json`, `torchrun.log` and PS files.
+        out_dir: Folder for `job.json`, `result.json`, the per-rank logs and PS files.
         timeout_s: Wall-clock limit of the whole job; the process group is killed after it.
 
     Returns:
         The content of `result.json`.
 
     Raises:
-        RecsysError: If the job fails or times out (the log's tail is in the message).
+        RecsysError: If the job fails or times out (the failed ranks and their errors are in
+            the message).
     """
     return launch_runs([(config, out_dir)], out_dir, timeout_s=timeout_s)[0]
 
@@ -62,7 +58,7 @@ def launch_runs(
 
     Args:
         runs: (config, out_dir) pairs; every config must have the same `nproc`.
-        job_dir: Folder for `job.json` and `torchrun.log`.
+        job_dir: Folder for `job.json` and the per-rank logs (`logs/`).
         timeout_s: Wall-clock limit of the whole job.
 
     Returns:
@@ -71,7 +67,8 @@ def launch_runs(
     Raises:
         ValueError: If `runs` is empty, the configs disagree on `nproc`, or a config's
             `features` do not match its dataset.
-        RecsysError: If the job fails or times out (the log's tail is in the message).
+        RecsysError: If the job fails or times out (the failed ranks and their errors are in
+            the message).
     """
     if not runs:
         raise ValueError("runs is empty; give at least one (config, out_dir)")
@@ -88,45 +85,19 @@ def launch_runs(
     config_path = job_dir / "job.json"
     job = {"runs": [{"config": config_to_dict(c), "out_dir": str(d)} for c, d in runs]}
     config_path.write_text(json.dumps(job, indent=1) + "\n")
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1",
-        "--nproc-per-node", str(config.nproc),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-        "--max-restarts", str(max(c.max_restarts for c, _ in runs)),
-        "-m", "frugal.recsys.trainer", str(config_path),
-    ]  # fmt: skip
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS="1",
-        GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"),
-        TP_SOCKET_IFNAME=env.get("TP_SOCKET_IFNAME", "lo"),
-        PYTHONWARNINGS="ignore",
+    result = run_torchrun(
+        TorchrunJob(
+            target=["frugal.recsys.trainer", str(config_path)],
+            nproc=config.nproc,
+            timeout_s=timeout_s,
+            max_restarts=max(c.max_restarts for c, _ in runs),
+            env={"PYTHONWARNINGS": "ignore"},
+            log_dir=job_dir / "logs",
+        )
     )
-    env.update(launch_marker())
-    log_path = job_dir / "torchrun.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        try:
-            code = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            code = None
-        finally:
-            kill_launch(env)  # workers live in their own sessions: killpg misses them
     missing = [d for _, d in runs if not (d / "result.json").exists()]
-    if code != 0 or missing:
-        text = log_path.read_text(errors="replace")
-        what = f"timed out after {timeout_s} s" if code is None else f"exited with {code}"
-        raised = exception_lines(text)
-        cause = ("; workers raised: " + " | ".join(raised)) if raised else ""
-        raise RecsysError(
-            f"recsys training ({config.mode}) {what}{cause}; log {log_path}:\n{text[-3000:]}"
-        )
+    if not result.ok or missing:
+        why = result.failure_message() or f"no result.json in {[str(d) for d in missing]}"
+        raise RecsysError(f"recsys training ({config.mode}) failed: {why}")
     results: list[dict[str, Any]] = [json.loads((d / "result.json").read_text()) for _, d in runs]
     return results

@@ -1,4 +1,4 @@
-"""Process helpers shared by every torchrun launcher: free ports and killing a whole job.
+"""Process helpers of the torchrun launcher: free ports, launch markers, killing a whole job.
 
 torchrun starts its workers in their own sessions, so killing torchrun's process group can
 leave workers running. Each launch therefore puts a unique marker in the environment

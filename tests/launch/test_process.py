@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from frugal.comm.launch import LAUNCH_ENV, exception_lines, free_port, kill_launch, launch_marker
+from frugal.launch import LAUNCH_ENV, exception_lines, free_port, kill_launch, launch_marker
 
 
 def test_free_port_can_be_bound() -> None:
