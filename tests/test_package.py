@@ -17,6 +17,7 @@ SRC = Path(frugal.__file__).parent
 # TODO(redesign): pipeline sits one layer above planner until Plan moves to frugal.parallel.
 LAYERS = {
     "config": 0,
+    "registry": 0,
     "_libc": 0,  # glibc allocator settings (imports nothing of frugal)
     "results": 1,
     "data": 1,

@@ -374,7 +374,7 @@ def test_non_finite_optimizer_output_writes_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("make", "fragment"),
     [
-        (lambda: EmbeddingStore.Config(backend="bad"), "choose one of 'file'"),  # type: ignore[arg-type]
+        (lambda: EmbeddingStore.Config(backend="bad"), "choose one of file, rocksdb"),
         (lambda: EmbeddingStore.Config(staleness_bound=1.5), "staleness_bound = 1.5"),  # type: ignore[arg-type]
         (lambda: EmbeddingStore.Config(memory_budget_bytes=4e6), "must be an integer"),  # type: ignore[arg-type]
         (lambda: EmbeddingStore.Config(timeout_s=float("inf")), "must be finite"),

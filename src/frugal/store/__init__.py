@@ -7,6 +7,12 @@ Ids are dense rows 0..N-1, or any keys in [0, 2^63) with `key_space="hashed"`; r
 float32 or float16 (`RowSpec.dtype`).
 """
 
+from frugal.store.backends import (
+    BackendArgs,
+    StoreBackend,
+    backend_names,
+    register_backend,
+)
 from frugal.store.errors import (
     NonFiniteError,
     StalenessTimeoutError,
@@ -19,15 +25,19 @@ from frugal.store.rows import OptimizerConfig, RowSpec, apply_optimizer, init_ro
 from frugal.store.store import EmbeddingStore
 
 __all__ = [
+    "BackendArgs",
     "EmbeddingStore",
     "KeySpaceFullError",
     "NonFiniteError",
     "OptimizerConfig",
     "RowSpec",
     "StalenessTimeoutError",
+    "StoreBackend",
     "StoreCorruptionError",
     "StoreError",
     "StoreLockedError",
     "apply_optimizer",
+    "backend_names",
     "init_rows",
+    "register_backend",
 ]

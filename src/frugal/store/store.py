@@ -30,7 +30,7 @@ import numpy as np
 import frugal
 from frugal._libc import physical_memory_bytes
 from frugal.config import check_types, config_from_dict, config_to_dict
-from frugal.store.backends import FileBackend, LmdbBackend, MemoryBackend, RocksDbBackend
+from frugal.store.backends import BACKENDS, BackendArgs
 from frugal.store.backends.base import (
     F32,
     I64,
@@ -61,7 +61,6 @@ MANIFEST_FORMAT = "frugal-store"
 MANIFEST_VERSION = 1
 _MIB = 1 << 20
 _MIN_BUDGET_BYTES = 128 << 10
-BackendName = Literal["file", "rocksdb", "lmdb", "memory"]
 KeySpace = Literal["dense", "hashed"]
 _OPEN_HERE: set[Path] = set()  # store folders this process holds the lock of
 
@@ -180,8 +179,10 @@ class EmbeddingStore:
     class Config:
         """Runtime settings (the table's shape and optimizer live in the MANIFEST)."""
 
-        backend: BackendName = "file"
-        """Storage engine; only used by `create` (`open` reads it from the MANIFEST)."""
+        backend: str = "file"
+        """Storage engine, a name in `frugal.store.backend_names()` (`file`, `rocksdb`, `lmdb`,
+        `memory` or one added by `register_backend`); only used by `create` (`open` reads it
+        from the MANIFEST)."""
         memory_budget_bytes: int = 256 * _MIB
         """All RAM the store may use: cache slab, slot metadata, slot index, backend, I/O."""
         staleness_bound: int | None = 0
@@ -200,6 +201,7 @@ class EmbeddingStore:
 
         def __post_init__(self) -> None:
             check_types(self)
+            BACKENDS.check(self.backend)
             if self.memory_budget_bytes < _MIN_BUDGET_BYTES:
                 raise ValueError(
                     f"memory_budget_bytes={self.memory_budget_bytes} must be >= "
@@ -228,7 +230,7 @@ class EmbeddingStore:
         self.num_rows = int(manifest["num_rows"])
         self.spec = config_from_dict(RowSpec, manifest["spec"], source=str(directory / "MANIFEST"))
         self.seed = int(manifest["seed"])
-        self.backend_name: BackendName = manifest["backend"]
+        self.backend_name: str = manifest["backend"]
         self.epoch = int(manifest["epoch"])
         self.step = int(manifest["step"])
         self.meta: dict[str, Any] = manifest.get("meta", {})
@@ -245,7 +247,9 @@ class EmbeddingStore:
             key_map_bytes = HashedKeys.memory_bytes_for(self.num_rows)
         io_buffer_bytes = max(16 << 10, min(16 * _MIB, budget // 8))
         self._io_buffer_bytes = io_buffer_bytes  # bounds every backend read and write buffer
-        fixed = key_map_bytes + self._backend_memory_bytes(budget) + io_buffer_bytes
+        backend_args = self._backend_args(recover_epoch, budget, manifest.get("backend_info", {}))
+        backend_type = BACKENDS.get(self.backend_name)
+        fixed = key_map_bytes + backend_type.reserved_memory_bytes(backend_args) + io_buffer_bytes
         per_slot = self.spec.row_bytes + slot_overhead_bytes()
         index_kind, capacity = choose_slot_index(
             config.slot_index,
@@ -275,9 +279,7 @@ class EmbeddingStore:
             self.keys = HashedKeys(self.num_rows)
             if recover_epoch is not None:
                 self._restore_keys(recover_epoch)
-        self.backend: StoreBackend = self._open_backend(
-            recover_epoch, width, budget, manifest.get("backend_info", {})
-        )
+        self.backend: StoreBackend = backend_type.open(backend_args)
         self.cache = RowCache(
             self.backend,
             num_rows=self.num_rows,
@@ -291,15 +293,19 @@ class EmbeddingStore:
             slot_index=index_kind,
         )
 
-    def _backend_memory_bytes(self, budget: int) -> int:
-        """RAM the backend will hold, known before it is opened (see each backend)."""
-        if self.backend_name == "file":
-            return 4 * self.num_rows  # int32 record address per row
-        if self.backend_name == "rocksdb":
-            return budget // 4  # block cache + memtables, set in rocksdb_options
-        if self.backend_name == "memory":
-            return self.num_rows * (self.spec.stored_row_bytes + 1)
-        return 0  # lmdb: the OS page cache, not counted (budget_enforced = False)
+    def _backend_args(self, epoch: int | None, budget: int, info: dict[str, Any]) -> BackendArgs:
+        return BackendArgs(
+            directory=self.directory,
+            num_rows=self.num_rows,
+            width=self.spec.width,
+            epoch=epoch,
+            budget_bytes=budget,
+            dtype=self.spec.dtype,
+            io_threads=self.config.io_threads,
+            use_direct_io=self.config.use_direct_io,
+            max_io_bytes=self._io_buffer_bytes,
+            info=info,
+        )
 
     def _keys_of(self, rows: I64) -> I64:
         """The ids users know the rows by (the rows themselves in a dense key space)."""
@@ -331,34 +337,6 @@ class EmbeddingStore:
                 f"{path}: the key map of checkpoint {epoch} is unreadable ({exc}); restore the "
                 "folder from a backup"
             ) from exc
-
-    def _open_backend(
-        self, epoch: int | None, width: int, budget: int, info: dict[str, Any]
-    ) -> StoreBackend:
-        if self.backend_name == "file":
-            try:
-                return FileBackend(
-                    self.directory,
-                    self.num_rows,
-                    width,
-                    epoch,
-                    io_threads=self.config.io_threads,
-                    use_direct_io=self.config.use_direct_io,
-                    manifest_info=info,
-                    dtype=self.spec.dtype,
-                    max_io_bytes=self._io_buffer_bytes,
-                )
-            except FileNotFoundError as exc:
-                raise StoreCorruptionError(
-                    f"{self.directory}: a file of checkpoint {epoch} is missing: {exc.filename}"
-                ) from exc
-        if self.backend_name == "rocksdb":
-            return RocksDbBackend(
-                self.directory, self.num_rows, width, epoch, budget // 4, dtype=self.spec.dtype
-            )
-        if self.backend_name == "lmdb":
-            return LmdbBackend(self.directory, self.num_rows, width, epoch, dtype=self.spec.dtype)
-        return MemoryBackend(self.directory, self.num_rows, width, epoch, dtype=self.spec.dtype)
 
     # --- lifecycle -------------------------------------------------------------------------
 

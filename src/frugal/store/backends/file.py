@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from frugal.store.backends.base import F32, I64, Mask, save_array_atomic
+from frugal.store.backends.registry import BackendArgs, register_backend
 from frugal.store.errors import StoreCorruptionError
 from frugal.store.rows import splitmix64
 
@@ -421,3 +422,30 @@ class FileBackend:
         self.pool.shutdown(wait=True)
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+def _open_file(args: BackendArgs) -> FileBackend:
+    try:
+        return FileBackend(
+            args.directory,
+            args.num_rows,
+            args.width,
+            args.epoch,
+            io_threads=args.io_threads,
+            use_direct_io=args.use_direct_io,
+            manifest_info=args.info,
+            dtype=args.dtype,
+            max_io_bytes=args.max_io_bytes,
+        )
+    except FileNotFoundError as exc:
+        raise StoreCorruptionError(
+            f"{args.directory}: a file of checkpoint {args.epoch} is missing: {exc.filename}"
+        ) from exc
+
+
+register_backend(
+    "file",
+    _open_file,
+    reserved_memory_bytes=lambda args: 4 * args.num_rows,  # int32 record address per row
+    description="append-only record log with O_DIRECT reads (MLKV's own engine; default)",
+)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from frugal.store.backends.base import F32, I64, Mask
+from frugal.store.backends.registry import BackendArgs, register_backend
 from frugal.store.errors import StoreCorruptionError
 
 __all__ = ["LmdbBackend", "RocksDbBackend", "id_keys"]
@@ -221,3 +222,23 @@ class LmdbBackend:
     def close(self) -> None:
         """Close the environment."""
         self.env.close()
+
+
+def _open_rocksdb(a: BackendArgs) -> RocksDbBackend:
+    return RocksDbBackend(
+        a.directory, a.num_rows, a.width, a.epoch, a.budget_bytes // 4, dtype=a.dtype
+    )
+
+
+register_backend(
+    "rocksdb",
+    _open_rocksdb,
+    reserved_memory_bytes=lambda args: args.budget_bytes // 4,  # block cache + memtables
+    description="RocksDB (rocksdict): LSM tree, block cache and memtables in a quarter of the "
+    "budget",
+)
+register_backend(
+    "lmdb",
+    lambda a: LmdbBackend(a.directory, a.num_rows, a.width, a.epoch, dtype=a.dtype),
+    description="LMDB: memory-mapped B+ tree; the OS page cache is not counted in the budget",
+)

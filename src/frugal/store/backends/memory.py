@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from frugal.store.backends.base import F32, I64, Mask, save_array_atomic
+from frugal.store.backends.registry import register_backend
 from frugal.store.errors import StoreCorruptionError
 
 __all__ = ["MemoryBackend"]
@@ -87,3 +88,11 @@ class MemoryBackend:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+register_backend(
+    "memory",
+    lambda a: MemoryBackend(a.directory, a.num_rows, a.width, a.epoch, dtype=a.dtype),
+    reserved_memory_bytes=lambda args: args.num_rows * (args.stored_row_bytes + 1),
+    description="the whole table in RAM (the all-in-memory reference)",
+)
