@@ -16,7 +16,9 @@ import re
 from typing import Any
 
 INDEX_TARGETS = frozenset({"i", "j", "k", "step", "stage"})
-_UNRESOLVED = re.compile(r"from \S*src/frugal/\S+: .*Could not find cross-reference target '([^']+)'$")
+_UNRESOLVED = re.compile(
+    r"from \S*src/frugal/\S+: .*Could not find cross-reference target '([^']+)'$"
+)
 _LOGGER = "mkdocs.plugins.mkdocs_autorefs._internal.plugin"
 
 
