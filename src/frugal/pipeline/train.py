@@ -391,9 +391,9 @@ class LocalResult:
     eval_loss: float
     """Final eval loss of the whole model."""
     activation_bytes: list[list[list[int]]]
-    """[stage][step][mb] wire bytes of the activations stage sent."""
+    """`[stage][step][mb]` wire bytes of the activations stage sent."""
     gradient_bytes: list[list[list[int]]]
-    """[stage][step][mb] wire bytes of the gradients stage sent."""
+    """`[stage][step][mb]` wire bytes of the gradients stage sent."""
     buffer_bytes: int
     """AQ-SGD buffer bytes over all links and both sides."""
 
@@ -923,7 +923,7 @@ def cell_rounds(
         num_rounds: Rounds in the launch.
 
     Returns:
-        (rounds, round_step_s, median_s): rounds[i][stage] is a rank's run of this cell in
+        (rounds, round_step_s, median_s): `rounds[i][stage]` is a rank's run of this cell in
         round i; round_step_s[i] the step seconds of round i (slowest rank per step, the
         first step left out); median_s the median over every round's timed steps.
     """

@@ -219,7 +219,7 @@ class PaperCost:
     stage_order: tuple[int, ...]
     """Group ids along the path: stage i is group stage_order[i]."""
     mesh: tuple[tuple[int, ...], ...]
-    """mesh[j][i] = device of pipeline j at stage i (matchings chained along the path)."""
+    """`mesh[j][i]` = device of pipeline j at stage i (matchings chained along the path)."""
 
 
 def paper_cost(

@@ -2,7 +2,7 @@
 
 Better than the paper's communication-only cost: it adds compute, pipeline fill and drain, the
 overlap of data-parallel gradient exchange with the backward pass, and the cheapest collective
-per stage group. For pipeline j with stages i (device d = mesh[j][i], l_i layers):
+per stage group. For pipeline j with stages i (device d = `mesh[j][i]`, l_i layers):
 
 - f_i = l_i tau_f(d), g_i = l_i tau_b(d), tau(d) = tau_ref / speed(d) (forward : backward
   incl. recompute = 1 : 3);
@@ -373,7 +373,7 @@ def iteration_cost(
 
     Args:
         topology: Devices and links.
-        mesh_JI: mesh[j][i] = device of pipeline j at stage i.
+        mesh_JI: `mesh[j][i]` = device of pipeline j at stage i.
         layers_per_stage: l_i per stage (sum = num_layers).
         workload: The training job.
         balance_microbatches: Share micro-batches in proportion to pipeline speed.

@@ -104,7 +104,7 @@ class Plan:
         num_layers_per_stage: Layers of each stage (sum = num_layers, each >= 1).
         num_microbatches_per_replica: Micro-batches per accumulation step of each pipeline
             (uneven when faster pipelines take more; gradients are then weighted by it).
-        mesh: mesh[j][i] = rank running stage i of pipeline j; a permutation of 0..N-1.
+        mesh: `mesh[j][i]` = rank running stage i of pipeline j; a permutation of 0..N-1.
         stage_order: Group id along the pipeline path for each stage (paper's plan).
         devices: Per rank: name, host, site.
         objective: Cost model used.

@@ -75,7 +75,7 @@ def check_grid(topology: Topology, num_stages: int, num_replicas: int) -> None:
 
 
 def megatron_default_groups(num_stages: int, num_replicas: int) -> I64:
-    """Megatron's default: mesh[j][i] = i*D_dp + j, so stage i's DP group is ids i*D_dp..+D_dp-1.
+    """Megatron's default: `mesh[j][i] = i*D_dp + j`, so stage i's DP group is ids i*D_dp..+D_dp-1.
 
     Shapes:
         returns (G, K).
