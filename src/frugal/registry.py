@@ -3,13 +3,15 @@
 A `Registry[T]` maps a name ("rocksdb", "tiny-gpt", "ours") to an entry of type T (a
 factory, a spec). Each area keeps one registry and registers its built-in entries where they
 are defined; adding an engine or model is one new module plus one `register` call. Lookups of
-an unknown name raise a `ValueError` that names the value and every valid choice.
+an unknown name raise a `ConfigError` (a `ValueError`) that names the value and every valid choice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
+
+from frugal.config import ConfigError
 
 __all__ = ["Registry"]
 
@@ -70,12 +72,12 @@ class Registry(Generic[T]):
         """The entry registered as `name`.
 
         Raises:
-            ValueError: If no entry has that name (the message lists every registered one).
+            ConfigError: If no entry has that name (the message lists every registered one).
         """
         try:
             return self._entries[name]
         except KeyError:
-            raise ValueError(
+            raise ConfigError(
                 f"{self.field}={name!r} is not a registered {self.kind}; choose one of "
                 f"{', '.join(self._entries)}"
             ) from None

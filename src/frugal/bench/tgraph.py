@@ -28,7 +28,7 @@ import numpy as np
 
 from frugal import FrugalError
 from frugal._libc import keep_freed_memory
-from frugal.config import check_types, config_to_dict
+from frugal.config import ConfigError, check_types, config_to_dict
 from frugal.data import DATASETS, get_dataset_info, load_events
 from frugal.results import (
     BenchJournal,
@@ -288,10 +288,10 @@ def run_tgraph_bench(
     for dataset in config.datasets:  # every dataset is checked before any training
         info = get_dataset_info(dataset)
         if info.kind != "temporal_graph":
-            raise ValueError(f"dataset {dataset!r} is {info.kind!r}, not a temporal event stream")
+            raise ConfigError(f"dataset {dataset!r} is {info.kind!r}, not a temporal event stream")
         if config.task == "nc" and load_events(dataset).node_label is None:
             labelled = [d for d in config.datasets if load_events(d).node_label is not None]
-            raise ValueError(
+            raise ConfigError(
                 f"--task nc needs node labels, and {dataset} has none; use --task lp, or run "
                 f"nc on the labelled datasets only ({', '.join(labelled) or 'none given'})"
             )

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from frugal.cli.options import add_config_arguments, config_from_args, output_folder
+from frugal.config import ConfigError
 
 if TYPE_CHECKING:
     from frugal.data import DatasetInfo, DatasetStats
@@ -219,12 +220,12 @@ def _export(args: argparse.Namespace) -> int:
 
     info = get_dataset_info(args.name)
     if "events" not in info.loaders:
-        raise ValueError(
+        raise ConfigError(
             f"--format ml needs a temporal graph, but {info.name!r} is {info.kind} data; "
             "pick one of the temporal graphs in `frugal data list`"
         )
     if not args.out.strip():
-        raise ValueError("--out is empty; give the folder to write the ml_NAME files into")
+        raise ConfigError("--out is empty; give the folder to write the ml_NAME files into")
     out = output_folder(args.out)  # a file or an unwritable path fails before loading
     config = config_from_args(DataConfig, args)
     events = load_events(info, config)

@@ -20,6 +20,7 @@ from frugal.cli import recsys as recsys_command
 from frugal.cli import reproduce as reproduce_command
 from frugal.cli import store as store_command
 from frugal.cli import tgraph as tgraph_command
+from frugal.config import ConfigError
 
 __all__ = ["build_parser", "cli_surface", "main"]
 
@@ -88,7 +89,12 @@ def cli_surface(parser: argparse.ArgumentParser | None = None) -> dict[str, list
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit code (0 ok, 1 runtime failure, 2 bad input)."""
+    """Run the command line; return the exit code (0 ok, 1 runtime failure, 2 bad input).
+
+    Bad input (a `ConfigError`) prints one line and returns 2; another `FrugalError` or an
+    `OSError` prints one line and returns 1. Any other exception, a `ValueError` or
+    `TypeError` from library internals included, is a bug and propagates with its traceback.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
@@ -101,12 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the exit-time flush
         return EXIT_OK
-    except FrugalError as exc:
-        print(f"frugal: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    except ValueError as exc:  # bad input (ConfigError is one); other errors are bugs
+    except ConfigError as exc:  # bad input, raised where the input is checked
         print(f"frugal: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except FrugalError as exc:  # a domain failure: missing package, corrupt store, lost rank
+        print(f"frugal: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     except OSError as exc:  # a path that cannot be read or written, a full disk
         print(f"frugal: {exc}", file=sys.stderr)
         return EXIT_FAILURE

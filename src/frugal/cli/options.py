@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TypeVar
 
-from frugal.config import load_config
+from frugal.config import ConfigError, load_config
 
 __all__ = ["add_config_arguments", "config_from_args", "output_file", "output_folder"]
 
@@ -50,15 +50,15 @@ def output_folder(value: str, flag: str = "--out") -> Path:
     Checked before any work, so a bad path fails in a second, not after an hour of bench.
 
     Raises:
-        ValueError: If the path is an existing file or the folder cannot be created.
+        ConfigError: If the path is an existing file or the folder cannot be created.
     """
     path = Path(value)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{flag} {path} is a file; give a folder (it is created if missing)")
+        raise ConfigError(f"{flag} {path} is a file; give a folder (it is created if missing)")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ValueError(
+        raise ConfigError(
             f"{flag} {path}: cannot create the folder ({exc.strerror}); choose a writable path"
         ) from exc
     return path
@@ -68,10 +68,10 @@ def output_file(value: str, flag: str = "--out") -> Path:
     """The output file of a command: its folder is created now, the file written later.
 
     Raises:
-        ValueError: If the path is a folder or its folder cannot be created.
+        ConfigError: If the path is a folder or its folder cannot be created.
     """
     path = Path(value)
     if path.is_dir():
-        raise ValueError(f"{flag} {path} is a folder; give a file name")
+        raise ConfigError(f"{flag} {path} is a folder; give a file name")
     output_folder(str(path.parent) if str(path.parent) else ".", flag=f"{flag} folder")
     return path

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from frugal.cli.options import add_config_arguments, output_folder
+from frugal.config import ConfigError
 
 __all__ = ["register"]
 
@@ -96,15 +97,15 @@ def _codec(args: argparse.Namespace) -> str | None:
     codec: str | None = args.codec
     if codec in ("directq", "aqsgd"):
         if args.fw_bits is None or args.bw_bits is None:
-            raise ValueError(f"--codec {codec} needs --fw-bits and --bw-bits (e.g. 2 and 4)")
+            raise ConfigError(f"--codec {codec} needs --fw-bits and --bw-bits (e.g. 2 and 4)")
         for flag, bits in (("--fw-bits", args.fw_bits), ("--bw-bits", args.bw_bits)):
             if not 1 <= bits <= 8:
-                raise ValueError(
+                raise ConfigError(
                     f"{flag} {bits}: bits must be in 1..8 (e.g. --fw-bits 2 --bw-bits 4)"
                 )
         return f"{codec}:fw{args.fw_bits},bw{args.bw_bits}"
     if args.fw_bits is not None or args.bw_bits is not None:
-        raise ValueError(
+        raise ConfigError(
             f"--fw-bits/--bw-bits apply to --codec directq or aqsgd, not {codec or 'fp32'}"
         )
     return codec
@@ -120,7 +121,7 @@ def _rho(text: str) -> float:
     except ValueError:
         value = math.nan
     if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"--rho {text!r}: give a number > 0 or one of {', '.join(RHO_POINTS)}")
+        raise ConfigError(f"--rho {text!r}: give a number > 0 or one of {', '.join(RHO_POINTS)}")
     return value
 
 
@@ -159,17 +160,17 @@ def _train(args: argparse.Namespace) -> int:
         from frugal.planner.plan import Plan
 
         if Path(config.plan).is_dir():
-            raise ValueError(f"--plan {args.plan} is a folder; give the plan's JSON file")
+            raise ConfigError(f"--plan {args.plan} is a folder; give the plan's JSON file")
         if not Path(config.plan).is_file():
-            raise ValueError(
+            raise ConfigError(
                 f"--plan {args.plan}: no such file; write one with `frugal plan --out FILE`"
             )
         try:
             plan = Plan.from_json(Path(config.plan).read_text())
         except ValueError as exc:
-            raise ValueError(f"--plan {args.plan}: {exc}") from exc
+            raise ConfigError(f"--plan {args.plan}: {exc}") from exc
         if args.stages is not None and args.stages != plan.num_stages:
-            raise ValueError(
+            raise ConfigError(
                 f"--stages {args.stages} but the plan has {plan.num_stages} stages; drop "
                 "--stages (the plan decides) or plan again"
             )
@@ -177,19 +178,19 @@ def _train(args: argparse.Namespace) -> int:
     layout = make_layout(config, world_size)  # a plan that does not fit fails here
     per_step = sum(layout.num_microbatches) * config.micro_batch_size
     if per_step > config.num_train:
-        raise ValueError(
+        raise ConfigError(
             f"one step needs {per_step} training windows ({sum(layout.num_microbatches)} "
             f"micro-batches of {config.micro_batch_size}) but num_train={config.num_train}; "
             f"raise it (--set num_train={per_step}) or plan a smaller global batch"
         )
     if args.dp_bits is not None and config.dp_compression not in ("ef-kbit", "qadam"):
-        raise ValueError(
+        raise ConfigError(
             f"--dp-bits {args.dp_bits} applies to --dp-compress ef-kbit or qadam, not "
             f"{config.dp_compression} (fp16 sends 16 bits, powersgd a rank-r factorisation); "
             "drop --dp-bits or choose ef-kbit/qadam"
         )
     if config.dp_compression != "none" and layout.num_replicas == 1:
-        raise ValueError(
+        raise ConfigError(
             f"--dp-compress {config.dp_compression} needs data-parallel replicas: give a --plan "
             "with num_replicas >= 2 ("
             + ("this plan has" if config.plan else "the linear layout has")
@@ -226,7 +227,7 @@ def _train(args: argparse.Namespace) -> int:
                     if spare_s <= 0
                     else f"use at least {8.0 * first / (spare_s * 1e6):,.3g} Mbit/s"
                 )
-            raise ValueError(f"{link}; {fix}")
+            raise ConfigError(f"{link}; {fix}")
     if config.init_weights:  # a file that cannot start the model fails here, not in every rank
         from frugal.pipeline.zoo import build_model
 

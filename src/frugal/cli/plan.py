@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from frugal.cli.options import add_config_arguments, config_from_args, output_file, output_folder
+from frugal.config import ConfigError
 
 __all__ = ["register"]
 
@@ -73,10 +74,10 @@ def _plan(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None:  # refuse a bad output path before the search, not after it
         if out.is_dir():
-            raise ValueError(f"--out {out} is a folder; give a file name such as plan.json")
+            raise ConfigError(f"--out {out} is a folder; give a file name such as plan.json")
         output_file(args.out)
         if out.suffix == ".png":
-            raise ValueError(f"--out {out}: give the .json path; the .png is written beside it")
+            raise ConfigError(f"--out {out}: give the .json path; the .png is written beside it")
     if args.cluster:
         topology, settings = load_cluster(args.cluster)
         config = load_config(
@@ -86,7 +87,7 @@ def _plan(args: argparse.Namespace) -> int:
         topology = build_scenario(args.scenario)
         config = config_from_args(PlannerConfig, args)
     else:
-        raise ValueError("give --scenario NAME or --cluster FILE (or use `frugal plan bench`)")
+        raise ConfigError("give --scenario NAME or --cluster FILE (or use `frugal plan bench`)")
     plan = build_plan(topology, config)
     print(plan.table())
     if out is not None:
@@ -103,7 +104,7 @@ def _no_cluster_flags(args: argparse.Namespace, action: str, instead: str) -> No
     """`--scenario`/`--cluster` belong to `frugal plan` itself; refuse them before an action."""
     for flag, value in (("--scenario", args.scenario), ("--cluster", args.cluster)):
         if value is not None:
-            raise ValueError(
+            raise ConfigError(
                 f"{flag} {value} applies to `frugal plan` alone, not to `frugal plan {action}`, "
                 f"which would ignore it; {instead}"
             )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from frugal.cli.options import add_config_arguments, output_file, output_folder
+from frugal.config import ConfigError
 
 __all__ = ["register"]
 
@@ -81,7 +82,7 @@ def _train(args: argparse.Namespace) -> int:
         o.split("=", 1)[0].strip() == "staleness" for o in args.overrides
     )
     if config.mode == "sync" and staleness_given:
-        raise ValueError(
+        raise ConfigError(
             f"--staleness {config.staleness} does not apply to --mode sync (every lookup "
             "waits for all earlier updates); drop --staleness or use --mode hybrid or async"
         )

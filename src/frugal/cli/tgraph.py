@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frugal.cli.options import add_config_arguments, output_folder
+from frugal.config import ConfigError
 
 if TYPE_CHECKING:
     from frugal.bench.tgraph import TgraphBenchConfig
@@ -77,7 +78,7 @@ def bench_config(args: argparse.Namespace) -> TgraphBenchConfig:
     explicitly still win over it.
 
     Raises:
-        ValueError: On an invalid setting, or `--protocol frugal` with a benchtemp protocol.
+        ConfigError: On an invalid setting, or `--protocol frugal` with a benchtemp protocol.
     """
     from frugal.bench.tgraph import TgraphBenchConfig, benchtemp_config
     from frugal.config import config_to_dict, load_config
@@ -90,7 +91,7 @@ def bench_config(args: argparse.Namespace) -> TgraphBenchConfig:
     )
     if merged.protocol.name == "benchtemp" and preset.protocol.name != "benchtemp":
         if args.protocol == "frugal":
-            raise ValueError(
+            raise ConfigError(
                 "--protocol frugal contradicts protocol.name = 'benchtemp' from --config or "
                 "--set; keep one of them"
             )
@@ -143,7 +144,7 @@ def _leaderboard(args: argparse.Namespace) -> int:
     from frugal.tgraph.leaderboard import write_leaderboard
 
     if not Path(args.results_dir).is_dir():
-        raise ValueError(
+        raise ConfigError(
             f"{args.results_dir} is not a folder; give the --out folder of `frugal tgraph bench`"
         )
     path = write_leaderboard(Path(args.results_dir), args.metric)

@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import pandas as pd
 
+from frugal.config import ConfigError
 from frugal.data.cache import atomic_write, atomic_write_bytes, cache_root
 from frugal.data.errors import DatasetStatsError
 from frugal.data.events import TemporalEvents, factorize_nodes
@@ -78,7 +79,7 @@ def _info(dataset: str | DatasetInfo) -> DatasetInfo:
 
 def _require_loader(info: DatasetInfo, loader: str) -> None:
     if loader not in info.loaders:
-        raise ValueError(
+        raise ConfigError(
             f"dataset {info.name!r} is {info.kind} data and has no {loader} form; it loads "
             f"with: {', '.join('load_' + name for name in info.loaders)}"
         )

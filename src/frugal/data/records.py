@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from frugal.config import ConfigError
+
 __all__ = [
     "DATASETS",
     "DatasetInfo",
@@ -523,12 +525,12 @@ def get_dataset_info(name: str) -> DatasetInfo:
         Its `DatasetInfo`.
 
     Raises:
-        ValueError: If no dataset has that name; the message lists the known names.
+        ConfigError: If no dataset has that name; the message lists the known names.
     """
     try:
         return _BY_NAME[name]
     except KeyError:
-        raise ValueError(
+        raise ConfigError(
             f"unknown dataset {name!r}; known datasets: {', '.join(_BY_NAME)} "
             "(see `frugal data list`)"
         ) from None

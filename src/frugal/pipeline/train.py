@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import frugal
 from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
 from frugal.comm.message import CodecSpec
-from frugal.config import check_types, config_from_dict, config_to_dict
+from frugal.config import ConfigError, check_types, config_from_dict, config_to_dict
 from frugal.launch import TorchrunJob, run_torchrun
 from frugal.pipeline.buffers import BufferSet
 from frugal.pipeline.models import TextWindows, TinyGPTConfig, split_layers
@@ -297,7 +297,7 @@ def make_layout(config: PipelineTrainConfig, world_size: int) -> Layout:
     """
     if not config.plan:
         if world_size != config.num_stages:
-            raise ValueError(
+            raise ConfigError(
                 f"world_size={world_size} but num_stages={config.num_stages}; the linear layout "
                 "runs one process per stage: launch --nproc-per-node equal to --stages"
             )
@@ -312,12 +312,12 @@ def make_layout(config: PipelineTrainConfig, world_size: int) -> Layout:
 
     plan = Plan.from_json(Path(config.plan).read_text())
     if plan.world_size != world_size:
-        raise ValueError(
+        raise ConfigError(
             f"the plan {config.plan} is for world_size={plan.world_size} but "
             f"{world_size} processes were launched; launch {plan.world_size} or plan again"
         )
     if sum(plan.num_layers_per_stage) != model_num_layers(config):
-        raise ValueError(
+        raise ConfigError(
             f"the plan places {sum(plan.num_layers_per_stage)} layers but the model has "
             f"{model_num_layers(config)}; set gpt.num_layers={sum(plan.num_layers_per_stage)} "
             "or plan with workload.num_layers matching the model"

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from frugal.config import check_types
+from frugal.config import ConfigError, check_types
 from frugal.pipeline.gguf_loader import GGUFFormatError, GGUFModel, read_gguf_llama
 from frugal.pipeline.llama import Llama, LlamaConfig, build_llama_stages
 from frugal.pipeline.models import (
@@ -194,13 +194,13 @@ def build_model(config: PipelineTrainConfig) -> nn.Module:
         try:
             state = torch.load(config.init_weights, map_location="cpu", weights_only=True)
         except Exception as exc:  # pickle, EOF, zip errors: any file torch cannot read
-            raise ValueError(
+            raise ConfigError(
                 f"init_weights={config.init_weights!r} is not a file written by torch.save of "
                 f"a state_dict ({type(exc).__name__}: {_first_sentence(exc)}); give one saved "
                 "from the same model settings"
             ) from None
         if not isinstance(state, dict):
-            raise ValueError(
+            raise ConfigError(
                 f"init_weights={config.init_weights!r} holds a {type(state).__name__}, not a "
                 "state_dict; save model.state_dict()"
             )
@@ -208,7 +208,7 @@ def build_model(config: PipelineTrainConfig) -> nn.Module:
             model.load_state_dict(state)
         except RuntimeError as exc:
             detail = " ".join(line.strip() for line in str(exc).splitlines()[1:3])
-            raise ValueError(
+            raise ConfigError(
                 f"init_weights={config.init_weights!r} does not fit the {config.model} of "
                 f"this config ({detail[:300]}); save it from the same model settings"
             ) from None

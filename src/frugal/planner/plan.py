@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from frugal import FrugalError
-from frugal.config import check_types
+from frugal.config import ConfigError, check_types
 from frugal.planner.iteration import WorkloadConfig
 from frugal.planner.topology import Topology
 
@@ -187,13 +187,13 @@ class Plan:
         try:
             data: dict[str, Any] = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
-            raise ValueError(f"not a plan: invalid JSON ({exc})") from exc
+            raise ConfigError(f"not a plan: invalid JSON ({exc})") from exc
         if not isinstance(data, dict):
-            raise ValueError(f"not a plan: the JSON is a {type(data).__name__}, not an object")
+            raise ConfigError(f"not a plan: the JSON is a {type(data).__name__}, not an object")
         fields = set(cls.__dataclass_fields__)
         unknown, missing = set(data) - fields, fields - set(data) - {"format_version"}
         if unknown or missing:
-            raise ValueError(
+            raise ConfigError(
                 f"not a plan: unknown fields {sorted(unknown)}, missing {sorted(missing)}; "
                 "write a plan with `frugal plan --out FILE`"
             )
@@ -218,12 +218,12 @@ class Plan:
         if not isinstance(topology, Topology):
             raise TypeError(f"validate needs a Topology, got {type(topology).__name__}")
         if topology.num_devices != self.world_size:
-            raise ValueError(
+            raise ConfigError(
                 f"the plan is for world_size={self.world_size} but the cluster has "
                 f"{topology.num_devices} devices"
             )
         if topology.sha256() != self.cluster_sha256:
-            raise ValueError(
+            raise ConfigError(
                 "the plan was made for another cluster (topology digest differs); plan again"
             )
 
@@ -285,7 +285,7 @@ def _grids(topology: Topology, config: PlannerConfig) -> list[tuple[int, int]]:
         return [(config.num_stages, config.num_replicas)]
     for name, value in (("num_stages", config.num_stages), ("num_replicas", config.num_replicas)):
         if value and n % value:
-            raise ValueError(
+            raise ConfigError(
                 f"{name}={value} does not divide world_size={n}; choose a divisor of {n} (or 0 "
                 "to let the planner choose)"
             )
@@ -376,7 +376,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
     if len(grids) != 1:
         if not grids:
             w = config.workload
-            raise ValueError(
+            raise ConfigError(
                 f"no (num_stages, num_replicas) factor pair of {topology.num_devices} devices "
                 f"splits global_batch_size={w.global_batch_size} into whole steps of "
                 f"microbatches_per_step={w.microbatches_per_step} x microbatch_size="

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from frugal.config import ConfigError
 from frugal.planner.topology import Device, Topology
 
 __all__ = [
@@ -245,6 +246,6 @@ def build_scenario(name: str) -> Topology:
     try:
         return SCENARIOS[name]()
     except KeyError:
-        raise ValueError(
+        raise ConfigError(
             f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)}"
         ) from None

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from frugal.config import ConfigError
 from frugal.recsys.errors import RecsysError
 from frugal.recsys.ps import EmbeddingShard, virtual_shard
 
@@ -196,11 +197,11 @@ def read_checkpoint(folder: Path) -> dict[str, Any]:
     """
     manifest_path = folder / "MANIFEST.json"
     if not folder.exists():
-        raise ValueError(f"checkpoint {folder} does not exist; give a checkpoint_dir or step-S")
+        raise ConfigError(f"checkpoint {folder} does not exist; give a checkpoint_dir or step-S")
     if not folder.is_dir():
-        raise ValueError(f"checkpoint {folder} is a file; give a checkpoint_dir or step-S folder")
+        raise ConfigError(f"checkpoint {folder} is a file; give a checkpoint_dir or step-S folder")
     if not manifest_path.is_file():
-        raise ValueError(
+        raise ConfigError(
             f"{folder} has neither LATEST nor MANIFEST.json: not a checkpoint; give a "
             "checkpoint_dir written by `frugal recsys train` or one of its step-S folders"
         )

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from frugal.config import config_to_dict
+from frugal.config import ConfigError, config_to_dict
 from frugal.launch import TorchrunJob, run_torchrun
 from frugal.recsys.config import RecsysTrainConfig
 from frugal.recsys.datasets import load_recsys_data
@@ -25,7 +25,7 @@ def _check_features(config: RecsysTrainConfig) -> None:
         return
     train, _ = load_recsys_data(config.data)
     if tuple(config.features) != train.keys:
-        raise ValueError(
+        raise ConfigError(
             f"features={list(config.features)} do not match {config.data.dataset}'s features "
             f"{list(train.keys)}; fix the config's features list"
         )

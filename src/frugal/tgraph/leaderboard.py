@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from frugal.config import ConfigError
+
 __all__ = [
     "collect_rows",
     "mean_ci95",
@@ -59,22 +61,22 @@ def _check_row(where: str, row: dict[str, Any]) -> None:
     """Raise ValueError naming `where` (file and row) if a field has the wrong type."""
     lacking = [k for k in _ROW_KEYS if k not in row]
     if lacking:
-        raise ValueError(f"{where} lacks {lacking}; re-run its bench or remove the file")
+        raise ConfigError(f"{where} lacks {lacking}; re-run its bench or remove the file")
     for key in _STRING_KEYS:
         if not isinstance(row[key], str):
-            raise ValueError(
+            raise ConfigError(
                 f"{where}: {key} must be a string, got {row[key]!r}; re-run its bench or "
                 "remove the file"
             )
     if isinstance(row["seed"], bool) or not isinstance(row["seed"], int):
-        raise ValueError(
+        raise ConfigError(
             f"{where}: seed must be an integer, got {row['seed']!r}; re-run its bench or "
             "remove the file"
         )
     for key in _NUMBER_KEYS:
         value = row.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise ValueError(
+            raise ConfigError(
                 f"{where}: {key} must be a number or null, got {value!r}; re-run its bench or "
                 "remove the file"
             )
@@ -84,7 +86,7 @@ def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(
+        raise ConfigError(
             f"{path} is not UTF-8 text ({exc}); re-run its bench or remove the file"
         ) from exc
 
@@ -125,14 +127,14 @@ def collect_rows(results_dir: Path) -> list[dict[str, Any]]:
         try:
             document = json.loads(_read_text(path))
         except json.JSONDecodeError as exc:
-            raise ValueError(
+            raise ConfigError(
                 f"{path} is not valid JSON ({exc}); re-run its bench or remove the file"
             ) from exc
         if not isinstance(document, dict) or document.get("benchmark") != "tgraph":
             continue
         config = document.get("config") or {}
         if not isinstance(config, dict):
-            raise ValueError(
+            raise ConfigError(
                 f"{path}: 'config' must be an object, got {type(config).__name__}; re-run its "
                 "bench or remove the file"
             )
@@ -144,7 +146,7 @@ def collect_rows(results_dir: Path) -> list[dict[str, Any]]:
         )
         document_rows = document.get("rows", [])
         if not isinstance(document_rows, list):
-            raise ValueError(
+            raise ConfigError(
                 f"{path}: 'rows' must be a list of rows, got {type(document_rows).__name__}; "
                 "re-run its bench or remove the file"
             )
@@ -206,7 +208,7 @@ def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
     """
     if not any(isinstance(r.get(metric), int | float) for r in rows):
         hint = " (run the bench with --task nc and a learned model)" if metric == "nc_auc" else ""
-        raise ValueError(f"no result row has a value of {metric!r}{hint}")
+        raise ConfigError(f"no result row has a value of {metric!r}{hint}")
     groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
     if metric == "nc_auc":
         first: dict[tuple[Any, ...], dict[str, Any]] = {}
