@@ -12,7 +12,10 @@ Supported field types: `bool`, `int`, `float` (an int is accepted), `str`, `Lite
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
 import json
 import math
 import tomllib
@@ -34,6 +37,8 @@ __all__ = [
     "config_to_dict",
     "config_to_json",
     "config_to_toml",
+    "config_to_commented_toml",
+    "field_docs",
     "load_config",
 ]
 
@@ -247,6 +252,104 @@ def config_to_toml(config: object) -> str:
         return value
 
     return tomli_w.dumps(drop_none(config_to_dict(config)))
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a Config class: field name -> its docstring.
+
+    The docstring of a field is the string literal under it (see STYLE.md, section 2.1),
+    read from the source of `cls` and of its dataclass bases. A field without one is absent;
+    a class whose source cannot be read gives no docs.
+
+    Args:
+        cls: A Config dataclass.
+
+    Returns:
+        The cleaned docstring of each documented field, in field order.
+    """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):  # no source: a built or generated class
+            continue
+        body = next((n.body for n in tree.body if isinstance(n, ast.ClassDef)), [])
+        for node, after in zip(body, body[1:], strict=False):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[node.target.id] = inspect.cleandoc(after.value.value)
+    names = [f.name for f in dataclasses.fields(cls)]
+    return {name: docs[name] for name in names if name in docs}
+
+
+def config_to_commented_toml(config: object) -> str:
+    """Return the Config as a TOML document with each field's docstring as a comment above it.
+
+    What `--print-config` prints: the resolved settings of a command, ready to save, edit and
+    pass back with `--config FILE`; `load_config(type(config), FILE)` gives an equal Config.
+    Each table starts with its class's summary line. A field that is `None` (TOML has no null)
+    is shown as a comment and loads back as its default.
+
+    Args:
+        config: A Config dataclass instance.
+
+    Returns:
+        The TOML text.
+
+    Raises:
+        TypeError: If `config` is not a dataclass instance.
+    """
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"{config!r} is not a Config instance")
+    lines: list[str] = []
+
+    def comment(text: str) -> None:
+        lines.extend(f"# {line}".rstrip() for line in text.splitlines())
+
+    def table(value: object, path: tuple[str, ...], doc: str | None) -> None:
+        cls = type(value)
+        docs = field_docs(cls)
+        summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
+        if path:
+            lines.append("")
+        if doc:  # the parent's docstring of this field
+            comment(doc)
+        elif summary and not summary.startswith(f"{cls.__name__}("):  # not dataclass' own
+            comment(summary)
+        if path:
+            lines.append("[" + ".".join(_toml_key(part) for part in path) + "]")
+        children = []
+        for field in dataclasses.fields(value):  # type: ignore[arg-type]
+            item = getattr(value, field.name)
+            if dataclasses.is_dataclass(item) and not isinstance(item, type):
+                children.append((field.name, item))
+                continue
+            if field.name in docs:
+                comment(docs[field.name])
+            if item is None:
+                lines.append(f"# {_toml_key(field.name)} is unset (None)")
+            else:
+                plain = config_to_dict(value)[field.name]
+                lines.append(tomli_w.dumps({field.name: plain}).rstrip("\n"))
+        for name, child in children:
+            table(child, (*path, name), docs.get(name))
+
+    table(config, (), None)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _toml_key(key: str) -> str:
+    """A TOML key: bare when it may be, quoted otherwise."""
+    bare = key and all(c.isalnum() or c in "-_" for c in key) and key.isascii()
+    return key if bare else json.dumps(key)
 
 
 def _parse_override_value(text: str) -> Any:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from frugal.cli.options import add_config_arguments, config_from_args, output_folder
+from frugal.cli.options import add_config_arguments, config_from_args, output_folder, print_config
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
@@ -114,6 +114,8 @@ def _list(args: argparse.Namespace) -> int:
     from frugal.data import DATASETS, DataConfig
 
     config = config_from_args(DataConfig, args)
+    if print_config(args, config):
+        return 0
     rows = []
     failed: list[str] = []
     for info in DATASETS:
@@ -176,8 +178,10 @@ def _show(args: argparse.Namespace) -> int:
     from frugal.config import config_to_dict
     from frugal.data import DataConfig, get_dataset_info, verify_dataset
 
-    info = get_dataset_info(args.name)
     config = config_from_args(DataConfig, args)
+    if print_config(args, config):
+        return 0
+    info = get_dataset_info(args.name)
     stats = verify_dataset(info, config)
     record = config_to_dict(info)
     record["source"]["files"] = [
@@ -218,6 +222,9 @@ def _export(args: argparse.Namespace) -> int:
     from frugal.data import DataConfig, get_dataset_info, load_events
     from frugal.data.ml_format import write_ml
 
+    config = config_from_args(DataConfig, args)
+    if print_config(args, config):
+        return 0
     info = get_dataset_info(args.name)
     if "events" not in info.loaders:
         raise ConfigError(
@@ -227,7 +234,6 @@ def _export(args: argparse.Namespace) -> int:
     if not args.out.strip():
         raise ConfigError("--out is empty; give the folder to write the ml_NAME files into")
     out = output_folder(args.out)  # a file or an unwritable path fails before loading
-    config = config_from_args(DataConfig, args)
     events = load_events(info, config)
     for path in write_ml(events, info.name, out):
         print(path)

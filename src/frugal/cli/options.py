@@ -1,4 +1,4 @@
-"""Arguments shared by subcommands that build a Config: `--config FILE` and `--set KEY=VALUE`."""
+"""Arguments shared by subcommands that build a Config: `--config`, `--set`, `--print-config`."""
 
 from __future__ import annotations
 
@@ -6,15 +6,43 @@ import argparse
 from pathlib import Path
 from typing import TypeVar
 
-from frugal.config import ConfigError, load_config
+from frugal.config import ConfigError, config_to_commented_toml, load_config
 
-__all__ = ["add_config_arguments", "config_from_args", "output_file", "output_folder"]
+__all__ = [
+    "add_config_arguments",
+    "add_print_config_argument",
+    "config_from_args",
+    "output_file",
+    "output_folder",
+    "print_config",
+]
 
 T = TypeVar("T")
 
 
+def add_print_config_argument(parser: argparse.ArgumentParser) -> None:
+    """Add `--print-config`: print the resolved settings as TOML and exit without running."""
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved settings as TOML (each with its meaning) and exit; save it, "
+        "edit it and pass it back with --config FILE",
+    )
+
+
+def print_config(args: argparse.Namespace, config: object) -> bool:
+    """Print `config` as commented TOML if `--print-config` was given; return whether it was.
+
+    A handler calls this once its Config is resolved and returns 0 when it gives True.
+    """
+    if not getattr(args, "print_config", False):
+        return False
+    print(config_to_commented_toml(config), end="")
+    return True
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add `--config FILE.toml` and repeatable `--set KEY=VALUE` to a subcommand's parser."""
+    """Add `--config FILE.toml`, repeatable `--set KEY=VALUE` and `--print-config`."""
     parser.add_argument(
         "--config",
         metavar="FILE",
@@ -33,6 +61,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             "KEY's error lists every setting (e.g. --set list=0)"
         ),
     )
+    add_print_config_argument(parser)
 
 
 def config_from_args(cls: type[T], args: argparse.Namespace) -> T:

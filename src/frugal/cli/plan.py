@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from frugal.cli.options import add_config_arguments, config_from_args, output_file, output_folder
+from frugal.cli.bench import BenchEntry, add_bench
+from frugal.cli.options import add_config_arguments, config_from_args, output_file, print_config
 from frugal.config import ConfigError
 
 __all__ = ["register"]
@@ -40,29 +41,31 @@ def register(commands: Any) -> None:
     add_config_arguments(parser)
     parser.set_defaults(handler=_plan)
     children = parser.add_subparsers(dest="plan_command", metavar="[ACTION]")
-    bench = children.add_parser(
-        "bench", help="every scenario x model size x method side by side; writes results.json"
+    add_bench(
+        children,
+        _bench,
+        help="every scenario x model size x method side by side; writes results.json",
+        quick_help="every scenario x model cell, search budgets of 300 (about 6 min)",
+        out="reports/plan",
+        out_help="results folder",
+        check=lambda args: _no_cluster_flags(
+            args, "bench", "choose scenarios with --set 'scenarios=[\"world\"]'"
+        ),
     )
-    bench.add_argument(
-        "--quick",
-        action="store_true",
-        help="every scenario x model cell, search budgets of 300 (about 6 min)",
-    )
-    bench.add_argument("--out", default="reports/plan", metavar="DIR", help="results folder")
-    add_config_arguments(bench)
-    bench.set_defaults(handler=_bench)
-    validate = children.add_parser(
-        "validate",
+    add_bench(
+        children,
+        _validate,
+        name="validate",
         help="execute each method's plan on emulated links (torchrun) vs the predictions",
+        quick_help="4 ranks, 2 sites, 4 methods, 5 steps each",
+        out="reports/plan-validate",
+        out_help="results folder",
+        check=lambda args: _no_cluster_flags(
+            args,
+            "validate",
+            "it builds its own two-site cluster (--set num_sites=2, --set inter_site_mbps=10, ...)",
+        ),
     )
-    validate.add_argument(
-        "--quick", action="store_true", help="4 ranks, 2 sites, 4 methods, 5 steps each"
-    )
-    validate.add_argument(
-        "--out", default="reports/plan-validate", metavar="DIR", help="results folder"
-    )
-    add_config_arguments(validate)
-    validate.set_defaults(handler=_validate)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -83,10 +86,12 @@ def _plan(args: argparse.Namespace) -> int:
         config = load_config(
             PlannerConfig, args.config, args.overrides, base=settings, base_source=args.cluster
         )
-    elif args.scenario:
-        topology = build_scenario(args.scenario)
-        config = config_from_args(PlannerConfig, args)
     else:
+        topology = build_scenario(args.scenario) if args.scenario else None
+        config = config_from_args(PlannerConfig, args)
+    if print_config(args, config):  # the settings alone need no cluster
+        return 0
+    if topology is None:
         raise ConfigError("give --scenario NAME or --cluster FILE (or use `frugal plan bench`)")
     plan = build_plan(topology, config)
     print(plan.table())
@@ -110,37 +115,13 @@ def _no_cluster_flags(args: argparse.Namespace, action: str, instead: str) -> No
             )
 
 
-def _bench(args: argparse.Namespace) -> int:
-    import json
-
+def _bench() -> BenchEntry:
     from frugal.bench.planner import PlanBenchConfig, run_plan_bench
-    from frugal.config import config_to_dict, load_config
 
-    _no_cluster_flags(args, "bench", "choose scenarios with --set 'scenarios=[\"world\"]'")
-    preset = config_to_dict(PlanBenchConfig.quick()) if args.quick else None
-    config = load_config(PlanBenchConfig, args.config, args.overrides, base=preset)
-    out = output_folder(args.out)
-    document = run_plan_bench(config, out, progress=lambda line: print(line, file=sys.stderr))
-    print(json.dumps(document["summary"], indent=1))
-    print(f"wrote {out / 'results.json'}", file=sys.stderr)
-    return 0
+    return BenchEntry(config_class=PlanBenchConfig, quick=PlanBenchConfig.quick, run=run_plan_bench)
 
 
-def _validate(args: argparse.Namespace) -> int:
-    import json
-
+def _validate() -> BenchEntry:
     from frugal.bench.plan_validation import Config, quick, run_plan_validation
-    from frugal.config import config_to_dict, load_config
 
-    _no_cluster_flags(
-        args,
-        "validate",
-        "it builds its own two-site cluster (--set num_sites=2, --set inter_site_mbps=10, ...)",
-    )
-    preset = config_to_dict(quick()) if args.quick else None
-    config = load_config(Config, args.config, args.overrides, base=preset)
-    out = output_folder(args.out)
-    document = run_plan_validation(config, out, progress=lambda line: print(line, file=sys.stderr))
-    print(json.dumps(document["summary"], indent=1))
-    print(f"wrote {out / 'results.json'}", file=sys.stderr)
-    return 0
+    return BenchEntry(config_class=Config, quick=quick, run=run_plan_validation)

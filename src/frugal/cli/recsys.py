@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from frugal.cli.options import add_config_arguments, output_file, output_folder
+from frugal.cli.bench import BenchEntry, add_bench
+from frugal.cli.options import add_config_arguments, output_file, output_folder, print_config
 from frugal.config import ConfigError
 
 __all__ = ["register"]
@@ -47,15 +48,13 @@ def register(commands: Any) -> None:
     )
     export.add_argument("--out", required=True, metavar="FILE", help="the .npz file to write")
     export.set_defaults(handler=_export)
-    bench = children.add_parser("bench", help="sync vs hybrid vs async side by side")
-    bench.add_argument(
-        "--quick", action="store_true", help="small preset (1 seed, rtt 5 ms, K 4/16)"
+    add_bench(
+        children,
+        _bench,
+        help="sync vs hybrid vs async side by side",
+        quick_help="small preset (1 seed, rtt 5 ms, K 4/16)",
+        out="reports/recsys",
     )
-    bench.add_argument(
-        "--out", default="reports/recsys", metavar="DIR", help="folder for results.json"
-    )
-    add_config_arguments(bench)
-    bench.set_defaults(handler=_bench)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -86,6 +85,8 @@ def _train(args: argparse.Namespace) -> int:
             f"--staleness {config.staleness} does not apply to --mode sync (every lookup "
             "waits for all earlier updates); drop --staleness or use --mode hybrid or async"
         )
+    if print_config(args, config):
+        return 0
     out = output_folder(args.out)
     cores = os.cpu_count() or 1
     print(
@@ -116,18 +117,9 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _bench() -> BenchEntry:
     from frugal.bench.recsys import RecsysBenchConfig, run_recsys_bench
-    from frugal.config import config_to_dict, load_config
 
-    preset = config_to_dict(RecsysBenchConfig.quick()) if args.quick else None
-    config = load_config(RecsysBenchConfig, args.config, args.overrides, base=preset)
-    out = output_folder(args.out)
-
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    document = run_recsys_bench(config, out, progress=progress)
-    print(json.dumps(document["summary"], indent=1))
-    print(f"wrote {out / 'results.json'}", file=sys.stderr)
-    return 0
+    return BenchEntry(
+        config_class=RecsysBenchConfig, quick=RecsysBenchConfig.quick, run=run_recsys_bench
+    )

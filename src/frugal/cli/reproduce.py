@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from frugal.cli.options import output_folder
+from frugal.cli.options import add_print_config_argument, output_folder, print_config
 
 __all__ = ["register"]
 
@@ -56,14 +56,20 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--out", default="reports/latest", metavar="DIR", help="output folder (default %(default)s)"
     )
+    add_print_config_argument(parser)
     parser.set_defaults(handler=_reproduce)
 
 
 def _reproduce(args: argparse.Namespace) -> int:
+    from frugal.config import config_from_dict
     from frugal.reproduce import ReproduceConfig, run_reproduce
 
-    only = tuple(name.strip() for name in args.only.split(",") if name.strip())
-    config = ReproduceConfig(mode=args.mode, only=only)
+    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    config = config_from_dict(
+        ReproduceConfig, {"mode": args.mode, "only": only}, source="command line"
+    )
+    if print_config(args, config):
+        return 0
     out = output_folder(args.out)
     document, _ = run_reproduce(config, out, show_progress=sys.stderr.isatty())
     summary = document["summary"]

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from typing import Any
 
-from frugal.cli.options import add_config_arguments, output_folder
+from frugal.cli.bench import BenchEntry, add_bench
 
 __all__ = ["register"]
 
@@ -21,8 +19,9 @@ def register(commands: Any) -> None:
     )
     children = parser.add_subparsers(dest="store_command", metavar="ACTION")
     children.required = True
-    bench = children.add_parser(
-        "bench",
+    add_bench(
+        children,
+        _bench,
         help="compare ram, KV offloading, hybrid logs, MLKV and frugal side by side",
         description=(
             "Without --quick this is the full benchmark (Criteo-shaped trace at scale 0.25, "
@@ -30,38 +29,30 @@ def register(commands: Any) -> None:
             "study): hours on 2 cores. Finished cells are journaled in OUT/runs.jsonl and "
             "reused by the next run with the same settings. Exit 1 if any cell fails."
         ),
+        quick_help="small preset (Criteo scale 0.02, 300 batches)",
+        out="reports/store",
+        out_help="folder for results.json (default %(default)s)",
     )
-    bench.add_argument(
-        "--quick", action="store_true", help="small preset (Criteo scale 0.02, 300 batches)"
-    )
-    bench.add_argument(
-        "--out",
-        default="reports/store",
-        metavar="DIR",
-        help="folder for results.json (default %(default)s)",
-    )
-    add_config_arguments(bench)
-    bench.set_defaults(handler=_bench)
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _bench() -> BenchEntry:
     from frugal.bench.store import StoreBenchConfig, run_store_bench
-    from frugal.config import config_to_dict, load_config
 
-    preset = config_to_dict(StoreBenchConfig.quick()) if args.quick else None
-    config = load_config(StoreBenchConfig, args.config, args.overrides, base=preset)
-    out = output_folder(args.out)
+    return BenchEntry(
+        config_class=StoreBenchConfig,
+        quick=StoreBenchConfig.quick,
+        run=run_store_bench,
+        exit_code=_failed_cells,
+    )
 
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
 
-    document = run_store_bench(config, out, progress=progress)
-    print(json.dumps(document["summary"], indent=1))
-    print(f"wrote {out / 'results.json'}", file=sys.stderr)
-    failed = [r for r in document["rows"] if r.get("status") != "ok"]
+def _failed_cells(document: dict[str, Any]) -> int:
+    """1 (with one line on stderr) if a bench cell did not finish, else 0."""
+    rows: list[dict[str, Any]] = document.get("rows", [])
+    failed = [r for r in rows if r.get("status") != "ok"]
     if failed:
         print(
-            f"frugal: {len(failed)} of {len(document['rows'])} runs did not finish (status "
+            f"frugal: {len(failed)} of {len(rows)} runs did not finish (status "
             f"{sorted({str(r.get('status')) for r in failed})}); the summary leaves them out. "
             f"First error: {failed[0].get('error', '?')}",
             file=sys.stderr,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from frugal.cli.options import add_config_arguments, output_folder
+from frugal.cli.bench import BenchEntry, add_bench
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
@@ -26,8 +27,9 @@ def register(commands: Any) -> None:
     )
     children = parser.add_subparsers(dest="tgraph_command", metavar="ACTION")
     children.required = True
-    bench = children.add_parser(
-        "bench",
+    bench = add_bench(
+        children,
+        _bench,
         help="train and evaluate models under one protocol",
         description=(
             "Train and evaluate every model on every dataset under one hashed protocol. Each "
@@ -36,6 +38,8 @@ def register(commands: Any) -> None:
             "(other datasets, models or seeds add to it), so a long bench can be resumed and "
             "extended."
         ),
+        quick_help="small preset: sp_hospital + collegemsg, 1 seed, 2 epochs",
+        out="reports/tgraph",
     )
     bench.add_argument("--dataset", action="append", default=None, metavar="NAME",
                        help="dataset id (repeatable); default collegemsg")  # fmt: skip
@@ -53,12 +57,6 @@ def register(commands: Any) -> None:
                        "(heuristics run once, as seed 0), so benches of one --out can split "
                        "the seeds between cores; give them disjoint seeds: a bench reads the "
                        "journal when it starts")  # fmt: skip
-    bench.add_argument("--out", default="reports/tgraph", metavar="DIR",
-                       help="folder for results.json")  # fmt: skip
-    bench.add_argument("--quick", action="store_true",
-                       help="small preset: sp_hospital + collegemsg, 1 seed, 2 epochs")  # fmt: skip
-    add_config_arguments(bench)
-    bench.set_defaults(handler=_bench)
     board = children.add_parser("leaderboard", help="Markdown tables and a PNG from results")
     board.add_argument("results_dir", metavar="RESULTS_DIR",
                        help="folder with results.json files and bench journals "
@@ -116,13 +114,23 @@ def bench_config(args: argparse.Namespace) -> TgraphBenchConfig:
     return config
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _bench() -> BenchEntry:
+    from frugal.bench.tgraph import TgraphBenchConfig, run_tgraph_bench
+
+    return BenchEntry(
+        config_class=TgraphBenchConfig,
+        run=run_tgraph_bench,
+        resolve=bench_config,
+        show=lambda summary: summary["datasets"],
+        progress=_spinner,
+    )
+
+
+@contextlib.contextmanager
+def _spinner() -> Iterator[Callable[[str], None]]:
+    """A rich spinner showing the latest progress line; finished runs stay printed."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from frugal.bench.tgraph import run_tgraph_bench
-
-    config = bench_config(args)
-    out = output_folder(args.out)
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
         transient=False, console=None,
@@ -134,10 +142,7 @@ def _bench(args: argparse.Namespace) -> int:
             if line.endswith("s") and "done" in line:
                 progress.console.print(line)
 
-        document = run_tgraph_bench(config, out, progress=report)
-    print(json.dumps(document["summary"]["datasets"], indent=1))
-    print(f"wrote {out / 'results.json'}", file=sys.stderr)
-    return 0
+        yield report
 
 
 def _leaderboard(args: argparse.Namespace) -> int:

@@ -1,0 +1,257 @@
+"""One pipeline training job: check a `PipelineTrainConfig`, launch its ranks, summarise them.
+
+What `frugal pipeline train` runs. `check_training` refuses a job that cannot run (a plan that
+does not fit, a batch larger than the data, a link too slow for the timeout, weights that do not
+fit the model) before any process starts; `run_training` launches the ranks with torchrun on
+127.0.0.1 and writes `train.json` and `loss_curve.png`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from frugal.config import ConfigError
+from frugal.pipeline.train import Layout, PipelineTrainConfig, RunSpec, launch_torchrun, make_layout
+
+if TYPE_CHECKING:
+    from frugal.planner.plan import Plan
+
+__all__ = ["TrainingJob", "TrainingSummary", "check_training", "load_plan", "run_training"]
+
+StepProgress = Callable[[int, float], None]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingJob:
+    """A checked training job: its config and the rank layout it runs with."""
+
+    config: PipelineTrainConfig
+    """The settings of the job."""
+    layout: Layout
+    """Stages, replicas and their ranks: from the plan file, or linear."""
+    world_size: int
+    """Processes launched: the plan's world size, or one per stage."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingSummary:
+    """The outcome of a training job, as `frugal pipeline train` prints it."""
+
+    codec: str
+    """The activation codec of the run."""
+    world_size: int
+    """Processes launched."""
+    steps: int
+    """Optimizer steps run."""
+    final_train_loss: float
+    """Training loss of the last step, nats per token (per byte for the tiny GPT)."""
+    initial_eval_loss: float | None
+    """Evaluation loss before the first step, as `eval_loss` (None if not measured)."""
+    eval_loss: float
+    """Evaluation loss after the last step, nats per token (per byte for the tiny GPT)."""
+    bandwidth_bits_per_s: float
+    """Emulated link bandwidth the run used, bits per second (0 = unshaped)."""
+    median_step_s: float
+    """Median wall time of one step, seconds."""
+    bytes_sent_per_rank: tuple[int, ...]
+    """Activation plus gradient bytes each rank sent over the whole run."""
+    dp_compression: str
+    """How data-parallel replicas agreed on gradients."""
+    dp_bytes_last_step_per_rank: tuple[int, ...]
+    """Data-parallel gradient bytes each rank sent in the last step."""
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a planner `Plan` from its JSON file, with the fix in each error.
+
+    Args:
+        path: The plan file, as given to `--plan`.
+
+    Returns:
+        The plan.
+
+    Raises:
+        ConfigError: If the path is a folder, missing, or not a plan.
+    """
+    from frugal.planner.plan import Plan
+
+    if Path(path).is_dir():
+        raise ConfigError(f"--plan {path} is a folder; give the plan's JSON file")
+    if not Path(path).is_file():
+        raise ConfigError(f"--plan {path}: no such file; write one with `frugal plan --out FILE`")
+    try:
+        return Plan.from_json(Path(path).read_text())
+    except ValueError as exc:  # Plan.from_json's "not a plan: ..." names what is wrong
+        raise ConfigError(f"--plan {path}: {exc}") from exc
+
+
+def check_training(config: PipelineTrainConfig, *, num_stages: int | None = None) -> TrainingJob:
+    """Check that `config` can run, before any process starts; return the checked job.
+
+    Args:
+        config: The job's settings.
+        num_stages: The number of stages the caller asked for explicitly (`--stages`), or
+            None; a plan with another number of stages is refused.
+
+    Returns:
+        The job with its layout and world size.
+
+    Raises:
+        ConfigError: If the plan does not fit the model or `num_stages`, one step needs more
+            windows than `num_train`, data-parallel compression has no replicas, the link is
+            too slow for `comm_timeout_s`, or `init_weights` does not fit the model.
+    """
+    world_size = config.num_stages
+    if config.plan:
+        plan = load_plan(config.plan)
+        if num_stages is not None and num_stages != plan.num_stages:
+            raise ConfigError(
+                f"--stages {num_stages} but the plan has {plan.num_stages} stages; drop "
+                "--stages (the plan decides) or plan again"
+            )
+        world_size = plan.world_size
+    layout = make_layout(config, world_size)  # a plan that does not fit fails here
+    per_step = sum(layout.num_microbatches) * config.micro_batch_size
+    if per_step > config.num_train:
+        raise ConfigError(
+            f"one step needs {per_step} training windows ({sum(layout.num_microbatches)} "
+            f"micro-batches of {config.micro_batch_size}) but num_train={config.num_train}; "
+            f"raise it (--set num_train={per_step}) or plan a smaller global batch"
+        )
+    if config.dp_compression != "none" and layout.num_replicas == 1:
+        raise ConfigError(
+            f"--dp-compress {config.dp_compression} needs data-parallel replicas: give a --plan "
+            "with num_replicas >= 2 ("
+            + ("this plan has" if config.plan else "the linear layout has")
+            + " one pipeline)"
+        )
+    _check_link(config, layout)
+    if config.init_weights:  # a file that cannot start the model fails here, not in every rank
+        from frugal.pipeline.zoo import build_model
+
+        build_model(config)
+    return TrainingJob(config=config, layout=layout, world_size=world_size)
+
+
+def _check_link(config: PipelineTrainConfig, layout: Layout) -> None:
+    """Refuse a link on which one step's first messages cannot arrive within the timeout."""
+    if not (config.bandwidth_mbps > 0 or config.latency_ms > 0):
+        return
+    from frugal.comm.message import CodecSpec, message_wire_bytes
+    from frugal.pipeline.zoo import boundary_shape
+
+    shape = boundary_shape(config)
+    first = message_wire_bytes(CodecSpec.parse(config.codec), 0, shape, num_new=shape[0])
+    num_messages = max(layout.num_microbatches)
+    transfer_s = 8.0 * first / (config.bandwidth_mbps * 1e6) if config.bandwidth_mbps else 0
+    queued_s = num_messages * (transfer_s + config.latency_ms / 1e3)
+    if queued_s <= config.comm_timeout_s:
+        return
+    need = f"{queued_s:,.0f}" if queued_s < 1e9 else f"{queued_s:.3g}"
+    link = (
+        f"at {f'{config.bandwidth_mbps:g} Mbit/s' if transfer_s else 'full speed'} "
+        f"and {config.latency_ms:g} ms latency a "
+        f"step's {num_messages} first-visit activation messages of {first:,} bytes "
+        f"need {need} s on one link, over comm_timeout_s={config.comm_timeout_s:g}"
+    )
+    if queued_s <= 86_400:
+        fix = (
+            "raise the bandwidth, lower latency_ms, or --set "
+            f"comm_timeout_s={math.ceil(2 * queued_s)}"
+        )
+    else:  # no sensible timeout covers it: the link itself is the mistake
+        spare_s = config.comm_timeout_s / num_messages - config.latency_ms / 1e3
+        fix = (
+            f"lower latency_ms below {1e3 * config.comm_timeout_s / num_messages:,.0f}"
+            if spare_s <= 0
+            else f"use at least {8.0 * first / (spare_s * 1e6):,.3g} Mbit/s"
+        )
+    raise ConfigError(f"{link}; {fix}")
+
+
+def run_training(
+    job: TrainingJob, out_dir: Path, *, on_step: StepProgress | None = None
+) -> TrainingSummary:
+    """Train `job` with one torchrun process per rank; write `train.json` and `loss_curve.png`.
+
+    Args:
+        job: A job from `check_training`.
+        out_dir: An existing folder; an earlier run's `train.json` and curve are removed first,
+            so a failed run leaves no stale results.
+        on_step: Called with (step, train loss) after each step, or None.
+
+    Returns:
+        The run's summary; `out_dir / "train.json"` holds it with the loss of every step.
+
+    Raises:
+        PipelineError: If a rank fails or the launch exceeds its timeout.
+    """
+    config = job.config
+    for stale in ("train.json", "loss_curve.png"):
+        (out_dir / stale).unlink(missing_ok=True)
+    run = RunSpec(
+        label=config.codec,
+        codec=config.codec,
+        steps=config.steps,
+        rho=config.rho,
+        bandwidth_mbps=config.bandwidth_mbps,
+        latency_ms=config.latency_ms,
+        dp_compression=config.dp_compression,
+        dp_bits=config.dp_bits,
+    )
+
+    def on_progress(event: dict[str, Any]) -> None:
+        if on_step is not None and event["run"] == run.label:
+            on_step(int(event["step"]), float(event["loss"]))
+
+    ranks = launch_torchrun(
+        config,
+        [run],
+        out_dir,
+        nproc=job.world_size,
+        timeout_s=max(600.0, 30.0 * config.steps),
+        on_progress=on_progress,
+    )
+    last = next(r for r in ranks if r["runs"][0]["eval_loss"] is not None)["runs"][0]
+    summary = TrainingSummary(
+        codec=config.codec,
+        world_size=job.world_size,
+        steps=config.steps,
+        final_train_loss=last["losses"][-1],
+        initial_eval_loss=last.get("initial_eval_loss"),
+        eval_loss=last["eval_loss"],
+        bandwidth_bits_per_s=last["bandwidth_bits_per_s"],
+        median_step_s=sorted(last["step_s"])[len(last["step_s"]) // 2],
+        bytes_sent_per_rank=tuple(
+            sum(map(sum, r["runs"][0]["activation_bytes"]))
+            + sum(map(sum, r["runs"][0]["gradient_bytes"]))
+            for r in ranks
+        ),
+        dp_compression=config.dp_compression,
+        dp_bytes_last_step_per_rank=tuple((r["runs"][0]["dp_bytes"] or [0])[-1] for r in ranks),
+    )
+    document = {"summary": asdict(summary), "losses": last["losses"]}
+    (out_dir / "train.json").write_text(json.dumps(document))
+    _plot_losses(last["losses"], config.codec, out_dir / "loss_curve.png")
+    return summary
+
+
+def _plot_losses(losses: list[float], label: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(losses) + 1), losses, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss (nats/byte)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
