@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import functools
 import inspect
+import itertools
 import json
 import math
 import tomllib
@@ -34,10 +34,10 @@ __all__ = [
     "apply_overrides",
     "check_types",
     "config_from_dict",
+    "config_to_commented_toml",
     "config_to_dict",
     "config_to_json",
     "config_to_toml",
-    "config_to_commented_toml",
     "field_docs",
     "load_config",
 ]
@@ -254,8 +254,10 @@ def config_to_toml(config: object) -> str:
     return tomli_w.dumps(drop_none(config_to_dict(config)))
 
 
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
+_FIELD_DOCS: dict[type[Any], dict[str, str]] = {}
+
+
+def field_docs(cls: type[Any]) -> dict[str, str]:
     """The attribute docstrings of a Config class: field name -> its docstring.
 
     The docstring of a field is the string literal under it (see STYLE.md, section 2.1),
@@ -268,6 +270,12 @@ def field_docs(cls: type) -> dict[str, str]:
     Returns:
         The cleaned docstring of each documented field, in field order.
     """
+    if cls not in _FIELD_DOCS:  # the source is parsed once per class
+        _FIELD_DOCS[cls] = _read_field_docs(cls)
+    return dict(_FIELD_DOCS[cls])
+
+
+def _read_field_docs(cls: type[Any]) -> dict[str, str]:
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
@@ -277,7 +285,7 @@ def field_docs(cls: type) -> dict[str, str]:
         except (OSError, TypeError, SyntaxError):  # no source: a built or generated class
             continue
         body = next((n.body for n in tree.body if isinstance(n, ast.ClassDef)), [])
-        for node, after in zip(body, body[1:], strict=False):
+        for node, after in itertools.pairwise(body):
             if (
                 isinstance(node, ast.AnnAssign)
                 and isinstance(node.target, ast.Name)
@@ -315,7 +323,7 @@ def config_to_commented_toml(config: object) -> str:
         lines.extend(f"# {line}".rstrip() for line in text.splitlines())
 
     def table(value: object, path: tuple[str, ...], doc: str | None) -> None:
-        cls = type(value)
+        cls: type[Any] = type(value)
         docs = field_docs(cls)
         summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
         if path:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frugal.cli.bench import BenchEntry, add_bench
 from frugal.cli.options import add_config_arguments, config_from_args, output_file, print_config
 from frugal.config import ConfigError
+
+if TYPE_CHECKING:
+    from frugal.planner.topology import Topology
 
 __all__ = ["register"]
 
@@ -81,6 +84,7 @@ def _plan(args: argparse.Namespace) -> int:
         output_file(args.out)
         if out.suffix == ".png":
             raise ConfigError(f"--out {out}: give the .json path; the .png is written beside it")
+    topology: Topology | None
     if args.cluster:
         topology, settings = load_cluster(args.cluster)
         config = load_config(
