@@ -10,14 +10,17 @@ from typing import Literal
 
 import pytest
 
+from frugal import FrugalError
 from frugal.config import (
     ConfigError,
     apply_overrides,
     check_types,
     config_from_dict,
+    config_to_commented_toml,
     config_to_dict,
     config_to_json,
     config_to_toml,
+    field_docs,
     load_config,
 )
 
@@ -187,3 +190,32 @@ def test_nan_or_inf_inside_a_list_field_is_named() -> None:
     with pytest.raises(ConfigError, match=r"links\[0\]\[1\] = inf must be finite"):
         Checked(links=((1, float("inf")),))
     assert Checked(rhos=(0.5, 2.0), links=((1, 3.5),)).links == ((1, 3.5),)
+
+
+def test_config_error_is_a_frugal_error_and_a_value_error() -> None:
+    # `except ValueError` in callers keeps working; the CLI prints it as one line, exit 2.
+    assert issubclass(ConfigError, FrugalError) and issubclass(ConfigError, ValueError)
+
+
+def test_field_docs_are_the_attribute_docstrings() -> None:
+    assert field_docs(Inner) == {"bits": "Bits per value, 1..8.", "ratios": "Memory ratios."}
+    assert list(field_docs(Root)) == [
+        "name", "seed", "lr", "schedule", "budget_s", "use_cache", "inner"
+    ]  # fmt: skip
+
+
+def test_commented_toml_has_each_doc_above_its_field_and_loads_back_equal(
+    tmp_path: Path,
+) -> None:
+    config = Root(name="run", budget_s=None, inner=Inner(bits=2))
+    text = config_to_commented_toml(config)
+    lines = text.splitlines()
+    assert lines[0] == "# A root component with one required field."
+    assert lines[lines.index('name = "run"') - 1] == "# Run name (required)."
+    assert lines[lines.index("[inner]") - 1] == "# Nested settings."
+    assert lines[lines.index("bits = 2") - 1] == "# Bits per value, 1..8."
+    assert "# budget_s is unset (None)" in lines  # TOML has no null: loads back as default
+    path = tmp_path / "printed.toml"
+    path.write_text(text)
+    assert load_config(Root, path) == config
+    assert tomllib.loads(text) == tomllib.loads(config_to_toml(config))

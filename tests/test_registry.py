@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from frugal.config import ConfigError
 from frugal.registry import Registry
 
 
@@ -15,7 +16,7 @@ def test_entries_keep_their_order_and_unknown_names_list_the_choices() -> None:
     assert reg.get("fp16") == 16 and "fp32" in reg and "q3" not in reg
     assert reg.check("fp32") == "fp32"
     message = "codec='q3' is not a registered codec; choose one of fp32, fp16"
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):  # bad input: the CLI prints one line
         reg.get("q3")
 
 
