@@ -79,53 +79,21 @@ def _source(info: DatasetInfo) -> str:
     return f"{source.channel}: {source.distribution} {source.version}"
 
 
-def _status(info: DatasetInfo, verify: bool, config: Any) -> tuple[str, DatasetStats | None, bool]:
-    """Return (status text, measured stats or None, whether it failed)."""
-    import warnings
-
-    from frugal.data import DatasetMissingError, verify_dataset
-    from frugal.data.source import UnpinnedSourceWarning, locate_files
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UnpinnedSourceWarning)
-        try:
-            if verify:
-                stats = verify_dataset(info, config)
-            else:
-                locate_files(info)
-                stats = None
-        except DatasetMissingError:
-            if info.optional:
-                return f"absent (optional: {info.source.install_command()})", None, False
-            return f"MISSING: {info.source.install_command()}", None, True
-    unpinned = any(issubclass(w.category, UnpinnedSourceWarning) for w in caught)
-    if unpinned:
-        return "installed, other version (checksum not checked)", stats, False
-    return ("verified" if verify else "installed"), stats, False
-
-
 def _list(args: argparse.Namespace) -> int:
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    from frugal import FrugalError
     from frugal.config import config_to_dict
-    from frugal.data import DATASETS, DataConfig
+    from frugal.data import DataConfig
+    from frugal.data.status import check_datasets
 
     config = config_from_args(DataConfig, args)
     if print_config(args, config):
         return 0
-    rows = []
-    failed: list[str] = []
-    for info in DATASETS:
-        try:
-            status, stats, bad = _status(info, args.verify, config)
-        except FrugalError as exc:
-            status, stats, bad = f"FAILED: {exc}", None, True
-        if bad:
-            failed.append(f"{info.name}: {status}")
-        rows.append((info, status, stats))
+    statuses = check_datasets(verify=args.verify, config=config)
+    rows = [(s.info, s.text, s.stats) for s in statuses]
+    failed = [f"{s.info.name}: {s.text}" for s in statuses if s.failed]
 
     if args.json:
         records = [
