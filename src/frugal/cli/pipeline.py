@@ -156,7 +156,7 @@ def _train(args: argparse.Namespace) -> int:
     config = load_config(PipelineTrainConfig, base={**base, **cli}, base_source="command line")
     world_size = config.num_stages
     if config.plan:
-        from frugal.planner.plan import Plan
+        from frugal.parallel.plan import Plan
 
         if Path(config.plan).is_dir():
             raise ValueError(f"--plan {args.plan} is a folder; give the plan's JSON file")
