@@ -14,7 +14,7 @@ SRC = Path(frugal.__file__).parent
 # ARCHITECTURE.md: config, data, parallel -> store, comm, launch -> pipeline, planner, recsys,
 # tgraph -> bench -> reproduce -> cli. A module may import its own subpackage and lower layers
 # only. Benchmarks live in frugal.bench, above every library package.
-# TODO(redesign): pipeline sits one layer above planner until Plan moves to frugal.parallel.
+# pipeline and planner share a layer, so neither imports the other: they meet in parallel.
 LAYERS = {
     "config": 0,
     "registry": 0,
@@ -27,7 +27,7 @@ LAYERS = {
     "launch": 2,
     "planner": 3,
     "tgraph": 3,
-    "pipeline": 4,
+    "pipeline": 3,
     "recsys": 4,
     "bench": 6,
     "reproduce": 7,

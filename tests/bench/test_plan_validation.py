@@ -92,7 +92,7 @@ def test_workload_describes_the_tiny_gpt_job() -> None:
     gpt = config.gpt
     assert (workload.num_layers, workload.hidden_size, workload.seq_len) == (4, 128, 64)
     assert workload.global_batch_size == 2 * 4 * 8  # 2 replicas x M x b
-    assert workload.activation_bytes == 8 * 64 * 128 * 4  # b x T x H fp32
+    assert workload.activation_bytes == 8 * 64 * 128 * 4 + 128  # b x T x H fp32 + header
     # The planner's per-stage gradient bytes add up to what the runtime all-reduces.
     model = TinyGPT(gpt, seed=0)
     stage_bytes = [

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from frugal.comm.codecs import (
+    ChannelQuantizeCodec,
     DeltaCodec,
     Encoded,
     HalfCodec,
@@ -115,13 +116,21 @@ def test_aqsgd_mixed_new_and_seen_examples() -> None:
 
 
 def test_wire_sizes_without_torch_agree_with_the_codecs() -> None:
-    from frugal.comm import wire_bytes
+    from frugal.parallel.codec import KIND_ACTIVATION, CodecSpec, payload_bytes
 
-    for name, codec in (("fp32", IdentityCodec()), ("fp16", HalfCodec()), ("q3", QuantizeCodec(3))):
+    cases = (
+        ("fp32", IdentityCodec()),
+        ("fp16", HalfCodec()),
+        ("q3", QuantizeCodec(3)),  # the planner's name of directq:fw3,bw3:row
+        ("directq:fw3,bw3:row", QuantizeCodec(3)),
+        ("directq:fw2,bw4", ChannelQuantizeCodec(2)),
+    )
+    for name, codec in cases:
         x = torch.randn(2, 3, 10)
-        assert wire_bytes(name, (2, 3, 10)) == codec.encode(x).nbytes
-    with pytest.raises(ValueError, match="unknown codec 'q9'"):
-        wire_bytes("q9", (1, 1))
+        spec = CodecSpec.parse(name)
+        assert payload_bytes(spec, KIND_ACTIVATION, (2, 3, 10)) == codec.encode(x).nbytes
+    with pytest.raises(ValueError, match="codec 'q9'"):
+        CodecSpec.parse("q9")
 
 
 @pytest.mark.parametrize("scale", ["channel", "row"])

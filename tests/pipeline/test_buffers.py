@@ -12,10 +12,10 @@ import torch
 
 from frugal.comm.buffers import MemmapBuffer
 from frugal.comm.message import BufferDriftError, CodecSpec
+from frugal.parallel.schedule import build_schedule
 from frugal.pipeline.buffers import BufferSet, StoreBuffer
 from frugal.pipeline.models import TextWindows, TinyGPT, TinyGPTConfig, build_stages
 from frugal.pipeline.runtime import LocalTransport, Microbatch, StageRunner, run_local_step
-from frugal.pipeline.schedule import build_schedule
 from frugal.pipeline.train import PipelineTrainConfig, train_local
 
 GPT = TinyGPTConfig(context=16, hidden=32, num_heads=2, num_layers=2)

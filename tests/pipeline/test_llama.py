@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from tokenizers import pre_tokenizers
 
 from frugal.comm.message import CodecSpec
+from frugal.parallel.schedule import build_schedule
 from frugal.pipeline.gguf_loader import (
     GGUFFormatError,
     load_gguf_llama,
@@ -24,7 +25,6 @@ from frugal.pipeline.gguf_loader import (
 from frugal.pipeline.llama import Llama, LlamaConfig, build_llama_stages
 from frugal.pipeline.models import TextWindows
 from frugal.pipeline.runtime import LocalTransport, Microbatch, StageRunner, run_local_step
-from frugal.pipeline.schedule import build_schedule
 from frugal.pipeline.zoo import balanced_layers, unigram_entropy
 
 ALPHABET = sorted(pre_tokenizers.ByteLevel.alphabet())  # the 256 byte-level symbols
@@ -284,7 +284,7 @@ def test_balanced_layers_lighten_the_last_stage() -> None:
     # minimum, the lighter last stage, wins.
     assert balanced_layers(12, 3, 2.0) == (5, 5, 2)
     assert balanced_layers(5, 1, 3.0) == (5,)
-    with pytest.raises(ValueError, match="set --stages between 1 and 5"):
+    with pytest.raises(ValueError, match="between 1 and 5"):
         balanced_layers(5, 6, 0.0)
 
 

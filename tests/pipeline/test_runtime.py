@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from frugal.comm.message import CodecSpec, message_wire_bytes
+from frugal.parallel.schedule import build_schedule
 from frugal.pipeline.models import TextWindows, TinyGPT, TinyGPTConfig, build_stages
 from frugal.pipeline.runtime import (
     LocalTransport,
@@ -18,7 +19,6 @@ from frugal.pipeline.runtime import (
     StageRunner,
     run_local_step,
 )
-from frugal.pipeline.schedule import build_schedule
 
 CONFIG = TinyGPTConfig(context=16, hidden=32, num_heads=2, num_layers=4)
 TEXT = "The quick brown fox jumps over the lazy dog. " * 40  # 1,800 bytes -> 112 windows

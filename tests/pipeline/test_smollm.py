@@ -22,10 +22,10 @@ import torch.nn.functional as F
 
 from frugal.cli.main import main
 from frugal.comm.message import CodecSpec
+from frugal.parallel.schedule import build_schedule
 from frugal.pipeline.llama import Llama, build_llama_stages
 from frugal.pipeline.models import TextWindows
 from frugal.pipeline.runtime import LocalTransport, Microbatch, StageRunner, run_local_step
-from frugal.pipeline.schedule import build_schedule
 from frugal.pipeline.zoo import (
     SMOLLM2_135M,
     SmolLMConfig,

@@ -24,7 +24,8 @@ def _pair(delay_ms: float, bandwidth_gbps: float, n: int = 2) -> Topology:
 )
 def test_two_stage_gpipe_by_hand(message_latency: str, expected_s: float) -> None:
     # 1 replica x 2 stages, 1 layer each, tau = 0.04 s -> f = 0.01, g = 0.03 per stage.
-    # Activation: 1 x 1 x 1000 values x 2 B = 16,000 bits at 0.0016 Gbps = 0.01 s, + 10 ms
+    # Activation: 1 x 1 x 936 values x 2 B + the 128 B header = 2000 B = 16,000 bits at
+    # 0.0016 Gbps = 0.01 s, + 10 ms
     # delay -> x0 = 0.02 s (the last stage sends nothing). M = 4, A = 1.
     # serialised (the link is held for the delay too, o0 = x0 = 0.02):
     #   T_fwd = (0.01 + 0.02) + (0.01 + 0) + 3 * max(0.02, 0.01) = 0.10
@@ -32,7 +33,7 @@ def test_two_stage_gpipe_by_hand(message_latency: str, expected_s: float) -> Non
     # overlapped (the link is busy for the 0.01 s transfer only, o0 = 0.01):
     #   T_fwd = 0.04 + 3 * max(0.01, 0.01) = 0.07; T_bwd = 0.17 -> 0.24 s. No DP (1 replica).
     workload = WorkloadConfig(
-        num_layers=2, hidden_size=1000, seq_len=1, global_batch_size=4,
+        num_layers=2, hidden_size=936, seq_len=1, global_batch_size=4,
         microbatches_per_step=4, tau_ref_s=0.04, message_latency=message_latency,  # type: ignore[arg-type]
     )  # fmt: skip
     cost = iteration_cost(_pair(10.0, 0.0016), np.array([[0, 1]]), (1, 1), workload)
@@ -140,9 +141,10 @@ def test_balancing_helps_an_uneven_cluster() -> None:
 
 
 def test_backward_messages_use_the_reverse_link() -> None:
-    # Same forward link, backward link 10x slower: the prediction must grow.
+    # Same forward link, backward link 10x slower: the prediction must grow (936 fp16 values
+    # + the 128 B header = 2000 B per message, as in the test above).
     workload = WorkloadConfig(
-        num_layers=2, hidden_size=1000, seq_len=1, global_batch_size=4,
+        num_layers=2, hidden_size=936, seq_len=1, global_batch_size=4,
         microbatches_per_step=4, tau_ref_s=0.04,
     )  # fmt: skip
     fast = _pair(10.0, 0.0016)
@@ -166,11 +168,15 @@ def test_the_codec_wire_size_prices_pipeline_messages() -> None:
                                          seed=2022))  # fmt: skip
     q2 = build_plan(top, PlannerConfig(num_stages=8, num_replicas=8, method="megatron_random",
                                        seed=2022, workload=WorkloadConfig(codec="q2")))  # fmt: skip
-    assert WorkloadConfig(codec="q2").activation_bytes == 2048 * (8 + 512)
-    assert WorkloadConfig().activation_bytes == 2048 * 2048 * 2
+    assert WorkloadConfig(codec="q2").activation_bytes == 128 + 2048 * (8 + 512)  # header + rows
+    assert WorkloadConfig().activation_bytes == 128 + 2048 * 2048 * 2
+    # aqsgd:fw2,bw4 prices each direction at its own bits (channel scales: 2 x 2048 bytes).
+    aq = WorkloadConfig(codec="aqsgd:fw2,bw4")
+    assert aq.activation_bytes == 128 + 2 * 2048 + 2048 * 2048 * 2 // 8
+    assert aq.gradient_bytes == 128 + 2 * 2048 + 2048 * 2048 * 4 // 8
     assert q2.predicted_cost_s < 0.7 * fp16.predicted_cost_s
-    with pytest.raises(ValueError, match="choose one of"):
-        WorkloadConfig(codec="q9")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="codec 'q9'"):
+        WorkloadConfig(codec="q9")
 
 
 def test_best_ring_equals_brute_force() -> None:

@@ -25,7 +25,7 @@ def test_json_round_trip_and_canonical_bytes(world_plan: Plan) -> None:
     text = world_plan.to_json()
     assert Plan.from_json(text) == world_plan
     assert Plan.from_json(text).to_json() == text
-    assert json.loads(text)["format_version"] == 1
+    assert json.loads(text)["format_version"] == 2
     again = build_plan(build_scenario("world"), PlannerConfig(budget=10, seed=3))
     assert again.sha256 == world_plan.sha256  # same inputs and seed, same plan bytes
 
@@ -57,7 +57,7 @@ def test_layers_split_unevenly_keep_every_stage_non_empty() -> None:
     [
         ({"mesh": ((0, 0),) * 32}, "permutation of ranks"),
         ({"num_layers_per_stage": (0,) + (3,) * 7}, "each >= 1"),
-        ({"format_version": 2}, "format_version 2"),
+        ({"format_version": 3}, "format_version 3"),
     ],
 )
 def test_bad_plans_are_refused(world_plan: Plan, change: dict[str, object], fragment: str) -> None:

@@ -91,5 +91,5 @@ def test_iteration_memetic_is_deterministic_and_scores_its_mesh() -> None:
     swap = iteration_search(top, 8, 8, layers, workload, budget=40, seed=2, population=1)
     assert first.candidates == swap.candidates == 40
     assert message_seconds(top, workload)[0, 1] == pytest.approx(
-        0.005 + 2048 * 2048 * 2 * 8 / 2e9
+        0.005 + (2048 * 2048 * 2 + 128) * 8 / 2e9
     )  # two London devices: 5 ms + 8 MiB at 2 Gbps

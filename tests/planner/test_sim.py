@@ -11,7 +11,7 @@ import pytest
 from frugal.planner.iteration import WorkloadConfig, iteration_cost
 from frugal.planner.plan import PlannerConfig, build_plan
 from frugal.planner.scenarios import build_scenario
-from frugal.planner.sim import schedule_order, simulate_iteration, simulate_pipelines
+from frugal.planner.sim import simulate_iteration, simulate_pipelines
 from frugal.planner.topology import Device, Topology
 
 
@@ -38,19 +38,6 @@ def test_two_stages_two_microbatches_by_hand(schedule: str) -> None:
     end, last_bwd = _two_stage(schedule)
     assert end.tolist() == pytest.approx([13.0])
     assert last_bwd.tolist() == [pytest.approx([13.0, 9.5])]
-
-
-def test_schedule_orders_hold_every_op_once_forward_before_backward() -> None:
-    assert schedule_order("1f1b", 0, 4, 3) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-    assert schedule_order("1f1b", 3, 4, 3) == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
-    assert schedule_order("1f1b", 1, 4, 5)[:4] == [(0, 0), (0, 1), (0, 2), (1, 0)]
-    for schedule in ("gpipe", "1f1b"):
-        for stage in range(4):
-            ops = schedule_order(schedule, stage, 4, 6)  # type: ignore[arg-type]
-            assert sorted(ops) == [(k, m) for k in (0, 1) for m in range(6)]
-            assert all(ops.index((0, m)) < ops.index((1, m)) for m in range(6))
-    with pytest.raises(ValueError, match="stage=4"):
-        schedule_order("gpipe", 4, 4, 1)
 
 
 @pytest.mark.parametrize("scenario", ["datacenter", "world", "spot"])

@@ -65,8 +65,8 @@ from typing import Any
 from frugal.bench.pipeline_dp import DPBenchConfig, run_dp_section
 from frugal.bench.pipeline_llm import LLMBenchConfig, run_llm_section
 from frugal.comm.link import RHO_POINTS
-from frugal.comm.message import CodecSpec, message_wire_bytes
 from frugal.config import check_types
+from frugal.parallel.codec import CodecSpec, message_wire_bytes
 from frugal.pipeline.sim import simulate_step
 from frugal.pipeline.train import (
     LocalResult,
@@ -509,7 +509,7 @@ def torch_pipelining_rows(
             for r in range(config.speed_rounds):  # ours, then torch's, in every round
                 for name in ours_schedules:
                     ours_ranks = launch_torchrun(
-                        replace(train, schedule=name), [ours_spec],  # type: ignore[arg-type]
+                        replace(train, schedule=name), [ours_spec],
                         Path(tmp) / f"ours-{name}{r}", nproc=train.num_stages, timeout_s=timeout_s,
                     )  # fmt: skip
                     steps_by_side[f"ours:{name}"] += _timed_steps(

@@ -32,8 +32,8 @@ from typing import Any
 
 from frugal.comm.gradcomp import DP_METHODS, dp_wire_bytes
 from frugal.comm.link import RHO_POINTS
-from frugal.comm.message import CodecSpec
 from frugal.config import check_types
+from frugal.parallel.codec import CodecSpec
 from frugal.pipeline.models import TinyGPT, build_stages
 from frugal.pipeline.train import (
     PipelineTrainConfig,
@@ -100,7 +100,7 @@ class DPBenchConfig:
 
 
 def _plan(path: Path, train: PipelineTrainConfig) -> Path:
-    from frugal.planner.plan import Plan
+    from frugal.parallel.plan import Plan
 
     if train.gpt.num_layers % 2 or train.num_microbatches % 2:
         raise ValueError(

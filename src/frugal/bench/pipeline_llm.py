@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from frugal.comm.link import RHO_POINTS
-from frugal.comm.message import CodecSpec, message_wire_bytes
 from frugal.config import check_types
+from frugal.parallel.codec import CodecSpec, message_wire_bytes
 from frugal.pipeline.train import (
     PipelineTrainConfig,
     RunSpec,
@@ -122,7 +122,7 @@ class LLMBenchConfig:
         preset = smollm2_train_config() if self.model == "smollm2-135m" else PipelineTrainConfig()
         return replace(
             preset,
-            schedule=schedule,  # type: ignore[arg-type]  # the main bench's schedule
+            schedule=schedule,
             dataset=self.dataset,
             micro_batch_size=self.micro_batch_size,
             num_microbatches=self.num_microbatches,

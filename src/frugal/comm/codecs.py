@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from frugal.comm.buffers import ActivationBuffer, BufferFactory, MemoryBuffer
-from frugal.comm.wire import wire_bytes
+from frugal.parallel.codec import quantized_bytes
 
 __all__ = [
     "ChannelQuantizeCodec",
@@ -109,7 +109,7 @@ class IdentityCodec:
 
     def wire_bytes(self, shape: tuple[int, ...]) -> int:
         """4 x numel."""
-        return wire_bytes("fp32", shape)
+        return 4 * math.prod(shape)
 
     def encode(self, x: Tensor) -> Encoded:
         """Send the tensor itself.
@@ -136,7 +136,7 @@ class HalfCodec:
 
     def wire_bytes(self, shape: tuple[int, ...]) -> int:
         """2 x numel."""
-        return wire_bytes(self.name, shape)
+        return 2 * math.prod(shape)
 
     def encode(self, x: Tensor) -> Encoded:
         """Cast to the half type.
@@ -323,7 +323,7 @@ class QuantizeCodec:
 
     def wire_bytes(self, shape: tuple[int, ...]) -> int:
         """R x (8 + ceil(C k / 8))."""
-        return wire_bytes(self.name, shape)
+        return quantized_bytes(self.bits, "row", shape)
 
     def encode(self, x: Tensor) -> Encoded:
         """Quantize each row to k bits by round-to-nearest between its min and max.
@@ -407,7 +407,7 @@ class ChannelQuantizeCodec:
 
     def wire_bytes(self, shape: tuple[int, ...]) -> int:
         """2 C (fp16 scales) + ceil(n k / 8) packed code bytes."""
-        return 2 * shape[-1] + math.ceil(math.prod(shape) * self.bits / 8)
+        return quantized_bytes(self.bits, "channel", shape)
 
     def encode(self, x: Tensor) -> Encoded:
         """Quantize with per-channel abs-max scales.

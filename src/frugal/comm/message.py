@@ -1,12 +1,12 @@
 """Pipeline messages: a 128-byte header and a uint8 payload, sent as one buffer.
 
-A `CodecSpec` names what a pipeline link does in each direction (`fp32`, `fp16`, `bf16`,
-`directq:fw2,bw4`, `aqsgd:fw2,bw4`); a `LinkCodec` is one side (sender or receiver) of one
-link in one direction. `LinkCodec.encode` returns the header and payload that travel; the exact
-bytes on the wire are `HEADER_BYTES + payload`, known up front from `message_wire_bytes`, and
-the receiver computes them itself (`LinkCodec.payload_bytes`), so header and payload travel as
-one message (one rendezvous instead of two: 3.7 vs 7.8 ms per 131 KB round trip on a loaded
-2-core machine).
+A `CodecSpec` (`frugal.parallel.codec`, re-exported here) names what a pipeline link does in
+each direction (`fp32`, `fp16`, `bf16`, `directq:fw2,bw4`, `aqsgd:fw2,bw4`); a `LinkCodec` is
+one side (sender or receiver) of one link in one direction. `LinkCodec.encode` returns the
+header and payload that travel; the exact bytes on the wire are `HEADER_BYTES + payload`,
+known up front from `message_wire_bytes`, and the receiver computes them itself
+(`LinkCodec.payload_bytes`), so header and payload travel as one message (one rendezvous
+instead of two: 3.7 vs 7.8 ms per 131 KB round trip on a loaded 2-core machine).
 
 Header (16 x int64): magic, version, codec id, kind (0 activation, 1 gradient), step,
 micro-batch, bits, dtype, shape[4] (-1 padded), payload bytes, new examples (AQ-SGD first
@@ -23,9 +23,6 @@ References:
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
@@ -41,6 +38,13 @@ from frugal.comm.codecs import (
     IdentityCodec,
     QuantizeCodec,
 )
+from frugal.parallel.codec import (
+    HEADER_BYTES,
+    KIND_ACTIVATION,
+    KIND_GRADIENT,
+    CodecSpec,
+    message_wire_bytes,
+)
 
 __all__ = [
     "HEADER_BYTES",
@@ -53,22 +57,18 @@ __all__ = [
     "NonFiniteMessageError",
     "ProtocolError",
     "all_finite",
+    "delta_codec_for",
     "message_wire_bytes",
     "parse_header",
+    "quantizer_for",
 ]
 
 HEADER_WORDS = 16
-HEADER_BYTES = 8 * HEADER_WORDS
+assert HEADER_BYTES == 8 * HEADER_WORDS
 MAGIC = 0x46525547  # "FRUG"
 VERSION = 2
-KIND_ACTIVATION = 0
-KIND_GRADIENT = 1
 FLAG_NONFINITE = 1
-MethodName = Literal["fp32", "fp16", "bf16", "directq", "aqsgd"]
-_METHOD_IDS: dict[str, int] = {"fp32": 1, "fp16": 2, "bf16": 3, "directq": 4, "aqsgd": 5}
 _DTYPE_IDS = {torch.float32: 1}
-_SPEC = re.compile(r"^(directq|aqsgd):fw([1-8]),bw([1-8])(:row|:channel)?(:fv([1-8]))?(:ef)?$")
-ScaleName = Literal["channel", "row"]
 
 
 class ProtocolError(FrugalError):
@@ -83,135 +83,15 @@ class BufferDriftError(FrugalError):
     """Sender and receiver AQ-SGD buffers differ (CRC32 mismatch after the update)."""
 
 
-@dataclass(frozen=True, slots=True)
-class CodecSpec:
-    """What a pipeline link sends: method and bits forward (activations) / backward (grads).
-
-    Attributes:
-        method: fp32, fp16, bf16, directq (k-bit both ways) or aqsgd (k-bit deltas forward
-            against per-example buffers, DirectQ backward).
-        fw_bits: Bits per activation value (directq, aqsgd), else 32 or 16.
-        bw_bits: Bits per gradient value (directq, aqsgd), else 32 or 16.
-        scale: Quantizer scales: "channel" (AQ-SGD's reference: per-channel abs-max, fp16
-            scales; the default) or "row" (per-row min and step, finer; suffix `:row`).
-        first_visit_bits: aqsgd only: how an example's first visit (and the warm-up)
-            travels: 32 = float32 (AQ-SGD's reference), or k in 1..8 = k-bit codes of the
-            same scale type, both sides buffering the decoded value (suffix `:fvK`).
-        bw_error_feedback: Gradients (backward) with error feedback per example: the sender
-            adds what an example's last gradient message dropped to its next one (`:ef`).
-    """
-
-    method: MethodName
-    fw_bits: int
-    bw_bits: int
-    scale: ScaleName = "channel"
-    first_visit_bits: int = 32
-    bw_error_feedback: bool = False
-
-    @classmethod
-    def parse(cls, text: str) -> CodecSpec:
-        """Parse `fp32`, `fp16`, `bf16`, `directq:fwK,bwJ` or `aqsgd:fwK,bwJ` (1 <= K, J <= 8).
-
-        A `:row` suffix selects per-row min/step scales instead of per-channel abs-max; an
-        aqsgd `:fvF` suffix (after `:row`, if any) sends first visits as F-bit codes; a final
-        `:ef` adds error feedback per example to the k-bit gradients.
-
-        Raises:
-            ValueError: If the text is none of these.
-        """
-        if text in ("fp32", "fp16", "bf16"):
-            bits = 32 if text == "fp32" else 16
-            return cls(text, bits, bits)  # type: ignore[arg-type]  # narrowed by the check
-        match = _SPEC.match(text)
-        if match is None:
-            raise ValueError(
-                f"codec {text!r}: use fp32, fp16, bf16, directq:fwK,bwJ or aqsgd:fwK,bwJ "
-                "with K, J in 1..8 (e.g. aqsgd:fw2,bw4), optionally followed by :row for "
-                "per-row min/step scales, for aqsgd :fvF for F-bit first visits, and :ef for "
-                "error feedback on the gradients (e.g. aqsgd:fw2,bw4:row:fv8:ef)"
-            )
-        method: MethodName = "directq" if match.group(1) == "directq" else "aqsgd"
-        scale: ScaleName = "row" if match.group(4) == ":row" else "channel"
-        if match.group(6) is not None and method != "aqsgd":
-            raise ValueError(
-                f"codec {text!r}: :fv{match.group(6)} sets how AQ-SGD sends first visits; "
-                "directq has none (drop the suffix)"
-            )
-        first_visit_bits = int(match.group(6)) if match.group(6) is not None else 32
-        feedback = match.group(7) is not None
-        fw, bw = int(match.group(2)), int(match.group(3))
-        return cls(method, fw, bw, scale, first_visit_bits, feedback)
-
-    @property
-    def label(self) -> str:
-        """The text form, e.g. `aqsgd:fw2,bw4`."""
-        if self.method in ("fp32", "fp16", "bf16"):
-            return self.method
-        suffix = ":row" if self.scale == "row" else ""
-        if self.first_visit_bits != 32:
-            suffix += f":fv{self.first_visit_bits}"
-        if self.bw_error_feedback:
-            suffix += ":ef"
-        return f"{self.method}:fw{self.fw_bits},bw{self.bw_bits}{suffix}"
-
-    @property
-    def is_lossless(self) -> bool:
-        """Whether decode(encode(x)) == x."""
-        return self.method == "fp32"
-
-    def bits(self, kind: int) -> int:
-        """Bits of the direction `kind` (KIND_ACTIVATION or KIND_GRADIENT)."""
-        return self.fw_bits if kind == KIND_ACTIVATION else self.bw_bits
-
-    def quantizer(self, kind: int) -> QuantizeCodec | ChannelQuantizeCodec:
-        """The k-bit quantizer of direction `kind` (directq and aqsgd only)."""
-        bits = self.bits(kind)
-        return QuantizeCodec(bits) if self.scale == "row" else ChannelQuantizeCodec(bits)
-
-    @property
-    def codec_id(self) -> int:
-        """Method id (+ 16 row scales, + 32 F F-bit first visits, + 512 error feedback)."""
-        first_visit = 0 if self.first_visit_bits == 32 else 32 * self.first_visit_bits
-        feedback = 512 if self.bw_error_feedback else 0
-        return (
-            _METHOD_IDS[self.method] + (16 if self.scale == "row" else 0) + first_visit + feedback
-        )
-
-    def delta_codec(self, buffer_factory: BufferFactory | None = None) -> DeltaCodec:
-        """The AQ-SGD activation codec of this spec (aqsgd only)."""
-        return DeltaCodec(self.fw_bits, self.scale, buffer_factory, self.first_visit_bits)
+def quantizer_for(spec: CodecSpec, kind: int) -> QuantizeCodec | ChannelQuantizeCodec:
+    """The k-bit quantizer of direction `kind` of a directq or aqsgd spec."""
+    bits = spec.bits(kind)
+    return QuantizeCodec(bits) if spec.scale == "row" else ChannelQuantizeCodec(bits)
 
 
-def message_wire_bytes(
-    spec: CodecSpec, kind: int, shape: tuple[int, ...], num_new: int = 0, warmup: bool = False
-) -> int:
-    """Exact bytes on the wire of one message: 128-byte header + payload.
-
-    Args:
-        spec: The link's codec.
-        kind: KIND_ACTIVATION or KIND_GRADIENT.
-        shape: Shape of the float32 tensor, first dimension = examples.
-        num_new: AQ-SGD activations only: examples on their first visit (sent as fp32, or
-            as `first_visit_bits` codes).
-        warmup: Whether the message falls in the warm-up (fp32; AQ-SGD activations with
-            `:fvF` send every example as a first visit).
-
-    Raises:
-        ValueError: If `kind` is unknown.
-    """
-    if kind not in (KIND_ACTIVATION, KIND_GRADIENT):
-        raise ValueError(f"kind={kind}; use KIND_ACTIVATION (0) or KIND_GRADIENT (1)")
-    n = math.prod(shape)
-    if spec.method == "aqsgd" and kind == KIND_ACTIVATION:
-        delta = spec.delta_codec()
-        payload = delta.first_visit_bytes(shape) if warmup else delta.wire_bytes(shape, num_new)
-    elif spec.method == "fp32" or warmup:
-        payload = 4 * n
-    elif spec.method in ("fp16", "bf16"):
-        payload = 2 * n
-    else:
-        payload = spec.quantizer(kind).wire_bytes(shape)
-    return HEADER_BYTES + payload
+def delta_codec_for(spec: CodecSpec, buffer_factory: BufferFactory | None = None) -> DeltaCodec:
+    """The AQ-SGD activation codec of an aqsgd spec."""
+    return DeltaCodec(spec.fw_bits, spec.scale, buffer_factory, spec.first_visit_bits)
 
 
 def parse_header(header: Tensor) -> dict[str, int]:
@@ -300,10 +180,10 @@ class LinkCodec:
         self.warmup_steps = warmup_steps
         self.delta: DeltaCodec | None = None
         if spec.method == "aqsgd" and kind == KIND_ACTIVATION:
-            self.delta = spec.delta_codec(buffer_factory)
+            self.delta = delta_codec_for(spec, buffer_factory)
         self.feedback: ErrorFeedbackCodec | None = None
         if spec.bw_error_feedback and kind == KIND_GRADIENT:
-            self.feedback = ErrorFeedbackCodec(spec.quantizer(kind))
+            self.feedback = ErrorFeedbackCodec(quantizer_for(spec, kind))
         self._fp32 = IdentityCodec()
         self.sent_bytes = 0
         """Wire bytes this side encoded or decoded so far (header + payload)."""
@@ -314,7 +194,7 @@ class LinkCodec:
             return self._fp32
         if method in ("fp16", "bf16"):
             return HalfCodec(torch.float16 if method == "fp16" else torch.bfloat16)
-        return self.spec.quantizer(self.kind)
+        return quantizer_for(self.spec, self.kind)
 
     def payload_bytes(self, shape: tuple[int, ...], example_ids: Tensor, step: int) -> int:
         """Payload bytes of the message for a tensor of `shape` at `step` (no header).

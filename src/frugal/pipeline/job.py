@@ -19,7 +19,7 @@ from frugal.config import ConfigError
 from frugal.pipeline.train import Layout, PipelineTrainConfig, RunSpec, launch_torchrun, make_layout
 
 if TYPE_CHECKING:
-    from frugal.planner.plan import Plan
+    from frugal.parallel.plan import Plan
 
 __all__ = ["TrainingJob", "TrainingSummary", "check_training", "load_plan", "run_training"]
 
@@ -78,7 +78,7 @@ def load_plan(path: str | Path) -> Plan:
     Raises:
         ConfigError: If the path is a folder, missing, or not a plan.
     """
-    from frugal.planner.plan import Plan
+    from frugal.parallel.plan import Plan
 
     if Path(path).is_dir():
         raise ConfigError(f"--plan {path} is a folder; give the plan's JSON file")

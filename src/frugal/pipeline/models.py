@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from frugal.config import check_types
+from frugal.parallel.partition import split_layers
 
 __all__ = [
     "PipelineStage",
@@ -146,21 +147,6 @@ class TinyGPT(nn.Module):
             x = block(x)
         logits: Tensor = self.head(self.ln_f(x))
         return logits
-
-
-def split_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """Blocks per stage, as even as possible (earlier stages take the remainder).
-
-    Raises:
-        ValueError: If num_stages is not in [1, num_layers].
-    """
-    if not 1 <= num_stages <= num_layers:
-        raise ValueError(
-            f"num_stages={num_stages} but the model has {num_layers} blocks; each stage needs "
-            f"one, so set --stages between 1 and {num_layers}"
-        )
-    base, extra = divmod(num_layers, num_stages)
-    return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
 
 
 class StageModule(nn.Module):

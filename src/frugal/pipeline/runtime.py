@@ -45,8 +45,8 @@ from frugal.comm.message import (
     all_finite,
     parse_header,
 )
+from frugal.parallel.schedule import Action
 from frugal.pipeline.models import PipelineStage
-from frugal.pipeline.schedule import Action
 
 __all__ = [
     "ConfigMismatchError",

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from frugal.pipeline.schedule import build_schedule
+from frugal.parallel.schedule import build_schedule
 
 __all__ = ["SimulatedStep", "simulate_step"]
 

@@ -20,6 +20,7 @@ import math
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,9 +32,10 @@ import torch.nn.functional as F
 
 import frugal
 from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
-from frugal.comm.message import CodecSpec
 from frugal.config import ConfigError, check_types, config_from_dict, config_to_dict
 from frugal.launch import TorchrunJob, run_torchrun
+from frugal.parallel.codec import CodecSpec
+from frugal.parallel.schedule import SCHEDULES, build_schedule
 from frugal.pipeline.buffers import BufferSet
 from frugal.pipeline.models import TextWindows, TinyGPTConfig, split_layers
 from frugal.pipeline.runtime import (
@@ -45,7 +47,6 @@ from frugal.pipeline.runtime import (
     StageRunner,
     run_local_step,
 )
-from frugal.pipeline.schedule import build_schedule
 from frugal.pipeline.zoo import (
     SmolLMConfig,
     boundary_shape,
@@ -95,8 +96,9 @@ class PipelineTrainConfig:
     """Pipeline stages S (default layout: rank = stage); a plan overrides it."""
     codec: str = "fp32"
     """fp32, fp16, bf16, directq:fwK,bwJ or aqsgd:fwK,bwJ."""
-    schedule: Literal["gpipe", "1f1b"] = "1f1b"
-    """Pipeline schedule."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: "gpipe", "1f1b" or one added by
+    `frugal.parallel.register_schedule`."""
     micro_batch_size: int = 8
     """Examples per micro-batch, >= 1."""
     num_microbatches: int = 4
@@ -175,6 +177,7 @@ class PipelineTrainConfig:
             )
         if not self.plan:
             split_layers(model_num_layers(self), self.num_stages)
+        SCHEDULES.check(self.schedule)
         if self.bandwidth_mbps < 0 or self.rho < 0 or self.latency_ms < 0:
             raise ValueError(
                 f"bandwidth_mbps={self.bandwidth_mbps}, rho={self.rho}, "
@@ -288,10 +291,18 @@ class Layout:
         raise ValueError(f"rank {rank} is not in the layout's mesh")
 
 
-def make_layout(config: PipelineTrainConfig, world_size: int) -> Layout:
+def make_layout(
+    config: PipelineTrainConfig, world_size: int, runs: Sequence[RunSpec] = ()
+) -> Layout:
     """The rank layout: from the plan file, or linear (rank = stage, one replica).
 
+    A plan that records its codec, schedule and micro-batch size (format 2) runs only with
+    those: the job's `codec` and every run's must be the plan's (`Plan.check_runnable`). A
+    format-1 plan records none of them and runs with the job's after a warning.
+
     Raises:
+        PlanMismatchError: If the job's codec, schedule or micro-batch size differ from the
+            plan's.
         ValueError: If the plan's world size, layers or stages do not fit this job.
         OSError: If the plan file cannot be read.
     """
@@ -308,9 +319,22 @@ def make_layout(config: PipelineTrainConfig, world_size: int) -> Layout:
             (tuple(range(config.num_stages)),),
             (config.num_microbatches,),
         )
-    from frugal.planner.plan import Plan
+    from frugal.parallel.plan import Plan
 
     plan = Plan.from_json(Path(config.plan).read_text())
+    if plan.is_recorded:
+        plan.check_runnable(
+            codecs=(config.codec, *(run.codec for run in runs)),
+            schedule=config.schedule,
+            microbatch_size=config.micro_batch_size,
+        )
+    else:
+        warnings.warn(
+            f"the plan {config.plan} does not record the codec, schedule and micro-batch size "
+            "it was priced for (plan format 1 or a hand-made plan); running with the job's. "
+            "Plan again with this frugal to have them checked.",
+            stacklevel=2,
+        )
     if plan.world_size != world_size:
         raise ConfigError(
             f"the plan {config.plan} is for world_size={plan.world_size} but "
@@ -638,7 +662,7 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
     timeout = datetime.timedelta(seconds=config.comm_timeout_s)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
     try:
-        layout = make_layout(config, world_size)
+        layout = make_layout(config, world_size, runs)
         data = load_windows(config)
         data_sha = hashlib.sha256(data.windows.numpy().tobytes()).hexdigest()[:16]
         check_same_config(
@@ -847,6 +871,8 @@ def launch_torchrun(
         PipelineError: If a worker fails (its last output lines are in the message) or the
             launch exceeds `timeout_s`.
     """
+    if config.plan:  # a plan that does not fit this job fails here, before any process starts
+        make_layout(config, nproc, runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     job = out_dir / "job.json"
     job.write_text(

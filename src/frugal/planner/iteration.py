@@ -35,6 +35,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Literal
@@ -42,8 +43,15 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from frugal.comm.wire import CodecName, wire_bytes
 from frugal.config import check_types
+from frugal.parallel.codec import (
+    HEADER_BYTES,
+    KIND_ACTIVATION,
+    KIND_GRADIENT,
+    CodecSpec,
+    message_wire_bytes,
+)
+from frugal.parallel.schedule import SCHEDULES, build_schedule, peak_in_flight
 from frugal.planner.topology import Topology
 
 __all__ = [
@@ -82,9 +90,10 @@ class WorkloadConfig:
     """Sequences per micro-batch, >= 1."""
     microbatches_per_step: int = 64
     """Micro-batches per pipeline between two accumulation boundaries (M), >= 1."""
-    codec: CodecName = "fp16"
-    """Codec of the activations between stages (`frugal.comm`); its exact wire size prices
-    every pipeline message (fp32, fp16, bf16, or qK for K-bit DirectQ/AQ-SGD)."""
+    codec: str = "fp16"
+    """Codec of the pipeline messages (`frugal.parallel.CodecSpec`: fp32, fp16, bf16,
+    directq:fwK,bwJ, aqsgd:fwK,bwJ, ...; qK = directq:fwK,bwK:row); the exact wire size of
+    each direction (128-byte header + payload, steady state) prices every message."""
     gradient_bytes_per_value: float = 2.0
     """Wire bytes per gradient value in the DP exchange, > 0."""
     tau_ref_s: float = TAU_REF_S
@@ -97,9 +106,10 @@ class WorkloadConfig:
     (the link is busy for bytes / bandwidth and the message arrives one delay later, so
     back-to-back messages overlap their delays: `frugal.comm.link`'s shaper, which `frugal
     plan validate` runs on)."""
-    schedule: Literal["gpipe", "1f1b"] = "gpipe"
-    """Pipeline schedule the plan runs; it sets the activations each stage keeps in flight
-    (GPipe: every micro-batch of a step; 1F1B: at most num_stages - stage)."""
+    schedule: str = "gpipe"
+    """Pipeline schedule the plan runs (`frugal.parallel.schedule`); it sets the activations
+    each stage keeps in flight (GPipe: every micro-batch of a step; 1F1B: at most
+    num_stages - stage)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -109,6 +119,8 @@ class WorkloadConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if min(self.gradient_bytes_per_value, self.tau_ref_s) <= 0:
             raise ValueError("gradient_bytes_per_value and tau_ref_s must be > 0")
+        CodecSpec.parse(self.codec)
+        SCHEDULES.check(self.schedule)
 
     @property
     def params_per_layer(self) -> float:
@@ -117,10 +129,20 @@ class WorkloadConfig:
 
     @property
     def activation_bytes(self) -> float:
-        """Wire bytes of one micro-batch's activations (b s tokens x h) under `codec`."""
-        return float(
-            wire_bytes(self.codec, (self.microbatch_size * self.seq_len, self.hidden_size))
-        )
+        """Wire bytes of one micro-batch's activation message (b s tokens x h) under `codec`."""
+        shape = (self.microbatch_size, self.seq_len, self.hidden_size)
+        return float(_message_bytes(self.codec, KIND_ACTIVATION, shape))
+
+    @property
+    def gradient_bytes(self) -> float:
+        """Wire bytes of one micro-batch's gradient message (the backward direction)."""
+        shape = (self.microbatch_size, self.seq_len, self.hidden_size)
+        return float(_message_bytes(self.codec, KIND_GRADIENT, shape))
+
+
+@functools.lru_cache(maxsize=64)
+def _message_bytes(codec: str, kind: int, shape: tuple[int, int, int]) -> int:
+    return message_wire_bytes(CodecSpec.parse(codec), kind, shape)
 
 
 _GIB = float(1 << 30)
@@ -145,7 +167,7 @@ def microbatches_in_flight(workload: WorkloadConfig, stage: int, num_stages: int
     if not 0 <= stage < num_stages:
         raise ValueError(f"stage={stage} must lie in [0, num_stages={num_stages})")
     m = workload.microbatches_per_step
-    return m if workload.schedule == "gpipe" else min(num_stages - stage, m)
+    return peak_in_flight(build_schedule(workload.schedule, num_stages, stage, m))
 
 
 def stage_memory_gib(
@@ -164,7 +186,7 @@ def stage_memory_gib(
     """
     weights = layers * workload.params_per_layer * _TRAINING_BYTES_PER_PARAM
     in_flight = microbatches_in_flight(workload, stage, num_stages)
-    activations = in_flight * workload.activation_bytes * _ACTIVATION_BUFFERS
+    activations = in_flight * (workload.activation_bytes - HEADER_BYTES) * _ACTIVATION_BUFFERS
     return (weights + activations) / _GIB
 
 
@@ -400,13 +422,14 @@ def iteration_cost(
     g = layers * tau * 3.0 / 4.0
     send, recv = mesh_JI[:, :-1], mesh_JI[:, 1:]
     bits = workload.activation_bytes * _BITS_PER_BYTE
+    bits_back = workload.gradient_bytes * _BITS_PER_BYTE
     x = np.zeros_like(f)  # forward: activations stage i -> i+1
     xb = np.zeros_like(f)  # backward: gradients stage i+1 -> i (the reverse link)
     if num_stages > 1:
         x[:, :-1] = topology.delay_ms[send, recv] / 1000.0 + bits / (
             _effective_gbps(topology, send, recv) * _GBIT
         )
-        xb[:, :-1] = topology.delay_ms[recv, send] / 1000.0 + bits / (
+        xb[:, :-1] = topology.delay_ms[recv, send] / 1000.0 + bits_back / (
             _effective_gbps(topology, recv, send) * _GBIT
         )
     fill = (f + x).sum(axis=1) + (g + xb).sum(axis=1)  # one micro-batch through and back

@@ -1,20 +1,20 @@
-"""`Plan`: a placement as data (JSON), and `build_plan`, the planner's one entry point.
+"""`build_plan`, the planner's one entry point: search a placement and return a `Plan`.
 
-A plan names, for every pipeline j and stage i, the physical rank `mesh[j][i]` that runs it,
-the layers of each stage, and what the cost model predicts. It round-trips through JSON
-(`Plan.from_json(p.to_json()) == p`), hashes canonically, prints as a table and validates
-against a topology; `frugal.pipeline` executes it and never calls the planner.
+The `Plan` itself (placement, layers, codec, schedule, micro-batches, DP collectives) lives in
+`frugal.parallel.plan`, where the pipeline reads it without importing the planner; it is
+re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
 
 from frugal import FrugalError
 from frugal.config import ConfigError, check_types
+from frugal.parallel.codec import CodecSpec
+from frugal.parallel.partition import partition_layers, split_layers
+from frugal.parallel.plan import PLAN_FORMAT_VERSION, Plan
 from frugal.planner.iteration import WorkloadConfig
 from frugal.planner.topology import Topology
 
@@ -27,8 +27,6 @@ __all__ = [
     "build_plan",
     "check_memory",
 ]
-
-PLAN_FORMAT_VERSION = 1
 
 
 class PlannerError(FrugalError):
@@ -91,163 +89,6 @@ class PlannerConfig:
             raise ValueError(f"budget={self.budget} must be >= 1 (candidates scored)")
         if not self.time_limit_s > 0:
             raise ValueError(f"time_limit_s={self.time_limit_s} must be > 0 seconds")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Plan:
-    """A placement of D_dp pipelines of D_pp stages on physical ranks.
-
-    Attributes:
-        world_size: Number of ranks N.
-        num_stages: D_pp.
-        num_replicas: D_dp.
-        num_layers_per_stage: Layers of each stage (sum = num_layers, each >= 1).
-        num_microbatches_per_replica: Micro-batches per accumulation step of each pipeline
-            (uneven when faster pipelines take more; gradients are then weighted by it).
-        mesh: `mesh[j][i]` = rank running stage i of pipeline j; a permutation of 0..N-1.
-        stage_order: Group id along the pipeline path for each stage (paper's plan).
-        devices: Per rank: name, host, site.
-        objective: Cost model used.
-        method: Search that produced the plan.
-        predicted_cost_s: The objective's value in seconds.
-        breakdown: Parts of the prediction (e.g. dp_s, pp_s) in seconds.
-        lower_bound_s: A lower bound on the objective over all placements, seconds.
-        gap: predicted_cost_s / lower_bound_s - 1 (how far from provably optimal, at most).
-        seed: Seed of the search.
-        cluster: Name of the topology (scenario or file).
-        cluster_sha256: Digest of the topology it was made for.
-        format_version: Plan format version.
-    """
-
-    world_size: int
-    num_stages: int
-    num_replicas: int
-    num_layers_per_stage: tuple[int, ...]
-    num_microbatches_per_replica: tuple[int, ...]
-    mesh: tuple[tuple[int, ...], ...]
-    stage_order: tuple[int, ...]
-    devices: tuple[tuple[str, str, str], ...]
-    objective: Literal["iteration", "paper"]
-    method: Literal["ours", "swap", "megatron_default", "megatron_random", "random", "dtfm_ga"]
-    predicted_cost_s: float
-    breakdown: tuple[tuple[str, float], ...]
-    lower_bound_s: float
-    gap: float
-    seed: int
-    cluster: str
-    cluster_sha256: str
-    format_version: int = PLAN_FORMAT_VERSION
-
-    def __post_init__(self) -> None:
-        check_types(self)  # a hand-edited or foreign JSON fails here, naming the field
-        if self.format_version != PLAN_FORMAT_VERSION:
-            raise ValueError(
-                f"plan format_version {self.format_version}; this frugal reads "
-                f"{PLAN_FORMAT_VERSION}: make the plan again with this version"
-            )
-        if len(self.devices) != self.world_size:
-            raise ValueError(
-                f"devices lists {len(self.devices)} ranks but world_size = {self.world_size}"
-            )
-        flat = sorted(r for row in self.mesh for r in row)
-        if flat != list(range(self.world_size)):
-            raise ValueError(f"mesh must be a permutation of ranks 0..{self.world_size - 1}")
-        if len(self.mesh) != self.num_replicas or any(
-            len(row) != self.num_stages for row in self.mesh
-        ):
-            raise ValueError(
-                f"mesh must be num_replicas x num_stages = {self.num_replicas} x {self.num_stages}"
-            )
-        if (
-            len(self.num_microbatches_per_replica) != self.num_replicas
-            or min(self.num_microbatches_per_replica) < 1
-        ):
-            raise ValueError(
-                f"num_microbatches_per_replica={self.num_microbatches_per_replica} needs "
-                f"{self.num_replicas} entries, each >= 1"
-            )
-        if len(self.num_layers_per_stage) != self.num_stages or min(self.num_layers_per_stage) < 1:
-            raise ValueError(
-                f"num_layers_per_stage={self.num_layers_per_stage} needs {self.num_stages} "
-                "entries, each >= 1"
-            )
-
-    def to_json(self) -> str:
-        """Canonical JSON: sorted keys, no timestamps (so equal plans have equal bytes)."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> Plan:
-        """Parse a plan written by `to_json`.
-
-        Raises:
-            ValueError: If the JSON is malformed, a field is missing or unknown, or the plan
-                breaks a rule (see the class).
-        """
-        try:
-            data: dict[str, Any] = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
-            raise ConfigError(f"not a plan: invalid JSON ({exc})") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"not a plan: the JSON is a {type(data).__name__}, not an object")
-        fields = set(cls.__dataclass_fields__)
-        unknown, missing = set(data) - fields, fields - set(data) - {"format_version"}
-        if unknown or missing:
-            raise ConfigError(
-                f"not a plan: unknown fields {sorted(unknown)}, missing {sorted(missing)}; "
-                "write a plan with `frugal plan --out FILE`"
-            )
-
-        def tuples(value: Any) -> Any:
-            return tuple(tuples(v) for v in value) if isinstance(value, list) else value
-
-        return cls(**{k: tuples(v) for k, v in data.items()})
-
-    @property
-    def sha256(self) -> str:
-        """Digest of the canonical JSON; every rank checks it before training."""
-        return hashlib.sha256(self.to_json().encode()).hexdigest()
-
-    def validate(self, topology: Topology) -> None:
-        """Check the plan was made for `topology`.
-
-        Raises:
-            TypeError: If `topology` is not a Topology.
-            ValueError: If the world size or the topology digest differs.
-        """
-        if not isinstance(topology, Topology):
-            raise TypeError(f"validate needs a Topology, got {type(topology).__name__}")
-        if topology.num_devices != self.world_size:
-            raise ConfigError(
-                f"the plan is for world_size={self.world_size} but the cluster has "
-                f"{topology.num_devices} devices"
-            )
-        if topology.sha256() != self.cluster_sha256:
-            raise ConfigError(
-                "the plan was made for another cluster (topology digest differs); plan again"
-            )
-
-    def table(self) -> str:
-        """A text table: one row per pipeline, the device (site) of each stage."""
-        head = f"{'pipeline':>8} | " + " | ".join(
-            f"stage {i} ({self.num_layers_per_stage[i]} l)" for i in range(self.num_stages)
-        )
-        lines = [head, "-" * len(head)]
-        for j, row in enumerate(self.mesh):
-            cells = [f"{self.devices[r][0]} [{self.devices[r][2]}]" for r in row]
-            lines.append(f"{j:>8} | " + " | ".join(cells))
-        parts = ", ".join(f"{k} {v:.3f} s" for k, v in self.breakdown)
-        lines.append(
-            f"{self.objective} cost {self.predicted_cost_s:.3f} s ({parts}); lower bound "
-            f"{self.lower_bound_s:.3f} s (gap {self.gap:.1%}); method {self.method}; cluster "
-            f"{self.cluster}; plan sha256 {self.sha256[:12]}"
-        )
-        return "\n".join(lines)
-
-
-def _split_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
-    base, extra = divmod(num_layers, num_stages)
-    return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
 
 
 def check_memory(
@@ -321,22 +162,12 @@ def _balance_layers(
 ) -> tuple[int, ...]:
     """Layers per stage minimising the slowest stage, when device speeds differ.
 
-    Stage i costs l_i c_i with c_i = 1 / (slowest speed among its replicas); every stage gets
-    one layer, then each further layer goes to the stage whose cost grows least (optimal for
-    the max, by an exchange argument).
+    Stage i costs l_i c_i with c_i = 1 / (slowest speed among its replicas)
+    (`frugal.parallel.partition_layers`).
     """
-    import heapq
-
     num_stages = len(mesh[0])
     c = [max(1.0 / topology.devices[row[i]].speed for row in mesh) for i in range(num_stages)]
-    layers = [1] * num_stages
-    heap = [(2 * c[i], i) for i in range(num_stages)]
-    heapq.heapify(heap)
-    for _ in range(num_layers - num_stages):
-        _, i = heapq.heappop(heap)
-        layers[i] += 1
-        heapq.heappush(heap, ((layers[i] + 1) * c[i], i))
-    return tuple(layers)
+    return partition_layers(num_layers, num_stages, seconds_per_layer=c)
 
 
 def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
@@ -404,7 +235,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         from dataclasses import replace
 
         config = replace(config, num_stages=config_grid[0], num_replicas=config_grid[1])
-    layers = _split_layers(config.workload.num_layers, config.num_stages)
+    layers = split_layers(config.workload.num_layers, config.num_stages)
     d_pp, d_dp, n = config.num_stages, config.num_replicas, topology.num_devices
     stage_order: tuple[int, ...] = tuple(range(d_pp))
     if config.method in ("megatron_default", "megatron_random"):
@@ -449,6 +280,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
     check_memory(topology, mesh_rows, layers, config.workload)
     breakdown: tuple[tuple[str, float], ...]
     microbatches = (config.workload.microbatches_per_step,) * d_dp
+    collectives: tuple[str, ...] = ()
     if config.objective == "paper":
         scored = paper_cost(topology, np.ascontiguousarray(mesh.T))
         predicted = scored.total_s
@@ -458,6 +290,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         it = iteration_cost(topology, mesh, layers, config.workload,
                             balance_microbatches=config.method in ("ours", "swap"))  # fmt: skip
         microbatches = it.microbatches
+        collectives = it.collective if d_dp > 1 else ()
         predicted = it.total_s
         breakdown = (("pipeline_s", it.pipeline_s), ("dp_exposed_s", it.dp_exposed_s))
         if config.workload.schedule == "1f1b":  # the closed form is GPipe's: simulate 1F1B
@@ -469,6 +302,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
             )
             predicted = sim.total_s
             breakdown = (("pipeline_s", max(sim.pipeline_s)), ("dp_exposed_s", sim.dp_exposed_s))
+            collectives = sim.collective if d_dp > 1 else ()
         bound = _compute_lower_bound(topology, config)
     return Plan(
         world_size=topology.num_devices,
@@ -489,4 +323,8 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         seed=config.seed,
         cluster=topology.name,
         cluster_sha256=topology.sha256(),
+        codec=CodecSpec.parse(config.workload.codec).label,
+        schedule=config.workload.schedule,
+        microbatch_size=config.workload.microbatch_size,
+        dp_collective=collectives,
     )

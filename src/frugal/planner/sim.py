@@ -29,46 +29,22 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from frugal.parallel.schedule import build_schedule
 from frugal.planner.iteration import WorkloadConfig, accumulation_steps, stage_collective
 from frugal.planner.topology import Topology
 
-__all__ = ["Schedule", "SimResult", "schedule_order", "simulate_iteration", "simulate_pipelines"]
+__all__ = ["SimResult", "simulate_iteration", "simulate_pipelines"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
-Schedule = Literal["gpipe", "1f1b"]
 
 _BITS_PER_BYTE = 8.0
 _GBIT = 1e9
 _FWD, _BWD = 0, 1
-
-
-def schedule_order(
-    schedule: Schedule, stage: int, num_stages: int, num_microbatches: int
-) -> list[tuple[int, int]]:
-    """The (kind, microbatch) operations stage `stage` runs, in order; kind 0 = fwd, 1 = bwd.
-
-    Raises:
-        ValueError: On an unknown schedule or a stage outside [0, num_stages).
-    """
-    if not 0 <= stage < num_stages:
-        raise ValueError(f"stage={stage} must lie in [0, {num_stages})")
-    m = num_microbatches
-    if schedule == "gpipe":
-        return [(_FWD, k) for k in range(m)] + [(_BWD, k) for k in range(m)]
-    if schedule == "1f1b":
-        warmup = min(num_stages - stage - 1, m)
-        ops = [(_FWD, k) for k in range(warmup)]
-        for k in range(m - warmup):
-            ops += [(_FWD, warmup + k), (_BWD, k)]
-        ops += [(_BWD, k) for k in range(m - warmup, m)]
-        return ops
-    raise ValueError(f"schedule={schedule!r} must be 'gpipe' or '1f1b'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +74,7 @@ def simulate_pipelines(
     host_N: I64,
     nic_bytes_per_s_N: F64,
     microbatches_J: I64,
-    schedule: Schedule = "gpipe",
+    schedule: str = "gpipe",
     backward_message_bytes: float | None = None,
     latency_holds_link: bool = False,
 ) -> tuple[F64, F64]:
@@ -114,7 +90,7 @@ def simulate_pipelines(
         host_N: Host id per device; messages between hosts also queue on both NICs.
         nic_bytes_per_s_N: NIC capacity of each device's host, bytes/s (inf = no cap).
         microbatches_J: Micro-batches of each pipeline, >= 1.
-        schedule: "gpipe" or "1f1b".
+        schedule: A registered schedule (`frugal.parallel.schedule`): "gpipe" or "1f1b".
         backward_message_bytes: Wire bytes of one gradient message (default: message_bytes).
         latency_holds_link: Hold a link for delay + transfer per message (stop-and-wait)
             instead of the transfer only (the delay overlaps the next message).
@@ -136,7 +112,13 @@ def simulate_pipelines(
         raise ValueError(f"microbatches_J={microbatches_J} must hold {num_replicas} counts >= 1")
     bwd_bytes = message_bytes if backward_message_bytes is None else backward_message_bytes
     orders = [
-        [schedule_order(schedule, i, num_stages, int(microbatches_J[j])) for i in range(num_stages)]
+        [
+            [
+                (_FWD if op == "F" else _BWD, k)
+                for op, k in build_schedule(schedule, num_stages, i, int(microbatches_J[j]))
+            ]
+            for i in range(num_stages)
+        ]
         for j in range(num_replicas)
     ]
     position = np.zeros((num_replicas, num_stages), dtype=np.int64)
@@ -236,7 +218,7 @@ def simulate_iteration(
     workload: WorkloadConfig,
     *,
     microbatches_J: I64 | None = None,
-    schedule: Schedule = "gpipe",
+    schedule: str = "gpipe",
 ) -> SimResult:
     """Simulate one training iteration of a placement, op by op (see the module docstring).
 
@@ -282,6 +264,7 @@ def simulate_iteration(
         nic_bytes_per_s_N=nic,
         microbatches_J=microbatches_J,
         schedule=schedule,
+        backward_message_bytes=workload.gradient_bytes,
         latency_holds_link=workload.message_latency == "serialised",
     )
     # Accumulation steps flush the pipeline, so they repeat; gradients are exchanged after the
