@@ -9,7 +9,7 @@ This module imports no subpackage, so that every subpackage can import `FrugalEr
 
 from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["FrugalError", "__version__"]
+__all__ = ["ConfigError", "FrugalError", "__version__"]
 
 try:
     __version__ = version("frugal")
@@ -18,8 +18,19 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 
 class FrugalError(Exception):
-    """Base class of frugal's domain failures (a missing dataset, a corrupt store, ...).
+    """Base class of frugal's errors (a missing dataset, a corrupt store, bad input, ...).
 
-    Bad input raises `ValueError` or `TypeError` instead; the command line exits 1 on a
-    `FrugalError` and 2 on bad input.
+    The command line prints one line for each: exit 2 for a `ConfigError` (bad input), 1 for
+    any other `FrugalError` (a domain failure). Any other exception is a bug and shows its
+    traceback.
+    """
+
+
+class ConfigError(FrugalError, ValueError):
+    """Bad user input: a setting, a command-line argument or a name that does not fit.
+
+    Raised for an unknown key, a value of the wrong type, a value a Config's validation rejects,
+    an unknown registry name or dataset id, or a flag that contradicts another. It is a
+    `ValueError` too, so `except ValueError` keeps catching it; the command line prints it as
+    one line and exits 2. `frugal.config` re-exports it.
     """

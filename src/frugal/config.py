@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import tomli_w
 
-from frugal import FrugalError
+from frugal import ConfigError
 
 __all__ = [
     "ConfigError",
@@ -44,16 +44,6 @@ __all__ = [
 
 T = TypeVar("T")
 _UTF8_BOM = b"\xef\xbb\xbf"
-
-
-class ConfigError(FrugalError, ValueError):
-    """Bad user input: a setting, a command-line argument or a name that does not fit.
-
-    Raised for an unknown key, a value of the wrong type, a value a Config's validation rejects,
-    an unknown registry name or dataset id, or a flag that contradicts another. It is a
-    `ValueError` too, so `except ValueError` keeps catching it; the command line prints it as
-    one line and exits 2.
-    """
 
 
 def _is_config_class(tp: object) -> bool:

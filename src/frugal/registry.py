@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from frugal.config import ConfigError
+from frugal import ConfigError
 
 __all__ = ["Registry"]
 
