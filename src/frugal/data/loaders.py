@@ -316,7 +316,7 @@ def load_events(dataset: str | DatasetInfo, config: DataConfig | None = None) ->
         The events.
 
     Raises:
-        ValueError: If the name is unknown or the dataset is not a temporal graph.
+        ConfigError: If the name is unknown or the dataset is not a temporal graph.
         DatasetMissingError: If its package is not installed (names the pip line).
         DatasetChecksumError: If a file does not match its pinned SHA-256.
         DatasetStatsError: If the parse does not reproduce the pinned counts.
@@ -371,7 +371,7 @@ def load_table(dataset: str | DatasetInfo, config: DataConfig | None = None) -> 
         The table.
 
     Raises:
-        ValueError: If the name is unknown or the dataset has no table form.
+        ConfigError: If the name is unknown or the dataset has no table form.
         DatasetMissingError: If its package is not installed.
         DatasetChecksumError: If a file does not match its pinned SHA-256.
         DatasetStatsError: If the row or column count differs from the record.
@@ -432,7 +432,7 @@ def load_documents(dataset: str | DatasetInfo, config: DataConfig | None = None)
         The documents, in a fixed order.
 
     Raises:
-        ValueError: If the name is unknown or the dataset is not text.
+        ConfigError: If the name is unknown or the dataset is not text.
         DatasetMissingError: If its package is not installed (an optional one names apt-get).
         DatasetChecksumError: If the files do not match the pinned SHA-256.
         DatasetStatsError: If the document or character count differs from the record.
@@ -465,7 +465,7 @@ def load_text(dataset: str | DatasetInfo, config: DataConfig | None = None) -> s
     """Load a text corpus as one string: its documents joined by newlines.
 
     Raises:
-        ValueError: If the name is unknown or the dataset is not text.
+        ConfigError: If the name is unknown or the dataset is not text.
         DatasetMissingError: If its package is not installed.
         DatasetChecksumError: If the files do not match the pinned SHA-256.
         DatasetStatsError: If the document or character count differs from the record.
@@ -477,7 +477,7 @@ def dataset_path(dataset: str | DatasetInfo, config: DataConfig | None = None) -
     """Return the verified path of a file asset such as a model (`loaders` contains "path").
 
     Raises:
-        ValueError: If the name is unknown or the dataset is not a file asset.
+        ConfigError: If the name is unknown or the dataset is not a file asset.
         DatasetMissingError: If its package is not installed.
         DatasetChecksumError: If the file does not match its pinned SHA-256.
     """
@@ -572,7 +572,7 @@ def verify_dataset(dataset: str | DatasetInfo, config: DataConfig | None = None)
         The counts measured on the parsed data.
 
     Raises:
-        ValueError: If the name is unknown.
+        ConfigError: If the name is unknown.
         DatasetMissingError: If its package is not installed.
         DatasetChecksumError: If a file does not match its pinned SHA-256.
         DatasetStatsError: If a parse does not reproduce the pinned counts.

@@ -186,7 +186,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         The plan (deterministic for the same inputs and seed).
 
     Raises:
-        ValueError: If the grid does not match the device count or links are asymmetric.
+        ConfigError: If the grid does not match the device count or links are asymmetric.
         InfeasiblePlanError: If a stage does not fit its device's memory.
     """
     import numpy as np

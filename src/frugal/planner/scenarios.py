@@ -241,7 +241,7 @@ def build_scenario(name: str) -> Topology:
     """Return the named preset.
 
     Raises:
-        ValueError: If the name is unknown; the message lists the known ones.
+        ConfigError: If the name is unknown; the message lists the known ones.
     """
     try:
         return SCENARIOS[name]()

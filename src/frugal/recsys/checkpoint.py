@@ -191,7 +191,7 @@ def read_checkpoint(folder: Path) -> dict[str, Any]:
     """The manifest of a sealed `step-N` folder, after checking every file's sha256.
 
     Raises:
-        ValueError: If `folder` is missing, a file, or holds no manifest (not a checkpoint).
+        ConfigError: If `folder` is missing, a file, or holds no manifest (not a checkpoint).
         RecsysError: If the manifest is not JSON, of another format or lacks a field, or a
             file is corrupt.
     """
