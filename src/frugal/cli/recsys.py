@@ -7,13 +7,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frugal.cli.bench import BenchEntry, add_bench
 from frugal.cli.options import add_config_arguments, output_file, output_folder, print_config
 from frugal.config import ConfigError
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from frugal.recsys.config import RecsysTrainConfig
+
+__all__ = ["register", "train_config"]
 
 
 def register(commands: Any) -> None:
@@ -57,10 +60,16 @@ def register(commands: Any) -> None:
     )
 
 
-def _train(args: argparse.Namespace) -> int:
+def train_config(args: argparse.Namespace) -> RecsysTrainConfig:
+    """The `RecsysTrainConfig` of parsed `recsys train` arguments.
+
+    `--config` and `--set` first, then the flags (errors then name the command line).
+
+    Raises:
+        ConfigError: On an invalid setting, or `--staleness` with `--mode sync`.
+    """
     from frugal.config import apply_overrides, config_from_dict, config_to_dict, load_config
     from frugal.recsys.config import RecsysTrainConfig
-    from frugal.recsys.launch import launch_training
 
     flags = {
         "data.dataset": args.dataset,
@@ -70,7 +79,8 @@ def _train(args: argparse.Namespace) -> int:
         "rtt_ms": args.rtt_ms,
     }
     given = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
-    if given:  # file and --set first, then the flags; errors name the command line
+    config: RecsysTrainConfig
+    if given:
         base = config_to_dict(load_config(RecsysTrainConfig, args.config, args.overrides))
         config = config_from_dict(
             RecsysTrainConfig, apply_overrides(base, given), source="command line"
@@ -85,6 +95,13 @@ def _train(args: argparse.Namespace) -> int:
             f"--staleness {config.staleness} does not apply to --mode sync (every lookup "
             "waits for all earlier updates); drop --staleness or use --mode hybrid or async"
         )
+    return config
+
+
+def _train(args: argparse.Namespace) -> int:
+    from frugal.recsys.launch import launch_training
+
+    config = train_config(args)
     if print_config(args, config):
         return 0
     out = output_folder(args.out)
