@@ -116,7 +116,13 @@ def method_names() -> tuple[str, ...]:
     return METHODS.names()
 
 
-def _paper_outcome(result: object) -> SearchOutcome:
+def _paper_search(request: SearchRequest, search: Callable[..., object]) -> SearchOutcome:
+    """Run a paper-cost search (`frugal.planner.search`) and keep its mesh and path order."""
+    r = request
+    result = search(
+        r.topology, r.num_stages, r.num_replicas,
+        budget=r.budget, seed=r.seed, time_limit_s=r.time_limit_s,
+    )  # fmt: skip
     cost = result.cost  # type: ignore[attr-defined]
     return SearchOutcome(np.array(cost.mesh, dtype=np.int64), tuple(cost.stage_order))
 
@@ -136,9 +142,8 @@ def _dtfm_ga(request: SearchRequest) -> SearchOutcome:
     from frugal.planner.search import dtfm_ga
 
     r = request
-    return _paper_outcome(
-        dtfm_ga(r.topology, r.num_stages, r.num_replicas, budget=r.budget, seed=r.seed)
-    )
+    result = dtfm_ga(r.topology, r.num_stages, r.num_replicas, budget=r.budget, seed=r.seed)
+    return SearchOutcome(np.array(result.cost.mesh, dtype=np.int64), result.cost.stage_order)
 
 
 def _memetic(request: SearchRequest, *, population: int) -> SearchOutcome:
@@ -146,17 +151,7 @@ def _memetic(request: SearchRequest, *, population: int) -> SearchOutcome:
 
     r = request
     if r.objective == "paper":
-        search = memetic_search if population > 1 else swap_search
-        return _paper_outcome(
-            search(
-                r.topology,
-                r.num_stages,
-                r.num_replicas,
-                budget=r.budget,
-                seed=r.seed,
-                time_limit_s=r.time_limit_s,
-            )
-        )
+        return _paper_search(r, memetic_search if population > 1 else swap_search)
     found = iteration_search(
         r.topology, r.num_stages, r.num_replicas, r.layers_per_stage, r.workload,
         budget=r.budget, seed=r.seed, time_limit_s=r.time_limit_s, population=population,
@@ -169,16 +164,7 @@ def _random(request: SearchRequest) -> SearchOutcome:
 
     r = request
     if r.objective == "paper":
-        return _paper_outcome(
-            random_search(
-                r.topology,
-                r.num_stages,
-                r.num_replicas,
-                budget=r.budget,
-                seed=r.seed,
-                time_limit_s=r.time_limit_s,
-            )
-        )
+        return _paper_search(r, random_search)
     n = r.topology.num_devices
     rng = np.random.default_rng(r.seed)
     deadline = time.perf_counter() + r.time_limit_s

@@ -55,11 +55,12 @@ class PlannerConfig:
     DT-FM paper's communication cost."""
     method: str = "ours"
     """Search method, a name in `frugal.planner.methods.METHODS` (or one added by
-    `register_method`). Built in: ours (structured seeds, then a memetic search: aligned crossover + swaps), swap
-    (the seeds' swap local search alone, the memetic search's component), Megatron's default
-    order, Megatron's order on a seeded random rank permutation, the best of `budget`
-    random placements, or the DT-FM paper's genetic algorithm (`dtfm_ga`: it searches under
-    the paper's cost whatever the objective, which then prices its plan; symmetric links)."""
+    `register_method`). Built in: ours (structured seeds, then a memetic search: aligned
+    crossover + swaps), swap (the seeds' swap local search alone, the memetic search's
+    component), megatron_default (Megatron's order), megatron_random (Megatron's order on a
+    seeded random rank permutation), random (the best of `budget` random placements), or
+    dtfm_ga (the DT-FM paper's genetic algorithm: it searches under the paper's cost whatever
+    the objective, which then prices its plan; symmetric links)."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     """The training job the iteration objective prices."""
     budget: int = 2000
