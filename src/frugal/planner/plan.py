@@ -53,14 +53,14 @@ class PlannerConfig:
     objective: Literal["iteration", "paper"] = "iteration"
     """Cost model: seconds per iteration (compute, pipeline, overlapped DP; analytic), or the
     DT-FM paper's communication cost."""
-    method: Literal["ours", "swap", "megatron_default", "megatron_random", "random", "dtfm_ga"] = (
-        "ours"
-    )
-    """Search: ours (structured seeds, then a memetic search: aligned crossover + swaps), swap
-    (the seeds' swap local search alone, the memetic search's component), Megatron's default
-    order, Megatron's order on a seeded random rank permutation, the best of `budget`
-    random placements, or the DT-FM paper's genetic algorithm (`dtfm_ga`: it searches under
-    the paper's cost whatever the objective, which then prices its plan; symmetric links)."""
+    method: str = "ours"
+    """Search method, a name in `frugal.planner.methods.METHODS` (or one added by
+    `register_method`). Built in: ours (structured seeds, then a memetic search: aligned
+    crossover + swaps), swap (the seeds' swap local search alone, the memetic search's
+    component), megatron_default (Megatron's order), megatron_random (Megatron's order on a
+    seeded random rank permutation), random (the best of `budget` random placements), or
+    dtfm_ga (the DT-FM paper's genetic algorithm: it searches under the paper's cost whatever
+    the objective, which then prices its plan; symmetric links)."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     """The training job the iteration objective prices."""
     budget: int = 2000
@@ -72,6 +72,9 @@ class PlannerConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        from frugal.planner.methods import METHODS
+
+        METHODS.check(self.method)
         if self.num_stages < 0 or self.num_replicas < 0:
             raise ValueError(
                 f"num_stages={self.num_stages}, num_replicas={self.num_replicas} must be >= 1, "
@@ -193,15 +196,8 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
 
     from frugal.planner.cost import paper_cost, paper_lower_bound
     from frugal.planner.iteration import iteration_cost
-    from frugal.planner.search import (
-        check_grid,
-        dtfm_ga,
-        iteration_search,
-        megatron_default_groups,
-        memetic_search,
-        random_search,
-        swap_search,
-    )
+    from frugal.planner.methods import METHODS, SearchRequest
+    from frugal.planner.search import check_grid
 
     grids = _grids(topology, config)
     if len(grids) != 1:
@@ -236,43 +232,30 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
 
         config = replace(config, num_stages=config_grid[0], num_replicas=config_grid[1])
     layers = split_layers(config.workload.num_layers, config.num_stages)
-    d_pp, d_dp, n = config.num_stages, config.num_replicas, topology.num_devices
+    d_pp, d_dp = config.num_stages, config.num_replicas
     stage_order: tuple[int, ...] = tuple(range(d_pp))
-    if config.method in ("megatron_default", "megatron_random"):
-        ranks = np.arange(n, dtype=np.int64)
-        if config.method == "megatron_random":  # rank 0 stays, the rest are shuffled
-            ranks[1:] = np.random.default_rng(config.seed).permutation(np.arange(1, n))
-        mesh = ranks[np.ascontiguousarray(megatron_default_groups(d_pp, d_dp).T)]
-    elif config.method == "dtfm_ga":  # the paper's scheduler: its own (paper) cost, any pricing
-        paper = dtfm_ga(topology, d_pp, d_dp, budget=config.budget, seed=config.seed).cost
-        mesh, stage_order = np.array(paper.mesh, dtype=np.int64), paper.stage_order
-    elif config.objective == "paper":
-        if config.method in ("ours", "swap"):
-            search = memetic_search if config.method == "ours" else swap_search
-            paper = search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed,
-                           time_limit_s=config.time_limit_s).cost  # fmt: skip
-        else:
-            paper = random_search(topology, d_pp, d_dp, budget=config.budget, seed=config.seed,
-                                  time_limit_s=config.time_limit_s).cost  # fmt: skip
-        mesh, stage_order = np.array(paper.mesh, dtype=np.int64), paper.stage_order
-    elif config.method in ("ours", "swap"):
-        mesh = iteration_search(topology, d_pp, d_dp, layers, config.workload,
-                                budget=config.budget, seed=config.seed,
-                                time_limit_s=config.time_limit_s,
-                                population=8 if config.method == "ours" else 1).mesh  # fmt: skip
-    else:
-        import time
-
-        rng = np.random.default_rng(config.seed)
-        deadline = time.perf_counter() + config.time_limit_s
-        mesh, best_s = rng.permutation(n).reshape(d_dp, d_pp), float("inf")
-        for _ in range(config.budget):
-            candidate = rng.permutation(n).reshape(d_dp, d_pp)
-            cost_s = iteration_cost(topology, candidate, layers, config.workload).total_s
-            if cost_s < best_s:
-                mesh, best_s = candidate, cost_s
-            if time.perf_counter() > deadline:
-                break
+    method = METHODS.get(config.method)
+    outcome = method.search(
+        SearchRequest(
+            topology=topology,
+            num_stages=d_pp,
+            num_replicas=d_dp,
+            layers_per_stage=layers,
+            objective=config.objective,
+            workload=config.workload,
+            budget=config.budget,
+            seed=config.seed,
+            time_limit_s=config.time_limit_s,
+        )
+    )
+    mesh = np.asarray(outcome.mesh, dtype=np.int64)
+    if mesh.shape != (d_dp, d_pp):
+        raise PlannerError(
+            f"method {config.method!r} returned a mesh of shape {mesh.shape}; expected "
+            f"(num_replicas, num_stages) = ({d_dp}, {d_pp})"
+        )
+    if outcome.stage_order is not None:
+        stage_order = outcome.stage_order
     mesh_rows = tuple(tuple(int(r) for r in row) for row in mesh)
     speeds = {d.speed for d in topology.devices}
     if config.objective == "iteration" and len(speeds) > 1:
@@ -288,7 +271,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         bound = paper_lower_bound(topology, d_pp, d_dp)
     else:
         it = iteration_cost(topology, mesh, layers, config.workload,
-                            balance_microbatches=config.method in ("ours", "swap"))  # fmt: skip
+                            balance_microbatches=method.balance_microbatches)  # fmt: skip
         microbatches = it.microbatches
         collectives = it.collective if d_dp > 1 else ()
         predicted = it.total_s
