@@ -164,8 +164,7 @@ def test_node_classification_needs_labels(stream: TemporalEvents) -> None:
     protocol = build_protocol(unlabelled, "synthetic", ProtocolConfig())
     with pytest.raises(ValueError, match="needs node labels"):
         run_node_classification(_model("tgn", stream), protocol, 0)
-    with pytest.raises(ValueError, match=r"model='cawn' is not a registered tgraph model; choose "
-                       "one of edgebank, edgebank_window, recency, popularity, jodie, dyrep, tgn, tgat"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"model='cawn' is not a registered tgraph model"):
         run_link_prediction("cawn", protocol, 0)
 
 
