@@ -4,7 +4,8 @@ One `Protocol` is built per (dataset, `ProtocolConfig`) and used unchanged by ev
 train/val/test cut, the masked nodes and every evaluation negative are fixed here, saved to a
 `.npz` file with its SHA-256, and folded into `protocol_hash`, which goes on every result row.
 
-Two protocols:
+Every choice in which Benchtemp's pipeline differs from frugal's is a `ProtocolConfig` field,
+and the two protocols are presets in `PROTOCOLS` (`protocol_preset(name)`):
 - `frugal` (default): cuts at the timestamp boundary nearest to 70 % / 85 % of the events (no
   timestamp in two splits), 10 % of the nodes active after the val cut masked with a seeded
   numpy generator, random / historical / inductive negatives shared by all views, collisions
