@@ -92,8 +92,13 @@ class TgraphBenchConfig:
                 f"dataset {', '.join(map(repr, bad))} is not a temporal event stream; choose "
                 f"from {', '.join(temporal)} (see `frugal data list`)"
             )
-        for model in self.models:
-            MODELS.check(model)  # the message names the value and every registered model
+        for k, model in enumerate(self.models):
+            if model not in MODELS:
+                raise ValueError(
+                    f"models[{k}] = {model!r} is not allowed: it is not a registered tgraph "
+                    f"model; choose one of {', '.join(model_names())}, or register it with "
+                    "frugal.tgraph.register_model"
+                )
         for name in ("num_seeds", "num_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")

@@ -6,8 +6,8 @@ ranking MRR/Hits@10, node classification; efficiency side by side.
 
 Entry points: `build_protocol`, `run_link_prediction`, `run_node_classification`,
 `write_leaderboard`. Protocol presets (`frugal`, `benchtemp`) are in `PROTOCOLS`, models in
-`MODELS`; `register_protocol` and `register_model` add your own. The benchmark over every model (`frugal tgraph bench`) is
-`frugal.bench.tgraph.run_tgraph_bench`.
+`MODELS`; `register_protocol` and `register_model` add your own. The benchmark over every
+model (`frugal tgraph bench`) is `frugal.bench.tgraph.run_tgraph_bench`.
 
 References:
     BenchTemp: A General Benchmark for Evaluating Temporal Graph Neural Networks, ICDE 2024,
