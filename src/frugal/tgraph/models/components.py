@@ -27,7 +27,6 @@ References:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -35,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from frugal.tgraph.models.blocks import TemporalAttention, TimeEncoder, gather_rows, unique_columns
-from frugal.tgraph.neighbors import NeighborFinder, Neighbors
+from frugal.tgraph.neighbors import NeighborFinder, Neighbors, NeighborStrategy
 
 __all__ = [
     "AttentionMessage",
@@ -50,7 +49,6 @@ __all__ = [
 ]
 
 IntArray = npt.NDArray[np.int64]
-NeighborStrategy = Literal["recent", "uniform"]
 
 
 # -- embedding modules ------------------------------------------------------------------

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from frugal.registry import Registry
+from frugal.tgraph.neighbors import NeighborStrategy
 
 if TYPE_CHECKING:
     from frugal.tgraph.models.heuristics import HeuristicModel
@@ -40,7 +41,6 @@ __all__ = [
 ]
 
 ModelKind = Literal["heuristic", "learned"]
-NeighborStrategy = Literal["recent", "uniform"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

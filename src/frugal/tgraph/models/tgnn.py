@@ -33,9 +33,8 @@ from frugal.tgraph.models.components import (
     GraphAttentionEmbedding,
     LastAggregator,
     MessageFunction,
-    NeighborStrategy,
 )
-from frugal.tgraph.neighbors import NeighborFinder
+from frugal.tgraph.neighbors import NeighborFinder, NeighborStrategy
 
 __all__ = ["TemporalAttention", "TemporalGNN", "TimeEncoder"]
 
