@@ -10,7 +10,16 @@ import torch
 
 from frugal.data import TemporalEvents, load_events
 from frugal.data.synthetic import TemporalStreamConfig, generate_temporal_events
-from frugal.tgraph.models import HeuristicModel, TemporalAttention, TemporalGNN
+from frugal.tgraph.models import (
+    MODELS,
+    EdgeBank,
+    EdgeBankWindow,
+    ModelInputs,
+    Popularity,
+    Recency,
+    TemporalAttention,
+    TemporalGNN,
+)
 from frugal.tgraph.neighbors import NeighborFinder
 from frugal.tgraph.protocol import ProtocolConfig, build_protocol
 from frugal.tgraph.train import evaluate_split, run_link_prediction, run_node_classification
@@ -24,8 +33,9 @@ def stream() -> TemporalEvents:
 def _model(variant: str, events: TemporalEvents, dim: int = 16) -> TemporalGNN:
     torch.manual_seed(0)
     msg = np.zeros((events.num_events, 0), np.float32)
-    config = TemporalGNN.Config(variant=variant, embedding_dim=dim, num_neighbors=5)  # type: ignore[arg-type]
-    model = TemporalGNN(config, events.num_nodes, msg)
+    inputs = ModelInputs(num_nodes=events.num_nodes, msg=msg, embedding_dim=dim, num_neighbors=5)
+    model = MODELS.get(variant).build(inputs)
+    assert isinstance(model, TemporalGNN)
     model.eval()
     return model
 
@@ -128,17 +138,17 @@ def test_heuristics_by_hand() -> None:
     # Seen: (0,1) at t 10, (0,1) at t 20, (2,1) at t 30. Window 15, query at t 40.
     src, dst, t = np.array([0, 0, 2]), np.array([1, 1, 1]), np.array([10, 20, 30])
     query = (np.array([0, 0, 2]), np.array([1, 2, 1]), np.array([40, 40, 40]))
-    bank = HeuristicModel("edgebank", 3)
+    bank = EdgeBank(3)
     bank.observe(src, dst, t)
     assert bank.score(*query).tolist() == [1.0, 0.0, 1.0]
-    window = HeuristicModel("edgebank_window", 3, window_s=15)
+    window = EdgeBankWindow(3, window_s=15)
     window.observe(src, dst, t)
     assert window.score(*query).tolist() == [0.0, 0.0, 1.0]  # 40-20 > 15, 40-30 <= 15
-    recency = HeuristicModel("recency", 3)
+    recency = Recency(3)
     recency.observe(src, dst, t)
     scores = recency.score(*query)
     assert scores[0] == -20 and scores[2] == -10 and scores[1] < -1e17
-    popularity = HeuristicModel("popularity", 3, window_s=10)
+    popularity = Popularity(3, window_s=10)
     popularity.observe(src[:2], dst[:2], t[:2])  # node 1 at t 10 and 20 (one batch)
     popularity.observe(src[2:], dst[2:], t[2:])  # node 1 at t 30
     # Batch 1 decays 0 and adds 2 -> 2 at t 20; batch 2: 2 * e^-1 + 1 at t 30; query at 40
@@ -154,7 +164,7 @@ def test_node_classification_needs_labels(stream: TemporalEvents) -> None:
     protocol = build_protocol(unlabelled, "synthetic", ProtocolConfig())
     with pytest.raises(ValueError, match="needs node labels"):
         run_node_classification(_model("tgn", stream), protocol, 0)
-    with pytest.raises(ValueError, match="unknown"):
+    with pytest.raises(ValueError, match=r"model='cawn' is not a registered tgraph model"):
         run_link_prediction("cawn", protocol, 0)
 
 
@@ -183,18 +193,18 @@ def _tied_stream() -> TemporalEvents:
     return TemporalEvents(src=src, dst=dst, t=t, num_nodes=10)
 
 
-@pytest.mark.parametrize("name", ["frugal", "benchtemp"])
-def test_no_prediction_reads_an_event_of_its_own_time_through_state(name: str) -> None:
+@pytest.mark.parametrize("hold", [True, False])
+def test_no_prediction_reads_an_event_of_its_own_time_through_state(hold: bool) -> None:
     events = _tied_stream()
-    config = replace(ProtocolConfig(), name=name, mask_fraction=0.0, eval_batch_size=1)
+    config = replace(ProtocolConfig(), use_tie_holdback=hold, mask_fraction=0.0, eval_batch_size=1)
     protocol = build_protocol(events, "tied", config)
     assert (protocol.split.val_start, protocol.split.test_start) == (14, 17)
-    bank = HeuristicModel("edgebank", events.num_nodes)
+    bank = EdgeBank(events.num_nodes)
     bank.observe(events.src[:14], events.dst[:14], events.t[:14])
     val = evaluate_split(bank, protocol, "val", _full_finder(events), use_ranking=False)
-    # frugal: the second (5, 6) at t 20 must not see the first one (same time, one batch
-    # earlier); benchtemp commits every batch as Benchtemp does, so it sees it.
-    expected = [0.0, 0.0, 0.0] if name == "frugal" else [0.0, 1.0, 0.0]
+    # use_tie_holdback (frugal): the second (5, 6) at t 20 must not see the first one (same
+    # time, one batch earlier); without it every batch is committed as Benchtemp does.
+    expected = [0.0, 0.0, 0.0] if hold else [0.0, 1.0, 0.0]
     assert val.pos.tolist() == expected
     # At the end of the pass every val event is stored: the test pass sees (5, 6).
     test = evaluate_split(bank, protocol, "test", _full_finder(events), use_ranking=False)
@@ -225,8 +235,9 @@ def test_frugal_evaluation_hides_the_dropped_training_events_of_masked_nodes(
 ) -> None:
     from frugal.tgraph.train import _evaluation_finder
 
-    for name, hidden in (("frugal", True), ("benchtemp", False)):
-        protocol = build_protocol(stream, "synthetic", replace(ProtocolConfig(), name=name))
+    for events_seen, hidden in (("visible", True), ("all", False)):
+        config = replace(ProtocolConfig(), eval_neighbor_events=events_seen)
+        protocol = build_protocol(stream, "synthetic", config)
         split = protocol.split
         masked = split.masked_nodes
         assert len(masked) > 0
@@ -245,9 +256,9 @@ def test_benchtemp_neighbours_are_bounded_by_time_only(stream: TemporalEvents) -
     from frugal.tgraph.train import _neighbour_bound
 
     scores = {}
-    for name in ("frugal", "benchtemp"):
+    for name in ("batch", "time"):
         for batch in (1, 400):
-            config = replace(ProtocolConfig(), name=name, eval_batch_size=batch)
+            config = replace(ProtocolConfig(), neighbor_bound=name, eval_batch_size=batch)
             protocol = build_protocol(stream, "synthetic", config)
             model = _model("tgat", stream)  # no state: only the neighbour bound matters
             finder = _full_finder(stream)
@@ -255,20 +266,21 @@ def test_benchtemp_neighbours_are_bounded_by_time_only(stream: TemporalEvents) -
                 scores[name, batch] = evaluate_split(
                     model, protocol, "val", finder, use_ranking=False
                 ).pos
-        assert _neighbour_bound(protocol, 7) == (stream.num_events if name == "benchtemp" else 7)
-    # benchtemp: a query sees its own batch's earlier events, so the batch size is moot.
-    np.testing.assert_allclose(scores["benchtemp", 1], scores["benchtemp", 400], atol=1e-6)
-    # frugal: a batch hides its own events; batches of 1 see more than batches of 400.
-    assert not np.allclose(scores["frugal", 1], scores["frugal", 400], atol=1e-6)
-    np.testing.assert_allclose(scores["frugal", 1], scores["benchtemp", 1], atol=1e-6)
+        assert _neighbour_bound(protocol, 7) == (stream.num_events if name == "time" else 7)
+    # 'time' (benchtemp): a query sees its own batch's earlier events, so the batch size is
+    # moot.
+    np.testing.assert_allclose(scores["time", 1], scores["time", 400], atol=1e-6)
+    # 'batch' (frugal): a batch hides its own events; batches of 1 see more than of 400.
+    assert not np.allclose(scores["batch", 1], scores["batch", 400], atol=1e-6)
+    np.testing.assert_allclose(scores["batch", 1], scores["time", 1], atol=1e-6)
 
 
 def test_benchtemp_early_stopping_reads_the_per_batch_val_ap(stream: TemporalEvents) -> None:
     from frugal.tgraph.evaluator import link_prediction_metrics, per_batch_metrics
     from frugal.tgraph.train import SplitScores, _primary_val_ap
 
-    for name in ("frugal", "benchtemp"):
-        config = replace(ProtocolConfig(), name=name, eval_batch_size=7)
+    for metric in ("ap", "ap_per_batch"):
+        config = replace(ProtocolConfig(), early_stopping_metric=metric, eval_batch_size=7)
         protocol = build_protocol(stream, "synthetic", config)
         start, end = protocol.split.bounds("val")
         rng = np.random.default_rng(0)
@@ -287,7 +299,7 @@ def test_benchtemp_early_stopping_reads_the_per_batch_val_ap(stream: TemporalEve
         per_batch = per_batch_metrics(pos, neg, 7)["ap_per_batch"]
         global_ap = link_prediction_metrics(pos, neg)["ap"]
         assert abs(per_batch - global_ap) > 0.01
-        expected = per_batch if name == "benchtemp" else global_ap
+        expected = per_batch if metric == "ap_per_batch" else global_ap
         assert _primary_val_ap(protocol, scores) == pytest.approx(expected)
 
 
@@ -312,26 +324,23 @@ def test_node_classifier_standardises_with_training_nodes_only() -> None:
 def test_benchtemp_scores_each_inductive_view_in_a_pass_of_its_own(
     stream: TemporalEvents,
 ) -> None:
-    from frugal.tgraph.train import _benchtemp_view_passes
+    from frugal.tgraph.train import _view_passes
 
     def fitted(protocol):  # type: ignore[no-untyped-def]
-        model = HeuristicModel("popularity", stream.num_nodes, window_s=50.0)
+        model = Popularity(stream.num_nodes, window_s=50.0)
         index = protocol.split.train_index
         model.observe(stream.src[index], stream.dst[index], stream.t[index])
         evaluate_split(model, protocol, "val", _full_finder(stream), use_ranking=False)
         return model
 
     frugal = build_protocol(stream, "synthetic", ProtocolConfig())
-    assert (
-        _benchtemp_view_passes(fitted(frugal), frugal, _full_finder(stream), None, lambda: None)
-        == {}
-    )
+    assert _view_passes(fitted(frugal), frugal, _full_finder(stream), None, lambda: None) == {}
     config = replace(ProtocolConfig.benchtemp(), eval_batch_size=16, use_ranking=False)
     protocol = build_protocol(stream, "synthetic", config)
     model = fitted(protocol)
     state = model.state()
     full = evaluate_split(model, protocol, "test", _full_finder(stream), use_ranking=False)
-    passes = _benchtemp_view_passes(model, protocol, _full_finder(stream), state, lambda: None)
+    passes = _view_passes(model, protocol, _full_finder(stream), state, lambda: None)
     assert set(passes) == {"inductive", "new_old", "new_new"}
     start, _ = protocol.split.bounds("test")
     negative_key = "test/inductive/random"
@@ -340,7 +349,7 @@ def test_benchtemp_scores_each_inductive_view_in_a_pass_of_its_own(
         assert mask.sum() > 16 or view == "new_new"  # more than one batch
         assert np.isnan(scores.pos[~mask]).all() and not np.isnan(scores.pos[mask]).any()
         # Reference: the backed-up state fed only this view's events, batch by batch.
-        ref = HeuristicModel("popularity", stream.num_nodes, window_s=50.0)
+        ref = Popularity(stream.num_nodes, window_s=50.0)
         ref.load_state(state)
         ids = start + np.flatnonzero(mask)
         expected = []
@@ -360,14 +369,14 @@ def test_benchtemp_tgat_samples_neighbours_uniformly(stream: TemporalEvents) -> 
     protocol = build_protocol(stream, "synthetic", config)
     tgat = run_link_prediction("tgat", protocol, 0, num_threads=1)
     tgn = run_link_prediction("tgn", protocol, 0, num_threads=1)
-    assert tgat.model.config.neighbor_strategy == "uniform"  # type: ignore[union-attr]
-    assert tgn.model.config.neighbor_strategy == "recent"  # type: ignore[union-attr]
-    frugal = build_protocol(stream, "synthetic", replace(config, name="frugal"))
+    assert tgat.model.neighbor_strategy == "uniform"  # type: ignore[union-attr]
+    assert tgn.model.neighbor_strategy == "recent"  # type: ignore[union-attr]
+    frugal = build_protocol(stream, "synthetic", replace(config, neighbor_sampling="recent"))
     # Node classification replays the stream with the same seeded uniform draws.
     nc = run_node_classification(tgat.model, protocol, 0, max_steps=20)  # type: ignore[arg-type]
     assert 0 <= nc["nc_auc"] <= 1
     tgat_frugal = run_link_prediction("tgat", frugal, 0, num_threads=1)
-    assert tgat_frugal.model.config.neighbor_strategy == "recent"  # type: ignore[union-attr]
+    assert tgat_frugal.model.neighbor_strategy == "recent"  # type: ignore[union-attr]
 
 
 def test_split_held_batches_store_the_right_dyrep_vectors() -> None:
@@ -458,8 +467,12 @@ def test_fresh_memory_counts_time_from_the_stream_start() -> None:
         num_nodes=3,
     )  # fmt: skip
     msg = np.zeros((2, 0), np.float32)
-    config = TemporalGNN.Config(variant="tgn", embedding_dim=8, num_neighbors=2)
-    model = TemporalGNN(config, 3, msg, time_origin=int(events.t[0]))
+    from frugal.tgraph.models.tgn import build_tgn
+
+    inputs = ModelInputs(
+        num_nodes=3, msg=msg, embedding_dim=8, num_neighbors=2, time_origin=int(events.t[0])
+    )
+    model = build_tgn(inputs)
     assert model.last_update.tolist() == [1_700_000_000] * 3
     model.reset_state()
     assert model.last_update.tolist() == [1_700_000_000] * 3
@@ -581,7 +594,7 @@ def test_time_encoder_backward_matches_autograd() -> None:
 
 
 def test_time_encoder_deduplicates_repeated_dt_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
-    from frugal.tgraph.models import tgnn
+    from frugal.tgraph.models import blocks as tgnn
 
     torch.manual_seed(0)
     encoder = tgnn.TimeEncoder(6)
@@ -622,7 +635,7 @@ def test_time_encoder_deduplicates_repeated_dt_exactly(monkeypatch: pytest.Monke
 
 @pytest.mark.parametrize("num_columns", [0, 1, 7, 5_000])
 def test_unique_columns_equals_numpy_unique(num_columns: int) -> None:
-    from frugal.tgraph.models.tgnn import _unique_columns
+    from frugal.tgraph.models.blocks import unique_columns as _unique_columns
 
     rng = np.random.default_rng(num_columns)
     # Few distinct values per row, so columns repeat; negative values sort numerically.
@@ -665,7 +678,7 @@ def _plain_pair_attention(
 
 
 def test_pair_attention_backward_matches_autograd() -> None:
-    from frugal.tgraph.models.tgnn import _PairAttention
+    from frugal.tgraph.models.blocks import _PairAttention
 
     torch.manual_seed(0)
     qk = torch.randn(5, 2, 7, dtype=torch.float64, requires_grad=True)

@@ -36,8 +36,8 @@ from frugal.results import (
     write_results,
     write_text_atomically,
 )
-from frugal.tgraph.models import HEURISTICS, MODELS, ModelName
-from frugal.tgraph.protocol import Protocol, ProtocolConfig, build_protocol
+from frugal.tgraph.models import MODELS, heuristic_names, model_names
+from frugal.tgraph.protocol import Protocol, ProtocolConfig, build_protocol, protocol_preset
 from frugal.tgraph.reference import WARMUP_BATCHES, compare_with_pyg_tgn
 
 __all__ = ["TgraphBenchConfig", "run_tgraph_bench"]
@@ -55,8 +55,9 @@ class TgraphBenchConfig:
 
     datasets: tuple[str, ...] = ("collegemsg",)
     """Dataset ids (temporal datasets of `frugal data list`)."""
-    models: tuple[ModelName, ...] = MODELS
-    """Models compared; heuristic floors are always added."""
+    models: tuple[str, ...] = field(default_factory=model_names)
+    """Registered models compared (`frugal.tgraph.models.MODELS`; default every one);
+    heuristic floors are always added."""
     task: Literal["lp", "nc"] = "lp"
     """'lp' link prediction, 'nc' link prediction then node classification on frozen
     embeddings (datasets with node labels, TGNNs only)."""
@@ -91,9 +92,13 @@ class TgraphBenchConfig:
                 f"dataset {', '.join(map(repr, bad))} is not a temporal event stream; choose "
                 f"from {', '.join(temporal)} (see `frugal data list`)"
             )
-        unknown = [m for m in self.models if m not in MODELS]
-        if unknown:
-            raise ValueError(f"unknown models {unknown}; choose from {MODELS}")
+        for k, model in enumerate(self.models):
+            if model not in MODELS:
+                raise ValueError(
+                    f"models[{k}] = {model!r} is not allowed: it is not a registered tgraph "
+                    f"model; choose one of {', '.join(model_names())}, or register it with "
+                    "frugal.tgraph.register_model"
+                )
         for name in ("num_seeds", "num_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -176,7 +181,7 @@ def _execute(run: _Run) -> dict[str, Any]:
     protocol = build_protocol(events, run.dataset, run.config.protocol, Path(run.cache_dir))
     result = run_link_prediction(run.model, protocol, run.seed, num_threads=run.config.num_threads)
     extra: dict[str, Any] = {}
-    if run.config.task == "nc" and run.model not in HEURISTICS:
+    if run.config.task == "nc" and MODELS.get(run.model).kind != "heuristic":
         from frugal.tgraph.models import TemporalGNN
 
         assert isinstance(result.model, TemporalGNN)
@@ -284,7 +289,8 @@ def run_tgraph_bench(
     )
     rows: list[dict[str, Any]] = []
     protocols: dict[str, dict[str, Any]] = {}
-    models = tuple(dict.fromkeys(HEURISTICS + tuple(config.models)))
+    heuristics = heuristic_names()
+    models = tuple(dict.fromkeys(heuristics + tuple(config.models)))
     for dataset in config.datasets:  # every dataset is checked before any training
         info = get_dataset_info(dataset)
         if info.kind != "temporal_graph":
@@ -302,7 +308,7 @@ def run_tgraph_bench(
         for model in models:
             seeds = (
                 range(1)  # deterministic: one run, seed 0, whatever seeds the models get
-                if model in HEURISTICS
+                if model in heuristics
                 else range(config.first_seed, config.first_seed + config.num_seeds)
             )
             for seed in seeds:
@@ -318,7 +324,7 @@ def run_tgraph_bench(
                 began = time.perf_counter()
                 # Heuristics take milliseconds: a child process would cost more than the run,
                 # so they run here (their peak_rss_mib is then the bench process's).
-                isolated = config.use_subprocess and model not in HEURISTICS
+                isolated = config.use_subprocess and model not in heuristics
                 payload = _run_in_child(run, config.run_timeout_s) if isolated else _execute(run)
                 new_rows = _rows_of(run, protocol, payload)
                 for row in new_rows:
@@ -407,7 +413,7 @@ def _summary(
                 "num_seeds": len(mine),
             }
         best_heuristic = max(
-            (m for m in per_model if m in HEURISTICS),
+            (m for m in per_model if m in heuristic_names()),
             key=lambda m: per_model[m]["ap"] or 0.0,
             default=None,
         )
@@ -448,16 +454,24 @@ def _mean_of(
     return float(np.mean(values)) if values else None
 
 
-def benchtemp_config(base: TgraphBenchConfig) -> TgraphBenchConfig:
-    """`base` with the Benchtemp-compatible protocol, keeping its epoch cap and learning rate.
+def with_protocol_preset(base: TgraphBenchConfig, name: str) -> TgraphBenchConfig:
+    """`base` under the protocol preset `name`, keeping its epoch cap and learning rate.
 
     The `--quick` preset's 2 epochs need its 1e-3; Benchtemp's own rate is the default 1e-4.
+
+    Raises:
+        ValueError: If no preset has that name (the message lists the registered ones).
     """
     return replace(
         base,
         protocol=replace(
-            ProtocolConfig.benchtemp(),
+            protocol_preset(name),
             max_epochs=base.protocol.max_epochs,
             learning_rate=base.protocol.learning_rate,
         ),
     )
+
+
+def benchtemp_config(base: TgraphBenchConfig) -> TgraphBenchConfig:
+    """`base` under the `benchtemp` preset (`with_protocol_preset(base, "benchtemp")`)."""
+    return with_protocol_preset(base, "benchtemp")

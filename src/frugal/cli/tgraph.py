@@ -44,8 +44,9 @@ def register(commands: Any) -> None:
     bench.add_argument("--dataset", action="append", default=None, metavar="NAME",
                        help="dataset id (repeatable); default collegemsg")  # fmt: skip
     bench.add_argument("--model", action="append", default=None, metavar="NAME",
-                       help="model (repeatable): edgebank, edgebank_window, recency, popularity, "
-                       "jodie, dyrep, tgn, tgat; default all")  # fmt: skip
+                       help="registered model (repeatable): edgebank, edgebank_window, recency, "
+                       "popularity, jodie, dyrep, tgn, tgat, or one added with register_model; "
+                       "default all")  # fmt: skip
     bench.add_argument("--protocol", choices=("frugal", "benchtemp"), default=None,
                        help="evaluation protocol (default frugal)")  # fmt: skip
     bench.add_argument("--task", choices=("lp", "nc"), default=None,
@@ -71,29 +72,30 @@ def bench_config(args: argparse.Namespace) -> TgraphBenchConfig:
     """The `TgraphBenchConfig` of parsed `tgraph bench` arguments.
 
     The preset (`--quick`, `--protocol`), then `--config` and `--set`, then the explicit flags.
-    A protocol named `benchtemp` in `--config` or `--set` selects the Benchtemp preset as
-    `--protocol benchtemp` does (widths 172, patience 3, random negatives); settings given
+    A `protocol.name` in `--config` or `--set` selects that protocol preset as `--protocol
+    NAME` does (`benchtemp`: widths 172, patience 3, random negatives, ...); settings given
     explicitly still win over it.
 
     Raises:
-        ConfigError: On an invalid setting, or `--protocol frugal` with a benchtemp protocol.
+        ConfigError: On an invalid setting, an unknown protocol preset, or `--protocol` and
+            `protocol.name` naming different presets.
     """
-    from frugal.bench.tgraph import TgraphBenchConfig, benchtemp_config
+    from frugal.bench.tgraph import TgraphBenchConfig, with_protocol_preset
     from frugal.config import config_to_dict, load_config
 
     preset = TgraphBenchConfig.quick() if args.quick else TgraphBenchConfig()
-    if args.protocol == "benchtemp":
-        preset = benchtemp_config(preset)
+    if args.protocol is not None and args.protocol != preset.protocol.name:
+        preset = with_protocol_preset(preset, args.protocol)
     merged = load_config(
         TgraphBenchConfig, args.config, args.overrides, base=config_to_dict(preset)
     )
-    if merged.protocol.name == "benchtemp" and preset.protocol.name != "benchtemp":
-        if args.protocol == "frugal":
+    if merged.protocol.name != preset.protocol.name:
+        if args.protocol is not None:
             raise ConfigError(
-                "--protocol frugal contradicts protocol.name = 'benchtemp' from --config or "
-                "--set; keep one of them"
+                f"--protocol {args.protocol} contradicts protocol.name = "
+                f"{merged.protocol.name!r} from --config or --set; keep one of them"
             )
-        preset = benchtemp_config(preset)
+        preset = with_protocol_preset(preset, merged.protocol.name)
         merged = load_config(
             TgraphBenchConfig, args.config, args.overrides, base=config_to_dict(preset)
         )

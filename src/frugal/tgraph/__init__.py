@@ -5,8 +5,9 @@ and TGN / JODIE / DyRep / TGAT on shared building blocks; global and per-batch A
 ranking MRR/Hits@10, node classification; efficiency side by side.
 
 Entry points: `build_protocol`, `run_link_prediction`, `run_node_classification`,
-`write_leaderboard`. The benchmark over every model (`frugal tgraph bench`) is
-`frugal.bench.tgraph.run_tgraph_bench`.
+`write_leaderboard`. Protocol presets (`frugal`, `benchtemp`) are in `PROTOCOLS`, models in
+`MODELS`; `register_protocol` and `register_model` add your own. The benchmark over every
+model (`frugal tgraph bench`) is `frugal.bench.tgraph.run_tgraph_bench`.
 
 References:
     BenchTemp: A General Benchmark for Evaluating Temporal Graph Neural Networks, ICDE 2024,
@@ -14,13 +15,27 @@ References:
 """
 
 from frugal.tgraph.leaderboard import write_leaderboard
-from frugal.tgraph.protocol import Protocol, ProtocolConfig, build_protocol
+from frugal.tgraph.models import MODELS, ModelInputs, register_model
+from frugal.tgraph.protocol import (
+    PROTOCOLS,
+    Protocol,
+    ProtocolConfig,
+    build_protocol,
+    protocol_preset,
+    register_protocol,
+)
 from frugal.tgraph.train import run_link_prediction, run_node_classification
 
 __all__ = [
+    "MODELS",
+    "PROTOCOLS",
+    "ModelInputs",
     "Protocol",
     "ProtocolConfig",
     "build_protocol",
+    "protocol_preset",
+    "register_model",
+    "register_protocol",
     "run_link_prediction",
     "run_node_classification",
     "write_leaderboard",

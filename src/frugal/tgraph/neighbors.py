@@ -12,13 +12,16 @@ Shape legend: E events, B queries, K neighbours per query.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["NeighborFinder", "Neighbors"]
+__all__ = ["NeighborFinder", "NeighborStrategy", "Neighbors"]
 
 IntArray = npt.NDArray[np.int64]
+NeighborStrategy = Literal["recent", "uniform"]
+"""How neighbours are sampled: the K most recent, or K uniform draws from the past."""
 
 
 @dataclass(frozen=True, slots=True)

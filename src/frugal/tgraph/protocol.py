@@ -4,7 +4,8 @@ One `Protocol` is built per (dataset, `ProtocolConfig`) and used unchanged by ev
 train/val/test cut, the masked nodes and every evaluation negative are fixed here, saved to a
 `.npz` file with its SHA-256, and folded into `protocol_hash`, which goes on every result row.
 
-Two protocols:
+Every choice in which Benchtemp's pipeline differs from frugal's is a `ProtocolConfig` field,
+and the two protocols are presets in `PROTOCOLS` (`protocol_preset(name)`):
 - `frugal` (default): cuts at the timestamp boundary nearest to 70 % / 85 % of the events (no
   timestamp in two splits), 10 % of the nodes active after the val cut masked with a seeded
   numpy generator, random / historical / inductive negatives shared by all views, collisions
@@ -39,9 +40,11 @@ import numpy.typing as npt
 from frugal import FrugalError
 from frugal.config import check_types
 from frugal.data import TemporalEvents
+from frugal.registry import Registry
 from frugal.results import write_text_atomically
 
 __all__ = [
+    "PROTOCOLS",
     "SPLITS",
     "VIEWS",
     "Protocol",
@@ -51,12 +54,20 @@ __all__ = [
     "build_protocol",
     "build_split",
     "check_protocol",
+    "protocol_preset",
+    "register_protocol",
 ]
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-ProtocolName = Literal["frugal", "benchtemp"]
 NegativeStrategy = Literal["random", "historical", "inductive"]
+SplitCut = Literal["timestamp_boundary", "time_quantile"]
+MaskSampler = Literal["numpy", "python_random"]
+NegativeSampler = Literal["shared", "rand_edge_sampler"]
+NeighborBound = Literal["batch", "time"]
+EvalNeighborEvents = Literal["visible", "all"]
+EarlyStoppingMetric = Literal["ap", "ap_per_batch"]
+NeighborSampling = Literal["recent", "native"]
 SPLITS = ("val", "test")
 VIEWS = ("transductive", "inductive", "new_old", "new_new")
 _RESAMPLE_ROUNDS = 8
@@ -77,22 +88,72 @@ class ProtocolError(FrugalError):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProtocolConfig:
-    """Every setting that must be equal across models for results to be comparable."""
+    """Every setting that must be equal across models for results to be comparable.
 
-    name: ProtocolName = "frugal"
-    """'frugal' (tie-aware split, hard negatives) or 'benchtemp' (exact compatibility)."""
+    The defaults are the `frugal` protocol. Each way in which Benchtemp's pipeline differs is
+    a field of its own (`split_cut`, `mask_sampler`, `negative_sampler`, `use_tie_holdback`,
+    `neighbor_bound`, `eval_neighbor_events`, `use_view_passes`, `early_stopping_metric`,
+    `num_zero_edge_features`, `neighbor_sampling`), so a protocol between the two is one
+    `dataclasses.replace` away. The named presets live in `PROTOCOLS` (`protocol_preset`);
+    `name` only labels results, no code reads it.
+
+    Example:
+        >>> from dataclasses import replace
+        >>> config = replace(protocol_preset("frugal"), use_tie_holdback=False)
+        >>> config.name, config.use_tie_holdback
+        ('frugal', False)
+    """
+
+    name: str = "frugal"
+    """Label of the protocol on result rows and tables (a preset's name, or your own); the
+    behaviour comes from the other fields only."""
     val_quantile: float = 0.70
     """Fraction of events before the validation cut, in (0, 1)."""
     test_quantile: float = 0.85
     """Fraction of events before the test cut, in (val_quantile, 1)."""
+    split_cut: SplitCut = "timestamp_boundary"
+    """'timestamp_boundary': cut at the timestamp boundary nearest to the quantile's event
+    position (no timestamp in two splits); 'time_quantile': Benchtemp's linear quantiles of t,
+    train `t <= val_time`, val `val_time < t <= test_time`, test `t > test_time`."""
     mask_fraction: float = 0.1
     """Share of all nodes masked from training for the inductive views, in [0, 0.5]."""
     mask_seed: int = 2020
     """Seed of the node mask (Benchtemp: random.seed(2020))."""
+    mask_sampler: MaskSampler = "numpy"
+    """'numpy': a seeded numpy draw from the nodes active after the val cut; 'python_random':
+    Benchtemp's `random.sample` over the same pool in Python set iteration order (1-based
+    ids), bit for bit."""
+    negative_sampler: NegativeSampler = "shared"
+    """'shared': one negative per event and strategy in `negative_strategies`, shared by all
+    views, collisions with true events redrawn; 'rand_edge_sampler': Benchtemp's seeded
+    random `RandEdgeSampler` per (split, view), drawn per eval batch (random only)."""
     negative_strategies: tuple[NegativeStrategy, ...] = ("random", "historical", "inductive")
-    """Evaluation negatives (frugal); benchtemp always uses its seeded random sampler."""
+    """Evaluation negatives; 'rand_edge_sampler' takes ('random',) only."""
     negative_seed: int = 0
-    """Seed of the evaluation negatives (frugal)."""
+    """Seed of the 'shared' evaluation negatives."""
+    use_tie_holdback: bool = True
+    """Hold a scored eval batch's events back from memory and heuristics until the first
+    batch that starts after their time (False: commit each batch right after scoring it, as
+    Benchtemp does)."""
+    neighbor_bound: NeighborBound = "batch"
+    """'batch': a query sees only events before its time and before its batch's first event;
+    'time': only the time bound (Benchtemp: a query sees its own batch's earlier events)."""
+    eval_neighbor_events: EvalNeighborEvents = "visible"
+    """Events the val/test neighbour finder holds: 'visible' = the training events and every
+    event from the val cut on (masked nodes' training-period events stay hidden); 'all' =
+    every event (Benchtemp's full-data finder)."""
+    use_view_passes: bool = False
+    """Score each inductive test view (inductive, new_old, new_new) in a pass of its own from
+    the state backed up after validation, as Benchtemp does (False: masks over one pass)."""
+    early_stopping_metric: EarlyStoppingMetric = "ap"
+    """Validation statistic early stopping reads: 'ap' (global) or 'ap_per_batch' (the mean
+    over eval batches, Benchtemp's)."""
+    num_zero_edge_features: int = 0
+    """Width of the all-zero edge features given to models on data without edge features,
+    >= 0 (Benchtemp: 172)."""
+    neighbor_sampling: NeighborSampling = "recent"
+    """'recent': every model samples its K most recent neighbours; 'native': each model its
+    published sampler (`ModelSpec.native_neighbor_strategy`; TGAT uniform)."""
     train_batch_size: int = 200
     """Events per training batch."""
     eval_batch_size: int = 200
@@ -102,7 +163,7 @@ class ProtocolConfig:
     patience: int = 5
     """Epochs without validation improvement before stopping (never looks at test)."""
     tolerance: float = 1e-4
-    """Minimum absolute gain of val AP that counts as an improvement."""
+    """Minimum absolute gain of the early-stopping statistic that counts as an improvement."""
     learning_rate: float = 1e-4
     """Adam learning rate."""
     dropout: float = 0.1
@@ -116,6 +177,8 @@ class ProtocolConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        if not self.name or self.name != self.name.strip():
+            raise ValueError(f"name={self.name!r} must be a non-empty label without spaces")
         if not 0 < self.val_quantile < self.test_quantile < 1:
             raise ValueError(
                 f"val_quantile={self.val_quantile}, test_quantile={self.test_quantile}: need "
@@ -125,9 +188,17 @@ class ProtocolConfig:
             raise ValueError(f"mask_fraction={self.mask_fraction} must lie in [0, 0.5]")
         if not self.negative_strategies:
             raise ValueError("negative_strategies is empty; list at least 'random'")
+        if self.negative_sampler == "rand_edge_sampler" and self.negative_strategies != ("random",):
+            raise ValueError(
+                f"negative_strategies={self.negative_strategies} but negative_sampler="
+                "'rand_edge_sampler' draws random negatives only; set negative_strategies="
+                "('random',) or negative_sampler='shared'"
+            )
         for name in ("train_batch_size", "eval_batch_size", "max_epochs", "embedding_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.num_zero_edge_features < 0:
+            raise ValueError(f"num_zero_edge_features={self.num_zero_edge_features} must be >= 0")
         if self.patience < 0 or self.tolerance < 0 or self.learning_rate <= 0:
             raise ValueError("patience and tolerance must be >= 0 and learning_rate > 0")
         if not 0 <= self.dropout < 1 or self.num_neighbors < 1:
@@ -135,16 +206,64 @@ class ProtocolConfig:
 
     @classmethod
     def benchtemp(cls) -> ProtocolConfig:
-        """Benchtemp's settings for the TGN family: dims 172, patience 3, random negatives."""
-        return cls(
-            name="benchtemp",
-            negative_strategies=("random",),
-            embedding_dim=172,
-            patience=3,
-            tolerance=1e-10,
-            dropout=0.1,
-            num_neighbors=10,
-        )
+        """The registered `benchtemp` preset (`protocol_preset("benchtemp")`)."""
+        return protocol_preset("benchtemp")
+
+
+PROTOCOLS: Registry[ProtocolConfig] = Registry("tgraph protocol", field="protocol")
+"""The named protocol presets (`--protocol`, `protocol.name` in a recipe): `frugal`,
+`benchtemp`, and any registered with `register_protocol`."""
+
+
+def register_protocol(config: ProtocolConfig, *, replace: bool = False) -> ProtocolConfig:
+    """Make `config` a preset under `config.name`; return it.
+
+    Args:
+        config: The preset's settings.
+        replace: Whether to replace a preset registered under the same name.
+
+    Returns:
+        `config`.
+
+    Raises:
+        ValueError: If the name is taken and `replace` is False.
+    """
+    return PROTOCOLS.register(config.name, config, replace=replace)
+
+
+def protocol_preset(name: str) -> ProtocolConfig:
+    """The preset registered as `name`.
+
+    Raises:
+        ValueError: If no preset has that name (the message lists the registered ones).
+    """
+    return PROTOCOLS.get(name)
+
+
+register_protocol(ProtocolConfig())
+register_protocol(
+    # Benchtemp's choices for the TGN family (section III of the paper; its TGN/JODIE/DyRep
+    # and TGAT scripts): dims 172, patience 3, tolerance 1e-10, seeded random negatives.
+    ProtocolConfig(
+        name="benchtemp",
+        split_cut="time_quantile",
+        mask_sampler="python_random",
+        negative_sampler="rand_edge_sampler",
+        negative_strategies=("random",),
+        use_tie_holdback=False,
+        neighbor_bound="time",
+        eval_neighbor_events="all",
+        use_view_passes=True,
+        early_stopping_metric="ap_per_batch",
+        num_zero_edge_features=172,
+        neighbor_sampling="native",
+        embedding_dim=172,
+        patience=3,
+        tolerance=1e-10,
+        dropout=0.1,
+        num_neighbors=10,
+    )
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -209,7 +328,7 @@ def _nearest_boundary(t: IntArray, target: float) -> int:
 
 
 def build_split(events: TemporalEvents, config: ProtocolConfig) -> TemporalSplit:
-    """Cut `events` chronologically and mask nodes, following `config.name`.
+    """Cut `events` chronologically and mask nodes (`config.split_cut`, `mask_sampler`).
 
     Args:
         events: The time-sorted events.
@@ -223,32 +342,23 @@ def build_split(events: TemporalEvents, config: ProtocolConfig) -> TemporalSplit
     """
     num_events = events.num_events
     t = events.t
-    if config.name == "benchtemp":
-        val_time, test_time = np.quantile(t, [config.val_quantile, config.test_quantile])
-        val_start = int(np.searchsorted(t, val_time, side="right"))
-        test_start = int(np.searchsorted(t, test_time, side="right"))
-    else:
-        val_start = _nearest_boundary(t, config.val_quantile * num_events)
-        test_start = _nearest_boundary(t, config.test_quantile * num_events)
+    val_start, test_start = _SPLIT_CUTS[config.split_cut](t, config)
     if not 0 < val_start < test_start < num_events:
-        if config.name == "benchtemp":
+        if config.split_cut == "time_quantile":
+            val_time, test_time = np.quantile(t, [config.val_quantile, config.test_quantile])
             raise ValueError(
                 f"Benchtemp's split cuts at the time quantiles {config.val_quantile}/"
                 f"{config.test_quantile}, here t={val_time:g} and t={test_time:g}: train is "
                 f"events [0, {val_start}), val [{val_start}, {test_start}), test "
                 f"[{test_start}, {num_events}), so a split is empty and Benchtemp's protocol "
                 "is not defined on this data; use --protocol frugal (cuts at timestamp "
-                "boundaries)"
+                "boundaries, split_cut='timestamp_boundary')"
             )
         raise ValueError(
             f"the split of {num_events} events at positions val={val_start}, test={test_start} "
             "leaves a split empty; the data needs more distinct timestamps or other quantiles"
         )
-    masked = (
-        _benchtemp_masked_nodes(events, val_start, config)
-        if config.name == "benchtemp"
-        else _frugal_masked_nodes(events, val_start, config)
-    )
+    masked = _MASK_SAMPLERS[config.mask_sampler](events, val_start, config)
     is_masked = np.zeros(events.num_nodes, dtype=bool)
     is_masked[masked] = True
     train_period = np.arange(val_start)
@@ -280,9 +390,24 @@ def build_split(events: TemporalEvents, config: ProtocolConfig) -> TemporalSplit
     )
 
 
-def _frugal_masked_nodes(
-    events: TemporalEvents, val_start: int, config: ProtocolConfig
-) -> IntArray:
+def _boundary_cut(t: IntArray, config: ProtocolConfig) -> tuple[int, int]:
+    """Cut positions at the timestamp boundaries nearest to the quantiles' event positions."""
+    num_events = len(t)
+    return (
+        _nearest_boundary(t, config.val_quantile * num_events),
+        _nearest_boundary(t, config.test_quantile * num_events),
+    )
+
+
+def _quantile_cut(t: IntArray, config: ProtocolConfig) -> tuple[int, int]:
+    """Benchtemp's cut: linear quantiles of t, each split ending at `t <= cut time`."""
+    val_time, test_time = np.quantile(t, [config.val_quantile, config.test_quantile])
+    val_start = int(np.searchsorted(t, val_time, side="right"))
+    test_start = int(np.searchsorted(t, test_time, side="right"))
+    return val_start, test_start
+
+
+def _numpy_masked_nodes(events: TemporalEvents, val_start: int, config: ProtocolConfig) -> IntArray:
     active = np.union1d(events.src, events.dst)
     pool = np.union1d(events.src[val_start:], events.dst[val_start:])
     count = min(int(config.mask_fraction * len(active)), len(pool))
@@ -290,7 +415,7 @@ def _frugal_masked_nodes(
     return rng.choice(pool, size=count, replace=False).astype(np.int64)
 
 
-def _benchtemp_masked_nodes(
+def _python_random_masked_nodes(
     events: TemporalEvents, val_start: int, config: ProtocolConfig
 ) -> IntArray:
     """Benchtemp's mask, bit for bit: 1-based ids, set iteration order, `random.sample`."""
@@ -301,6 +426,10 @@ def _benchtemp_masked_nodes(
     rnd = random.Random(config.mask_seed)  # Benchtemp: random.seed(2020) on the global RNG
     masked = rnd.sample(tuple(pool), int(config.mask_fraction * n_total))
     return np.asarray(masked, dtype=np.int64) - 1
+
+
+_SPLIT_CUTS = {"timestamp_boundary": _boundary_cut, "time_quantile": _quantile_cut}
+_MASK_SAMPLERS = {"numpy": _numpy_masked_nodes, "python_random": _python_random_masked_nodes}
 
 
 @dataclass(frozen=True, eq=False)
@@ -416,7 +545,7 @@ def _draw_from_csr(
     return out
 
 
-def _frugal_negatives(
+def _shared_negatives(
     events: TemporalEvents, split: TemporalSplit, config: ProtocolConfig
 ) -> tuple[dict[str, IntArray], dict[str, int]]:
     candidates = _candidates(events)
@@ -459,7 +588,7 @@ def _frugal_negatives(
     return negatives, collisions
 
 
-def _benchtemp_negatives(
+def _rand_edge_sampler_negatives(
     events: TemporalEvents, split: TemporalSplit, config: ProtocolConfig
 ) -> tuple[dict[str, IntArray], dict[str, int]]:
     """Benchtemp's RandEdgeSampler draws: per eval batch n source then n destination indices."""
@@ -488,6 +617,12 @@ def _benchtemp_negatives(
         keys, group = true_destination_keys(events, start, end)
         collisions[key] = int(_collides(keys, group, negative, events.num_nodes).sum())
     return negatives, collisions
+
+
+_NEGATIVE_SAMPLERS = {
+    "shared": _shared_negatives,
+    "rand_edge_sampler": _rand_edge_sampler_negatives,
+}
 
 
 def _arrays_sha256(arrays: dict[str, IntArray]) -> str:
@@ -534,6 +669,7 @@ def build_protocol(
     }
     setup_hash = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()
     path = None if cache_dir is None else cache_dir / f"negatives-{dataset}-{setup_hash[:16]}.npz"
+    builder = _NEGATIVE_SAMPLERS[config.negative_sampler]
     if path is not None and path.exists():
         with np.load(path) as stored:
             negatives = {key.replace("__", "/"): stored[key] for key in stored.files}
@@ -542,10 +678,8 @@ def build_protocol(
             raise ProtocolError(
                 f"{path} does not match its recorded SHA-256 {expected}; delete it to regenerate"
             )
-        builder = _benchtemp_negatives if config.name == "benchtemp" else _frugal_negatives
         _, collisions = builder(events, split, config)
     else:
-        builder = _benchtemp_negatives if config.name == "benchtemp" else _frugal_negatives
         negatives, collisions = builder(events, split, config)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)

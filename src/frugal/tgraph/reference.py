@@ -108,13 +108,17 @@ def _our_batch_times(
     events: Any, msg: np.ndarray[Any, Any], index: np.ndarray[Any, Any], dim: int,
     num_neighbors: int, batch_size: int, num_batches: int, lr: float,
 ) -> list[float]:  # fmt: skip
-    from frugal.tgraph.models import TemporalGNN
+    from frugal.tgraph.models import ModelInputs
+    from frugal.tgraph.models.tgn import build_tgn
 
-    model = TemporalGNN(
-        TemporalGNN.Config(variant="tgn", embedding_dim=dim, num_neighbors=num_neighbors),
-        events.num_nodes,
-        msg,
-        time_origin=int(events.t[0]),
+    model = build_tgn(
+        ModelInputs(
+            num_nodes=events.num_nodes,
+            msg=msg,
+            embedding_dim=dim,
+            num_neighbors=num_neighbors,
+            time_origin=int(events.t[0]),
+        )
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, fused=True)
     loss_fn = nn.BCEWithLogitsLoss()

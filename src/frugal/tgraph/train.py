@@ -3,12 +3,13 @@
 Every model goes through the same loop: chronological batches, a negative per positive from
 the training graph, one evaluation pass per split that scores the true events, every fixed
 negative set and (test) every candidate destination, then updates the model's state with the
-split's true events (under `frugal` only once no later query shares their time). Under
-`frugal` the views are masks over that pass, so they all start from the same state; under
-`benchtemp` each inductive view gets a pass of its own from the backed-up state, as in
-Benchtemp. The state at the start of each pass is checked against the backed-up one. Early
-stopping reads the validation AP only; the test split is read once, with the best epoch's
-weights.
+split's true events (with `ProtocolConfig.use_tie_holdback`, the `frugal` default, only once
+no later query shares their time). The views are masks over that pass, so they all start
+from the same state; with `use_view_passes` (`benchtemp`) each inductive view gets a pass of
+its own from the backed-up state, as in Benchtemp. The state at the start of each pass is
+checked against the backed-up one. Early stopping reads the validation AP only
+(`early_stopping_metric`); the test split is read once, with the best epoch's weights. The
+model comes from the registry (`frugal.tgraph.models.MODELS`).
 
 Shape legend: B batch, C candidates, S events of a split, N nodes, D embedding width.
 
@@ -42,7 +43,7 @@ from frugal.tgraph.evaluator import (
     rank_metrics,
     tie_aware_ranks,
 )
-from frugal.tgraph.models import HEURISTICS, HeuristicModel, TemporalGNN
+from frugal.tgraph.models import MODELS, HeuristicModel, ModelInputs, ModelSpec, TemporalGNN
 from frugal.tgraph.neighbors import NeighborFinder
 from frugal.tgraph.protocol import VIEWS, Protocol, true_destination_keys
 
@@ -126,12 +127,13 @@ def evaluate_split(
 ) -> SplitScores:
     """Score a split's true events and negatives in time order, then observe each batch.
 
-    Under the `frugal` protocol a batch's events are held back until the first batch that
-    starts after their time, so no prediction at time t reads an event at time t through
-    memory or a heuristic, as none does through the neighbour finder (the scores of tied
-    queries do not depend on how the tied events fall into batches; later scores can, as a
-    node in two parts of a split batch gets two memory updates). Under `benchtemp` each batch is
-    committed right after it is scored, as Benchtemp's TGN loop does.
+    With `ProtocolConfig.use_tie_holdback` (`frugal`) a batch's events are held back until
+    the first batch that starts after their time, so no prediction at time t reads an event
+    at time t through memory or a heuristic, as none does through the neighbour finder (the
+    scores of tied queries do not depend on how the tied events fall into batches; later
+    scores can, as a node in two parts of a split batch gets two memory updates). Without it
+    (`benchtemp`) each batch is committed right after it is scored, as Benchtemp's TGN loop
+    does.
 
     Args:
         model: A TGNN (in eval mode) or a heuristic.
@@ -163,7 +165,7 @@ def evaluate_split(
     candidates = _candidates(protocol)
     true_keys, group = true_destination_keys(events, start, end)
     batch = protocol.config.eval_batch_size
-    hold_ties = protocol.config.name != "benchtemp"
+    hold_ties = protocol.config.use_tie_holdback
     held: list[tuple[IntArray, Tensor | None]] = []  # scored, not yet stored: (ids, DyRep)
     rank_s = 0.0
     began = time.perf_counter()
@@ -293,7 +295,7 @@ def view_metrics(
         protocol: The protocol.
         split: 'val' or 'test'.
         scores: The pass over every event of the split.
-        view_scores: Passes of their own for some views (`benchtemp`'s inductive views);
+        view_scores: Passes of their own for some views (`use_view_passes`);
             the other views are masks over `scores`.
 
     Returns:
@@ -333,15 +335,15 @@ def view_metrics(
 def _primary_val_ap(protocol: Protocol, scores: SplitScores) -> float:
     """The early-stopping signal: transductive val AP against random negatives.
 
-    Global AP under `frugal`; under `benchtemp` the mean AP over eval batches, which is what
-    Benchtemp's early stopping reads.
+    Global AP (`early_stopping_metric='ap'`, `frugal`) or the mean AP over eval batches
+    ('ap_per_batch', `benchtemp`), which is what Benchtemp's early stopping reads.
     """
     strategy = "random" if "random" in protocol.strategies() else protocol.strategies()[0]
     negative = protocol.negatives_for("val", "transductive", strategy)
     key = next(k for k in scores.neg if k.startswith("val/") and k.endswith("/" + strategy))
     mask = negative >= 0
     pos, neg = scores.pos[mask], scores.neg[key][mask]
-    if protocol.config.name == "benchtemp":
+    if protocol.config.early_stopping_metric == "ap_per_batch":
         batch = protocol.config.eval_batch_size
         return float(per_batch_metrics(pos, neg, batch)["ap_per_batch"])
     return float(link_prediction_metrics(pos, neg)["ap"])
@@ -350,25 +352,28 @@ def _primary_val_ap(protocol: Protocol, scores: SplitScores) -> float:
 def _neighbour_bound(protocol: Protocol, first_eid: int) -> int:
     """Global event id from which a batch's neighbour sampling sees nothing.
 
-    `frugal`: the batch's first event, so a batch never sees its own events (nor, through
-    the time bound, anything at or after a query's time). `benchtemp`: no id bound, only
-    times strictly before the query's, as Benchtemp's neighbour finder: a query also sees
-    its own batch's earlier events.
+    `neighbor_bound='batch'` (`frugal`): the batch's first event, so a batch never sees its
+    own events (nor, through the time bound, anything at or after a query's time). 'time'
+    (`benchtemp`): no id bound, only times strictly before the query's, as Benchtemp's
+    neighbour finder: a query also sees its own batch's earlier events.
     """
-    return protocol.split.events.num_events if protocol.config.name == "benchtemp" else first_eid
+    if protocol.config.neighbor_bound == "time":
+        return protocol.split.events.num_events
+    return first_eid
 
 
 def _evaluation_finder(protocol: Protocol) -> NeighborFinder:
     """Neighbour finder of the val and test passes.
 
-    Under `frugal` it holds the training events and every event from the val cut on: the
-    training-period events of masked nodes, dropped from training, stay invisible, so a new
-    node has no history before the val cut for attention (TGN, TGAT) as for memory and the
-    heuristics, which only ever see the training events. Under `benchtemp` it holds every
-    event, as Benchtemp's full-data neighbour finder does.
+    With `eval_neighbor_events='visible'` (`frugal`) it holds the training events and every
+    event from the val cut on: the training-period events of masked nodes, dropped from
+    training, stay invisible, so a new node has no history before the val cut for attention
+    (TGN, TGAT) as for memory and the heuristics, which only ever see the training events.
+    With 'all' (`benchtemp`) it holds every event, as Benchtemp's full-data neighbour finder
+    does.
     """
     events = protocol.split.events
-    if protocol.config.name == "benchtemp":
+    if protocol.config.eval_neighbor_events == "all":
         return NeighborFinder(events.src, events.dst, events.t, events.num_nodes)
     visible = np.concatenate(
         [protocol.split.train_index, np.arange(protocol.split.val_start, events.num_events)]
@@ -390,7 +395,7 @@ def run_link_prediction(
     """Train (TGNN) or fit (heuristic) one model, early-stop on val AP, evaluate test once.
 
     Args:
-        model_name: One of `frugal.tgraph.models.MODELS`.
+        model_name: A registered model (`frugal.tgraph.models.MODELS`).
         protocol: The protocol.
         seed: Seed of initialisation and training negatives.
         num_threads: torch intra-op threads.
@@ -400,44 +405,33 @@ def run_link_prediction(
         The test rows per (view, strategy), the efficiency numbers and the trained model.
 
     Raises:
-        ValueError: On an unknown model name.
+        ValueError: On an unknown model name (the message lists the registered ones).
+        TypeError: If the model's builder returns the wrong kind of model.
         FrugalError: If a protocol check fails during training (state not restored).
     """
     torch.set_num_threads(num_threads)
+    spec = MODELS.get(model_name)
     events = protocol.split.events
     config = protocol.config
     train_index = protocol.split.train_index
     full_finder = _evaluation_finder(protocol)
-    if model_name in HEURISTICS:
-        return _run_heuristic(model_name, protocol, full_finder)
-    variants = ("tgn", "jodie", "dyrep", "tgat")
-    if model_name not in variants:
-        raise ValueError(f"model={model_name!r} is unknown; choose one of {HEURISTICS + variants}")
+    if spec.kind == "heuristic":
+        return _run_heuristic(model_name, spec, protocol, full_finder)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    uniform = config.name == "benchtemp" and model_name == "tgat"
+    inputs = model_inputs(protocol, spec)
+    uniform = inputs.neighbor_strategy == "uniform"
 
     def eval_rng() -> np.random.Generator | None:  # the same draws in every eval pass
         return np.random.default_rng([seed, 1]) if uniform else None
 
-    msg = events.msg if events.msg is not None else np.zeros((events.num_events, 0), np.float32)
-    if config.name == "benchtemp" and events.msg is None:
-        msg = np.zeros((events.num_events, 172), np.float32)  # Benchtemp's zero edge features
-    model_config = TemporalGNN.Config(
-        variant=model_name,  # type: ignore[arg-type]  # checked against `variants` above
-        embedding_dim=config.embedding_dim,
-        num_neighbors=config.num_neighbors * (2 if model_name == "tgat" else 1),
-        dropout=config.dropout,
-        # Benchtemp's TGAT (TGAT's own code) samples its 20 neighbours uniformly.
-        neighbor_strategy="uniform" if uniform else "recent",
-    )
-    model = TemporalGNN(
-        model_config,
-        events.num_nodes,
-        msg,
-        _train_dt_stats(protocol),
-        time_origin=int(events.t[0]) if events.num_events else 0,
-    )
+    model = spec.build(inputs)
+    if not isinstance(model, TemporalGNN):
+        raise TypeError(
+            f"model={model_name!r} is registered as kind='learned' but its builder returned "
+            f"a {type(model).__name__}; return a TemporalGNN, or register it with "
+            "kind='heuristic'"
+        )
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, fused=True)
     loss_fn = nn.BCEWithLogitsLoss()
     train_finder = NeighborFinder(
@@ -514,32 +508,65 @@ def run_link_prediction(
         test = evaluate_split(
             model, protocol, "test", full_finder, use_ranking=config.use_ranking, rng=eval_rng()
         )
-        view_scores = _benchtemp_view_passes(
-            model, protocol, full_finder, best["after_val"], eval_rng
-        )
+        view_scores = _view_passes(model, protocol, full_finder, best["after_val"], eval_rng)
     rows = view_metrics(protocol, "test", test, view_scores)
     efficiency = _efficiency(history, best, len(train_index), protocol, test, model)
     return LinkPredictionResult(rows, efficiency, model, history)
 
 
-def _benchtemp_view_passes(
+def model_inputs(protocol: Protocol, spec: ModelSpec) -> ModelInputs:
+    """What a model builder gets under `protocol`.
+
+    Edge features are the dataset's, or `num_zero_edge_features` zero columns on data
+    without any (Benchtemp pads with 172). The neighbour sampler is 'recent' unless the
+    protocol asks for each model's own (`neighbor_sampling='native'`: TGAT's is uniform).
+
+    Args:
+        protocol: The protocol.
+        spec: The registered model.
+
+    Returns:
+        The builder's inputs.
+    """
+    events = protocol.split.events
+    config = protocol.config
+    msg = events.msg
+    if msg is None:
+        msg = np.zeros((events.num_events, config.num_zero_edge_features), np.float32)
+    # The time window of EdgeBank-window and popularity: the span of the test split.
+    window_s = float(max(events.t[-1] - events.t[protocol.split.test_start], 1))
+    native = config.neighbor_sampling == "native"
+    return ModelInputs(
+        num_nodes=events.num_nodes,
+        msg=msg,
+        embedding_dim=config.embedding_dim,
+        num_neighbors=config.num_neighbors,
+        dropout=config.dropout,
+        neighbor_strategy=spec.native_neighbor_strategy if native else "recent",
+        train_dt_stats=_train_dt_stats(protocol),
+        time_origin=int(events.t[0]) if events.num_events else 0,
+        window_s=window_s,
+    )
+
+
+def _view_passes(
     model: TemporalGNN | HeuristicModel,
     protocol: Protocol,
     finder: NeighborFinder,
     state: Any,
     eval_rng: Callable[[], np.random.Generator | None],
 ) -> dict[str, SplitScores]:
-    """`benchtemp` only: each inductive test view in a pass of its own from `state`.
+    """With `use_view_passes`: each inductive test view in a pass of its own from `state`.
 
     Benchtemp (TGN's loop) restores the memory backed up after validation and runs each
     inductive test set (Inductive, New-Old, New-New) through the model on its own, so the
-    state that scores a view has seen only that view's earlier events. Under `frugal` every
-    view is a mask over the one test pass (returns {}).
+    state that scores a view has seen only that view's earlier events. Without it (`frugal`)
+    every view is a mask over the one test pass (returns {}).
 
     Raises:
         FrugalError: If the state was not restored before a pass.
     """
-    if protocol.config.name != "benchtemp":
+    if not protocol.config.use_view_passes:
         return {}
     passes = {}
     for view in VIEWS:
@@ -585,13 +612,16 @@ def _efficiency(
 
 
 def _run_heuristic(
-    model_name: str, protocol: Protocol, full_finder: NeighborFinder
+    model_name: str, spec: ModelSpec, protocol: Protocol, full_finder: NeighborFinder
 ) -> LinkPredictionResult:
     events = protocol.split.events
-    val_start, test_start = protocol.split.val_start, protocol.split.test_start
-    # The time window of EdgeBank-window and popularity: the span of the split evaluated.
-    window_s = float(max(events.t[-1] - events.t[test_start], 1))
-    model = HeuristicModel(model_name, events.num_nodes, window_s=window_s)  # type: ignore[arg-type]
+    model = spec.build(model_inputs(protocol, spec))
+    if not isinstance(model, HeuristicModel):
+        raise TypeError(
+            f"model={model_name!r} is registered as kind='heuristic' but its builder returned "
+            f"a {type(model).__name__}; return a HeuristicModel, or register it with "
+            "kind='learned'"
+        )
     index = protocol.split.train_index
     began = time.perf_counter()
     model.observe(events.src[index], events.dst[index], events.t[index])
@@ -601,7 +631,7 @@ def _run_heuristic(
     test = evaluate_split(
         model, protocol, "test", full_finder, use_ranking=protocol.config.use_ranking
     )
-    view_scores = _benchtemp_view_passes(model, protocol, full_finder, before_test, lambda: None)
+    view_scores = _view_passes(model, protocol, full_finder, before_test, lambda: None)
     rows = view_metrics(protocol, "test", test, view_scores)
     start, end = protocol.split.bounds("test")
     efficiency = {
@@ -617,7 +647,6 @@ def _run_heuristic(
         "peak_rss_mib": peak_rss_mib(),
         "memory_restored_between_passes": True,
     }
-    del val_start
     return LinkPredictionResult(rows, efficiency, model)
 
 
@@ -676,8 +705,8 @@ def run_node_classification(
     model.eval()
     model.reset_state()
     batch = protocol.config.eval_batch_size
-    # Benchtemp's TGAT samples uniformly: seeded draws, as in the link-prediction passes.
-    rng = np.random.default_rng([seed, 2]) if model.config.neighbor_strategy == "uniform" else None
+    # A uniform sampler (Benchtemp's TGAT) gets seeded draws, as in the link-prediction passes.
+    rng = np.random.default_rng([seed, 2]) if model.neighbor_strategy == "uniform" else None
     with torch.no_grad():
         for lo in range(0, events.num_events, batch):  # one iteration per batch
             hi = min(lo + batch, events.num_events)

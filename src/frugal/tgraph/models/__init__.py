@@ -1,29 +1,73 @@
-"""Models of the tgraph benchmark: heuristic floors and TGNNs on shared building blocks.
+"""Models of the tgraph benchmark: a registry of heuristic floors and TGNNs.
 
-New models (CAWN, NAT, NeurTW) plug in by implementing the same four calls the runner uses
-(`reset_state`, `state`/`load_state`, scoring a batch, observing it); see `frugal.tgraph.train`.
+`MODELS` maps each name `run_link_prediction` and `frugal tgraph bench --model` accept to a
+`ModelSpec` that builds the model from `ModelInputs`. The TGNNs are `TemporalGNN`s assembled
+from exchangeable parts (`frugal.tgraph.models.components`); a new model is one module with a
+builder and one `register_model` call (its import below), or a `register_model` call in your
+own code. Models that fit no part (CAWN, NAT, NeurTW) implement the calls the runner makes
+(`reset_state`, `state`/`load_state`, `forward_batch`, `commit_numpy`, `store_events`, ...;
+see `frugal.tgraph.train`).
 """
 
-from typing import Literal
+from frugal.tgraph.models.blocks import TemporalAttention, TimeEncoder
+from frugal.tgraph.models.components import (
+    AttentionMessage,
+    EmbeddingModule,
+    GraphAttentionEmbedding,
+    IdentityMessage,
+    LastAggregator,
+    MemoryEmbedding,
+    MessageFunction,
+    TimeProjectionEmbedding,
+)
+from frugal.tgraph.models.heuristics import (
+    EdgeBank,
+    EdgeBankWindow,
+    HeuristicModel,
+    Popularity,
+    Recency,
+)
+from frugal.tgraph.models.registry import (
+    MODELS,
+    ModelInputs,
+    ModelKind,
+    ModelSpec,
+    heuristic_names,
+    model_names,
+    register_model,
+)
+from frugal.tgraph.models.tgnn import TemporalGNN
 
-from frugal.tgraph.models.heuristics import HeuristicModel, HeuristicName
-from frugal.tgraph.models.tgnn import TemporalAttention, TemporalGNN, TimeEncoder
+# The built-in learned models register on import, in this order (the bench's default order).
+# isort: off
+from frugal.tgraph.models import jodie as jodie
+from frugal.tgraph.models import dyrep as dyrep
+from frugal.tgraph.models import tgn as tgn
+from frugal.tgraph.models import tgat as tgat
+# isort: on
 
 __all__ = [
-    "HEURISTICS",
     "MODELS",
-    "TGNNS",
+    "AttentionMessage",
+    "EdgeBank",
+    "EdgeBankWindow",
+    "EmbeddingModule",
+    "GraphAttentionEmbedding",
     "HeuristicModel",
-    "HeuristicName",
-    "ModelName",
+    "IdentityMessage",
+    "LastAggregator",
+    "MemoryEmbedding",
+    "MessageFunction",
+    "ModelInputs",
+    "ModelKind",
+    "ModelSpec",
+    "Popularity",
+    "Recency",
     "TemporalAttention",
     "TemporalGNN",
     "TimeEncoder",
+    "TimeProjectionEmbedding",
+    "heuristic_names",
+    "model_names",
+    "register_model",
 ]
-
-ModelName = Literal[
-    "edgebank", "edgebank_window", "recency", "popularity", "jodie", "dyrep", "tgn", "tgat"
-]
-HEURISTICS: tuple[HeuristicName, ...] = ("edgebank", "edgebank_window", "recency", "popularity")
-TGNNS: tuple[ModelName, ...] = ("jodie", "dyrep", "tgn", "tgat")
-MODELS: tuple[ModelName, ...] = (*HEURISTICS, *TGNNS)

@@ -14,41 +14,36 @@ References:
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["HeuristicModel", "HeuristicName"]
+from frugal.tgraph.models.registry import ModelInputs, register_model
+
+__all__ = ["EdgeBank", "EdgeBankWindow", "HeuristicModel", "Popularity", "Recency"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
-HeuristicName = Literal["edgebank", "edgebank_window", "recency", "popularity"]
 
 
 class HeuristicModel:
     """A parameter-free link scorer updated after each batch with the true events.
 
-    - edgebank: 1 if (u, v) was seen before, else 0.
-    - edgebank_window: 1 if (u, v) was seen within the last `window_s` time units.
-    - recency: -(t - last time (u, v) was seen), very low if never seen.
-    - popularity: v's exponentially decayed degree, time constant `window_s`.
+    The base keeps what every heuristic reads: the last time each (u, v) pair was seen and
+    each destination's exponentially decayed degree. A subclass defines `score`.
 
     Args:
-        name: The heuristic.
         num_nodes: N.
-        window_s: Time window (edgebank_window) or decay constant (popularity), > 0.
+        window_s: Time window (EdgeBank-window) or decay constant (popularity), > 0.
 
     Raises:
-        ValueError: On an unknown name or a non-positive window.
+        ValueError: On a non-positive window.
     """
 
-    def __init__(self, name: HeuristicName, num_nodes: int, window_s: float = 1.0) -> None:
-        if name not in ("edgebank", "edgebank_window", "recency", "popularity"):
-            raise ValueError(f"unknown heuristic {name!r}")
+    def __init__(self, num_nodes: int, window_s: float = 1.0) -> None:
         if window_s <= 0:
             raise ValueError(f"window_s={window_s} must be > 0")
-        self.name = name
         self.num_nodes = num_nodes
         self.window_s = float(window_s)
         self.reset_state()
@@ -106,14 +101,56 @@ class HeuristicModel:
         s, d, when = np.broadcast_arrays(
             np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(t, np.int64)
         )
-        if self.name == "popularity":
-            decayed: FloatArray = self._pop[d] * np.exp(-(when - self._pop_t[d]) / self.window_s)
-            return decayed
-        last = self._last_seen(s * self.num_nodes + d)
-        seen = last >= 0
-        if self.name == "edgebank":
-            return seen.astype(np.float64)
-        if self.name == "edgebank_window":
-            return (seen & (when - last <= self.window_s)).astype(np.float64)
-        age = (when - last).astype(np.float64)
-        return np.where(seen, -age, -np.inf).clip(min=-1e18)
+        return self._score(s, d, when)
+
+    def _score(self, src: IntArray, dst: IntArray, t: IntArray) -> FloatArray:
+        raise NotImplementedError
+
+
+class EdgeBank(HeuristicModel):
+    """1 if (u, v) was seen before, else 0 (EdgeBank with unlimited memory)."""
+
+    def _score(self, src: IntArray, dst: IntArray, t: IntArray) -> FloatArray:
+        return (self._last_seen(src * self.num_nodes + dst) >= 0).astype(np.float64)
+
+
+class EdgeBankWindow(HeuristicModel):
+    """1 if (u, v) was seen within the last `window_s` time units (EdgeBank, time window)."""
+
+    def _score(self, src: IntArray, dst: IntArray, t: IntArray) -> FloatArray:
+        last = self._last_seen(src * self.num_nodes + dst)
+        return ((last >= 0) & (t - last <= self.window_s)).astype(np.float64)
+
+
+class Recency(HeuristicModel):
+    """-(t - last time (u, v) was seen); -1e18 if never seen."""
+
+    def _score(self, src: IntArray, dst: IntArray, t: IntArray) -> FloatArray:
+        last = self._last_seen(src * self.num_nodes + dst)
+        age = (t - last).astype(np.float64)
+        return np.where(last >= 0, -age, -np.inf).clip(min=-1e18)
+
+
+class Popularity(HeuristicModel):
+    """v's exponentially decayed degree, time constant `window_s`."""
+
+    def _score(self, src: IntArray, dst: IntArray, t: IntArray) -> FloatArray:
+        decayed: FloatArray = self._pop[dst] * np.exp(-(t - self._pop_t[dst]) / self.window_s)
+        return decayed
+
+
+def _heuristic(cls: type[HeuristicModel]) -> Callable[[ModelInputs], HeuristicModel]:
+    def build(inputs: ModelInputs) -> HeuristicModel:
+        return cls(inputs.num_nodes, window_s=inputs.window_s)
+
+    return build
+
+
+register_model("edgebank", _heuristic(EdgeBank), kind="heuristic",
+               description="EdgeBank, unlimited memory (arXiv 2207.10128)")  # fmt: skip
+register_model("edgebank_window", _heuristic(EdgeBankWindow), kind="heuristic",
+               description="EdgeBank over the test split's time span")  # fmt: skip
+register_model("recency", _heuristic(Recency), kind="heuristic",
+               description="time since (u, v) was last seen (arXiv 2502.04910)")  # fmt: skip
+register_model("popularity", _heuristic(Popularity), kind="heuristic",
+               description="v's decayed recent degree (arXiv 2502.04910)")  # fmt: skip

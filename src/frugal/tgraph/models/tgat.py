@@ -1,0 +1,51 @@
+"""TGAT: no memory; two temporal attention layers over zero node features.
+
+References:
+    Inductive Representation Learning on Temporal Graphs, ICLR 2020, arXiv 2002.07962
+    (section 3; its code samples the 20 neighbours of each layer uniformly from the past).
+"""
+
+from __future__ import annotations
+
+from frugal.tgraph.models.blocks import TimeEncoder
+from frugal.tgraph.models.components import GraphAttentionEmbedding, IdentityMessage
+from frugal.tgraph.models.registry import ModelInputs, register_model
+from frugal.tgraph.models.tgnn import TemporalGNN
+
+__all__ = ["build_tgat"]
+
+
+def build_tgat(inputs: ModelInputs, *, num_layers: int = 2, num_heads: int = 2) -> TemporalGNN:
+    """TGAT with 2 K neighbours per layer (K = `inputs.num_neighbors`; Benchtemp: 20).
+
+    Args:
+        inputs: Sizes and shared settings.
+        num_layers: Attention layers.
+        num_heads: Attention heads.
+
+    Returns:
+        The model, initialised under the caller's torch seed.
+
+    Raises:
+        ValueError: If `embedding_dim` is not divisible by `num_heads`.
+    """
+    d, edge_dim = inputs.embedding_dim, int(inputs.msg.shape[1])
+    time_encoder = TimeEncoder(d)
+    embedding = GraphAttentionEmbedding(
+        d, edge_dim, time_encoder, num_layers=num_layers,
+        num_neighbors=2 * inputs.num_neighbors, num_heads=num_heads, dropout=inputs.dropout,
+        neighbor_strategy=inputs.neighbor_strategy, use_memory=False,
+    )  # fmt: skip
+    return TemporalGNN(
+        inputs.num_nodes, inputs.msg, time_encoder=time_encoder, embedding=embedding,
+        memory_updater=None, message=IdentityMessage(), dropout=inputs.dropout,
+        time_origin=inputs.time_origin,
+    )  # fmt: skip
+
+
+register_model(
+    "tgat",
+    build_tgat,
+    description="TGAT: 2 attention layers, no memory (arXiv 2002.07962)",
+    native_neighbor_strategy="uniform",
+)
