@@ -38,4 +38,35 @@ def test_wide_deep_width() -> None:
 
 def test_unknown_model_is_rejected() -> None:
     with pytest.raises(ValueError, match="model='gbdt'"):
-        build_model("gbdt", 1, 1, 1)  # type: ignore[arg-type]
+        build_model("gbdt", 1, 1, 1)
+
+
+class _LinearOnPooled(torch.nn.Module):
+    """A user's dense model: one linear layer on the flattened pooled embeddings."""
+
+    def __init__(
+        self, num_features: int, embedding_dim: int, dense_dim: int, hidden: tuple[int, ...]
+    ) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(num_features * embedding_dim + dense_dim, 1)
+
+    def forward(self, pooled_BFE: torch.Tensor, dense_BD: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([pooled_BFE.flatten(1), dense_BD], dim=1)
+        out: torch.Tensor = self.linear(x).squeeze(1)
+        return out
+
+
+def test_a_registered_dense_model_is_built_by_name() -> None:
+    from frugal.recsys import RecsysTrainConfig
+    from frugal.recsys.models import DENSE_MODELS, register_dense_model
+
+    register_dense_model("linear", _LinearOnPooled)
+    try:
+        assert RecsysTrainConfig(model="linear").model == "linear"
+        model = build_model("linear", num_features=5, embedding_dim=8, dense_dim=3)
+        assert model.linear.in_features == 43  # 5 x 8 + 3
+        assert model(torch.randn(4, 5, 8), torch.randn(4, 3)).shape == (4,)
+    finally:
+        DENSE_MODELS.unregister("linear")
+    with pytest.raises(ValueError, match=r"model='linear' is not a registered .* dlrm, mlp"):
+        RecsysTrainConfig(model="linear")

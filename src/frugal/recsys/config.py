@@ -9,7 +9,7 @@ from typing import Literal
 from frugal.config import check_types
 from frugal.recsys.client import WireDtype
 from frugal.recsys.datasets import RecsysDataConfig
-from frugal.recsys.models import ModelName
+from frugal.recsys.models import DENSE_MODELS, ModelName
 from frugal.store import OptimizerConfig
 
 __all__ = ["Mode", "RecsysTrainConfig", "prefetch_depth", "staleness_bound"]
@@ -40,7 +40,8 @@ class RecsysTrainConfig:
     rtt_ms: float = 0.0
     """Simulated network round trip per PS call (a sleep on the serving side), >= 0."""
     model: ModelName = "dlrm"
-    """Dense model: dlrm or mlp (wide & deep)."""
+    """Dense model, a name in `frugal.recsys.models.DENSE_MODELS`: dlrm, mlp (wide & deep),
+    or one added by `register_dense_model`."""
     hidden: tuple[int, ...] = (64, 32)
     """Hidden widths of the MLPs, each >= 1."""
     batch_size: int = 128
@@ -84,6 +85,7 @@ class RecsysTrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        DENSE_MODELS.check(self.model)
         if self.checkpoint_every_steps is not None and (
             self.checkpoint_every_steps < 1 or self.checkpoint_dir is None
         ):

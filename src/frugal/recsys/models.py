@@ -9,19 +9,70 @@ embedding-worker role) and the dense features, and returns one click logit per s
 - `WideDeepMLP`: a wide (linear) part on the concatenated inputs plus a deep MLP (Cheng et
   al., "Wide & Deep Learning for Recommender Systems", DLRS 2016, arXiv 1606.07792).
 
+Both register themselves in `DENSE_MODELS` (`RecsysTrainConfig.model` names one);
+`register_dense_model` adds another.
+
 Shape legend: B samples, F features, E embedding_dim, D dense features.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DLRM", "ModelName", "WideDeepMLP", "build_model"]
+from frugal.registry import Registry
 
-ModelName = Literal["dlrm", "mlp"]
+__all__ = [
+    "DENSE_MODELS",
+    "DLRM",
+    "DenseModelFactory",
+    "ModelName",
+    "WideDeepMLP",
+    "build_model",
+    "register_dense_model",
+]
+
+ModelName = str
+"""A name in `DENSE_MODELS` ("dlrm", "mlp", or one added by `register_dense_model`)."""
+
+
+class DenseModelFactory(Protocol):
+    """Builds a dense model: `(B, F, E)` pooled embeddings and `(B, D)` dense in, `(B,)` out."""
+
+    def __call__(
+        self, num_features: int, embedding_dim: int, dense_dim: int, hidden: tuple[int, ...]
+    ) -> nn.Module:
+        """The model for F features of width E, D dense features and MLP widths `hidden`."""
+        ...
+
+
+DENSE_MODELS: Registry[DenseModelFactory] = Registry("recsys dense model", field="model")
+"""Every dense model `RecsysTrainConfig.model` may name."""
+
+
+def register_dense_model(
+    name: str, factory: DenseModelFactory, *, replace: bool = False
+) -> DenseModelFactory:
+    """Make `name` a valid `RecsysTrainConfig.model`.
+
+    Registration is per process; the torchrun trainers are fresh processes and see the
+    models registered on importing frugal.
+
+    Args:
+        name: The model's name, as users write it in a config.
+        factory: Builds the model; called as `factory(num_features, embedding_dim,
+            dense_dim, hidden)`, after `torch.manual_seed(config.seed)`.
+        replace: Whether to replace a model registered under the same name.
+
+    Returns:
+        `factory`.
+
+    Raises:
+        ValueError: If `name` is taken and `replace` is False.
+    """
+    return DENSE_MODELS.register(name, factory, replace=replace)
 
 
 def _mlp(sizes: list[int], *, last_activation: bool) -> nn.Sequential:
@@ -103,13 +154,13 @@ def build_model(
     dense_dim: int,
     hidden: tuple[int, ...] = (64, 32),
 ) -> nn.Module:
-    """Build a dense model by name ("dlrm" or "mlp").
+    """Build the dense model registered as `name` ("dlrm", "mlp", ...).
 
     Raises:
-        ValueError: If the name is unknown.
+        ValueError: If the name is not registered (the message lists the choices).
     """
-    if name == "dlrm":
-        return DLRM(num_features, embedding_dim, dense_dim, hidden)
-    if name == "mlp":
-        return WideDeepMLP(num_features, embedding_dim, dense_dim, hidden)
-    raise ValueError(f"model={name!r} is unknown; choose 'dlrm' or 'mlp'")
+    return DENSE_MODELS.get(name)(num_features, embedding_dim, dense_dim, hidden)
+
+
+register_dense_model("dlrm", DLRM)
+register_dense_model("mlp", WideDeepMLP)

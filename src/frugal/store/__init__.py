@@ -4,7 +4,8 @@
 cache with lookahead prefetching, background write-back and bounded staleness; backends:
 `file` (default, O_DIRECT), `rocksdb`, `lmdb`, `memory`. `LookaheadLoader` feeds it hints.
 Ids are dense rows 0..N-1, or any keys in [0, 2^63) with `key_space="hashed"`; rows are
-float32 or float16 (`RowSpec.dtype`).
+float32 or float16 (`RowSpec.dtype`). Optimizers (`OptimizerConfig.kind`) come from a
+registry too: `register_optimizer` adds an update rule.
 """
 
 from frugal.store.backends import (
@@ -21,6 +22,7 @@ from frugal.store.errors import (
     StoreLockedError,
 )
 from frugal.store.keys import KeySpaceFullError
+from frugal.store.optimizers import optimizer_names, register_optimizer
 from frugal.store.rows import OptimizerConfig, RowSpec, apply_optimizer, init_rows
 from frugal.store.store import EmbeddingStore
 
@@ -39,5 +41,7 @@ __all__ = [
     "apply_optimizer",
     "backend_names",
     "init_rows",
+    "optimizer_names",
     "register_backend",
+    "register_optimizer",
 ]

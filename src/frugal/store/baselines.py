@@ -1,8 +1,9 @@
 """The systems `frugal store bench` compares `EmbeddingStore` with, behind one small interface.
 
 - `RamTable`: the whole table in a numpy array (in-memory frameworks; the upper bound).
-- `KvOffloadTable`: every batch does a multi-get and a batched put on RocksDB or LMDB, with
-  only the engine's own cache (the "offload to a KV store" baseline of MLKV's evaluation).
+- `KvOffloadTable`: every batch does a multi-get and a batched put on a KV engine (RocksDB or
+  LMDB, or one added by `register_kv_engine`), with only the engine's own cache (the
+  "offload to a KV store" baseline of MLKV's evaluation).
 - `HybridLogTable`: a FASTER-like hybrid log: an in-memory circular log whose newest 90% is
   mutable in place, older records read-only, the rest on disk in an append-only O_DIRECT log;
   FIFO eviction, one I/O per disk record, reads not cached (`hlog`). With `mlkv=True` it adds
@@ -24,17 +25,29 @@ import hashlib
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from frugal.registry import Registry
 from frugal.store.backends.kv import id_keys, rocksdb_options
 from frugal.store.rows import RowSpec, apply_optimizer, init_rows
 
-__all__ = ["BenchTable", "HybridLogTable", "KvOffloadTable", "RamTable"]
+__all__ = [
+    "KV_ENGINES",
+    "BenchTable",
+    "HybridLogTable",
+    "KvEngine",
+    "KvEngineArgs",
+    "KvOffloadTable",
+    "RamTable",
+    "register_kv_engine",
+]
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -67,6 +80,130 @@ class BenchTable(Protocol):
     def close(self) -> None:
         """Release files and threads."""
         ...
+
+
+class KvEngine(Protocol):
+    """A key-value engine as the offload baseline uses it: batched gets and puts of raw bytes.
+
+    Keys are 8-byte big-endian ids (`id_keys`); values are whole float32 rows.
+    """
+
+    def get(self, keys: list[bytes]) -> list[bytes | None]:
+        """The value of every key, None where it was never put (one multi-get)."""
+        ...
+
+    def put(self, items: list[tuple[bytes, bytes]]) -> None:
+        """Write (key, value) pairs in one batch."""
+        ...
+
+    def close(self) -> None:
+        """Close the engine."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class KvEngineArgs:
+    """What `KvOffloadTable` gives an engine when it opens it.
+
+    Attributes:
+        directory: Folder the engine keeps its files in (created, empty).
+        num_rows: Rows in the table.
+        row_bytes: Bytes of one value (a float32 row).
+        memory_budget_bytes: The baseline's whole memory budget (the engine's caches).
+    """
+
+    directory: Path
+    num_rows: int
+    row_bytes: int
+    memory_budget_bytes: int
+
+
+KV_ENGINES: Registry[Callable[[KvEngineArgs], KvEngine]] = Registry(
+    "KV-offload engine", field="engine"
+)
+"""Every engine `KvOffloadTable(engine=...)` may name: a function opening it."""
+
+
+def register_kv_engine(
+    name: str, open: Callable[[KvEngineArgs], KvEngine], *, replace: bool = False
+) -> None:
+    """Make `name` a valid `KvOffloadTable` engine.
+
+    Args:
+        name: The engine's name.
+        open: Opens the engine (a new, empty one) from its `KvEngineArgs`.
+        replace: Whether to replace an engine registered under the same name.
+
+    Raises:
+        ValueError: If `name` is taken and `replace` is False.
+    """
+    KV_ENGINES.register(name, open, replace=replace)
+
+
+class _RocksDbEngine:
+    """RocksDB with the whole budget as block cache + memtables, WAL off (its best case)."""
+
+    def __init__(self, args: KvEngineArgs) -> None:
+        import rocksdict
+
+        self.db = rocksdict.Rdict(
+            str(args.directory / "db"), rocksdb_options(args.memory_budget_bytes)
+        )
+        self.write_options = rocksdict.WriteOptions()
+        # A property at run time, typed as a method in rocksdict's stub.
+        setattr(self.write_options, "disable_wal", True)  # noqa: B010
+
+    def get(self, keys: list[bytes]) -> list[bytes | None]:
+        """Multi-get."""
+        lookup: Any = keys
+        values: list[bytes | None] = self.db.get(lookup) or []
+        return values
+
+    def put(self, items: list[tuple[bytes, bytes]]) -> None:
+        """One WriteBatch."""
+        import rocksdict
+
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for key, value in items:
+            batch.put(key, value)
+        self.db.write(batch, self.write_options)
+
+    def close(self) -> None:
+        """Close the database."""
+        self.db.close()
+
+
+class _LmdbEngine:
+    """LMDB, memory-mapped with room for every row three times over, no sync."""
+
+    def __init__(self, args: KvEngineArgs) -> None:
+        import lmdb
+
+        self.env = lmdb.open(
+            str(args.directory / "db"),
+            map_size=max(1 << 24, 3 * args.num_rows * (args.row_bytes + 64)),
+            writemap=True,
+            sync=False,
+        )
+
+    def get(self, keys: list[bytes]) -> list[bytes | None]:
+        """`getmulti` in one read transaction."""
+        with self.env.begin() as txn:
+            found = dict(txn.cursor().getmulti(keys))
+        return [found.get(k) for k in keys]
+
+    def put(self, items: list[tuple[bytes, bytes]]) -> None:
+        """`putmulti` in one write transaction."""
+        with self.env.begin(write=True) as txn:
+            txn.cursor().putmulti(items)
+
+    def close(self) -> None:
+        """Close the environment."""
+        self.env.close()
+
+
+register_kv_engine("rocksdb", _RocksDbEngine)
+register_kv_engine("lmdb", _LmdbEngine)
 
 
 def _require_float32(spec: RowSpec) -> None:
@@ -146,7 +283,19 @@ class RamTable:
 
 
 class KvOffloadTable(_RowsOfLastGet):
-    """Naive offloading: a multi-get and a batched put per step on a real KV engine."""
+    """Naive offloading: a multi-get and a batched put per step on a real KV engine.
+
+    Args:
+        directory: Folder of the engine's files.
+        num_rows: Rows in the table.
+        spec: The row layout (float32 rows only).
+        seed: Table seed (rows never written read as `init_rows`).
+        engine: A name in `KV_ENGINES` (`rocksdb`, `lmdb`, or one a user registered).
+        memory_budget_bytes: The engine's memory budget.
+
+    Raises:
+        ValueError: If the engine is not registered or `spec` is not float32.
+    """
 
     def __init__(
         self,
@@ -155,9 +304,10 @@ class KvOffloadTable(_RowsOfLastGet):
         spec: RowSpec,
         seed: int,
         *,
-        engine: Literal["rocksdb", "lmdb"],
+        engine: str,
         memory_budget_bytes: int,
     ) -> None:
+        open_engine = KV_ENGINES.get(engine)
         self.spec = spec
         _require_float32(spec)
         self.seed = seed
@@ -168,33 +318,12 @@ class KvOffloadTable(_RowsOfLastGet):
         self.found = 0
         self.asked = 0
         directory.mkdir(parents=True, exist_ok=True)
-        if engine == "rocksdb":
-            import rocksdict
-
-            # Memory budget -> block cache + memtables; WAL off (the baseline's best case).
-            self.db = rocksdict.Rdict(str(directory / "db"), rocksdb_options(memory_budget_bytes))
-            self.write_options = rocksdict.WriteOptions()
-            # A property at run time, typed as a method in rocksdict's stub.
-            setattr(self.write_options, "disable_wal", True)  # noqa: B010
-        else:
-            import lmdb
-
-            self.env = lmdb.open(
-                str(directory / "db"),
-                map_size=max(1 << 24, 3 * num_rows * (spec.row_bytes + 64)),
-                writemap=True,
-                sync=False,
-            )
+        self.db: KvEngine = open_engine(
+            KvEngineArgs(directory, num_rows, spec.row_bytes, memory_budget_bytes)
+        )
 
     def _read(self, ids: I64) -> F32:
-        keys = id_keys(ids)
-        if self.engine == "rocksdb":
-            lookup: Any = keys
-            values: list[bytes | None] = self.db.get(lookup) or []
-        else:
-            with self.env.begin() as txn:
-                found = dict(txn.cursor().getmulti(keys))
-            values = [found.get(k) for k in keys]
+        values = self.db.get(id_keys(ids))
         rows = np.empty((len(ids), self.spec.width), dtype=np.float32)
         present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
         stored = [v for v in values if v is not None]
@@ -212,19 +341,7 @@ class KvOffloadTable(_RowsOfLastGet):
     def _write(self, ids: I64, rows: F32) -> None:
         blob = rows.tobytes()
         size = self.spec.row_bytes
-        keys = id_keys(ids)
-        if self.engine == "rocksdb":
-            import rocksdict
-
-            batch = rocksdict.WriteBatch(raw_mode=True)
-            for k, key in enumerate(keys):
-                batch.put(key, blob[k * size : (k + 1) * size])
-            self.db.write(batch, self.write_options)
-        else:
-            with self.env.begin(write=True) as txn:
-                txn.cursor().putmulti(
-                    [(key, blob[k * size : (k + 1) * size]) for k, key in enumerate(keys)]
-                )
+        self.db.put([(key, blob[k * size : (k + 1) * size]) for k, key in enumerate(id_keys(ids))])
         self.bytes_written += len(ids) * size
 
     def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
@@ -251,10 +368,7 @@ class KvOffloadTable(_RowsOfLastGet):
 
     def close(self) -> None:
         """Close the engine."""
-        if self.engine == "rocksdb":
-            self.db.close()
-        else:
-            self.env.close()
+        self.db.close()
 
 
 class HybridLogTable(_RowsOfLastGet):

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from frugal.config import check_types
+from frugal.store.optimizers import OPTIMIZERS, OptimizerConfig
 
 __all__ = [
     "OptimizerConfig",
@@ -30,57 +31,6 @@ __all__ = [
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
-
-OptimizerKind = Literal["none", "sgd", "adagrad", "rowwise_adagrad", "adam"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class OptimizerConfig:
-    """A sparse optimizer applied row by row (the touched rows of each step only)."""
-
-    kind: OptimizerKind = "sgd"
-    """Update rule; "none" stores vectors only (e.g. TGNN node memory)."""
-    lr: float = 0.01
-    """Learning rate, > 0."""
-    momentum: float = 0.0
-    """SGD momentum in [0, 1) (as torch.optim.SGD, dampening 0); > 0 adds D state floats."""
-    weight_decay: float = 0.0
-    """L2 penalty added to the gradient (torch's `weight_decay`), >= 0."""
-    beta1: float = 0.9
-    """Adam's first-moment decay, in [0, 1)."""
-    beta2: float = 0.999
-    """Adam's second-moment decay, in [0, 1)."""
-    eps: float = 1e-8
-    """Denominator epsilon of Adam (1e-8) and Adagrad (torch uses 1e-10), > 0."""
-
-    def __post_init__(self) -> None:
-        check_types(self)
-        if self.lr <= 0:
-            raise ValueError(f"lr={self.lr} must be > 0")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum={self.momentum} must be in [0, 1)")
-        if self.momentum and self.kind != "sgd":
-            raise ValueError(
-                f"momentum={self.momentum} applies to kind='sgd' only, not {self.kind!r}"
-            )
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0")
-        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
-            raise ValueError(f"beta1={self.beta1}, beta2={self.beta2} must be in [0, 1)")
-        if self.eps <= 0:
-            raise ValueError(f"eps={self.eps} must be > 0")
-
-    def state_width(self, embedding_dim: int) -> int:
-        """Number of float32 state values stored after the vector."""
-        if self.kind == "sgd":
-            return embedding_dim if self.momentum > 0 else 0
-        if self.kind == "adagrad":
-            return embedding_dim
-        if self.kind == "rowwise_adagrad":
-            return 1
-        if self.kind == "adam":
-            return 2 * embedding_dim + 1  # m, v, per-row step t
-        return 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -140,10 +90,11 @@ def splitmix64(x: U64) -> U64:
 
 
 def init_rows(ids: I64, spec: RowSpec, seed: int) -> F32:
-    """Deterministic initial rows: w uniform in [-1/sqrt(D), 1/sqrt(D)), state zeros.
+    """Deterministic initial rows: w uniform in [-1/sqrt(D), 1/sqrt(D)), state its init.
 
     The value of w[i, j] depends only on (seed, id, j), so every backend, cache size and
-    access order starts from the same table.
+    access order starts from the same table. The state is the optimizer's `init_state`
+    (zeros for every built-in rule).
 
     Args:
         ids: Row ids, int64.
@@ -164,6 +115,9 @@ def init_rows(ids: I64, spec: RowSpec, seed: int) -> F32:
     u = (splitmix64(keys) >> np.uint64(40)).astype(np.float32) / np.float32(2**24)
     rows = np.zeros((len(ids), spec.width), dtype=np.float32)
     rows[:, :d] = (u - np.float32(0.5)) * np.float32(2.0 / math.sqrt(d))
+    init_state = OPTIMIZERS.get(spec.optimizer.kind).init_state
+    if init_state is not None:
+        rows[:, d:] = init_state(spec.optimizer, d)
     round_rows(rows, spec)
     return rows
 
@@ -171,8 +125,9 @@ def init_rows(ids: I64, spec: RowSpec, seed: int) -> F32:
 def apply_optimizer(rows_NW: F32, grads_ND: F32, spec: RowSpec) -> None:
     """Update unique rows in place with their summed gradients (one fused step).
 
-    Rules (torch.optim semantics restricted to the touched rows):
-    sgd `g += wd*w; m = mu*m + g; w -= lr*m` (no m when mu = 0); adagrad
+    The rule is the registered `spec.optimizer.kind` (`frugal.store.optimizers`), given
+    `g = grads + weight_decay * w`. Built in (torch.optim semantics restricted to the touched
+    rows): sgd `m = mu*m + g; w -= lr*m` (no m when mu = 0); adagrad
     `a += g*g; w -= lr*g/(sqrt(a)+eps)`; rowwise_adagrad as adagrad with one accumulator per
     row, `a += mean(g*g)` (FBGEMM's row-wise Adagrad); adam with a per-row step t:
     `t += 1; m = b1*m+(1-b1)*g; v = b2*v+(1-b2)*g*g; w -= lr*(m/(1-b1^t))/(sqrt(v/(1-b2^t))+eps)`.
@@ -183,46 +138,18 @@ def apply_optimizer(rows_NW: F32, grads_ND: F32, spec: RowSpec) -> None:
         spec: The row layout and optimizer.
 
     Raises:
-        ValueError: If the optimizer is "none" (rows without an optimizer take `put`).
+        ValueError: If the optimizer has no update rule ("none": such rows take `put`).
 
     Shapes:
         rows_NW: (N, W); grads_ND: (N, D).
     """
     opt = spec.optimizer
+    rule = OPTIMIZERS.get(opt.kind).update
+    if rule is None:
+        raise ValueError(f"optimizer kind {opt.kind!r} has no update rule; write rows with put()")
     d = spec.embedding_dim
     w = rows_NW[:, :d]
     g = grads_ND
     if opt.weight_decay:
         g = g + np.float32(opt.weight_decay) * w
-    lr = np.float32(opt.lr)
-    if opt.kind == "sgd":
-        if opt.momentum > 0:
-            m = rows_NW[:, d : 2 * d]
-            m *= np.float32(opt.momentum)
-            m += g
-            w -= lr * m
-        else:
-            w -= lr * g
-    elif opt.kind == "adagrad":
-        a = rows_NW[:, d : 2 * d]
-        a += g * g
-        w -= lr * g / (np.sqrt(a) + np.float32(opt.eps))
-    elif opt.kind == "rowwise_adagrad":
-        a = rows_NW[:, d : d + 1]
-        a += np.mean(g * g, axis=1, keepdims=True, dtype=np.float32)
-        w -= lr * g / (np.sqrt(a) + np.float32(opt.eps))
-    elif opt.kind == "adam":
-        m = rows_NW[:, d : 2 * d]
-        v = rows_NW[:, 2 * d : 3 * d]
-        t = rows_NW[:, 3 * d : 3 * d + 1]
-        t += np.float32(1.0)
-        b1, b2 = np.float32(opt.beta1), np.float32(opt.beta2)
-        m *= b1
-        m += (np.float32(1.0) - b1) * g
-        v *= b2
-        v += (np.float32(1.0) - b2) * g * g
-        bias1 = np.float32(1.0) - np.power(b1, t)
-        bias2 = np.float32(1.0) - np.power(b2, t)
-        w -= lr * (m / bias1) / (np.sqrt(v / bias2) + np.float32(opt.eps))
-    else:
-        raise ValueError("optimizer kind 'none' has no update rule; write rows with put()")
+    rule(w, rows_NW[:, d:], g, opt)
