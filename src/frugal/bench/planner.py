@@ -34,6 +34,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from frugal.config import check_types
+from frugal.parallel.partition import split_layers
 from frugal.planner.cost import paper_cost
 from frugal.planner.iteration import WorkloadConfig
 from frugal.planner.plan import PlannerConfig, build_plan
@@ -168,7 +169,7 @@ def run_plan_bench(
                         mesh = np.array(plan.mesh, dtype=np.int64)
                         layers_per_stage = plan.num_layers_per_stage
                         if method == "deepspeed_pp":
-                            layers_per_stage = _uniform_layers(layers, plan.num_stages)
+                            layers_per_stage = split_layers(layers, plan.num_stages)
                         sim_gpipe = simulate_iteration(topology, mesh, layers_per_stage, workload,
                                                        schedule="gpipe")  # fmt: skip
                         sim_1f1b = simulate_iteration(topology, mesh, layers_per_stage, workload,
@@ -226,12 +227,6 @@ def run_plan_bench(
     document = results_document("plan", config, rows, summary)
     write_results(out_dir / "results.json", document)
     return document
-
-
-def _uniform_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """num_layers split as evenly as possible, the remainder on the first stages."""
-    base, extra = divmod(num_layers, num_stages)
-    return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
 
 
 def _convergence(

@@ -31,6 +31,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from frugal.config import ConfigError, check_types
+from frugal.parallel.partition import (
+    partition_layers,
+)
 from frugal.pipeline.gguf_loader import GGUFFormatError, GGUFModel, read_gguf_llama
 from frugal.pipeline.llama import Llama, LlamaConfig, build_llama_stages
 from frugal.pipeline.models import (
@@ -227,24 +230,16 @@ def balanced_layers(num_layers: int, num_stages: int, last_cost: float) -> tuple
     """Blocks per stage minimising the costliest stage, the last one carrying `last_cost`.
 
     Stage costs are their block counts, plus `last_cost` blocks on the last stage (head and
-    loss). Earlier stages split the rest evenly (earlier ones take the remainder).
+    loss); `frugal.parallel.partition_layers` finds the optimal split.
 
     Raises:
         ValueError: If num_stages is not in [1, num_layers] or last_cost < 0.
     """
-    split_layers(num_layers, num_stages)  # validates the range
     if last_cost < 0:
         raise ValueError(f"last_cost={last_cost} must be >= 0")
-    if num_stages == 1:
-        return (num_layers,)
-    best: tuple[float, tuple[int, ...]] | None = None
-    for last in range(1, num_layers - num_stages + 2):
-        rest = split_layers(num_layers - last, num_stages - 1)
-        cost = max(max(rest), last + last_cost)
-        if best is None or cost < best[0]:
-            best = (cost, (*rest, last))
-    assert best is not None
-    return best[1]
+    return partition_layers(
+        num_layers, num_stages, extra_layers=[0.0] * (num_stages - 1) + [last_cost]
+    )
 
 
 def default_layers(config: PipelineTrainConfig, num_stages: int) -> tuple[int, ...]:
