@@ -31,9 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from frugal.config import ConfigError, check_types
-from frugal.parallel.partition import (
-    partition_layers,
-)
+from frugal.parallel.partition import partition_layers
 from frugal.pipeline.gguf_loader import GGUFFormatError, GGUFModel, read_gguf_llama
 from frugal.pipeline.llama import Llama, LlamaConfig, build_llama_stages
 from frugal.pipeline.models import (
