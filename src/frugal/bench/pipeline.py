@@ -62,6 +62,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from frugal.bench.harness import median
 from frugal.bench.pipeline_dp import DPBenchConfig, run_dp_section
 from frugal.bench.pipeline_llm import LLMBenchConfig, run_llm_section
 from frugal.comm.link import RHO_POINTS
@@ -371,9 +372,9 @@ def run_pipeline_bench(
         # the compute pooled over all rounds can mis-estimate a cell when the machine's speed
         # drifts between rounds.)
         bandwidths = [rnd[0]["bandwidth_bits_per_s"] or math.inf for rnd in rounds]
-        bandwidth = statistics.median(bandwidths)
+        bandwidth = median(bandwidths)
         round_sim_s = _simulate_rounds(train.schedule, m, rounds, act, grad, bandwidths, cores)
-        sim_step_s = statistics.median(round_sim_s)
+        sim_step_s = median(round_sim_s)
         spec = CodecSpec.parse(method)
         result = quality[method]
         # Per quality step: simulated time with the bytes that step sent.
@@ -411,7 +412,7 @@ def run_pipeline_bench(
                 "link_mbps_by_round": [b / 1e6 if math.isfinite(b) else None for b in bandwidths],
                 "tokens_per_s": tokens_per_step / measured_s,
                 "tokens_per_s_by_round": [
-                    tokens_per_step / statistics.median(steps) for steps in round_step_s
+                    tokens_per_step / median(steps) for steps in round_step_s
                 ],
                 "step_time_ms": measured_s * 1e3,
                 "bytes_per_step": sum(map(sum, act)) + sum(map(sum, grad)),
@@ -528,8 +529,8 @@ def torch_pipelining_rows(
             reason = f"torch.distributed.pipelining failed or hung: {exc}"
     measured: dict[str, dict[str, Any]] = {
         name: {
-            "tokens_per_s": tokens_per_step / statistics.median(steps),
-            "step_time_ms": 1e3 * statistics.median(steps),
+            "tokens_per_s": tokens_per_step / median(steps),
+            "step_time_ms": 1e3 * median(steps),
             "losses": first_losses.get(name, []),
         }
         for name, steps in steps_by_side.items()
@@ -699,7 +700,7 @@ def _effective_cores(by_stage: list[dict[str, Any]], schedule: str) -> float:
     """
     # rounds[i][stage]: stage's calibration run of round i.
     rounds = [list(col) for col in zip(*(r["calibrations"] for r in by_stage), strict=True)]
-    wall = statistics.median(
+    wall = median(
         max(c["step_s"][i] for c in calib)
         for calib in rounds
         for i in range(1, len(calib[0]["step_s"]))
@@ -726,7 +727,7 @@ def _effective_cores(by_stage: list[dict[str, Any]], schedule: str) -> float:
 
 def _median_by_rank(rounds: list[list[dict[str, Any]]], key: str) -> list[float]:
     """Per rank (stage), the median over rounds of `key`; rounds[i][stage] is a rank's run."""
-    return [statistics.median(o[key] for o in col) for col in zip(*rounds, strict=True)]
+    return [median(o[key] for o in col) for col in zip(*rounds, strict=True)]
 
 
 def _row(rows: list[dict[str, Any]], method: str, rho: float) -> dict[str, Any] | None:
@@ -782,7 +783,7 @@ def _summary(rows: list[dict[str, Any]], config: PipelineBenchConfig) -> dict[st
         if r["rho"] in config.rhos  # the rho points (not the unshaped FP32 row)
     ]
     out["max_sim_gap"] = max(gaps)
-    out["median_sim_gap"] = statistics.median(gaps)
+    out["median_sim_gap"] = median(gaps)
     out["bytes_match_analytic"] = all(
         r["bytes_per_step"] == r["analytic_bytes_per_step"] for r in rows
     )

@@ -23,13 +23,13 @@ References:
 from __future__ import annotations
 
 import math
-import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from frugal.bench.harness import median
 from frugal.comm.gradcomp import DP_METHODS, dp_wire_bytes
 from frugal.comm.link import RHO_POINTS
 from frugal.comm.message import CodecSpec
@@ -175,7 +175,7 @@ def run_dp_section(
     rows: list[dict[str, Any]] = []
     for k, run in enumerate(runs):
         outs = [r["runs"][k] for r in ranks]
-        step_s = statistics.median(max(o["step_s"][i] for o in outs) for i in range(1, run.steps))
+        step_s = median(max(o["step_s"][i] for o in outs) for i in range(1, run.steps))
         pipe0 = [r["runs"][k] for r in ranks if r["replica"] == 0]
         last = run.steps - 1
         pipeline_bytes = sum(sum(o["activation_bytes"][last]) for o in pipe0) + sum(

@@ -26,13 +26,13 @@ References:
 from __future__ import annotations
 
 import math
-import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from frugal.bench.harness import median
 from frugal.comm.link import RHO_POINTS
 from frugal.comm.message import CodecSpec, message_wire_bytes
 from frugal.config import check_types
@@ -188,10 +188,10 @@ def run_llm_section(
         act = [o["activation_bytes"][-1] for o in outs[:-1]]
         grad = [o["gradient_bytes"][-1] for o in outs[1:]]
         bandwidths = [rnd[0]["bandwidth_bits_per_s"] or math.inf for rnd in rounds]
-        bandwidth = statistics.median(bandwidths)
+        bandwidth = median(bandwidths)
         spec = CodecSpec.parse(method)
         compute_ms = [
-            1e3 * statistics.median(o["median_forward_s"] + o["median_backward_s"] for o in col)
+            1e3 * median(o["median_forward_s"] + o["median_backward_s"] for o in col)
             for col in zip(*rounds, strict=True)
         ]
         rows.append(
@@ -208,7 +208,7 @@ def run_llm_section(
                 "bandwidth_mbps": bandwidth / 1e6 if math.isfinite(bandwidth) else None,
                 "tokens_per_s": tokens_per_step / measured_s,
                 "tokens_per_s_by_round": [
-                    tokens_per_step / statistics.median(steps) for steps in round_step_s
+                    tokens_per_step / median(steps) for steps in round_step_s
                 ],
                 "step_time_ms": 1e3 * measured_s,
                 "bytes_per_step": sum(map(sum, act)) + sum(map(sum, grad)),

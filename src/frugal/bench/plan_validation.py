@@ -38,7 +38,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -47,6 +46,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from frugal.bench.harness import median, median_after_warmup
 from frugal.config import check_types
 from frugal.pipeline.models import TinyGPT, TinyGPTConfig
 from frugal.pipeline.train import PipelineTrainConfig, RunSpec, launch_torchrun
@@ -234,7 +234,7 @@ def measure_tau_s(gpt: TinyGPTConfig, micro_batch_size: int, repeats: int, seed:
                 times.append(time.perf_counter() - t0)
     finally:
         torch.set_num_threads(threads)
-    return statistics.median(times) / gpt.num_layers
+    return median(times) / gpt.num_layers
 
 
 def workload_for(config: Config, tau_ref_s: float) -> WorkloadConfig:
@@ -433,7 +433,7 @@ def run_plan_validation(
                 trains[method], [run], folder, nproc=config.world_size, timeout_s=config.timeout_s
             )
             per_rank = [
-                statistics.median(r["runs"][0]["step_s"][config.warmup_steps :]) for r in results
+                median_after_warmup(r["runs"][0]["step_s"], config.warmup_steps) for r in results
             ]
             say(f"round {k} {method}: mesh {plan.mesh}, measured {max(per_rank):.3f} s")
             if method not in best or max(per_rank) < best[method][0]:

@@ -256,7 +256,7 @@ class RecsysSummary(Summary):
 def _summary(
     config: RecsysBenchConfig,
     rows: list[dict[str, Any]],
-    teacher_test_auc: dict[str, float] | None = None,
+    teacher_test_auc: dict[str, float | None] | None = None,
 ) -> RecsysSummary:
     rtt = max(config.rtt_ms)
     k = min(config.staleness, key=lambda v: (abs(v - 4), v))
@@ -381,7 +381,7 @@ def run_recsys_bench(
         rows += [_row(result) for result in results]
         if progress is not None:
             progress(f"rtt {rtt:g} ms: {len(results)} runs done")
-    teacher = {
+    teacher: dict[str, float | None] = {
         dataset: teacher_auc(config.train_config("sync", dataset, 1, 0.0, config.seeds[0]).data)
         for dataset in config.datasets
         if dataset == "criteo_zipf"
