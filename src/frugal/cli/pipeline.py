@@ -321,7 +321,7 @@ def _bench(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    document = run_pipeline_bench(config, out, progress=progress)
+    document = run_pipeline_bench(config, out, progress=progress).document
     print(json.dumps(document["summary"], indent=1))
     print(f"wrote {out / 'results.json'}", file=sys.stderr)
     return 0

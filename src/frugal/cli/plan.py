@@ -119,8 +119,8 @@ def _bench(args: argparse.Namespace) -> int:
     preset = config_to_dict(PlanBenchConfig.quick()) if args.quick else None
     config = load_config(PlanBenchConfig, args.config, args.overrides, base=preset)
     out = output_folder(args.out)
-    document = run_plan_bench(config, out, progress=lambda line: print(line, file=sys.stderr))
-    print(json.dumps(document["summary"], indent=1))
+    result = run_plan_bench(config, out, progress=lambda line: print(line, file=sys.stderr))
+    print(json.dumps(result.document["summary"], indent=1))
     print(f"wrote {out / 'results.json'}", file=sys.stderr)
     return 0
 
@@ -139,7 +139,7 @@ def _validate(args: argparse.Namespace) -> int:
     preset = config_to_dict(quick()) if args.quick else None
     config = load_config(Config, args.config, args.overrides, base=preset)
     out = output_folder(args.out)
-    document = run_plan_validation(config, out, progress=lambda line: print(line, file=sys.stderr))
-    print(json.dumps(document["summary"], indent=1))
+    result = run_plan_validation(config, out, progress=lambda line: print(line, file=sys.stderr))
+    print(json.dumps(result.document["summary"], indent=1))
     print(f"wrote {out / 'results.json'}", file=sys.stderr)
     return 0

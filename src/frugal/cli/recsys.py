@@ -126,7 +126,7 @@ def _bench(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    document = run_recsys_bench(config, out, progress=progress)
+    document = run_recsys_bench(config, out, progress=progress).document
     print(json.dumps(document["summary"], indent=1))
     print(f"wrote {out / 'results.json'}", file=sys.stderr)
     return 0

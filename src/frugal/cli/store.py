@@ -55,7 +55,7 @@ def _bench(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    document = run_store_bench(config, out, progress=progress)
+    document = run_store_bench(config, out, progress=progress).document
     print(json.dumps(document["summary"], indent=1))
     print(f"wrote {out / 'results.json'}", file=sys.stderr)
     failed = [r for r in document["rows"] if r.get("status") != "ok"]

@@ -133,7 +133,7 @@ def _bench(args: argparse.Namespace) -> int:
             if line.endswith("s") and "done" in line:
                 progress.console.print(line)
 
-        document = run_tgraph_bench(config, out, progress=report)
+        document = run_tgraph_bench(config, out, progress=report).document
     print(json.dumps(document["summary"]["datasets"], indent=1))
     print(f"wrote {out / 'results.json'}", file=sys.stderr)
     return 0
