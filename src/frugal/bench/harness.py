@@ -382,7 +382,7 @@ def run_cell(
             else:
                 error = payload
         else:
-            status, error = "timeout", f"over {timeout_s:.0f} s; killed"
+            status, error = "timeout", f"over {timeout_s:g} s; killed"
             process.kill()
     except EOFError:
         status = "error"

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from frugal.bench.harness import (
+    Bench,
     BenchResult,
     Preset,
     Progress,
@@ -871,7 +872,7 @@ class PipelineBench:
         return run_pipeline_bench(config, out_dir, progress=progress)
 
 
-PIPELINE_BENCH = PipelineBench()
+PIPELINE_BENCH: Bench[PipelineBenchConfig, PipelineSummary] = PipelineBench()
 """The pipeline bench, as `frugal reproduce` runs it."""
 
 

@@ -34,6 +34,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from frugal.bench.harness import (
+    Bench,
     BenchResult,
     Preset,
     Progress,
@@ -241,7 +242,7 @@ class PlanBench:
         return run_plan_bench(config, out_dir, progress=progress)
 
 
-PLAN_BENCH = PlanBench()
+PLAN_BENCH: Bench[PlanBenchConfig, PlannerSummary] = PlanBench()
 """The planner bench, as `frugal reproduce` runs it."""
 
 

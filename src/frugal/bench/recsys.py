@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from frugal.bench.harness import BenchResult, Preset, Progress, Summary, write_bench_results
+from frugal.bench.harness import Bench, BenchResult, Preset, Progress, Summary, write_bench_results
 from frugal.config import check_types
 from frugal.recsys.config import Mode, RecsysTrainConfig
 from frugal.recsys.datasets import DatasetName, RecsysDataConfig, teacher_auc
@@ -409,5 +409,5 @@ class RecsysBench:
         return run_recsys_bench(config, out_dir, progress=progress)
 
 
-RECSYS_BENCH = RecsysBench()
+RECSYS_BENCH: Bench[RecsysBenchConfig, RecsysSummary] = RecsysBench()
 """The recsys bench, as `frugal reproduce` runs it."""

@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from frugal._libc import fixed_mmap_threshold
 from frugal.bench.harness import (
+    Bench,
     BenchResult,
     Preset,
     Progress,
@@ -840,5 +841,5 @@ class StoreBench:
         return run_store_bench(config, out_dir, progress=progress)
 
 
-STORE_BENCH = StoreBench()
+STORE_BENCH: Bench[StoreBenchConfig, StoreSummary] = StoreBench()
 """The store bench, as `frugal reproduce` runs it."""

@@ -26,6 +26,7 @@ import numpy as np
 from frugal import FrugalError
 from frugal._libc import keep_freed_memory
 from frugal.bench.harness import (
+    Bench,
     BenchResult,
     Preset,
     Progress,
@@ -496,7 +497,7 @@ class TgraphBench:
         return run_tgraph_bench(config, out_dir, progress=progress)
 
 
-TGRAPH_BENCH = TgraphBench()
+TGRAPH_BENCH: Bench[TgraphBenchConfig, TgraphSummary] = TgraphBench()
 """The tgraph bench, as `frugal reproduce` runs it."""
 
 
