@@ -95,7 +95,6 @@ __all__ = [
     "PipelineBenchConfig",
     "PipelineSummary",
     "TorchPipeliningSummary",
-    "quick",
     "run_pipeline_bench",
 ]
 
@@ -259,11 +258,6 @@ class PipelineBenchConfig:
             torch_pipelining=(),
             dp=replace(quick.dp, enabled=False),
         )
-
-
-def quick() -> PipelineBenchConfig:
-    """The `--quick` preset (what `frugal reproduce --quick` runs)."""
-    return PipelineBenchConfig.quick()
 
 
 def _quality_job(train: PipelineTrainConfig) -> LocalResult:
