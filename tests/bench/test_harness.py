@@ -97,7 +97,7 @@ def test_results_file_round_trip_and_a_clear_error_on_a_bad_one(tmp_path: Path) 
     document = json.loads(path.read_text())
     del document["summary"]["lookahead"]
     path.write_text(json.dumps(document))
-    with pytest.raises(ValueError, match=r"results\.json: StoreSummary .*lacks .*lookahead"):
+    with pytest.raises(ValueError, match=r"json: StoreSummary lacks StoreSummary\.lookahead;"):
         load_bench_result(path, StoreSummary)
 
 

@@ -188,8 +188,9 @@ def _parse_dataclass(cls: type[Any], value: Any, where: str) -> Any:
             problems.append(f"lacks {', '.join(f'{where}.{n}' for n in missing)}")
         if unknown:
             problems.append(f"has unknown {', '.join(f'{where}.{k}' for k in unknown)}")
+        name = where if where == cls.__name__ else f"{where} ({cls.__name__})"
         raise ValueError(
-            f"{where} ({cls.__name__}) {' and '.join(problems)}; its keys are "
+            f"{name} {' and '.join(problems)}; its keys are "
             f"{', '.join(names)}. A results.json of another frugal version? Measure it again."
         )
     return cls(**{n: _parse(hints[n], value[n], f"{where}.{n}") for n in names})

@@ -160,7 +160,10 @@ def _load_finished(part: Part, folder: Path) -> BenchResult[Any]:
             (a results.json written by other code: delete the part's folder to measure again).
         TypeError: If a summary value has the wrong type.
     """
-    return load_bench_result(folder / "results.json", part.summary_type())
+    try:
+        return load_bench_result(folder / "results.json", part.summary_type())
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{exc} (delete {folder} to measure the part again)") from exc
 
 
 def run_reproduce(
