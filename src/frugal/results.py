@@ -18,6 +18,7 @@ from frugal.config import config_to_dict, config_to_json
 
 __all__ = [
     "BenchJournal",
+    "clean_json",
     "environment",
     "git_commit",
     "results_document",
@@ -65,14 +66,14 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def _clean(value: Any) -> Any:
-    """JSON has no NaN/inf: write them as null."""
+def clean_json(value: Any) -> Any:
+    """`value` with every non-finite float (JSON has no NaN/inf) replaced by None."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: clean_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     return value
 
 
@@ -84,7 +85,7 @@ def results_document(
     Raises:
         TypeError: If `config` is not a Config dataclass.
     """
-    document: dict[str, Any] = _clean(
+    document: dict[str, Any] = clean_json(
         {
             "benchmark": benchmark,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -197,7 +198,7 @@ class BenchJournal:
         """
         self.finished[cell] = value
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        entry = {"config": self.key, "cell": cell, "value": _clean(value)}
+        entry = {"config": self.key, "cell": cell, "value": clean_json(value)}
         line = (json.dumps(entry, default=_plain) + "\n").encode()
         descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:

@@ -28,7 +28,7 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
         quality_workers=1, torch_pipelining=("gpipe",), dp=DPBenchConfig(enabled=False),
         llm=LLMBenchConfig(enabled=False),
     )  # fmt: skip
-    document = run_pipeline_bench(config, tmp_path)
+    document = run_pipeline_bench(config, tmp_path).document
     saved = json.loads((tmp_path / "results.json").read_text())
     # 2 methods at one rho, our FP32 unshaped, torch.distributed.pipelining GPipe (unshaped)
     assert saved["benchmark"] == "pipeline" and len(saved["rows"]) == 4

@@ -69,5 +69,5 @@ def test_dp_bench_section_rows_and_summary() -> None:
     # 2-bit activations, 4-bit gradients, 8-bit momentum: far fewer bytes both ways.
     assert ours["pipeline_bytes_per_step"] < fp32["pipeline_bytes_per_step"] / 5
     assert ours["dp_bytes_per_step"] < fp32["dp_bytes_per_step"] / 3.9
-    assert summary["dp_bytes_match_analytic"] is True
-    assert summary["dp_speedup_at_slowest"] == ours["speedup_vs_fp32"]
+    assert summary.dp_bytes_match_analytic is True
+    assert summary.dp_speedup_at_slowest == ours["speedup_vs_fp32"]

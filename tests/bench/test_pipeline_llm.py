@@ -73,13 +73,11 @@ def test_llm_section_measures_fp32_and_aqsgd_with_exact_bytes() -> None:
         assert row["bandwidth_mbps"] > 0 and len(row["stage_compute_ms"]) == 4
     fp32, aqsgd = rows
     assert fp32["speedup_vs_fp32"] == 1.0
-    assert summary["llm_speedup_at_slowest"] == aqsgd["speedup_vs_fp32"]
-    assert summary["llm_bytes_match_analytic"] is True
-    assert summary["llm_model"] == "tiny-gpt" and summary["llm_layers"] == [1, 1, 1, 1]
-    assert len(summary["llm_calibration_ms"]) == 1 and math.isfinite(
-        summary["llm_calibration_ms"][0]
-    )
-    low, high = summary["llm_speedup_range"]
+    assert summary.llm_speedup_at_slowest == aqsgd["speedup_vs_fp32"]
+    assert summary.llm_bytes_match_analytic is True
+    assert summary.llm_model == "tiny-gpt" and summary.llm_layers == [1, 1, 1, 1]
+    assert len(summary.llm_calibration_ms) == 1 and math.isfinite(summary.llm_calibration_ms[0])
+    low, high = summary.llm_speedup_range
     assert low == high == pytest.approx(aqsgd["speedup_vs_fp32"])
 
 

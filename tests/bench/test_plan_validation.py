@@ -163,7 +163,7 @@ def test_validation_runs_each_plan_as_planned(tmp_path: Path) -> None:
         timeout_s=120.0,
     )
     lines: list[str] = []
-    document = run_plan_validation(config, tmp_path, progress=lines.append)
+    document = run_plan_validation(config, tmp_path, progress=lines.append).document
     rows = document["rows"]
     assert [r["method"] for r in rows] == ["megatron_default", "worst"]
     stored = json.loads((tmp_path / "results.json").read_text())

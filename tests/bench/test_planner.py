@@ -16,7 +16,7 @@ def test_smallest_plan_bench(tmp_path: Path) -> None:
         scenarios=("world",), num_layers=(24,), global_batches=(1024,), budget=5,
         random_seeds=(2022,), convergence_budget=5, convergence_scenarios=("world",),
     )  # fmt: skip
-    document = run_plan_bench(config, tmp_path)
+    document = run_plan_bench(config, tmp_path).document
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["benchmark"] == "plan"
     iteration_rows = [r for r in saved["rows"] if r.get("objective") != "paper"]

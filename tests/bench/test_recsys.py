@@ -43,31 +43,31 @@ def test_summary_ratios_and_gaps() -> None:
         _row("async", 16, 0.690, 310.0),
     ]
     summary = _summary(config, rows)
-    entry = summary["datasets"]["criteo_zipf"]
-    assert summary["staleness"] == 4 and summary["rtt_ms"] == 5.0
-    assert entry["auc_gap_hybrid_vs_sync"] == pytest.approx(-0.001)
-    assert entry["auc_gap_async_vs_sync"] == pytest.approx(-0.005)
-    assert entry["throughput_hybrid_over_sync"] == pytest.approx(2.5)
-    assert entry["max_abs_auc_gap_hybrid_k_le_16"] == pytest.approx(0.0015)
-    assert entry["max_abs_auc_gap_hybrid_k_le_16_seed_mean"] == pytest.approx(0.0015)
+    entry = summary.datasets["criteo_zipf"]
+    assert summary.staleness == 4 and summary.rtt_ms == 5.0
+    assert entry.auc_gap_hybrid_vs_sync == pytest.approx(-0.001)
+    assert entry.auc_gap_async_vs_sync == pytest.approx(-0.005)
+    assert entry.throughput_hybrid_over_sync == pytest.approx(2.5)
+    assert entry.max_abs_auc_gap_hybrid_k_le_16 == pytest.approx(0.0015)
+    assert entry.max_abs_auc_gap_hybrid_k_le_16_seed_mean == pytest.approx(0.0015)
     # Two seeds: the per-run maximum vs the largest gap of the seed means (sync 0.7005).
     seeds = replace(config, seeds=(0, 1))
     second = [r | {"seed": 1} for r in rows]
     second[0]["test_auc"], second[2]["test_auc"] = 0.701, 0.7005
-    two = _summary(seeds, rows + second)["datasets"]["criteo_zipf"]
-    assert two["max_abs_auc_gap_hybrid_k_le_16"] == pytest.approx(0.002)  # seed 1, K = 4
-    assert two["max_abs_auc_gap_hybrid_k_le_16_seed_mean"] == pytest.approx(0.0015)  # K = 4
-    assert entry["mean_auc_gap_hybrid_minus_async_k_ge_16"] == pytest.approx(0.0085)
-    assert summary["staleness_within_bound"] is True
+    two = _summary(seeds, rows + second).datasets["criteo_zipf"]
+    assert two.max_abs_auc_gap_hybrid_k_le_16 == pytest.approx(0.002)  # seed 1, K = 4
+    assert two.max_abs_auc_gap_hybrid_k_le_16_seed_mean == pytest.approx(0.0015)  # K = 4
+    assert entry.mean_auc_gap_hybrid_minus_async_k_ge_16 == pytest.approx(0.0085)
+    assert summary.staleness_within_bound is True
     rows[1]["max_staleness_seen"] = 16
-    assert _summary(config, rows)["staleness_within_bound"] is False
+    assert _summary(config, rows).staleness_within_bound is False
     # async measured at K = 16 only: its summary entries use that K
     only16 = replace(config, async_staleness=(16,))
     summary = _summary(only16, [r for r in rows if r["staleness"] != 4 or r["mode"] != "async"])
-    assert summary["async_staleness"] == 16
-    entry = summary["datasets"]["criteo_zipf"]
-    assert entry["auc_gap_async_vs_sync"] == pytest.approx(-0.010)
-    assert entry["throughput_async_over_sync"] == pytest.approx(3.1)
+    assert summary.async_staleness == 16
+    entry = summary.datasets["criteo_zipf"]
+    assert entry.auc_gap_async_vs_sync == pytest.approx(-0.010)
+    assert entry.throughput_async_over_sync == pytest.approx(3.1)
 
 
 def test_bench_config_needs_sync() -> None:

@@ -32,7 +32,7 @@ def test_smallest_bench_writes_complete_results(tmp_path: Path) -> None:
         staleness_bounds=(0, 2),
         compute_ms=0.0,
     )
-    document = run_store_bench(config, tmp_path)
+    document = run_store_bench(config, tmp_path).document
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["benchmark"] == "store"
     assert {"created", "frugal_version", "git_commit", "env", "config", "rows", "summary"} <= set(
@@ -72,8 +72,8 @@ def test_a_second_invocation_resumes_finished_cells(tmp_path: Path) -> None:
         staleness_bounds=(0,),
         compute_ms=0.0,
     )
-    first = run_store_bench(config, tmp_path)
-    second = run_store_bench(config, tmp_path)
+    first = run_store_bench(config, tmp_path).document
+    second = run_store_bench(config, tmp_path).document
     assert [r.get("resumed") for r in first["rows"]] == [None, None]
     assert [r.get("resumed") for r in second["rows"]] == [True, True]
     assert [r["table_sha256"] for r in second["rows"]] == [r["table_sha256"] for r in first["rows"]]
@@ -141,7 +141,7 @@ def test_bit_identity_needs_two_finished_systems() -> None:
         row("ram", "movielens100k", "c"),
         row("frugal", "movielens100k", "d"),
     ]
-    identical = _summary(rows, 4)["bit_identical_at_staleness_0"]
+    identical = _summary(rows, 4).bit_identical_at_staleness_0
     assert identical == {"criteo_zipf": None, "collegemsg": True, "movielens100k": False}
 
 

@@ -223,7 +223,7 @@ def _tiny_config(embedding_dim: int = 16, **changes: Any) -> TgraphBenchConfig:
 @pytest.mark.slow
 def test_tiny_bench_writes_rows_with_the_protocol_hash(tmp_path: Path) -> None:
     config = _tiny_config()
-    document = run_tgraph_bench(config, tmp_path)
+    document = run_tgraph_bench(config, tmp_path).document
     stored = json.loads((tmp_path / "results.json").read_text())
     assert stored["benchmark"] == "tgraph"
     rows = stored["rows"]
@@ -251,7 +251,7 @@ def test_tiny_bench_writes_rows_with_the_protocol_hash(tmp_path: Path) -> None:
         len(settings) == 1 and {r["protocol_settings"] for r in collect_rows(tmp_path)} == settings
     )
     # A second invocation on the same folder and config reuses every finished run.
-    again = run_tgraph_bench(config, tmp_path)["rows"]
+    again = run_tgraph_bench(config, tmp_path).rows
     assert all(r.get("resumed") for r in again)
     strip = ["resumed", "peak_rss_mib"]  # heuristics report the bench process's RSS
     assert [{k: v for k, v in r.items() if k not in strip} for r in again] == [
@@ -259,14 +259,14 @@ def test_tiny_bench_writes_rows_with_the_protocol_hash(tmp_path: Path) -> None:
     ]
     # Extending the sweep (one more model, a longer timeout) reruns only what is new.
     wider = replace(config, models=("jodie", "dyrep"), run_timeout_s=1234.0)
-    extended = run_tgraph_bench(wider, tmp_path)["rows"]
+    extended = run_tgraph_bench(wider, tmp_path).rows
     assert all(r.get("resumed") for r in extended if r["system"] != "dyrep")
     assert [r for r in extended if r["system"] == "dyrep"] and not any(
         r.get("resumed") for r in extended if r["system"] == "dyrep"
     )
     # Another protocol setting is another result: nothing is reused.
     other = replace(config, protocol=replace(config.protocol, train_batch_size=100))
-    assert not any(r.get("resumed") for r in run_tgraph_bench(other, tmp_path)["rows"])
+    assert not any(r.get("resumed") for r in run_tgraph_bench(other, tmp_path).rows)
 
 
 def test_tgraph_leaderboard_of_a_missing_folder_exits_2(
@@ -306,19 +306,19 @@ def test_pyg_reference_timing_is_journaled_and_kept_on_resume(tmp_path: Path) ->
         use_subprocess=False,
         pyg_reference_batches=7,
     )
-    first = run_tgraph_bench(config, tmp_path)
+    first = run_tgraph_bench(config, tmp_path).document
     (reference,) = [r for r in first["rows"] if r["system"] == "tgn_pyg_reference"]
     assert reference["dataset"] == "sp_hospital" and reference["timed_batches"] == 2 * 2
     assert reference["speedup"] == pytest.approx(
         reference["ours_train_events_per_s"] / reference["pyg_train_events_per_s"]
     )
     # A resumed bench reports the first timing, not a new one taken on a busier machine.
-    again = run_tgraph_bench(config, tmp_path)
+    again = run_tgraph_bench(config, tmp_path).document
     (resumed,) = [r for r in again["rows"] if r["system"] == "tgn_pyg_reference"]
     assert resumed.pop("resumed") is True and resumed == reference
     assert again["summary"]["tgn_vs_pyg_reference"] == first["summary"]["tgn_vs_pyg_reference"]
     # Another timing window is another measurement.
-    longer = run_tgraph_bench(replace(config, pyg_reference_batches=8), tmp_path)
+    longer = run_tgraph_bench(replace(config, pyg_reference_batches=8), tmp_path).document
     (retimed,) = [r for r in longer["rows"] if r["system"] == "tgn_pyg_reference"]
     assert "resumed" not in retimed and retimed["timed_batches"] == 2 * 3
 
@@ -334,7 +334,7 @@ def test_node_classification_bench_has_the_floor_row(tmp_path: Path) -> None:
         num_threads=1,
         compare_pyg_reference=False,
     )
-    rows = run_tgraph_bench(config, tmp_path)["rows"]
+    rows = run_tgraph_bench(config, tmp_path).rows
     with_nc = {r["system"] for r in rows if r.get("nc_auc") is not None}
     assert with_nc == {"popularity"}
     floor = next(r for r in rows if r["system"] == "popularity")
@@ -378,13 +378,13 @@ def test_benches_of_one_folder_split_the_seeds_and_the_full_bench_resumes_them(
     tmp_path: Path,
 ) -> None:
     config = _tiny_config(embedding_dim=8, use_subprocess=False)
-    seed_1 = run_tgraph_bench(replace(config, first_seed=1), tmp_path)["rows"]
+    seed_1 = run_tgraph_bench(replace(config, first_seed=1), tmp_path).rows
     jodie = {(r["seed"], r.get("resumed", False)) for r in seed_1 if r["system"] == "jodie"}
     assert jodie == {(1, False)}
     assert {r["seed"] for r in seed_1 if r["system"] == "edgebank"} == {0}  # heuristics: seed 0
-    seed_0 = run_tgraph_bench(config, tmp_path)["rows"]  # the other bench of the folder
+    seed_0 = run_tgraph_bench(config, tmp_path).rows  # the other bench of the folder
     assert {r["seed"] for r in seed_0 if r["system"] == "jodie" and not r.get("resumed")} == {0}
-    both = run_tgraph_bench(replace(config, num_seeds=2), tmp_path)
+    both = run_tgraph_bench(replace(config, num_seeds=2), tmp_path).document
     assert all(r.get("resumed") for r in both["rows"])
     assert {r["seed"] for r in both["rows"] if r["system"] == "jodie"} == {0, 1}
     assert both["summary"]["datasets"]["sp_hospital"]["models"]["jodie"]["num_seeds"] == 2

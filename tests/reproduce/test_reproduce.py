@@ -12,10 +12,18 @@ from typing import Any
 import pytest
 
 from frugal import FrugalError
+from frugal.bench.harness import BenchResult, Summary, write_bench_results
 from frugal.config import ConfigError
 from frugal.reproduce import PART_NAMES, ReproduceConfig, Verdict, get_part, run_reproduce
 from frugal.reproduce import parts as parts_module
 from frugal.reproduce.report import verdict_table
+from frugal.results import git_commit
+from tests.bench._summaries import pipeline_summary, planner_summary, store_summary
+
+
+def _result(summary: Summary, rows: list[dict[str, Any]] | None = None) -> BenchResult[Any]:
+    rows = rows or []
+    return BenchResult(summary=summary, rows=rows, document={"rows": rows})
 
 
 def test_verdict_met_follows_the_comparison_and_is_none_when_unmeasured() -> None:
@@ -53,18 +61,16 @@ def _store_row(system: str, ratio: float, lookahead: int, samples_per_s: float) 
 
 
 def test_store_verdicts_divide_the_right_cells() -> None:
-    document = {
-        "rows": [
-            _store_row("frugal", 0.10, 4, 900.0),
-            _store_row("frugal", 0.10, 0, 1.0),  # not the headline window
-            _store_row("rocksdb_offload", 0.10, 0, 200.0),
-            _store_row("mlkv", 0.10, 4, 600.0),
-            _store_row("frugal", 0.25, 4, 1000.0),
-            _store_row("ram", 0.25, 0, 2500.0),
-        ],
-        "summary": {"lookahead": 4, "bit_identical_at_staleness_0": {"criteo_zipf": True}},
-    }
-    verdicts = get_part("store").verdicts(document)
+    rows = [
+        _store_row("frugal", 0.10, 4, 900.0),
+        _store_row("frugal", 0.10, 0, 1.0),  # not the headline window
+        _store_row("rocksdb_offload", 0.10, 0, 200.0),
+        _store_row("mlkv", 0.10, 4, 600.0),
+        _store_row("frugal", 0.25, 4, 1000.0),
+        _store_row("ram", 0.25, 0, 2500.0),
+    ]
+    summary = store_summary(lookahead=4, bit_identical_at_staleness_0={"criteo_zipf": True})
+    verdicts = get_part("store").verdicts(_result(summary, rows))
     values = [v.value for v in verdicts]
     assert values == pytest.approx([4.5, 1.5, 0.4, 1.0])
     assert [v.met for v in verdicts] == [True, True, False, True]
@@ -72,33 +78,35 @@ def test_store_verdicts_divide_the_right_cells() -> None:
 
 
 def test_pipeline_verdicts_include_dp_and_torch_baseline_only_when_measured() -> None:
-    summary: dict[str, Any] = {
-        "slowest_link": "100mbps",
-        "speedup_at_slowest": 3.5,
-        "speedup_monotone": True,
-        "loss_gap_aqsgd_fw2": 0.004,
-        "loss_gap_directq_fw2": 0.02,
-        "max_sim_gap": 0.2,
-        "bytes_match_analytic": True,
-    }
+    summary = pipeline_summary(
+        slowest_link="100mbps",
+        speedup_at_slowest=3.5,
+        speedup_monotone_within_noise=True,
+        loss_gap_aqsgd_fw2=0.004,
+        loss_gap_directq_fw2=0.02,
+        max_sim_gap=0.2,
+        bytes_match_analytic=True,
+        quality_start="scratch",  # "pre-trained" below names the LLM claim only
+    )
     part = get_part("pipeline")
-    base = part.verdicts({"rows": [], "summary": summary})
+    base = part.verdicts(_result(summary))
     assert [v.met for v in base] == [True, True, True, True, False, True]
-    summary |= {
-        "dp_speedup_at_slowest": 2.5,
-        "torch_pipelining_tokens_per_s": {"gpipe": 100.0},
-        "speedup_vs_torch_pipelining": 1.2,
-    }
-    extra = part.verdicts({"rows": [], "summary": summary})[len(base) :]
+    summary = replace(
+        summary,
+        dp_speedup_at_slowest=2.5,
+        torch_pipelining_tokens_per_s={"gpipe": 100.0},
+        speedup_vs_torch_pipelining=1.2,
+    )
+    extra = part.verdicts(_result(summary))[len(base) :]
     assert [(v.value, v.met) for v in extra] == [(2.5, False), (1.2, True)]
-    with_llm = part.verdicts({"rows": [], "summary": summary | {"llm_speedup_at_slowest": 3.2}})
+    with_llm = part.verdicts(_result(replace(summary, llm_speedup_at_slowest=3.2)))
     llm = [v for v in with_llm if "pre-trained" in v.claim]
     assert [(v.value, v.met) for v in llm] == [(3.2, True)]
     assert "smollm2-135m" in llm[0].claim and "100mbps" in llm[0].claim
-    skipped = part.verdicts({"rows": [], "summary": summary | {"llm_skipped": "no wheel"}})
+    skipped = part.verdicts(_result(replace(summary, llm_skipped="no wheel")))
     assert [v.met for v in skipped if "pre-trained" in v.claim] == [None]  # not measured
-    both = summary | {"speedup_vs_torch_pipelining_by_schedule": {"gpipe": 1.2, "1f1b": 0.9}}
-    torch_verdict = [v for v in part.verdicts({"rows": [], "summary": both}) if "torch" in v.claim]
+    both = replace(summary, speedup_vs_torch_pipelining_by_schedule={"gpipe": 1.2, "1f1b": 0.9})
+    torch_verdict = [v for v in part.verdicts(_result(both)) if "torch" in v.claim]
     assert [(v.value, v.met) for v in torch_verdict] == [(0.9, False)]  # the worst schedule
     assert "gpipe, 1f1b" in torch_verdict[0].claim
     assert [v.met for v in skipped if "pre-trained" in v.claim] == [None]  # not measured
@@ -106,8 +114,7 @@ def test_pipeline_verdicts_include_dp_and_torch_baseline_only_when_measured() ->
 
 def test_planner_verdicts_average_the_random_seeds() -> None:
     cell = {"scenario": "world", "num_layers": 24, "global_batch": 1024, "status": "ok"}
-    document = {
-        "rows": [
+    rows = [
             cell | {"method": "ours", "predicted_iteration_s": 10.0},
             cell | {"method": "megatron_random", "predicted_iteration_s": 40.0},
             cell | {"method": "megatron_random", "predicted_iteration_s": 60.0},
@@ -118,13 +125,9 @@ def test_planner_verdicts_average_the_random_seeds() -> None:
             cell | {"num_layers": 40, "method": "dtfm_ga", "predicted_iteration_s": 19.0},
             {"scenario": "world", "method": "ours", "objective": "paper", "paper_cost_s": 5.0},
             {"scenario": "world", "method": "dtfm_ga", "objective": "paper", "paper_cost_s": 4.0},
-        ],
-        "summary": {
-            "search_s_world": 2.0,
-            "validation": {"sim_vs_measured_max_error": 0.25, "ranking_matches": True},
-        },
-    }
-    verdicts = get_part("planner").verdicts(document)
+    ]  # fmt: skip
+    summary = planner_summary(search_s_world=2.0)  # validation: max error 0.25, ranking matches
+    verdicts = get_part("planner").verdicts(_result(summary, rows))
     # ..., GA vs ours under the iteration model (worst cell: 19 / 20), under the paper's cost
     assert [v.value for v in verdicts] == pytest.approx([5.0, 3.0, 0.8, 0.95, 0.8, 0.25, 1.0, 2.0])
     assert [v.met for v in verdicts] == [True, True, False, False, False, False, True, True]
@@ -140,6 +143,37 @@ def test_verdict_table_has_one_row_per_verdict_and_names_the_baseline() -> None:
     assert "not measured" in lines[3]
     piped = verdict_table([replace(verdict, claim="|a - b| <= 1")])[2]
     assert "\\|a - b\\| <= 1" in piped and piped.count(" | ") == 6
+
+
+def test_a_resumed_part_whose_summary_lacks_a_field_fails_instead_of_not_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(mode: str, out: Path, progress: Any) -> BenchResult[Any]:
+        raise AssertionError("a finished part is read back, not run again")
+
+    monkeypatch.setitem(
+        parts_module._PARTS, "store", replace(parts_module._PARTS["store"], run=never)
+    )
+    folder = tmp_path / "parts" / "store"
+    rows = [_store_row("frugal", 0.10, 4, 900.0), _store_row("rocksdb_offload", 0.10, 0, 200.0)]
+    config = ReproduceConfig(mode="smoke", only=("store",))
+    written = write_bench_results("store", config, rows, store_summary(), folder / "results.json")
+    marker = {"mode": "smoke", "status": "ok", "git_commit": git_commit(), "wall_s": 1.0}
+    (folder / "part.json").write_text(json.dumps(marker))
+    # Intact, the part comes back with its verdicts.
+    _, outcomes = run_reproduce(config, tmp_path, show_progress=False)
+    assert outcomes[0].resumed and outcomes[0].status == "ok"
+    assert outcomes[0].verdicts[0].value == pytest.approx(4.5)
+    # A renamed key: the part fails and says which key, its claims are not "not measured".
+    document = written.document
+    document["summary"]["speedup_vs_rocksdb"] = document["summary"].pop(
+        "speedup_vs_rocksdb_offload"
+    )
+    (folder / "results.json").write_text(json.dumps(document))
+    report, outcomes = run_reproduce(config, tmp_path, show_progress=False)
+    assert outcomes[0].status == "failed" and outcomes[0].verdicts == ()
+    assert "lacks StoreSummary.speedup_vs_rocksdb_offload" in (outcomes[0].error or "")
+    assert report["summary"]["parts_failed"] == ["store"]
 
 
 @pytest.mark.slow

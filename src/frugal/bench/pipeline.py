@@ -62,6 +62,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from frugal.bench.harness import (
+    Bench,
+    BenchResult,
+    Preset,
+    Progress,
+    Summary,
+    median,
+    write_bench_results,
+)
 from frugal.bench.pipeline_dp import DPBenchConfig, run_dp_section
 from frugal.bench.pipeline_llm import LLMBenchConfig, run_llm_section
 from frugal.comm.link import RHO_POINTS
@@ -79,9 +88,15 @@ from frugal.pipeline.train import (
     rho_label,
     train_local,
 )
-from frugal.results import results_document, write_results
 
-__all__ = ["PipelineBenchConfig", "quick", "run_pipeline_bench"]
+__all__ = [
+    "PIPELINE_BENCH",
+    "PipelineBench",
+    "PipelineBenchConfig",
+    "PipelineSummary",
+    "TorchPipeliningSummary",
+    "run_pipeline_bench",
+]
 
 _QUICK_METHODS = ("fp32", "fp16", "directq:fw2,bw4", "aqsgd:fw2,bw4", "aqsgd:fw2,bw4:row")
 _FULL_METHODS = (
@@ -219,10 +234,30 @@ class PipelineBenchConfig:
             llm=LLMBenchConfig(enabled=False),
         )
 
+    @classmethod
+    def preset(cls, preset: Preset) -> PipelineBenchConfig:
+        """The sizes `frugal reproduce` runs: `full` the default, `quick` is `quick()`.
 
-def quick() -> PipelineBenchConfig:
-    """The `--quick` preset (what `frugal reproduce --quick` runs)."""
-    return PipelineBenchConfig.quick()
+        `smoke`: `quick()` with 64 training windows, FP32 and AQ-SGD fw2/bw4 only, the fastest
+        and slowest rho, 2 epochs, 2 speed steps in 1 round, no torch.pipelining and no DP.
+        """
+        if preset == "full":
+            return cls()
+        quick = cls.quick()
+        if preset == "quick":
+            return quick
+        return replace(
+            quick,
+            train=replace(quick.train, num_train=64, num_eval=16, num_microbatches=4),
+            methods=("fp32", "aqsgd:fw2,bw4"),
+            rhos=(min(quick.rhos), max(quick.rhos)),
+            epochs=2,
+            pretrain_windows=256,
+            speed_steps=2,
+            speed_rounds=1,
+            torch_pipelining=(),
+            dp=replace(quick.dp, enabled=False),
+        )
 
 
 def _quality_job(train: PipelineTrainConfig) -> LocalResult:
@@ -297,12 +332,17 @@ def _quality_runs(
 def run_pipeline_bench(
     config: PipelineBenchConfig,
     out_dir: Path,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+    progress: Progress | None = None,
+) -> BenchResult[PipelineSummary]:
     """Run the bench and write `results.json` and `loss_curves.png` into `out_dir`.
 
+    Args:
+        config: Methods, rho points, sizes and the optional sections.
+        out_dir: Output folder (created).
+        progress: Called with one line per finished step.
+
     Returns:
-        The results document (rows and summary as documented in the module).
+        The typed summary, the rows (as documented in the module) and the results document.
 
     Raises:
         PipelineError: If the torchrun launch fails or times out.
@@ -371,9 +411,9 @@ def run_pipeline_bench(
         # the compute pooled over all rounds can mis-estimate a cell when the machine's speed
         # drifts between rounds.)
         bandwidths = [rnd[0]["bandwidth_bits_per_s"] or math.inf for rnd in rounds]
-        bandwidth = statistics.median(bandwidths)
+        bandwidth = median(bandwidths)
         round_sim_s = _simulate_rounds(train.schedule, m, rounds, act, grad, bandwidths, cores)
-        sim_step_s = statistics.median(round_sim_s)
+        sim_step_s = median(round_sim_s)
         spec = CodecSpec.parse(method)
         result = quality[method]
         # Per quality step: simulated time with the bytes that step sent.
@@ -411,7 +451,7 @@ def run_pipeline_bench(
                 "link_mbps_by_round": [b / 1e6 if math.isfinite(b) else None for b in bandwidths],
                 "tokens_per_s": tokens_per_step / measured_s,
                 "tokens_per_s_by_round": [
-                    tokens_per_step / statistics.median(steps) for steps in round_step_s
+                    tokens_per_step / median(steps) for steps in round_step_s
                 ],
                 "step_time_ms": measured_s * 1e3,
                 "bytes_per_step": sum(map(sum, act)) + sum(map(sum, grad)),
@@ -431,45 +471,45 @@ def run_pipeline_bench(
             f"{rows[-1]['simulated_tokens_per_s']:.0f})"
         )
 
-    summary = _summary(rows, config)
+    summary: dict[str, Any] = _summary(rows, config)
     summary["sim_speedup_free_codec_at_slowest"] = _free_codec_speedup(
         rows, compute_by_cell, config, cores
     )
     summary["sim_num_cores"] = cores
     summary["calibration_ms"] = [1e3 * c for c in by_stage[0].get("calibration_s", [])]
     summary["quality_start"] = "fine-tune" if pretraining else "scratch"
-    if pretraining is not None:
-        summary["pretraining"] = pretraining
+    summary["pretraining"] = pretraining
     if config.torch_pipelining:
         say(f"baseline: torch.distributed.pipelining {', '.join(config.torch_pipelining)}")
         baseline_rows, baseline_summary = torch_pipelining_rows(config, rows)
         rows.extend(baseline_rows)
-        summary.update(baseline_summary)
+        summary.update(baseline_summary.to_dict())
     if config.dp.enabled:  # the main bench has no DP replicas: its own launch, 2 x 2 ranks
         dp_rows, dp_summary = run_dp_section(config.dp, train, say)
         rows.extend(dp_rows)
-        summary.update(dp_summary)
+        summary.update(dp_summary.to_dict())
     if config.llm.enabled:  # the paper's regime: a pre-trained LM, several wide blocks a stage
         from frugal import FrugalError
 
         try:
-            llm_rows, llm_summary = run_llm_section(config.llm, train.schedule, say)
+            llm_rows, llm_section = run_llm_section(config.llm, train.schedule, say)
+            summary.update(llm_section.to_dict())
         except (FrugalError, ValueError, OSError) as exc:  # e.g. no model wheel: keep the rest
             say(f"llm section skipped: {exc}")
-            llm_rows, llm_summary = [], {"llm_skipped": f"{type(exc).__name__}: {exc}"}
+            llm_rows = []
+            summary["llm_skipped"] = f"{type(exc).__name__}: {exc}"
         rows.extend(llm_rows)
-        summary.update(llm_summary)
-    document = results_document("pipeline", config, rows, summary)
+    typed = PipelineSummary(**summary)  # a key no field names is a TypeError here
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_results(out_dir / "results.json", document)
+    written = write_bench_results("pipeline", config, rows, typed, out_dir / "results.json")
     (out_dir / "speed_ranks.json").write_text(json.dumps(ranks))
-    _plot(quality, out_dir / "loss_curves.png", summary["quality_start"])
-    return document
+    _plot(quality, out_dir / "loss_curves.png", typed.quality_start)
+    return written
 
 
 def torch_pipelining_rows(
     config: PipelineBenchConfig, rows: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], TorchPipeliningSummary]:
     """Run the torch.distributed.pipelining baseline head to head; its rows and summary keys.
 
     In each of `speed_rounds` rounds, our FP32 runtime (unshaped) and torch's schedules are
@@ -528,8 +568,8 @@ def torch_pipelining_rows(
             reason = f"torch.distributed.pipelining failed or hung: {exc}"
     measured: dict[str, dict[str, Any]] = {
         name: {
-            "tokens_per_s": tokens_per_step / statistics.median(steps),
-            "step_time_ms": 1e3 * statistics.median(steps),
+            "tokens_per_s": tokens_per_step / median(steps),
+            "step_time_ms": 1e3 * median(steps),
             "losses": first_losses.get(name, []),
         }
         for name, steps in steps_by_side.items()
@@ -568,23 +608,23 @@ def torch_pipelining_rows(
         for name in config.torch_pipelining
         if name in measured and f"ours:{name}" in measured
     }
-    summary: dict[str, Any] = {
-        "torch_pipelining_tokens_per_s": {
+    summary = TorchPipeliningSummary(
+        torch_pipelining_tokens_per_s={
             k: v["tokens_per_s"] for k, v in measured.items() if not k.startswith("ours:")
         },
-        "fp32_head_to_head_tokens_per_s_by_schedule": {
+        fp32_head_to_head_tokens_per_s_by_schedule={
             k.removeprefix("ours:"): v["tokens_per_s"]
             for k, v in measured.items()
             if k.startswith("ours:")
         },
-        "speedup_vs_torch_pipelining_by_schedule": by_schedule,
-        "fp32_unshaped_tokens_per_s": ours_cell["tokens_per_s"] if ours_cell else None,
-        "fp32_head_to_head_tokens_per_s": head_to_head["tokens_per_s"] if head_to_head else None,
-        "speedup_vs_torch_pipelining": head_to_head["tokens_per_s"] / theirs["tokens_per_s"]
+        speedup_vs_torch_pipelining_by_schedule=by_schedule,
+        fp32_unshaped_tokens_per_s=ours_cell["tokens_per_s"] if ours_cell else None,
+        fp32_head_to_head_tokens_per_s=head_to_head["tokens_per_s"] if head_to_head else None,
+        speedup_vs_torch_pipelining=head_to_head["tokens_per_s"] / theirs["tokens_per_s"]
         if head_to_head and theirs
         else None,
-        "torch_pipelining_skipped": reason,
-    }
+        torch_pipelining_skipped=reason,
+    )
     return out_rows, summary
 
 
@@ -699,7 +739,7 @@ def _effective_cores(by_stage: list[dict[str, Any]], schedule: str) -> float:
     """
     # rounds[i][stage]: stage's calibration run of round i.
     rounds = [list(col) for col in zip(*(r["calibrations"] for r in by_stage), strict=True)]
-    wall = statistics.median(
+    wall = median(
         max(c["step_s"][i] for c in calib)
         for calib in rounds
         for i in range(1, len(calib[0]["step_s"]))
@@ -726,7 +766,108 @@ def _effective_cores(by_stage: list[dict[str, Any]], schedule: str) -> float:
 
 def _median_by_rank(rounds: list[list[dict[str, Any]]], key: str) -> list[float]:
     """Per rank (stage), the median over rounds of `key`; rounds[i][stage] is a rank's run."""
-    return [statistics.median(o[key] for o in col) for col in zip(*rounds, strict=True)]
+    return [median(o[key] for o in col) for col in zip(*rounds, strict=True)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TorchPipeliningSummary(Summary):
+    """The torch.distributed.pipelining head-to-head keys of the pipeline bench's summary."""
+
+    torch_pipelining_tokens_per_s: dict[str, float]
+    """torch's tokens/s per schedule."""
+    fp32_head_to_head_tokens_per_s_by_schedule: dict[str, float]
+    """Ours (FP32, launched like torch's) per schedule."""
+    speedup_vs_torch_pipelining_by_schedule: dict[str, float]
+    fp32_unshaped_tokens_per_s: float | None
+    """Ours from the speed cells (unshaped link)."""
+    fp32_head_to_head_tokens_per_s: float | None
+    speedup_vs_torch_pipelining: float | None
+    """Ours over torch's on the bench's own schedule."""
+    torch_pipelining_skipped: str | None
+    """Why a launch failed or hung; None when all ran."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineSummary(Summary):
+    """The `"summary"` of `frugal pipeline bench`'s `results.json` (see the module).
+
+    The keys of a section that did not run (torch.pipelining, DP, LLM) are None. Loss gaps are
+    relative to FP32's final eval loss (`loss / fp32 - 1`); speed-ups are tokens/s over FP32's
+    at the same link.
+    """
+
+    slowest_link: str
+    speedup_at_slowest: float | None
+    """AQ-SGD fw2/bw4 over FP32 at the slowest link."""
+    speedup_by_link: dict[str, float]
+    speedup_monotone: bool
+    """The speed-up grows strictly as the bandwidth falls."""
+    speedup_range_by_link: dict[str, list[float]]
+    """[min, max] of the per-round speed-ups per link."""
+    speedup_monotone_within_noise: bool
+    """No slower link's round range lies wholly below a faster one's."""
+    loss_gap_aqsgd_fw2: float | None
+    loss_gap_directq_fw2: float | None
+    loss_gap_ours_fw2: float | None
+    speedup_at_slowest_ours: float | None
+    loss_gap_ours_fv8: float | None
+    loss_gap_ours_ef: float | None
+    fp32_final_eval_loss: float
+    max_sim_gap: float
+    """max |measured / simulated tokens/s - 1| over the rho points."""
+    median_sim_gap: float
+    bytes_match_analytic: bool
+    """Every run's bytes on the wire equal the codecs' analytic sizes."""
+    sim_speedup_free_codec_at_slowest: float | None
+    sim_num_cores: float
+    calibration_ms: list[float]
+    """c per round, ms."""
+    quality_start: str
+    """"fine-tune" (from FP32 pre-trained weights) or "scratch"."""
+    pretraining: dict[str, Any] | None
+    """The FP32 pre-training's record; None when training from scratch."""
+    torch_pipelining_tokens_per_s: dict[str, float] | None = None
+    fp32_head_to_head_tokens_per_s_by_schedule: dict[str, float] | None = None
+    speedup_vs_torch_pipelining_by_schedule: dict[str, float] | None = None
+    fp32_unshaped_tokens_per_s: float | None = None
+    fp32_head_to_head_tokens_per_s: float | None = None
+    speedup_vs_torch_pipelining: float | None = None
+    torch_pipelining_skipped: str | None = None
+    dp_setup: str | None = None
+    dp_speedup_at_slowest: float | None = None
+    dp_speedup_aqsgd_only_at_slowest: float | None = None
+    dp_bytes_match_analytic: bool | None = None
+    llm_model: str | None = None
+    llm_slowest_link: str | None = None
+    llm_speedup_at_slowest: float | None = None
+    llm_speedup_range: list[float] | None = None
+    llm_tokens_per_s: dict[str, float] | None = None
+    llm_calibration_ms: list[float] | None = None
+    llm_bytes_match_analytic: bool | None = None
+    llm_layers: list[int] | None = None
+    llm_skipped: str | None = None
+    """Why the LLM section did not run (e.g. no model wheel); None otherwise."""
+
+
+class PipelineBench:
+    """`frugal.bench.pipeline` behind the `frugal.bench.harness.Bench` protocol."""
+
+    name = "pipeline"
+    summary_type = PipelineSummary
+
+    def preset(self, preset: Preset) -> PipelineBenchConfig:
+        """`PipelineBenchConfig.preset`."""
+        return PipelineBenchConfig.preset(preset)
+
+    def run(
+        self, config: PipelineBenchConfig, out_dir: Path, *, progress: Progress | None = None
+    ) -> BenchResult[PipelineSummary]:
+        """`run_pipeline_bench`."""
+        return run_pipeline_bench(config, out_dir, progress=progress)
+
+
+PIPELINE_BENCH: Bench[PipelineBenchConfig, PipelineSummary] = PipelineBench()
+"""The pipeline bench, as `frugal reproduce` runs it."""
 
 
 def _row(rows: list[dict[str, Any]], method: str, rho: float) -> dict[str, Any] | None:
@@ -782,7 +923,7 @@ def _summary(rows: list[dict[str, Any]], config: PipelineBenchConfig) -> dict[st
         if r["rho"] in config.rhos  # the rho points (not the unshaped FP32 row)
     ]
     out["max_sim_gap"] = max(gaps)
-    out["median_sim_gap"] = statistics.median(gaps)
+    out["median_sim_gap"] = median(gaps)
     out["bytes_match_analytic"] = all(
         r["bytes_per_step"] == r["analytic_bytes_per_step"] for r in rows
     )

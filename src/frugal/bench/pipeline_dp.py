@@ -23,13 +23,13 @@ References:
 from __future__ import annotations
 
 import math
-import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from frugal.bench.harness import Summary, median
 from frugal.comm.gradcomp import DP_METHODS, dp_wire_bytes
 from frugal.comm.link import RHO_POINTS
 from frugal.config import check_types
@@ -43,7 +43,7 @@ from frugal.pipeline.train import (
     rho_label,
 )
 
-__all__ = ["DPBenchConfig", "run_dp_section"]
+__all__ = ["DPBenchConfig", "DPSectionSummary", "run_dp_section"]
 
 _QUICK_PAIRS = (("fp32", "none"), ("aqsgd:fw2,bw4", "none"), ("aqsgd:fw2,bw4", "qadam"))
 _FULL_PAIRS = (
@@ -131,11 +131,24 @@ def _plan(path: Path, train: PipelineTrainConfig) -> Path:
     return path
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DPSectionSummary(Summary):
+    """The DP section's keys of the pipeline bench's summary (2 stages x 2 replicas)."""
+
+    dp_setup: str
+    dp_speedup_at_slowest: float | None
+    """AQ-SGD fw2/bw4 + qadam tokens/s over FP32 + fp32 all-reduce at the slowest link."""
+    dp_speedup_aqsgd_only_at_slowest: float | None
+    """AQ-SGD fw2/bw4 without DP compression over FP32 at the slowest link."""
+    dp_bytes_match_analytic: bool
+    """Every run's DP bytes equal the analytic size."""
+
+
 def run_dp_section(
     config: DPBenchConfig,
     train: PipelineTrainConfig,
     progress: Callable[[str], None] | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], DPSectionSummary]:
     """Run the DP section; return its rows and summary keys.
 
     Rows: section "dp", method, codec, dp_compression, rho, link, bandwidth_mbps, tokens_per_s,
@@ -175,7 +188,7 @@ def run_dp_section(
     rows: list[dict[str, Any]] = []
     for k, run in enumerate(runs):
         outs = [r["runs"][k] for r in ranks]
-        step_s = statistics.median(max(o["step_s"][i] for o in outs) for i in range(1, run.steps))
+        step_s = median(max(o["step_s"][i] for o in outs) for i in range(1, run.steps))
         pipe0 = [r["runs"][k] for r in ranks if r["replica"] == 0]
         last = run.steps - 1
         pipeline_bytes = sum(sum(o["activation_bytes"][last]) for o in pipe0) + sum(
@@ -215,12 +228,12 @@ def run_dp_section(
     slowest = max(config.rhos)
     ours = _find(rows, "aqsgd:fw2,bw4", "qadam", slowest)
     alone = _find(rows, "aqsgd:fw2,bw4", "none", slowest)
-    summary = {
-        "dp_setup": "2 stages x 2 replicas, pipeline and DP links at the same bandwidth",
-        "dp_speedup_at_slowest": ours["speedup_vs_fp32"] if ours else None,
-        "dp_speedup_aqsgd_only_at_slowest": alone["speedup_vs_fp32"] if alone else None,
-        "dp_bytes_match_analytic": all(r["dp_bytes_match"] for r in rows),
-    }
+    summary = DPSectionSummary(
+        dp_setup="2 stages x 2 replicas, pipeline and DP links at the same bandwidth",
+        dp_speedup_at_slowest=ours["speedup_vs_fp32"] if ours else None,
+        dp_speedup_aqsgd_only_at_slowest=alone["speedup_vs_fp32"] if alone else None,
+        dp_bytes_match_analytic=all(r["dp_bytes_match"] for r in rows),
+    )
     return rows, summary
 
 

@@ -26,13 +26,13 @@ References:
 from __future__ import annotations
 
 import math
-import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from frugal.bench.harness import Summary, median
 from frugal.comm.link import RHO_POINTS
 from frugal.config import check_types
 from frugal.parallel.codec import CodecSpec, message_wire_bytes
@@ -45,7 +45,7 @@ from frugal.pipeline.train import (
     rho_label,
 )
 
-__all__ = ["LLMBenchConfig", "run_llm_section"]
+__all__ = ["LLMBenchConfig", "LLMSectionSummary", "run_llm_section"]
 
 _WINDOWS = 256
 """Training windows of the section's corpus (one repeated macro-batch is drawn from them)."""
@@ -131,11 +131,30 @@ class LLMBenchConfig:
         )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LLMSectionSummary(Summary):
+    """The LLM section's keys of the pipeline bench's summary (a pre-trained LM, 4 stages)."""
+
+    llm_model: str
+    llm_slowest_link: str
+    llm_speedup_at_slowest: float
+    """AQ-SGD fw2/bw4 tokens/s over FP32's at the largest rho."""
+    llm_speedup_range: list[float]
+    """[min, max] of the per-round speed-ups at the slowest link."""
+    llm_tokens_per_s: dict[str, float]
+    """Per `method@link`."""
+    llm_calibration_ms: list[float]
+    """c per round, ms."""
+    llm_bytes_match_analytic: bool
+    llm_layers: list[int]
+    """Blocks per stage."""
+
+
 def run_llm_section(
     config: LLMBenchConfig,
     schedule: str = "gpipe",
     progress: Callable[[str], None] | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], LLMSectionSummary]:
     """Run the LLM speed section; return its rows and summary keys.
 
     Rows: section "llm", model, method, codec, fw_bits, bw_bits, rho, link, bandwidth_mbps (median
@@ -188,10 +207,10 @@ def run_llm_section(
         act = [o["activation_bytes"][-1] for o in outs[:-1]]
         grad = [o["gradient_bytes"][-1] for o in outs[1:]]
         bandwidths = [rnd[0]["bandwidth_bits_per_s"] or math.inf for rnd in rounds]
-        bandwidth = statistics.median(bandwidths)
+        bandwidth = median(bandwidths)
         spec = CodecSpec.parse(method)
         compute_ms = [
-            1e3 * statistics.median(o["median_forward_s"] + o["median_backward_s"] for o in col)
+            1e3 * median(o["median_forward_s"] + o["median_backward_s"] for o in col)
             for col in zip(*rounds, strict=True)
         ]
         rows.append(
@@ -208,7 +227,7 @@ def run_llm_section(
                 "bandwidth_mbps": bandwidth / 1e6 if math.isfinite(bandwidth) else None,
                 "tokens_per_s": tokens_per_step / measured_s,
                 "tokens_per_s_by_round": [
-                    tokens_per_step / statistics.median(steps) for steps in round_step_s
+                    tokens_per_step / median(steps) for steps in round_step_s
                 ],
                 "step_time_ms": 1e3 * measured_s,
                 "bytes_per_step": sum(map(sum, act)) + sum(map(sum, grad)),
@@ -227,16 +246,16 @@ def run_llm_section(
     per_round = [
         a / f for a, f in zip(aq["tokens_per_s_by_round"], fp["tokens_per_s_by_round"], strict=True)
     ]
-    summary: dict[str, Any] = {
-        "llm_model": config.model,
-        "llm_slowest_link": rho_label(slowest),
-        "llm_speedup_at_slowest": aq["speedup_vs_fp32"],
-        "llm_speedup_range": [min(per_round), max(per_round)],
-        "llm_tokens_per_s": {f"{r['method']}@{r['link']}": r["tokens_per_s"] for r in rows},
-        "llm_calibration_ms": [1e3 * c for c in by_stage[0].get("calibration_s", [])],
-        "llm_bytes_match_analytic": all(
+    summary = LLMSectionSummary(
+        llm_model=config.model,
+        llm_slowest_link=rho_label(slowest),
+        llm_speedup_at_slowest=aq["speedup_vs_fp32"],
+        llm_speedup_range=[min(per_round), max(per_round)],
+        llm_tokens_per_s={f"{r['method']}@{r['link']}": r["tokens_per_s"] for r in rows},
+        llm_calibration_ms=[1e3 * c for c in by_stage[0].get("calibration_s", [])],
+        llm_bytes_match_analytic=all(
             r["bytes_per_step"] == r["analytic_bytes_per_step"] for r in rows
         ),
-        "llm_layers": list(layers),
-    }
+        llm_layers=list(layers),
+    )
     return rows, summary

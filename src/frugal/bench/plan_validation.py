@@ -38,15 +38,22 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from frugal.bench.harness import (
+    BenchResult,
+    Preset,
+    Progress,
+    median,
+    median_after_warmup,
+    write_bench_results,
+)
+from frugal.bench.planner import PlanValidationSummary
 from frugal.config import check_types
 from frugal.pipeline.models import TinyGPT, TinyGPTConfig
 from frugal.pipeline.train import PipelineTrainConfig, RunSpec, launch_torchrun
@@ -54,13 +61,14 @@ from frugal.planner.iteration import WorkloadConfig, iteration_cost
 from frugal.planner.plan import Plan, PlannerConfig, build_plan
 from frugal.planner.sim import simulate_iteration
 from frugal.planner.topology import Device, Topology
-from frugal.results import results_document, write_results
 
 __all__ = [
     "Config",
+    "PlanValidationSummary",
     "build_topology",
     "link_rows",
     "measure_tau_s",
+    "preset",
     "quick",
     "ranking_agrees",
     "run_plan_validation",
@@ -163,6 +171,15 @@ def quick() -> Config:
     )
 
 
+def preset(name: Preset) -> Config:
+    """The sizes `frugal reproduce` runs.
+
+    `full`: the default Config (8 ranks, 3 rounds of 8 steps per method); `quick` and `smoke`:
+    `quick()` (reproduce's smoke skips the validation).
+    """
+    return Config() if name == "full" else quick()
+
+
 def build_topology(config: Config) -> Topology:
     """The emulated cluster: `num_sites` sites of `ranks_per_site` devices (one host each).
 
@@ -234,7 +251,7 @@ def measure_tau_s(gpt: TinyGPTConfig, micro_batch_size: int, repeats: int, seed:
                 times.append(time.perf_counter() - t0)
     finally:
         torch.set_num_threads(threads)
-    return statistics.median(times) / gpt.num_layers
+    return median(times) / gpt.num_layers
 
 
 def workload_for(config: Config, tau_ref_s: float) -> WorkloadConfig:
@@ -367,8 +384,8 @@ def ranking_agrees(
 
 
 def run_plan_validation(
-    config: Config, out_dir: Path, *, progress: Callable[[str], None] | None = None
-) -> dict[str, Any]:
+    config: Config, out_dir: Path, *, progress: Progress | None = None
+) -> BenchResult[PlanValidationSummary]:
     """Plan, predict, execute and compare; write `results.json` (and the plans) to `out_dir`.
 
     Rows (one per method): method, mesh, predicted_iteration_s (analytic `iteration`),
@@ -382,6 +399,9 @@ def run_plan_validation(
     plan_sha256. Summary: tau_ref_s, sim_vs_measured_max_error,
     analytic_vs_measured_max_error, replay_*_max_error, the predicted / measured rankings and
     whether the measured one orders every pair the prediction separates by > 5%.
+
+    Returns:
+        The typed summary, the rows and the results document.
 
     Raises:
         PipelineError: If a torchrun launch fails or times out.
@@ -433,7 +453,7 @@ def run_plan_validation(
                 trains[method], [run], folder, nproc=config.world_size, timeout_s=config.timeout_s
             )
             per_rank = [
-                statistics.median(r["runs"][0]["step_s"][config.warmup_steps :]) for r in results
+                median_after_warmup(r["runs"][0]["step_s"], config.warmup_steps) for r in results
             ]
             say(f"round {k} {method}: mesh {plan.mesh}, measured {max(per_rank):.3f} s")
             if method not in best or max(per_rank) < best[method][0]:
@@ -483,24 +503,22 @@ def run_plan_validation(
     measured = {r["method"]: r["measured_iteration_s"] for r in rows}
     predicted_rank, analytic_rank = _ranking(simulated), _ranking(analytic)
     measured_rank = _ranking(measured)
-    summary = {
-        "tau_ref_s": tau_s,
-        "compute_share": share,
-        "compute_sharing": config.compute_sharing,
-        "sim_vs_measured_max_error": max(abs(r["sim_rel_error"]) for r in rows),
-        "analytic_vs_measured_max_error": max(abs(r["analytic_rel_error"]) for r in rows),
-        "unshared_sim_vs_measured_max_error": max(abs(r["unshared_sim_rel_error"]) for r in rows),
-        "replay_sim_vs_measured_max_error": max(abs(r["replay_sim_rel_error"]) for r in rows),
-        "replay_analytic_vs_measured_max_error": max(
+    summary = PlanValidationSummary(
+        tau_ref_s=tau_s,
+        compute_share=share,
+        compute_sharing=config.compute_sharing,
+        sim_vs_measured_max_error=max(abs(r["sim_rel_error"]) for r in rows),
+        analytic_vs_measured_max_error=max(abs(r["analytic_rel_error"]) for r in rows),
+        unshared_sim_vs_measured_max_error=max(abs(r["unshared_sim_rel_error"]) for r in rows),
+        replay_sim_vs_measured_max_error=max(abs(r["replay_sim_rel_error"]) for r in rows),
+        replay_analytic_vs_measured_max_error=max(
             abs(r["replay_analytic_rel_error"]) for r in rows
         ),
-        "predicted_ranking": predicted_rank,
-        "analytic_ranking": analytic_rank,
-        "measured_ranking": measured_rank,
-        "ranking_matches": ranking_agrees(simulated, measured),
-        "analytic_ranking_matches": ranking_agrees(analytic, measured),
-        "all_executed_as_planned": all(r["executed_as_planned"] for r in rows),
-    }
-    document = results_document("plan_validate", config, rows, summary)
-    write_results(out_dir / "results.json", document)
-    return document
+        predicted_ranking=predicted_rank,
+        analytic_ranking=analytic_rank,
+        measured_ranking=measured_rank,
+        ranking_matches=ranking_agrees(simulated, measured),
+        analytic_ranking_matches=ranking_agrees(analytic, measured),
+        all_executed_as_planned=all(r["executed_as_planned"] for r in rows),
+    )
+    return write_bench_results("plan_validate", config, rows, summary, out_dir / "results.json")

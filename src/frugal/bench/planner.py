@@ -33,6 +33,14 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from frugal.bench.harness import (
+    Bench,
+    BenchResult,
+    Preset,
+    Progress,
+    Summary,
+    write_bench_results,
+)
 from frugal.config import check_types
 from frugal.parallel.partition import split_layers
 from frugal.planner.cost import paper_cost
@@ -41,7 +49,14 @@ from frugal.planner.plan import PlannerConfig, build_plan
 from frugal.planner.scenarios import build_scenario
 from frugal.planner.sim import simulate_iteration
 
-__all__ = ["PlanBenchConfig", "run_plan_bench"]
+__all__ = [
+    "PLAN_BENCH",
+    "PlanBench",
+    "PlanBenchConfig",
+    "PlanValidationSummary",
+    "PlannerSummary",
+    "run_plan_bench",
+]
 
 Method = Literal[
     "ours",
@@ -124,20 +139,128 @@ class PlanBenchConfig:
         """
         return cls(budget=300, convergence_budget=300, ablation_scenarios=("world",))
 
+    @classmethod
+    def preset(cls, preset: Preset) -> PlanBenchConfig:
+        """The sizes `frugal reproduce` runs: `full` the default Config.
+
+        `quick`: `quick()` on the headline cell only (GPT3-XL 24 layers, batch 1024); `smoke`:
+        that cell in the datacenter and world scenarios, one random seed, budgets of 40.
+        """
+        if preset == "full":
+            return cls()
+        quick = replace(cls.quick(), num_layers=(24,), global_batches=(1024,))
+        if preset == "quick":
+            return quick
+        return replace(
+            quick,
+            scenarios=("datacenter", "world"),
+            random_seeds=(2022,),
+            budget=40,
+            convergence_budget=40,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanValidationSummary(Summary):
+    """The `"summary"` of `frugal plan validate`'s `results.json`.
+
+    Errors are relative, `|predicted - measured| / measured`, the max over the methods.
+    """
+
+    tau_ref_s: float
+    """The reference device's forward+backward seconds per block."""
+    compute_share: float
+    compute_sharing: str
+    sim_vs_measured_max_error: float
+    analytic_vs_measured_max_error: float
+    unshared_sim_vs_measured_max_error: float
+    replay_sim_vs_measured_max_error: float
+    replay_analytic_vs_measured_max_error: float
+    predicted_ranking: list[str]
+    """Methods from fastest to slowest by the simulator."""
+    analytic_ranking: list[str]
+    measured_ranking: list[str]
+    ranking_matches: bool
+    """The measured times order every pair the simulator separates by > 5%."""
+    analytic_ranking_matches: bool
+    all_executed_as_planned: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlannerSummary(Summary):
+    """The `"summary"` of `frugal plan bench`'s `results.json`.
+
+    Speed-ups are the baseline's predicted seconds per iteration over ours (> 1: ours faster),
+    means over the random seeds. Cell keys read `SCENARIO/L{layers}/B{batch}`; a value whose
+    cells were not run is None.
+    """
+
+    speedup_of_ours: dict[str, float]
+    """Per `SCENARIO/L{layers}/B{batch}/vs_{baseline}`."""
+    world_speedup_vs_megatron_random: float | None = None
+    """In the world scenario's first cell."""
+    world_speedup_vs_megatron_default: float | None = None
+    world_speedup_vs_deepspeed_pp: float | None = None
+    search_s_world: float | None = None
+    """The longest search of ours in the world scenario, s."""
+    world_speedup_vs_megatron_random_by_cell: dict[str, float] | None = None
+    world_speedup_vs_megatron_random_best_schedule_by_cell: dict[str, float] | None = None
+    """Both sides on their faster schedule (GPipe or 1F1B, event simulator)."""
+    world_speedup_vs_megatron_default_by_cell: dict[str, float] | None = None
+    world_speedup_vs_megatron_default_best_schedule_by_cell: dict[str, float] | None = None
+    memetic_vs_swap_iteration_min: float | None = None
+    memetic_vs_swap_iteration_max: float | None = None
+    ours_vs_dtfm_ga_iteration_min: float | None = None
+    """>= 1: never slower than the paper's GA scheduler under the iteration model."""
+    ours_grid_vs_8x8: dict[str, float] | None = None
+    sim_vs_measured_max_error: float | None = None
+    """From the emulated validation runs (`validation`); None without them."""
+    objective: str
+    convergence_paper_cost: dict[str, float]
+    """Per `SCENARIO/METHOD`: the paper cost at the equal convergence budget, s."""
+    convergence_memetic_vs_swap: dict[str, float]
+    convergence_gap_of_ours: dict[str, float]
+    """Per scenario: ours over the lower bound of the paper cost, minus 1."""
+    ours_vs_dtfm_ga_paper_min: float | None = None
+    validation: PlanValidationSummary | None = None
+    """`frugal.bench.plan_validation`'s summary where `frugal reproduce` ran it."""
+
+
+class PlanBench:
+    """`frugal.bench.planner` behind the `frugal.bench.harness.Bench` protocol."""
+
+    name = "planner"
+    summary_type = PlannerSummary
+
+    def preset(self, preset: Preset) -> PlanBenchConfig:
+        """`PlanBenchConfig.preset`."""
+        return PlanBenchConfig.preset(preset)
+
+    def run(
+        self, config: PlanBenchConfig, out_dir: Path, *, progress: Progress | None = None
+    ) -> BenchResult[PlannerSummary]:
+        """`run_plan_bench`."""
+        return run_plan_bench(config, out_dir, progress=progress)
+
+
+PLAN_BENCH: Bench[PlanBenchConfig, PlannerSummary] = PlanBench()
+"""The planner bench, as `frugal reproduce` runs it."""
+
 
 def run_plan_bench(
     config: PlanBenchConfig,
     out_dir: Path,
     *,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Plan every cell, score it under both objectives, write and return `results.json`.
+    progress: Progress | None = None,
+) -> BenchResult[PlannerSummary]:
+    """Plan every cell, score it under both objectives, write `results.json`, return the result.
+
+    Returns:
+        The typed summary, the rows and the results document.
 
     Raises:
         OSError: If `out_dir` cannot be written.
     """
-    from frugal.results import results_document, write_results
-
     rows: list[dict[str, Any]] = []
     for scenario in config.scenarios:
         topology = build_scenario(scenario)
@@ -224,9 +347,8 @@ def run_plan_bench(
         summary["ours_vs_dtfm_ga_paper_min"] = min(ga_over_ours)
     out_dir.mkdir(parents=True, exist_ok=True)
     _plot_convergence(curves, out_dir / "convergence.png")
-    document = results_document("plan", config, rows, summary)
-    write_results(out_dir / "results.json", document)
-    return document
+    typed = PlannerSummary(**summary)  # a key no field names is a TypeError here
+    return write_bench_results("plan", config, rows, typed, out_dir / "results.json")
 
 
 def _convergence(

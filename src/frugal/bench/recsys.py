@@ -22,20 +22,27 @@ References:
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from frugal.bench.harness import Bench, BenchResult, Preset, Progress, Summary, write_bench_results
 from frugal.config import check_types
 from frugal.recsys.config import Mode, RecsysTrainConfig
 from frugal.recsys.datasets import DatasetName, RecsysDataConfig, teacher_auc
 from frugal.recsys.launch import launch_runs
 from frugal.recsys.models import ModelName
 
-__all__ = ["RecsysBenchConfig", "run_recsys_bench"]
+__all__ = [
+    "RECSYS_BENCH",
+    "RecsysBench",
+    "RecsysBenchConfig",
+    "RecsysDatasetSummary",
+    "RecsysSummary",
+    "run_recsys_bench",
+]
 
 _ROW_KEYS = (
     "mode", "dataset", "staleness", "rtt_ms", "seed", "test_auc", "logloss", "samples_per_s",
@@ -130,6 +137,24 @@ class RecsysBenchConfig:
             zipf_num_embeddings=20_000,
         )
 
+    @classmethod
+    def preset(cls, preset: Preset) -> RecsysBenchConfig:
+        """The sizes `frugal reproduce` runs: `full` the default, `quick` is `quick()`.
+
+        `smoke`: `quick()` on MovieLens-100k only, hybrid K 4, 24 steps (4 of warm-up).
+        """
+        if preset == "full":
+            return cls()
+        if preset == "quick":
+            return cls.quick()
+        return replace(
+            cls.quick(),
+            datasets=("movielens100k",),
+            staleness=(4,),
+            max_steps=24,
+            warmup_steps=4,
+        )
+
     def train_config(
         self, mode: Mode, dataset: DatasetName, staleness: int, rtt_ms: float, seed: int
     ) -> RecsysTrainConfig:
@@ -189,16 +214,54 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def _summary(config: RecsysBenchConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecsysDatasetSummary(Summary):
+    """One dataset at the largest rtt (hybrid and async at the staleness K nearest 4).
+
+    Gaps are test AUC differences; None where a side did not run.
+    """
+
+    auc_gap_hybrid_vs_sync: float | None
+    throughput_hybrid_over_sync: float | None
+    """Hybrid samples/s over sync's (means over the seeds)."""
+    auc_gap_async_vs_sync: float | None
+    throughput_async_over_sync: float | None
+    max_abs_auc_gap_hybrid_k_le_16: float | None
+    """The worst |AUC(hybrid) - AUC(sync)| over every (rtt, seed, K <= 16)."""
+    max_abs_auc_gap_hybrid_k_le_16_seed_mean: float | None
+    """The same over (rtt, K <= 16) cells with each side averaged over the seeds first."""
+    mean_auc_gap_hybrid_minus_async_k_ge_16: float | None
+    """Mean AUC(hybrid) - AUC(async) over the (rtt, seed, K >= 16) cells both ran."""
+    sync_test_auc: float | None
+    teacher_test_auc: float | None
+    """The planted teacher's AUC (the ceiling) on criteo_zipf; None on real data."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecsysSummary(Summary):
+    """The `"summary"` of `frugal recsys bench`'s `results.json`."""
+
+    rtt_ms: float
+    """The rtt the per-dataset ratios are taken at (the largest of the grid)."""
+    staleness: int
+    """Hybrid's K in the per-dataset ratios."""
+    async_staleness: int
+    """Async's K in the per-dataset ratios."""
+    datasets: dict[str, RecsysDatasetSummary]
+    staleness_within_bound: bool
+    """Every run's measured staleness stayed within its bound."""
+    max_staleness_seen: int
+
+
+def _summary(
+    config: RecsysBenchConfig,
+    rows: list[dict[str, Any]],
+    teacher_test_auc: dict[str, float | None] | None = None,
+) -> RecsysSummary:
     rtt = max(config.rtt_ms)
     k = min(config.staleness, key=lambda v: (abs(v - 4), v))
     k_async = min(config.async_staleness or config.staleness, key=lambda v: (abs(v - 4), v))
-    summary: dict[str, Any] = {
-        "rtt_ms": rtt,
-        "staleness": k,
-        "async_staleness": k_async,
-        "datasets": {},
-    }
+    datasets: dict[str, RecsysDatasetSummary] = {}
     for dataset in config.datasets:
         at = [r for r in rows if r["dataset"] == dataset and r["rtt_ms"] == rtt]
         sync = [r for r in at if r["mode"] == "sync"]
@@ -268,21 +331,25 @@ def _summary(config: RecsysBenchConfig, rows: list[dict[str, Any]]) -> dict[str,
             float(np.mean(async_gaps)) if async_gaps else None
         )
         entry["sync_test_auc"] = sync_auc
-        summary["datasets"][dataset] = entry
-    summary["staleness_within_bound"] = all(
-        r["max_staleness_seen"] <= r["staleness_bound"] for r in rows
+        entry["teacher_test_auc"] = (teacher_test_auc or {}).get(dataset)
+        datasets[dataset] = RecsysDatasetSummary(**entry)
+    return RecsysSummary(
+        rtt_ms=rtt,
+        staleness=k,
+        async_staleness=k_async,
+        datasets=datasets,
+        staleness_within_bound=all(r["max_staleness_seen"] <= r["staleness_bound"] for r in rows),
+        max_staleness_seen=max(r["max_staleness_seen"] for r in rows),
     )
-    summary["max_staleness_seen"] = max(r["max_staleness_seen"] for r in rows)
-    return summary
 
 
 def run_recsys_bench(
     config: RecsysBenchConfig,
     out_dir: Path,
     *,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Run every cell of `config` side by side; write and return `results.json`'s content.
+    progress: Progress | None = None,
+) -> BenchResult[RecsysSummary]:
+    """Run every cell of `config` side by side; write `results.json` and return the result.
 
     Args:
         config: The grid and sizes.
@@ -290,14 +357,12 @@ def run_recsys_bench(
         progress: Called with one line per finished job.
 
     Returns:
-        The results document (ARCHITECTURE.md format).
+        The typed summary, the rows and the results document (ARCHITECTURE.md format).
 
     Raises:
         RecsysError: If a torchrun job fails or times out.
         OSError: If the output folder cannot be written.
     """
-    from frugal.results import results_document, write_results
-
     out_dir.mkdir(parents=True, exist_ok=True)
     runs_dir = out_dir / "runs"
     rows: list[dict[str, Any]] = []
@@ -316,13 +381,33 @@ def run_recsys_bench(
         rows += [_row(result) for result in results]
         if progress is not None:
             progress(f"rtt {rtt:g} ms: {len(results)} runs done")
-    summary = _summary(config, rows)
-    for dataset in config.datasets:
-        if dataset == "criteo_zipf":
-            summary["datasets"][dataset]["teacher_test_auc"] = teacher_auc(
-                config.train_config("sync", dataset, 1, 0.0, config.seeds[0]).data
-            )
-    document = results_document("recsys", config, rows, summary)
-    write_results(out_dir / "results.json", document)
+    teacher: dict[str, float | None] = {
+        dataset: teacher_auc(config.train_config("sync", dataset, 1, 0.0, config.seeds[0]).data)
+        for dataset in config.datasets
+        if dataset == "criteo_zipf"
+    }
+    summary = _summary(config, rows, teacher)
+    result = write_bench_results("recsys", config, rows, summary, out_dir / "results.json")
     shutil.rmtree(runs_dir / "ps", ignore_errors=True)
-    return document
+    return result
+
+
+class RecsysBench:
+    """`frugal.bench.recsys` behind the `frugal.bench.harness.Bench` protocol."""
+
+    name = "recsys"
+    summary_type = RecsysSummary
+
+    def preset(self, preset: Preset) -> RecsysBenchConfig:
+        """`RecsysBenchConfig.preset`."""
+        return RecsysBenchConfig.preset(preset)
+
+    def run(
+        self, config: RecsysBenchConfig, out_dir: Path, *, progress: Progress | None = None
+    ) -> BenchResult[RecsysSummary]:
+        """`run_recsys_bench`."""
+        return run_recsys_bench(config, out_dir, progress=progress)
+
+
+RECSYS_BENCH: Bench[RecsysBenchConfig, RecsysSummary] = RecsysBench()
+"""The recsys bench, as `frugal reproduce` runs it."""

@@ -18,7 +18,6 @@ References:
 from __future__ import annotations
 
 import datetime
-import multiprocessing
 import os
 import queue
 import resource
@@ -26,7 +25,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -35,11 +34,29 @@ import numpy as np
 import numpy.typing as npt
 
 from frugal._libc import fixed_mmap_threshold
+from frugal.bench.harness import (
+    Bench,
+    BenchResult,
+    Preset,
+    Progress,
+    Summary,
+    median_after_warmup,
+    median_item,
+    run_cell,
+    write_bench_results,
+)
 from frugal.config import check_types
 from frugal.store.lookahead import Batch, LookaheadLoader
 from frugal.store.rows import OptimizerConfig, RowSpec, splitmix64
 
-__all__ = ["StoreBenchConfig", "run_store_bench"]
+__all__ = [
+    "STORE_BENCH",
+    "StoreBench",
+    "StoreBenchConfig",
+    "StoreStalenessPoint",
+    "StoreSummary",
+    "run_store_bench",
+]
 
 SystemName = Literal["ram", "rocksdb_offload", "lmdb_offload", "hlog", "mlkv", "frugal"]
 WorkloadName = Literal["criteo_zipf", "movielens100k", "collegemsg"]
@@ -153,6 +170,74 @@ class StoreBenchConfig:
             lookaheads=(0, 4),
             staleness_bounds=(0, 4, -1),
         )
+
+    @classmethod
+    def preset(cls, preset: Preset) -> StoreBenchConfig:
+        """The sizes `frugal reproduce` runs: `full` is the default Config.
+
+        `quick`: `quick()` on ram, rocksdb_offload, mlkv and frugal at ratios 0.25/0.10, 200
+        batches, staleness 0 only; `smoke`: that at scale 0.001, 24 batches of 64, ratio 0.10.
+        """
+        if preset == "full":
+            return cls()
+        config = replace(
+            cls.quick(),
+            systems=("ram", "rocksdb_offload", "mlkv", "frugal"),
+            memory_ratios=(0.25, 0.10),
+            num_batches=200,
+            warmup_batches=40,
+            staleness_bounds=(0,),
+        )
+        if preset == "smoke":
+            config = replace(
+                config,
+                scale=0.001,
+                batch_size=64,
+                num_batches=24,
+                warmup_batches=8,
+                memory_ratios=(0.10,),
+                compute_ms=1.0,
+            )
+        return config
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreStalenessPoint(Summary):
+    """One run of the staleness study (frugal, Criteo trace, lookahead 4)."""
+
+    staleness_bound: int | str
+    """The bound in steps, or "unbounded"."""
+    samples_per_s: float
+    final_loss: float
+    """Mean training loss over the last tenth of the batches."""
+    staleness_max: int
+    """The largest staleness the store saw, steps."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreSummary(Summary):
+    """The headline ratios of `frugal store bench` (the `"summary"` of its `results.json`).
+
+    Ratio maps are keyed by the memory ratio as a string (`"0.1"`); a ratio whose runs did not
+    finish is absent from them.
+    """
+
+    speedup_vs_rocksdb_offload: dict[str, float]
+    """frugal (lookahead `lookahead`) samples/s over rocksdb_offload's, per memory ratio."""
+    speedup_vs_mlkv: dict[str, float]
+    """frugal over mlkv at the same lookahead, per memory ratio."""
+    fraction_of_ram: dict[str, float]
+    """frugal over the all-in-RAM table, per memory ratio."""
+    bit_identical_at_staleness_0: dict[str, bool | None]
+    """Per workload: every staleness-0 run ended with one table hash (None: < 2 systems ran)."""
+    staleness_study: list[StoreStalenessPoint]
+    budget_violations: list[str]
+    """Runs whose anonymous memory grew past 1.1 x budget + 32 MiB."""
+    lookahead: int
+    """The lookahead window W of frugal and mlkv in the ratios."""
+    median_note: str
+    reference_hit_ratios: dict[str, dict[str, dict[str, float]]]
+    """Per workload and memory ratio: offline LRU and Belady hit ratios beside frugal's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,7 +485,7 @@ def _execute(run: _Run) -> dict[str, Any]:
         if len(step_s) > run.warmup_batches
         else np.array(step_s)
     )
-    median_s = float(np.median(measured))
+    median_s = median_after_warmup(step_s, run.warmup_batches)
     peak_rss = _rss_mib()
     anon_growth_mib = max(anon_peak, _anon_rss_mib()) - anon_before
     tail = max(1, len(losses) // 10)
@@ -499,9 +584,9 @@ def run_store_bench(
     config: StoreBenchConfig,
     out_dir: Path,
     *,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Run every cell of `config` side by side; write and return `results.json`'s content.
+    progress: Progress | None = None,
+) -> BenchResult[StoreSummary]:
+    """Run every cell of `config` side by side; write `results.json` and return the result.
 
     Each finished cell is appended to `out_dir/runs.jsonl`; a later call with the same config
     reuses those rows (marked `resumed`) and measures only the rest, so a long full bench
@@ -515,12 +600,12 @@ def run_store_bench(
         progress: Called with one line per finished run.
 
     Returns:
-        The results document (ARCHITECTURE.md format).
+        The typed summary, the rows and the results document (ARCHITECTURE.md format).
 
     Raises:
         OSError: If the output or scratch folder cannot be written.
     """
-    from frugal.results import BenchJournal, results_document, write_results
+    from frugal.results import BenchJournal
 
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="frugal-store-bench-", dir=out_dir))
@@ -535,7 +620,6 @@ def run_store_bench(
                 workloads.append(_events_workload(name, traces, config.stream_events_per_batch))
         runs = _plan(config, workloads, scratch)
         rows: list[dict[str, Any]] = []
-        context = multiprocessing.get_context("spawn")
         # Keyed on the store's code too: a journal kept across sessions (benchmarks/store/)
         # resumes only while frugal.store is unchanged, so one table never mixes versions.
         journal = BenchJournal(out_dir / "runs.jsonl", config, code=(Path(__file__).parent,))
@@ -547,12 +631,12 @@ def run_store_bench(
                 repeats = []
                 for _ in range(config.repeats):
                     Path(run.work_dir).mkdir(parents=True, exist_ok=True)
-                    repeats.append(_run_in_child(context, run, config.run_timeout_s))
+                    repeats.append(_run_in_child(run, config.run_timeout_s))
                     shutil.rmtree(run.work_dir, ignore_errors=True)
                 ok = [r for r in repeats if r.get("status") == "ok"]
                 row = dict(repeats[0])
                 if ok:
-                    row = dict(sorted(ok, key=lambda r: r["samples_per_s"])[len(ok) // 2])
+                    row = dict(median_item(ok, key=lambda r: float(r["samples_per_s"])))
                     row["samples_per_s_runs"] = [r["samples_per_s"] for r in ok]
                 row["measured_at"] = datetime.datetime.now(datetime.UTC).isoformat(
                     timespec="seconds"
@@ -562,11 +646,12 @@ def run_store_bench(
             rows.append(row)
             if progress is not None:
                 progress(_describe(index, len(runs), row))
-        summary = _summary(rows, 4 if 4 in config.lookaheads else max(config.lookaheads))
-        summary["reference_hit_ratios"] = _reference_hit_ratios(config, workloads, rows)
-        document = results_document("store", config, rows, summary)
-        write_results(out_dir / "results.json", document)
-        return document
+        summary = _summary(
+            rows,
+            4 if 4 in config.lookaheads else max(config.lookaheads),
+            _reference_hit_ratios(config, workloads, rows),
+        )
+        return write_bench_results("store", config, rows, summary, out_dir / "results.json")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -614,38 +699,14 @@ def _cell(run: _Run) -> str:
     )
 
 
-def _child_main(run: _Run, connection: Any) -> None:
-    fixed_mmap_threshold()
-    try:
-        result = _execute(run)
-    except BaseException as exc:  # reported as the cell's error, the bench goes on
-        result = _failed(run, "error", f"{type(exc).__name__}: {exc}")
-    connection.send(result)
-    connection.close()
-
-
-def _run_in_child(context: Any, run: _Run, timeout_s: float) -> dict[str, Any]:
-    """Run one cell in a fresh process; kill it if it exceeds `timeout_s`."""
-    receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_child_main, args=(run, sender), daemon=True)
-    process.start()
-    sender.close()
-    try:
-        if receiver.poll(timeout_s):
-            result: dict[str, Any] = receiver.recv()
-        else:
-            result = _failed(run, "timeout", f"over {timeout_s:.0f} s; killed")
-    except EOFError:
-        result = _failed(run, "error", f"the child process died (exit code {process.exitcode})")
-    finally:
-        process.join(timeout=10)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=10)
-        receiver.close()
-    if process.exitcode not in (0, None) and result.get("status") == "ok":
-        result["status"] = "error"
-    return result
+def _run_in_child(run: _Run, timeout_s: float) -> dict[str, Any]:
+    """Run one cell in a fresh process (`run_cell`); a failed cell is a row with its status."""
+    outcome = run_cell(_execute, run, timeout_s=timeout_s, setup=fixed_mmap_threshold)
+    if outcome.status == "ok" and outcome.value is not None:
+        return outcome.value
+    if outcome.value is not None:  # answered, then exited non-zero
+        return outcome.value | {"status": outcome.status}
+    return _failed(run, outcome.status, outcome.error or "")
 
 
 def _failed(run: _Run, status: str, error: str) -> dict[str, Any]:
@@ -681,7 +742,11 @@ def _number(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def _summary(rows: list[dict[str, Any]], window: int) -> dict[str, Any]:
+def _summary(
+    rows: list[dict[str, Any]],
+    window: int,
+    reference_hit_ratios: dict[str, dict[str, dict[str, float]]] | None = None,
+) -> StoreSummary:
     """Headline ratios of frugal at lookahead `window` (4 unless the grid lacks it)."""
     ok = [r for r in rows if r.get("status") == "ok"]
 
@@ -697,7 +762,7 @@ def _summary(rows: list[dict[str, Any]], window: int) -> dict[str, Any]:
                 return r
         return None
 
-    summary: dict[str, Any] = {
+    ratio_maps: dict[str, dict[str, float]] = {
         "speedup_vs_rocksdb_offload": {},
         "speedup_vs_mlkv": {},
         "fraction_of_ram": {},
@@ -714,7 +779,7 @@ def _summary(rows: list[dict[str, Any]], window: int) -> dict[str, Any]:
         ):
             other = pick(system, "criteo_zipf", ratio, other_window)
             if other is not None:
-                summary[key][str(ratio)] = ours["samples_per_s"] / other["samples_per_s"]
+                ratio_maps[key][str(ratio)] = ours["samples_per_s"] / other["samples_per_s"]
     # Per workload: True when every finished staleness-0 run of at least two systems ended
     # with one table hash, False on any difference, None (not measured) with fewer than two.
     hashes: dict[str, set[str]] = {}
@@ -723,16 +788,16 @@ def _summary(rows: list[dict[str, Any]], window: int) -> dict[str, Any]:
         if r["staleness_bound"] == 0:
             hashes.setdefault(r["workload"], set()).add(r["table_sha256"])
             systems.setdefault(r["workload"], set()).add(r["system"])
-    summary["bit_identical_at_staleness_0"] = {
+    identical: dict[str, bool | None] = {
         k: (len(v) == 1) if len(systems[k]) >= 2 else None for k, v in hashes.items()
     }
     staleness = [
-        {
-            "staleness_bound": r["staleness_bound"],
-            "samples_per_s": r["samples_per_s"],
-            "final_loss": r["final_loss"],
-            "staleness_max": r["staleness_max"],
-        }
+        StoreStalenessPoint(
+            staleness_bound=r["staleness_bound"],
+            samples_per_s=r["samples_per_s"],
+            final_loss=r["final_loss"],
+            staleness_max=r["staleness_max"],
+        )
         for r in ok
         if r["system"] == "frugal"
         and r["workload"] == "criteo_zipf"
@@ -740,13 +805,41 @@ def _summary(rows: list[dict[str, Any]], window: int) -> dict[str, Any]:
         and r["memory_ratio"]
         == (0.10 if any(x["memory_ratio"] == 0.10 for x in ok) else r["memory_ratio"])
     ]
-    summary["staleness_study"] = staleness
-    summary["budget_violations"] = [
+    violations = [
         f"{r['system']}/{r['workload']}/ratio={r['memory_ratio']}/W={r['lookahead']}: "
         f"{r['anon_rss_growth_mib']:.0f} MiB for a {r['memory_budget_bytes'] / _MIB:.0f} MiB budget"
         for r in ok
         if r.get("budget_violated")
     ]
-    summary["lookahead"] = window
-    summary["median_note"] = "samples_per_s = batch samples / median step time after warm-up"
-    return summary
+    return StoreSummary(
+        speedup_vs_rocksdb_offload=ratio_maps["speedup_vs_rocksdb_offload"],
+        speedup_vs_mlkv=ratio_maps["speedup_vs_mlkv"],
+        fraction_of_ram=ratio_maps["fraction_of_ram"],
+        bit_identical_at_staleness_0=identical,
+        staleness_study=staleness,
+        budget_violations=violations,
+        lookahead=window,
+        median_note="samples_per_s = batch samples / median step time after warm-up",
+        reference_hit_ratios={} if reference_hit_ratios is None else reference_hit_ratios,
+    )
+
+
+class StoreBench:
+    """`frugal.bench.store` behind the `frugal.bench.harness.Bench` protocol."""
+
+    name = "store"
+    summary_type = StoreSummary
+
+    def preset(self, preset: Preset) -> StoreBenchConfig:
+        """`StoreBenchConfig.preset`."""
+        return StoreBenchConfig.preset(preset)
+
+    def run(
+        self, config: StoreBenchConfig, out_dir: Path, *, progress: Progress | None = None
+    ) -> BenchResult[StoreSummary]:
+        """`run_store_bench`."""
+        return run_store_bench(config, out_dir, progress=progress)
+
+
+STORE_BENCH: Bench[StoreBenchConfig, StoreSummary] = StoreBench()
+"""The store bench, as `frugal reproduce` runs it."""

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import time
-import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -28,21 +25,32 @@ import numpy as np
 
 from frugal import FrugalError
 from frugal._libc import keep_freed_memory
+from frugal.bench.harness import (
+    Bench,
+    BenchResult,
+    Preset,
+    Progress,
+    Summary,
+    run_cell,
+    write_bench_results,
+)
 from frugal.config import ConfigError, check_types, config_to_dict
 from frugal.data import DATASETS, get_dataset_info, load_events
-from frugal.results import (
-    BenchJournal,
-    results_document,
-    write_results,
-    write_text_atomically,
-)
+from frugal.results import BenchJournal, write_text_atomically
 from frugal.tgraph.models import MODELS, heuristic_names, model_names
 from frugal.tgraph.protocol import Protocol, ProtocolConfig, build_protocol, protocol_preset
 from frugal.tgraph.reference import WARMUP_BATCHES, compare_with_pyg_tgn
 
-__all__ = ["TgraphBenchConfig", "run_tgraph_bench"]
-
-Progress = Callable[[str], None]
+__all__ = [
+    "TGRAPH_BENCH",
+    "TgraphBench",
+    "TgraphBenchConfig",
+    "TgraphDatasetSummary",
+    "TgraphModelSummary",
+    "TgraphReferenceSummary",
+    "TgraphSummary",
+    "run_tgraph_bench",
+]
 
 
 MAX_SEED = 2**32 - 1
@@ -139,6 +147,26 @@ class TgraphBenchConfig:
             pyg_reference_batches=100,
         )
 
+    @classmethod
+    def preset(cls, preset: Preset) -> TgraphBenchConfig:
+        """The sizes `frugal reproduce` runs: `full` the default, `quick` is `quick()`.
+
+        `smoke`: `quick()` on sp_hospital with edgebank, recency and TGN, one epoch, the PyG
+        reference over 10 batches.
+        """
+        if preset == "full":
+            return cls()
+        quick = cls.quick()
+        if preset == "quick":
+            return quick
+        return replace(
+            quick,
+            datasets=("sp_hospital",),
+            models=("edgebank", "recency", "tgn"),
+            protocol=replace(quick.protocol, max_epochs=1),
+            pyg_reference_batches=10,
+        )
+
 
 NC_FLOOR_MODEL = "popularity"
 """The heuristic whose rows carry the node-classification floor (`nc_auc` of the same
@@ -197,39 +225,14 @@ def _execute(run: _Run) -> dict[str, Any]:
     }
 
 
-def _child_main(run: _Run, connection: Any) -> None:
-    keep_freed_memory()
-    try:
-        connection.send(("ok", _execute(run)))
-    except Exception as exc:  # reported to the parent, which records a failed row
-        connection.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-    finally:
-        connection.close()
-
-
 def _run_in_child(run: _Run, timeout_s: float) -> dict[str, Any]:
-    context = multiprocessing.get_context("spawn")
-    parent, child = context.Pipe(duplex=False)
-    process = context.Process(target=_child_main, args=(run, child), daemon=True)
-    process.start()
-    child.close()
-    try:
-        if not parent.poll(timeout_s):
-            raise FrugalError(
-                f"run {run.dataset}/{run.model}/seed {run.seed} exceeded {timeout_s} s"
-            )
-        status, payload = parent.recv()
-    except EOFError as exc:
-        raise FrugalError(f"run {run.dataset}/{run.model} died (exit {process.exitcode})") from exc
-    finally:
-        process.join(timeout=30)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=10)
-    if status != "ok":
-        raise FrugalError(f"run {run.dataset}/{run.model}/seed {run.seed} failed: {payload}")
-    assert isinstance(payload, dict)
-    return payload
+    """One run in a fresh process (`run_cell`).
+
+    Raises:
+        FrugalError: If the run raised, died or exceeded `timeout_s`.
+    """
+    outcome = run_cell(_execute, run, timeout_s=timeout_s, setup=keep_freed_memory)
+    return outcome.unwrap(f"run {run.dataset}/{run.model}/seed {run.seed}")
 
 
 def _rows_of(run: _Run, protocol: Protocol, payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -266,7 +269,7 @@ def _rows_of(run: _Run, protocol: Protocol, payload: dict[str, Any]) -> list[dic
 
 def run_tgraph_bench(
     config: TgraphBenchConfig, out_dir: Path, *, progress: Progress | None = None
-) -> dict[str, Any]:
+) -> BenchResult[TgraphSummary]:
     """Run the benchmark and write `out_dir/results.json` (and `results.jsonl`).
 
     Args:
@@ -275,7 +278,7 @@ def run_tgraph_bench(
         progress: Callback for one-line progress messages (the CLI draws bars from them).
 
     Returns:
-        The results document (see ARCHITECTURE.md), with a `summary` per dataset.
+        The typed summary (per dataset), the rows and the results document (ARCHITECTURE.md).
 
     Raises:
         ValueError: If a dataset is not a temporal dataset, or task 'nc' lacks labels.
@@ -370,20 +373,19 @@ def run_tgraph_bench(
             {"system": "tgn_pyg_reference", **reference, **({"resumed": True} if resumed else {})}
         )
     summary = _summary(rows, protocols, reference)
-    document = results_document("tgraph", config, rows, summary)
-    write_results(out_dir / "results.json", document)
-    lines = "".join(json.dumps(row) + "\n" for row in document["rows"])
+    result = write_bench_results("tgraph", config, rows, summary, out_dir / "results.json")
+    lines = "".join(json.dumps(row) + "\n" for row in result.rows)
     write_text_atomically(out_dir / "results.jsonl", lines)
-    return document
+    return result
 
 
 def _summary(
     rows: list[dict[str, Any]],
     protocols: dict[str, dict[str, Any]],
     reference: dict[str, Any] | None,
-) -> dict[str, Any]:
+) -> TgraphSummary:
     """Per dataset: mean test AUC/AP (transductive, random negatives) and cost per model."""
-    summary: dict[str, Any] = {"protocols": protocols, "datasets": {}}
+    datasets: dict[str, TgraphDatasetSummary] = {}
     for dataset in protocols:
         head = [
             r
@@ -392,7 +394,7 @@ def _summary(
             and r.get("setting") == "transductive"
             and r.get("negatives") == "random"
         ]
-        per_model: dict[str, Any] = {}
+        per_model: dict[str, TgraphModelSummary] = {}
         for model in dict.fromkeys(r["system"] for r in head):
             mine = [r for r in head if r["system"] == model]
 
@@ -400,38 +402,109 @@ def _summary(
                 values = [r[key] for r in mine if r.get(key) is not None]
                 return float(np.mean(values)) if values else None
 
-            per_model[model] = {
-                "auc": mean("auc"),
-                "ap": mean("ap"),
-                "mrr": mean("mrr"),
-                "inductive_auc": _mean_of(rows, dataset, model, "inductive", "auc"),
-                "historical_auc": _mean_of(
-                    rows, dataset, model, "transductive", "auc", "historical"
-                ),
-                "s_per_epoch": mean("s_per_epoch"),
-                "train_events_per_s": mean("train_events_per_s"),
-                "num_seeds": len(mine),
-            }
+            per_model[model] = TgraphModelSummary(
+                auc=mean("auc"),
+                ap=mean("ap"),
+                mrr=mean("mrr"),
+                inductive_auc=_mean_of(rows, dataset, model, "inductive", "auc"),
+                historical_auc=_mean_of(rows, dataset, model, "transductive", "auc", "historical"),
+                s_per_epoch=mean("s_per_epoch"),
+                train_events_per_s=mean("train_events_per_s"),
+                num_seeds=len(mine),
+            )
         best_heuristic = max(
             (m for m in per_model if m in heuristic_names()),
-            key=lambda m: per_model[m]["ap"] or 0.0,
+            key=lambda m: per_model[m].ap or 0.0,
             default=None,
         )
-        best_model = max(per_model, key=lambda m: per_model[m]["ap"] or 0.0, default=None)
-        summary["datasets"][dataset] = {
-            "models": per_model,
-            "best_model_by_ap": best_model,
-            "best_heuristic_by_ap": best_heuristic,
-        }
-    if reference is not None:
-        summary["tgn_vs_pyg_reference"] = {
-            "dataset": reference.get("dataset"),
-            "ours_train_events_per_s": reference.get("ours_train_events_per_s"),
-            "pyg_train_events_per_s": reference.get("pyg_train_events_per_s"),
-            "speedup": reference.get("speedup"),
-            **({"error": reference["error"]} if "error" in reference else {}),
-        }
-    return summary
+        best_model = max(per_model, key=lambda m: per_model[m].ap or 0.0, default=None)
+        datasets[dataset] = TgraphDatasetSummary(
+            models=per_model, best_model_by_ap=best_model, best_heuristic_by_ap=best_heuristic
+        )
+    return TgraphSummary(
+        protocols=protocols,
+        datasets=datasets,
+        tgn_vs_pyg_reference=None
+        if reference is None
+        else TgraphReferenceSummary(
+            dataset=reference.get("dataset"),
+            ours_train_events_per_s=reference.get("ours_train_events_per_s"),
+            pyg_train_events_per_s=reference.get("pyg_train_events_per_s"),
+            speedup=reference.get("speedup"),
+            error=reference.get("error"),
+        ),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TgraphModelSummary(Summary):
+    """One model on one dataset: means over its seeds (transductive, random negatives)."""
+
+    auc: float | None
+    ap: float | None
+    mrr: float | None
+    inductive_auc: float | None
+    historical_auc: float | None
+    """Test AUC against historical negatives (transductive)."""
+    s_per_epoch: float | None
+    train_events_per_s: float | None
+    """None for the heuristics (no training)."""
+    num_seeds: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TgraphDatasetSummary(Summary):
+    """Every model on one dataset."""
+
+    models: dict[str, TgraphModelSummary]
+    best_model_by_ap: str | None
+    best_heuristic_by_ap: str | None
+    """The best heuristic floor; None when no heuristic ran."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TgraphReferenceSummary(Summary):
+    """Our TGN's training speed against PyG's reference TGN loop on the same data."""
+
+    dataset: str | None
+    ours_train_events_per_s: float | None
+    pyg_train_events_per_s: float | None
+    speedup: float | None
+    """Ours over PyG's training events/s."""
+    error: str | None
+    """Why the reference did not run (e.g. PyG missing); None when it ran."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TgraphSummary(Summary):
+    """The `"summary"` of `frugal tgraph bench`'s `results.json`."""
+
+    protocols: dict[str, dict[str, Any]]
+    """Per dataset: the protocol's description (`Protocol.describe()`, with its hash)."""
+    datasets: dict[str, TgraphDatasetSummary]
+    tgn_vs_pyg_reference: TgraphReferenceSummary | None
+    """None when the PyG reference was not compared."""
+
+
+class TgraphBench:
+    """`frugal.bench.tgraph` behind the `frugal.bench.harness.Bench` protocol."""
+
+    name = "tgraph"
+    summary_type = TgraphSummary
+
+    def preset(self, preset: Preset) -> TgraphBenchConfig:
+        """`TgraphBenchConfig.preset`."""
+        return TgraphBenchConfig.preset(preset)
+
+    def run(
+        self, config: TgraphBenchConfig, out_dir: Path, *, progress: Progress | None = None
+    ) -> BenchResult[TgraphSummary]:
+        """`run_tgraph_bench`."""
+        return run_tgraph_bench(config, out_dir, progress=progress)
+
+
+TGRAPH_BENCH: Bench[TgraphBenchConfig, TgraphSummary] = TgraphBench()
+"""The tgraph bench, as `frugal reproduce` runs it."""
 
 
 def _mean_of(

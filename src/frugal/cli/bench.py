@@ -34,8 +34,9 @@ class BenchEntry:
 
     Attributes:
         config_class: The bench's Config class (defaults live there).
-        run: The entry function, `run(config, out_dir, progress=callable) -> document`; the
-            document is a dict or a dataclass with a `summary` (a dict or a dataclass).
+        run: The entry function, `run(config, out_dir, progress=callable)`, returning a
+            `frugal.bench.harness.BenchResult`, or a document (a dict or a dataclass with a
+            `summary`, a dict or a dataclass).
         quick: The `--quick` preset (a function returning a Config), or None.
         resolve: Builds the Config from the parsed arguments instead of the generic
             preset/`--config`/`--set` order (for a bench with its own flags), or None.
@@ -117,9 +118,11 @@ def run_bench(args: argparse.Namespace, entry: BenchEntry) -> int:
     if print_config(args, config):
         return 0
     out = output_folder(args.out)
+    from frugal.bench.harness import BenchResult
+
     with (entry.progress or _stderr_lines)() as progress:
         result = entry.run(config, out, progress=progress)
-    document = plain(result)
+    document = result.document if isinstance(result, BenchResult) else plain(result)
     if isinstance(document, Mapping) and "summary" in document:
         document = {**document, "summary": plain(document["summary"])}
         summary = document["summary"]

@@ -1,25 +1,35 @@
 """The five parts of `frugal reproduce`: how each runs its bench, judges it and draws it.
 
-A part owns no benchmark logic: `run` picks a preset of its subsystem's bench Config for the mode
-and calls that bench; `verdicts` reads the bench's `summary` and rows; `figure` draws one PNG
-from the rows. The claims are the targets of the subsystem issues, next to the published
-headline of each paper.
+A part owns no benchmark logic: `run` runs its subsystem's bench at the mode's preset (each
+bench Config's `preset`); `verdicts` reads the bench's typed summary (attributes, so a renamed
+field fails mypy) and rows; `figure` draws one PNG from them. The claims are the targets of the
+subsystem issues, next to the published headline of each paper.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from frugal.bench.harness import BenchResult, Preset, Summary
+
+if TYPE_CHECKING:
+    from frugal.bench.pipeline import PipelineSummary
+    from frugal.bench.planner import PlannerSummary
+    from frugal.bench.recsys import RecsysSummary
+    from frugal.bench.store import StoreSummary
+    from frugal.bench.tgraph import TgraphSummary
 
 __all__ = ["PART_NAMES", "Part", "Verdict", "get_part"]
 
-Mode = Literal["smoke", "quick", "full"]
+Mode = Preset
 Progress = Callable[[str], None]
-Document = dict[str, Any]
+Result = BenchResult[Any]
 
 PART_NAMES = ("store", "tgraph", "recsys", "pipeline", "planner")
 
@@ -68,10 +78,12 @@ class Part:
     """Title, venue and arXiv id of the published system."""
     published: str
     """The paper's headline claim, in its words."""
-    run: Callable[[Mode, Path, Progress], Document]
+    summary_type: Callable[[], type[Summary]]
+    """The bench's Summary class (imported when called): reads a finished part back."""
+    run: Callable[[Mode, Path, Progress], Result]
     """Run the subsystem's bench with the mode's preset; write results.json into the folder."""
-    verdicts: Callable[[Document], list[Verdict]]
-    figure: Callable[[Document, Path], None]
+    verdicts: Callable[[Result], list[Verdict]]
+    figure: Callable[[Result, Path], None]
     estimate_s: Mapping[str, float]
     """Expected wall-clock per mode on 2 cores (for the ETA only)."""
 
@@ -80,8 +92,20 @@ class Part:
 # helpers
 
 
-def _rows(document: Document) -> list[dict[str, Any]]:
-    return [r for r in document.get("rows", []) if r.get("status", "ok") == "ok"]
+def _summary_type(module: str, name: str) -> Callable[[], type[Summary]]:
+    """The Summary class `name` of `module`, imported only when a part is read back."""
+
+    def load() -> type[Summary]:
+        cls = getattr(importlib.import_module(module), name)
+        if not (isinstance(cls, type) and issubclass(cls, Summary)):
+            raise TypeError(f"{module}.{name} is not a Summary class")
+        return cls
+
+    return load
+
+
+def _rows(result: Result) -> list[dict[str, Any]]:
+    return [r for r in result.rows if r.get("status", "ok") == "ok"]
 
 
 def _ratio(ours: float | None, baseline: float | None) -> float | None:
@@ -125,38 +149,16 @@ def _save(fig: Any, path: Path) -> None:
 # store (MLKV)
 
 
-def _store_run(mode: Mode, out: Path, progress: Progress) -> Document:
-    from frugal.bench.store import StoreBenchConfig, run_store_bench
+def _store_run(mode: Mode, out: Path, progress: Progress) -> BenchResult[StoreSummary]:
+    from frugal.bench.store import STORE_BENCH
 
-    if mode == "full":
-        config = StoreBenchConfig()
-    else:
-        systems: tuple[Any, ...] = ("ram", "rocksdb_offload", "mlkv", "frugal")
-        config = replace(
-            StoreBenchConfig.quick(),
-            systems=systems,
-            memory_ratios=(0.25, 0.10),
-            num_batches=200,
-            warmup_batches=40,
-            staleness_bounds=(0,),
-        )
-        if mode == "smoke":
-            config = replace(
-                config,
-                scale=0.001,
-                batch_size=64,
-                num_batches=24,
-                warmup_batches=8,
-                memory_ratios=(0.10,),
-                compute_ms=1.0,
-            )
-    return run_store_bench(config, out, progress=progress)
+    return STORE_BENCH.run(STORE_BENCH.preset(mode), out, progress=progress)
 
 
 def _store_pick(
-    document: Document, system: str, ratio: float, lookahead: int
+    result: BenchResult[StoreSummary], system: str, ratio: float, lookahead: int
 ) -> dict[str, Any] | None:
-    for r in _rows(document):
+    for r in _rows(result):
         if (
             r["system"] == system
             and r["workload"] == "criteo_zipf"
@@ -168,16 +170,16 @@ def _store_pick(
     return None
 
 
-def _store_verdicts(document: Document) -> list[Verdict]:
-    window = int(document["summary"].get("lookahead", 4))
+def _store_verdicts(result: BenchResult[StoreSummary]) -> list[Verdict]:
+    window = result.summary.lookahead
     out = []
     for ratio, baseline, target, baseline_window in (
         (0.10, "rocksdb_offload", 3.0, 0),
         (0.10, "mlkv", 1.3, window),
         (0.25, "ram", 0.5, 0),
     ):
-        ours = _store_pick(document, "frugal", ratio, window)
-        other = _store_pick(document, baseline, ratio, baseline_window)
+        ours = _store_pick(result, "frugal", ratio, window)
+        other = _store_pick(result, baseline, ratio, baseline_window)
         ours_v = None if ours is None else float(ours["samples_per_s"])
         other_v = None if other is None else float(other["samples_per_s"])
         out.append(
@@ -193,7 +195,7 @@ def _store_verdicts(document: Document) -> list[Verdict]:
                 unit="samples/s",
             )
         )
-    identical = document["summary"].get("bit_identical_at_staleness_0", {})
+    identical = result.summary.bit_identical_at_staleness_0
     out.append(
         _yes_no(
             "store",
@@ -207,10 +209,10 @@ def _store_verdicts(document: Document) -> list[Verdict]:
     return out
 
 
-def _store_figure(document: Document, path: Path) -> None:
-    rows = [r for r in _rows(document) if r["workload"] == "criteo_zipf"]
+def _store_figure(result: BenchResult[StoreSummary], path: Path) -> None:
+    rows = [r for r in _rows(result) if r["workload"] == "criteo_zipf"]
     rows = [r for r in rows if r["staleness_bound"] == 0]
-    window = int(document["summary"].get("lookahead", 4))
+    window = result.summary.lookahead
     fig, ax = _figure_axes("store: Criteo-shaped Zipf trace, samples/s vs memory budget")
     for system in sorted({r["system"] for r in rows}):
         wanted = window if system in ("mlkv", "frugal") else 0
@@ -234,47 +236,37 @@ def _store_figure(document: Document, path: Path) -> None:
 # planner (DT-FM scheduler)
 
 
-def _planner_run(mode: Mode, out: Path, progress: Progress) -> Document:
-    from frugal.bench.planner import PlanBenchConfig, run_plan_bench
+def _planner_run(mode: Mode, out: Path, progress: Progress) -> BenchResult[PlannerSummary]:
+    from frugal.bench.planner import PLAN_BENCH
 
-    if mode == "full":
-        config = PlanBenchConfig()
-    elif mode == "quick":  # the headline cell only (GPT3-XL 24 layers, batch 1024)
-        config = replace(PlanBenchConfig.quick(), num_layers=(24,), global_batches=(1024,))
-    else:
-        config = replace(
-            PlanBenchConfig.quick(),
-            num_layers=(24,),
-            global_batches=(1024,),
-            scenarios=("datacenter", "world"),
-            random_seeds=(2022,),
-            budget=40,
-            convergence_budget=40,
-        )
-    document = run_plan_bench(config, out, progress=progress)
+    result = PLAN_BENCH.run(PLAN_BENCH.preset(mode), out, progress=progress)
     if mode == "smoke":
-        return document  # the emulated validation runs take minutes
+        return result  # the emulated validation runs take minutes
     # Validation: the cost model's predictions against emulated pipeline runs of each plan.
-    from frugal.bench.plan_validation import Config as ValidateConfig
-    from frugal.bench.plan_validation import quick as validate_quick
-    from frugal.bench.plan_validation import run_plan_validation
+    from frugal.bench import plan_validation
+    from frugal.results import clean_json, write_results
 
     # full: 8 ranks, 3 rounds of 8 steps per method; quick: 4 ranks, 2 rounds of 6 (one round
     # under load reversed two plans the replay calls tied).
-    check = ValidateConfig() if mode == "full" else validate_quick()
-    validation = run_plan_validation(check, out / "validation", progress=progress)
-    document["rows"] += [{"validation": True} | row for row in validation["rows"]]
-    document["summary"]["validation"] = validation["summary"]
-    document["summary"]["sim_vs_measured_max_error"] = validation["summary"][
-        "sim_vs_measured_max_error"
-    ]
-    return document
+    validation = plan_validation.run_plan_validation(
+        plan_validation.preset(mode), out / "validation", progress=progress
+    )
+    rows = result.rows + [{"validation": True} | row for row in validation.rows]
+    summary = replace(
+        result.summary,
+        validation=validation.summary,
+        sim_vs_measured_max_error=validation.summary.sim_vs_measured_max_error,
+    )
+    # The part's results.json holds the validation too, so a resumed part reads it back.
+    document = result.document | {"rows": rows, "summary": clean_json(summary.to_dict())}
+    write_results(out / "results.json", document)
+    return BenchResult(summary=summary, rows=rows, document=document)
 
 
-def _planner_verdicts(document: Document) -> list[Verdict]:
+def _planner_verdicts(result: BenchResult[PlannerSummary]) -> list[Verdict]:
     rows = [
         r
-        for r in _rows(document)
+        for r in _rows(result)
         if r.get("objective") != "paper" and "num_layers" in r and not r.get("validation")
     ]
     world = [r for r in rows if r["scenario"] == "world"]
@@ -339,7 +331,7 @@ def _planner_verdicts(document: Document) -> list[Verdict]:
         )
     curves = {
         (r["scenario"], r["method"]): r["paper_cost_s"]
-        for r in document.get("rows", [])
+        for r in result.rows
         if r.get("objective") == "paper"
     }
     for scenario in sorted({s for s, _ in curves}):
@@ -358,8 +350,8 @@ def _planner_verdicts(document: Document) -> list[Verdict]:
                 unit="s (paper cost)",
             )
         )
-    validation = document["summary"].get("validation") or {}
-    error = validation.get("sim_vs_measured_max_error")
+    validation = result.summary.validation
+    error = None if validation is None else validation.sim_vs_measured_max_error
     out.append(
         Verdict(
             part="planner",
@@ -370,11 +362,11 @@ def _planner_verdicts(document: Document) -> list[Verdict]:
             value_unit="(relative, max over methods)",
         )
     )
-    ranking = validation.get("ranking_matches")
+    ranking = None if validation is None else validation.ranking_matches
     out.append(
         _yes_no("planner", "the emulated runs rank the placements as the model does", ranking)
     )
-    search = document["summary"].get("search_s_world")
+    search = result.summary.search_s_world
     out.append(
         Verdict(
             part="planner",
@@ -388,12 +380,12 @@ def _planner_verdicts(document: Document) -> list[Verdict]:
     return out
 
 
-def _planner_figure(document: Document, path: Path) -> None:
+def _planner_figure(result: BenchResult[PlannerSummary], path: Path) -> None:
     import numpy as np
 
     rows = [
         r
-        for r in _rows(document)
+        for r in _rows(result)
         if r.get("objective") != "paper" and "num_layers" in r and not r.get("validation")
     ]
     fig, ax = _figure_axes("planner: predicted iteration time per scenario and method")
@@ -424,44 +416,30 @@ def _planner_figure(document: Document, path: Path) -> None:
 # tgraph (Benchtemp)
 
 
-def _tgraph_run(mode: Mode, out: Path, progress: Progress) -> Document:
-    from frugal.bench.tgraph import TgraphBenchConfig, run_tgraph_bench
+def _tgraph_run(mode: Mode, out: Path, progress: Progress) -> BenchResult[TgraphSummary]:
+    from frugal.bench.tgraph import TGRAPH_BENCH
 
-    if mode == "full":
-        config = TgraphBenchConfig()
-    elif mode == "quick":
-        config = TgraphBenchConfig.quick()
-    else:
-        quick = TgraphBenchConfig.quick()
-        config = replace(
-            quick,
-            datasets=("sp_hospital",),
-            models=("edgebank", "recency", "tgn"),
-            protocol=replace(quick.protocol, max_epochs=1),
-            pyg_reference_batches=10,
-        )
-    return run_tgraph_bench(config, out, progress=progress)
+    return TGRAPH_BENCH.run(TGRAPH_BENCH.preset(mode), out, progress=progress)
 
 
-def _tgraph_verdicts(document: Document) -> list[Verdict]:
-    summary = document["summary"]
+def _tgraph_verdicts(result: BenchResult[TgraphSummary]) -> list[Verdict]:
+    summary = result.summary
     out = []
-    reference = summary.get("tgn_vs_pyg_reference") or {}
+    reference = summary.tgn_vs_pyg_reference
     out.append(
         Verdict(
             part="tgraph",
             claim="TGN trains at least as many events/s as PyG's reference TGN loop (goal 2x)",
-            value=reference.get("speedup"),
+            value=None if reference is None else reference.speedup,
             target=1.0,
             comparison=">=",
-            ours=reference.get("ours_train_events_per_s"),
+            ours=None if reference is None else reference.ours_train_events_per_s,
             baseline_name="pyg_tgn",
-            baseline=reference.get("pyg_train_events_per_s"),
+            baseline=None if reference is None else reference.pyg_train_events_per_s,
             unit="events/s",
         )
     )
-    datasets = summary.get("datasets", {})
-    floors = [d.get("best_heuristic_by_ap") is not None for d in datasets.values()]
+    floors = [d.best_heuristic_by_ap is not None for d in summary.datasets.values()]
     out.append(
         _yes_no(
             "tgraph",
@@ -472,15 +450,15 @@ def _tgraph_verdicts(document: Document) -> list[Verdict]:
     return out
 
 
-def _tgraph_figure(document: Document, path: Path) -> None:
+def _tgraph_figure(result: BenchResult[TgraphSummary], path: Path) -> None:
     fig, ax = _figure_axes("tgraph: test AUC vs training speed (transductive, random negatives)")
-    for dataset, entry in document["summary"].get("datasets", {}).items():
-        for model, m in entry.get("models", {}).items():
-            if m.get("auc") is None:
+    for dataset, entry in result.summary.datasets.items():
+        for model, m in entry.models.items():
+            if m.auc is None:
                 continue
-            speed = m.get("train_events_per_s") or 0.0
-            ax.scatter([max(speed, 1.0)], [m["auc"]], label=f"{dataset}/{model}", s=25)
-            ax.annotate(model, (max(speed, 1.0), m["auc"]), fontsize=7)
+            speed = m.train_events_per_s or 0.0
+            ax.scatter([max(speed, 1.0)], [m.auc], label=f"{dataset}/{model}", s=25)
+            ax.annotate(model, (max(speed, 1.0), m.auc), fontsize=7)
     ax.set_xscale("log")
     ax.set_xlabel("training events/s (heuristics: no training, plotted at 1)")
     ax.set_ylabel("test AUC")
@@ -491,31 +469,16 @@ def _tgraph_figure(document: Document, path: Path) -> None:
 # recsys (Persia)
 
 
-def _recsys_run(mode: Mode, out: Path, progress: Progress) -> Document:
-    from frugal.bench.recsys import RecsysBenchConfig, run_recsys_bench
+def _recsys_run(mode: Mode, out: Path, progress: Progress) -> BenchResult[RecsysSummary]:
+    from frugal.bench.recsys import RECSYS_BENCH
 
-    if mode == "full":
-        config = RecsysBenchConfig()
-    elif mode == "quick":
-        config = RecsysBenchConfig.quick()
-    else:
-        config = replace(
-            RecsysBenchConfig.quick(),
-            datasets=("movielens100k",),
-            staleness=(4,),
-            max_steps=24,
-            warmup_steps=4,
-        )
-    return run_recsys_bench(config, out, progress=progress)
+    return RECSYS_BENCH.run(RECSYS_BENCH.preset(mode), out, progress=progress)
 
 
-def _recsys_verdicts(document: Document) -> list[Verdict]:
-    summary = document["summary"]
+def _recsys_verdicts(result: BenchResult[RecsysSummary]) -> list[Verdict]:
+    summary = result.summary
     out = []
-    for dataset, entry in summary.get("datasets", {}).items():
-        gap = entry.get("max_abs_auc_gap_hybrid_k_le_16_seed_mean")
-        if gap is None:  # a results file from before the seed-mean field
-            gap = entry.get("max_abs_auc_gap_hybrid_k_le_16")
+    for dataset, entry in summary.datasets.items():
         out.append(
             Verdict(
                 part="recsys",
@@ -523,21 +486,21 @@ def _recsys_verdicts(document: Document) -> list[Verdict]:
                     f"{dataset}: |AUC(hybrid, K <= 16) - AUC(sync)| <= 0.002 (worst K and rtt, "
                     "each side the mean over the seeds)"
                 ),
-                value=gap,
+                value=entry.max_abs_auc_gap_hybrid_k_le_16_seed_mean,
                 target=0.002,
                 comparison="<=",
                 value_unit="AUC",
                 ours=None,
                 baseline_name="sync",
-                baseline=entry.get("sync_test_auc"),
+                baseline=entry.sync_test_auc,
                 unit="AUC",
             )
         )
         out.append(
             Verdict(
                 part="recsys",
-                claim=f"{dataset}: hybrid >= 1.5x sync samples/s at rtt {summary.get('rtt_ms')} ms",
-                value=entry.get("throughput_hybrid_over_sync"),
+                claim=f"{dataset}: hybrid >= 1.5x sync samples/s at rtt {summary.rtt_ms} ms",
+                value=entry.throughput_hybrid_over_sync,
                 target=1.5,
                 comparison=">=",
             )
@@ -547,26 +510,29 @@ def _recsys_verdicts(document: Document) -> list[Verdict]:
                 Verdict(
                     part="recsys",
                     claim="criteo_zipf: AUC(async, K >= 16) at least 0.003 below hybrid",
-                    value=entry.get("mean_auc_gap_hybrid_minus_async_k_ge_16"),
+                    value=entry.mean_auc_gap_hybrid_minus_async_k_ge_16,
                     target=0.003,
                     comparison=">=",
                     value_unit="AUC",
                 )
             )
-    within = summary.get("staleness_within_bound")
-    out.append(_yes_no("recsys", "measured staleness never exceeds the bound", within))
+    out.append(
+        _yes_no(
+            "recsys", "measured staleness never exceeds the bound", summary.staleness_within_bound
+        )
+    )
     return out
 
 
-def _recsys_figure(document: Document, path: Path) -> None:
+def _recsys_figure(result: BenchResult[RecsysSummary], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    rows = _rows(document)
-    rtt = document["summary"].get("rtt_ms")
+    rows = _rows(result)
+    rtt = result.summary.rtt_ms
     rows = [r for r in rows if r.get("rtt_ms") == rtt]
     fig, (ax_auc, ax_speed) = plt.subplots(1, 2, figsize=(9.0, 3.8))
     fig.suptitle(f"recsys: test AUC and samples/s per mode (rtt {rtt} ms)", fontsize=10)
@@ -603,46 +569,26 @@ def _recsys_figure(document: Document, path: Path) -> None:
 # pipeline (AQ-SGD)
 
 
-def _pipeline_run(mode: Mode, out: Path, progress: Progress) -> Document:
-    from frugal.bench.pipeline import PipelineBenchConfig, run_pipeline_bench
+def _pipeline_run(mode: Mode, out: Path, progress: Progress) -> BenchResult[PipelineSummary]:
+    from frugal.bench.pipeline import PIPELINE_BENCH
 
-    if mode == "full":
-        config = PipelineBenchConfig()
-    elif mode == "quick":
-        config = PipelineBenchConfig.quick()
-    else:
-        quick = PipelineBenchConfig.quick()
-        config = replace(
-            quick,
-            train=replace(quick.train, num_train=64, num_eval=16, num_microbatches=4),
-            methods=("fp32", "aqsgd:fw2,bw4"),
-            rhos=(min(quick.rhos), max(quick.rhos)),
-            epochs=2,
-            pretrain_windows=256,
-            speed_steps=2,
-            speed_rounds=1,
-            torch_pipelining=(),
-            dp=replace(quick.dp, enabled=False),
-        )
-    return run_pipeline_bench(config, out, progress=progress)
+    return PIPELINE_BENCH.run(PIPELINE_BENCH.preset(mode), out, progress=progress)
 
 
-def _pipeline_verdicts(document: Document) -> list[Verdict]:
-    s = document["summary"]
-    gap_aq, gap_dq = s.get("loss_gap_aqsgd_fw2"), s.get("loss_gap_directq_fw2")
+def _pipeline_verdicts(result: BenchResult[PipelineSummary]) -> list[Verdict]:
+    s = result.summary
+    gap_aq, gap_dq = s.loss_gap_aqsgd_fw2, s.loss_gap_directq_fw2
     # Strict order over near-equal fast links is decided by noise; judge it within the
     # per-round spread (the summary keeps the strict flag too).
-    monotone = s.get("speedup_monotone_within_noise", s.get("speedup_monotone"))
-    exact = s.get("bytes_match_analytic")
-    fine_tuned = s.get("quality_start") == "fine-tune"
+    monotone = s.speedup_monotone_within_noise
+    exact = s.bytes_match_analytic
+    fine_tuned = s.quality_start == "fine-tune"
     start = "fine-tuning a pre-trained" if fine_tuned else "training a fresh"
     out = [
         Verdict(
             part="pipeline",
-            claim=(
-                f"AQ-SGD fw2/bw4 >= 3x FP32 tokens/s at the slowest link ({s.get('slowest_link')})"
-            ),
-            value=s.get("speedup_at_slowest"),
+            claim=(f"AQ-SGD fw2/bw4 >= 3x FP32 tokens/s at the slowest link ({s.slowest_link})"),
+            value=s.speedup_at_slowest,
             target=3.0,
             comparison=">=",
         ),
@@ -659,7 +605,7 @@ def _pipeline_verdicts(document: Document) -> list[Verdict]:
             comparison="<=",
             value_unit="(relative)",
             baseline_name="fp32",
-            baseline=s.get("fp32_final_eval_loss"),
+            baseline=s.fp32_final_eval_loss,
             unit="eval loss",
         ),
         Verdict(
@@ -673,14 +619,14 @@ def _pipeline_verdicts(document: Document) -> list[Verdict]:
         Verdict(
             part="pipeline",
             claim="measured tokens/s within 15% of the simulation at every point",
-            value=s.get("max_sim_gap"),
+            value=s.max_sim_gap,
             target=0.15,
             comparison="<=",
             value_unit="(relative)",
         ),
         _yes_no("pipeline", "bytes on the wire equal the codecs' analytic sizes", exact),
     ]
-    if s.get("dp_speedup_at_slowest") is not None:
+    if s.dp_speedup_at_slowest is not None:
         out.append(
             Verdict(
                 part="pipeline",
@@ -688,28 +634,28 @@ def _pipeline_verdicts(document: Document) -> list[Verdict]:
                     "AQ-SGD fw2/bw4 + DP momentum compression >= 3x FP32 tokens/s, 2 stages x 2 "
                     "replicas at the slowest link (paper: 4.9x end to end)"
                 ),
-                value=s.get("dp_speedup_at_slowest"),
+                value=s.dp_speedup_at_slowest,
                 target=3.0,
                 comparison=">=",
             )
         )
-    if s.get("llm_speedup_at_slowest") is not None or s.get("llm_skipped"):
+    if s.llm_speedup_at_slowest is not None or s.llm_skipped:
         out.append(
             Verdict(
                 part="pipeline",
                 claim=(
-                    f"{s.get('llm_model', 'smollm2-135m')} (pre-trained, 4 stages): AQ-SGD "
+                    f"{s.llm_model or 'smollm2-135m'} (pre-trained, 4 stages): AQ-SGD "
                     f"fw2/bw4 >= 3x FP32 tokens/s at the slowest link "
-                    f"({s.get('llm_slowest_link', '100mbps')})"
+                    f"({s.llm_slowest_link or '100mbps'})"
                 ),
-                value=s.get("llm_speedup_at_slowest"),
+                value=s.llm_speedup_at_slowest,
                 target=3.0,
                 comparison=">=",
             )
         )
-    if s.get("torch_pipelining_tokens_per_s") is not None:
+    if s.torch_pipelining_tokens_per_s is not None:
         # Schedule by schedule where the bench ran ours on each of torch's: the worst one.
-        by_schedule = s.get("speedup_vs_torch_pipelining_by_schedule") or {}
+        by_schedule = s.speedup_vs_torch_pipelining_by_schedule or {}
         names = ", ".join(by_schedule) or "same schedule"
         out.append(
             Verdict(
@@ -723,7 +669,7 @@ def _pipeline_verdicts(document: Document) -> list[Verdict]:
                 ),
                 value=min(by_schedule.values())
                 if len(by_schedule) > 1
-                else s.get("speedup_vs_torch_pipelining"),
+                else s.speedup_vs_torch_pipelining,
                 target=1.0,
                 comparison=">=",
             )
@@ -731,8 +677,8 @@ def _pipeline_verdicts(document: Document) -> list[Verdict]:
     return out
 
 
-def _pipeline_figure(document: Document, path: Path) -> None:
-    rows = _rows(document)
+def _pipeline_figure(result: BenchResult[PipelineSummary], path: Path) -> None:
+    rows = _rows(result)
     fig, ax = _figure_axes("pipeline: speed-up over FP32 vs link bandwidth, per codec")
     fp32 = {r["rho"]: r["tokens_per_s"] for r in rows if r.get("method") == "fp32"}
     for method in dict.fromkeys(r["method"] for r in rows):
@@ -755,8 +701,8 @@ def _pipeline_figure(document: Document, path: Path) -> None:
 # parts that arrive with their subsystem issues
 
 
-def _missing(name: str) -> Callable[[Mode, Path, Progress], Document]:
-    def run(mode: Mode, out: Path, progress: Progress) -> Document:
+def _missing(name: str) -> Callable[[Mode, Path, Progress], Result]:
+    def run(mode: Mode, out: Path, progress: Progress) -> Result:
         from frugal import FrugalError
 
         raise FrugalError(
@@ -767,11 +713,11 @@ def _missing(name: str) -> Callable[[Mode, Path, Progress], Document]:
     return run
 
 
-def _no_verdicts(document: Document) -> list[Verdict]:
+def _no_verdicts(result: Result) -> list[Verdict]:
     return []
 
 
-def _no_figure(document: Document, path: Path) -> None:
+def _no_figure(result: Result, path: Path) -> None:
     return None
 
 
@@ -784,6 +730,7 @@ _PARTS: dict[str, Part] = {
             "Key-Value Storage (He et al., ICDE 2025, arXiv 2504.01506)"
         ),
         published="1.6-12.6x the throughput of offloading to a KV store, close to all-in-RAM",
+        summary_type=_summary_type("frugal.bench.store", "StoreSummary"),
         run=_store_run,
         verdicts=_store_verdicts,
         figure=_store_figure,
@@ -797,6 +744,7 @@ _PARTS: dict[str, Part] = {
             "(Huang et al., ICDE 2024, arXiv 2308.16385)"
         ),
         published="one protocol for every TGNN; effectiveness and efficiency side by side",
+        summary_type=_summary_type("frugal.bench.tgraph", "TgraphSummary"),
         run=_tgraph_run,
         verdicts=_tgraph_verdicts,
         figure=_tgraph_figure,
@@ -810,6 +758,7 @@ _PARTS: dict[str, Part] = {
             "100 Trillion Parameters (Lian et al., KDD 2022, arXiv 2111.05897)"
         ),
         published="synchronous training's AUC at close to asynchronous training's speed",
+        summary_type=_summary_type("frugal.bench.recsys", "RecsysSummary"),
         run=_recsys_run,
         verdicts=_recsys_verdicts,
         figure=_recsys_figure,
@@ -823,6 +772,7 @@ _PARTS: dict[str, Part] = {
             "Guarantees (Wang et al., NeurIPS 2022, arXiv 2206.01299)"
         ),
         published="2-4 bit activation deltas keep FP32 quality; up to 4.3x faster on slow links",
+        summary_type=_summary_type("frugal.bench.pipeline", "PipelineSummary"),
         run=_pipeline_run,
         verdicts=_pipeline_verdicts,
         figure=_pipeline_figure,
@@ -836,6 +786,7 @@ _PARTS: dict[str, Part] = {
             "(Yuan et al., NeurIPS 2022, arXiv 2206.01288)"
         ),
         published="up to 4.8x faster than Megatron/DeepSpeed-style placement across the world",
+        summary_type=_summary_type("frugal.bench.planner", "PlannerSummary"),
         run=_planner_run,
         verdicts=_planner_verdicts,
         figure=_planner_figure,

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from frugal.bench.harness import BenchResult, load_bench_result
 from frugal.config import check_types
-from frugal.reproduce.parts import PART_NAMES, Mode, Verdict, get_part
+from frugal.reproduce.parts import PART_NAMES, Mode, Part, Verdict, get_part
 
 __all__ = ["MODES", "Mode", "PartOutcome", "ReproduceConfig", "run_reproduce"]
 
@@ -45,16 +46,22 @@ class ReproduceConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PartOutcome:
-    """What one part produced: its bench document, or the error that stopped it."""
+    """What one part produced: its bench result, or the error that stopped it."""
 
     name: str
     status: Literal["ok", "failed"]
     wall_s: float
-    document: dict[str, Any] | None
+    result: BenchResult[Any] | None
+    """The bench's typed summary, rows and document; None when the part failed."""
     verdicts: tuple[Verdict, ...]
     figure: str | None
     error: str | None
     resumed: bool
+
+    @property
+    def document(self) -> dict[str, Any] | None:
+        """The bench's `results.json` content, or None when the part failed."""
+        return None if self.result is None else self.result.document
 
 
 class _Eta:
@@ -127,26 +134,36 @@ class _Eta:
             self._progress.update(self._overall, completed=self._done_s + elapsed)
 
 
-def _load_finished(
-    folder: Path, mode: str, commit: str | None
-) -> tuple[dict[str, Any], float] | None:
-    """(document, wall_s) of a part finished earlier here, same mode and code; else None.
+def _finished_wall_s(folder: Path, mode: str, commit: str | None) -> float | None:
+    """The wall seconds of a part finished earlier here with the same mode and code; else None.
 
-    A part is reused only if its marker names the same mode and git commit (so a report never
-    mixes numbers of different code) and its results.json holds rows and a summary.
+    A part is reused only if its marker names the same mode and git commit, so a report never
+    mixes numbers of different code.
     """
     try:
         meta = json.loads((folder / _MARKER).read_text())
         if (meta.get("mode"), meta.get("status"), meta.get("git_commit")) != (mode, "ok", commit):
             return None
-        document: dict[str, Any] = json.loads((folder / "results.json").read_text())
-        if not isinstance(document.get("rows"), list) or not isinstance(
-            document.get("summary"), dict
-        ):
+        if not (folder / "results.json").is_file():
             return None
-    except (OSError, ValueError, AttributeError):
+        return float(meta.get("wall_s", 0.0))
+    except (OSError, ValueError, AttributeError, TypeError):
         return None
-    return document, float(meta.get("wall_s", 0.0))
+
+
+def _load_finished(part: Part, folder: Path) -> BenchResult[Any]:
+    """The finished part's results.json, its summary parsed by the bench's Summary class.
+
+    Raises:
+        OSError: If the file cannot be read.
+        ValueError: If it lacks rows or a summary, or the summary has a missing or unknown key
+            (a results.json written by other code: delete the part's folder to measure again).
+        TypeError: If a summary value has the wrong type.
+    """
+    try:
+        return load_bench_result(folder / "results.json", part.summary_type())
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{exc} (delete {folder} to measure the part again)") from exc
 
 
 def run_reproduce(
@@ -199,30 +216,33 @@ def run_reproduce(
             eta.begin(part.name)
             progress(f"[{part.name}] {part.title} ({config.mode})")
             start = time.monotonic()
-            finished = _load_finished(folder, config.mode, commit)
-            resumed = finished is not None
-            document, wall_s = finished if finished is not None else (None, 0.0)
+            finished_s = _finished_wall_s(folder, config.mode, commit)
+            resumed = finished_s is not None
+            wall_s = finished_s or 0.0
+            result: BenchResult[Any] | None = None
             error = None
             (out_dir / f"{part.name}.png").unlink(missing_ok=True)  # never a stale figure
             try:
-                if document is None:
+                if resumed:  # a summary that does not parse fails the part, never "not measured"
+                    result = _load_finished(part, folder)
+                else:
                     (folder / _MARKER).unlink(missing_ok=True)
-                    document = part.run(config.mode, folder, progress)
+                    result = part.run(config.mode, folder, progress)
                     wall_s = time.monotonic() - start
                     marker = {"mode": config.mode, "status": "ok", "git_commit": commit,
                               "wall_s": wall_s}  # fmt: skip
                     (folder / _MARKER).write_text(json.dumps(marker) + "\n")
-                verdicts = tuple(part.verdicts(document))
+                verdicts = tuple(part.verdicts(result))
             except Exception as exc:  # one part's failure must not stop the others
                 error = f"{type(exc).__name__}: {exc}"
                 progress(f"[{part.name}] FAILED: {error}")
                 (folder / "error.txt").write_text(traceback.format_exc())
-                document, verdicts = None, ()
+                result, verdicts = None, ()
             figure = None
-            if document is not None:
+            if result is not None:
                 try:
                     path = out_dir / f"{part.name}.png"
-                    part.figure(document, path)
+                    part.figure(result, path)
                     figure = path.name if path.exists() else None
                 except Exception as exc:  # a broken figure is reported, the numbers stay
                     progress(f"[{part.name}] figure failed: {type(exc).__name__}: {exc}")
@@ -230,7 +250,7 @@ def run_reproduce(
                 name=part.name,
                 status="ok" if error is None else "failed",
                 wall_s=wall_s if error is None else time.monotonic() - start,
-                document=document,
+                result=result,
                 verdicts=verdicts,
                 figure=figure,
                 error=error,
@@ -247,14 +267,14 @@ def run_reproduce(
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {"parts": {}, "verdicts": []}
     for outcome in outcomes:
-        if outcome.document is not None:
-            rows.extend({"part": outcome.name} | row for row in outcome.document["rows"])
+        if outcome.result is not None:
+            rows.extend({"part": outcome.name} | row for row in outcome.result.rows)
         summary["parts"][outcome.name] = {
             "status": outcome.status,
             "wall_s": outcome.wall_s,
             "resumed": outcome.resumed,
             "error": outcome.error,
-            "summary": None if outcome.document is None else outcome.document["summary"],
+            "summary": None if outcome.result is None else outcome.result.document["summary"],
         }
         summary["verdicts"].extend(v.as_row() for v in outcome.verdicts)
     summary["claims_met"] = sum(v["met"] is True for v in summary["verdicts"])

@@ -1,0 +1,444 @@
+"""The one bench harness: presets, typed summaries, child-process cells and medians.
+
+Every area's bench (`frugal.bench.store`, `frugal.bench.tgraph`, ...) is built from these parts:
+
+- `Preset`: the sizes `frugal reproduce` runs a bench at (`"smoke"`, `"quick"`, `"full"`). Each
+  bench's Config declares its sizes in one classmethod, `preset(name)`.
+- `Summary`: the base of each bench's frozen summary dataclass (`StoreSummary`, ...). The
+  `"summary"` of `results.json` is `Summary.to_dict()`; `Summary.from_dict` reads it back and
+  raises on a missing or an unknown key, so a renamed field is an error, never a claim silently
+  turning into "not measured".
+- `BenchResult`: what a bench returns: its typed summary, its rows and the `results.json`
+  document it wrote (`write_bench_results`, reading back: `load_bench_result`).
+- `Bench`: the protocol `frugal reproduce` drives a bench through.
+- `run_cell`: runs one cell in a fresh child process with a timeout, under one failure rule.
+- `median`, `median_after_warmup`, `median_item`: the medians every timing goes through.
+
+The resumable journal of finished cells is `frugal.results.BenchJournal`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import statistics
+import traceback
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Literal, Protocol, Self, TypeVar, get_args
+
+from frugal import FrugalError
+
+__all__ = [
+    "PRESETS",
+    "Bench",
+    "BenchResult",
+    "CellOutcome",
+    "CellStatus",
+    "Preset",
+    "Progress",
+    "Summary",
+    "load_bench_result",
+    "median",
+    "median_after_warmup",
+    "median_item",
+    "run_cell",
+    "write_bench_results",
+]
+
+Preset = Literal["smoke", "quick", "full"]
+"""`smoke`: seconds per bench, numbers meaningless (CI); `quick`: minutes on 2 cores;
+`full`: the real benchmark (hours)."""
+PRESETS: tuple[Preset, ...] = get_args(Preset)
+Progress = Callable[[str], None]
+"""Called with one line per finished step of a bench."""
+
+S = TypeVar("S", bound="Summary")
+S_co = TypeVar("S_co", bound="Summary", covariant=True)
+C = TypeVar("C")
+T = TypeVar("T")
+A = TypeVar("A")
+
+
+# --- typed summaries -----------------------------------------------------------------------
+
+
+class Summary:
+    """Base of every bench's summary: a frozen dataclass whose fields are `results.json` keys.
+
+    Subclasses are `@dataclass(frozen=True, kw_only=True, slots=True)`. Fields hold JSON data
+    (numbers, strings, bools, None, lists, string-keyed dicts) or nested frozen dataclasses
+    (also `Summary` subclasses). A value a run may not measure is `X | None`, never a missing
+    key.
+    """
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as JSON data: the `"summary"` of `results.json`, one key per field."""
+        data: dict[str, Any] = dataclasses.asdict(self)  # type: ignore[call-overload]  # subclasses are dataclasses
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Read a summary back from JSON data (e.g. the `"summary"` of a `results.json`).
+
+        Every field must be present (a missing key is an error even where the field may be
+        None) and no other key may appear. Nested summaries are checked the same way. A float
+        field read as null is NaN (`results.json` writes non-finite numbers as null).
+
+        Args:
+            data: The summary as `to_dict` wrote it.
+
+        Returns:
+            The summary.
+
+        Raises:
+            ValueError: If a key is missing or unknown; the message gives the dotted key, the
+                summary class and its keys.
+            TypeError: If a value has the wrong type.
+        """
+        value: Self = _parse(cls, data, cls.__name__)
+        return value
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        """`from_dict` of a JSON text.
+
+        Raises:
+            ValueError: If `text` is not JSON, or a key is missing or unknown.
+            TypeError: If a value has the wrong type.
+        """
+        return cls.from_dict(json.loads(text))
+
+    def to_json(self) -> str:
+        """`to_dict` as JSON text (non-finite floats as null, as in `results.json`)."""
+        from frugal.results import clean_json
+
+        return json.dumps(clean_json(self.to_dict()))
+
+
+def _parse(tp: Any, value: Any, where: str) -> Any:
+    """`value` checked against (and built into) the type `tp`; `where` is its dotted key."""
+    if tp is Any or tp is object:
+        return value
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _parse(option, value, where)
+            except (TypeError, ValueError) as exc:
+                errors.append(exc)
+        raise errors[0] if len(errors) == 1 else TypeError(f"{where}={value!r} is none of {tp}")
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ValueError(f"{where}={value!r} must be one of {typing.get_args(tp)}")
+        return value
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _parse_dataclass(tp, value, where)
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise TypeError(f"{where} must be an object, got {type(value).__name__}")
+        _, item = typing.get_args(tp) or (str, Any)
+        return {str(k): _parse(item, v, f"{where}.{k}") for k, v in value.items()}
+    if origin is list or origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{where} must be a list, got {type(value).__name__}")
+        args = typing.get_args(tp)
+        item = args[0] if args else Any
+        items = [_parse(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if tp is float:
+        if value is None:
+            return float("nan")  # results.json writes NaN and inf as null
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{where}={value!r} must be a number")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{where}={value!r} must be an integer")
+        return value
+    if tp in (bool, str):
+        if not isinstance(value, tp):
+            raise TypeError(f"{where}={value!r} must be a {tp.__name__}")
+        return value
+    return value
+
+
+def _parse_dataclass(cls: type[Any], value: Any, where: str) -> Any:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{where} must be an object ({cls.__name__}), got {type(value).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    missing = [n for n in names if n not in value]
+    unknown = [k for k in value if k not in names]
+    if missing or unknown:
+        problems = []
+        if missing:
+            problems.append(f"lacks {', '.join(f'{where}.{n}' for n in missing)}")
+        if unknown:
+            problems.append(f"has unknown {', '.join(f'{where}.{k}' for k in unknown)}")
+        name = where if where == cls.__name__ else f"{where} ({cls.__name__})"
+        raise ValueError(
+            f"{name} {' and '.join(problems)}; its keys are "
+            f"{', '.join(names)}. A results.json of another frugal version? Measure it again."
+        )
+    return cls(**{n: _parse(hints[n], value[n], f"{where}.{n}") for n in names})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BenchResult(Generic[S_co]):
+    """What a bench returns: its typed summary, its rows and the document it wrote."""
+
+    summary: S_co
+    """The headline numbers, typed; `document["summary"]` is `summary.to_dict()`."""
+    rows: list[dict[str, Any]]
+    """One row per measured cell (`document["rows"]`)."""
+    document: dict[str, Any]
+    """The `results.json` content (ARCHITECTURE.md format)."""
+
+
+def write_bench_results(
+    benchmark: str,
+    config: object,
+    rows: list[dict[str, Any]],
+    summary: S,
+    path: Path | None,
+) -> BenchResult[S]:
+    """Assemble the `results.json` document of a bench, write it to `path`, return the result.
+
+    Args:
+        benchmark: The document's `"benchmark"` name.
+        config: The bench's resolved Config dataclass.
+        rows: One row per measured cell.
+        summary: The bench's typed summary.
+        path: Where to write `results.json`; None to only build the result.
+
+    Returns:
+        The summary, the rows and the document.
+
+    Raises:
+        TypeError: If `config` is not a Config dataclass.
+        OSError: If the file cannot be written.
+    """
+    from frugal.results import results_document, write_results
+
+    document = results_document(benchmark, config, rows, summary.to_dict())
+    if path is not None:
+        write_results(path, document)
+    return BenchResult(summary=summary, rows=document["rows"], document=document)
+
+
+def load_bench_result(path: Path, summary_type: type[S]) -> BenchResult[S]:
+    """Read a bench's `results.json` back, its summary parsed by `summary_type.from_dict`.
+
+    Raises:
+        OSError: If the file cannot be read.
+        ValueError: If it is not JSON, lacks rows or a summary, or the summary has a missing or
+            unknown key (the message names `path`).
+        TypeError: If a summary value has the wrong type.
+    """
+    document = json.loads(path.read_text())
+    if not isinstance(document, dict) or not isinstance(document.get("rows"), list):
+        raise ValueError(f"{path} is not a results.json with rows")
+    if not isinstance(document.get("summary"), dict):
+        raise ValueError(f"{path} has no summary object")
+    try:
+        summary = summary_type.from_dict(document["summary"])
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{path}: {exc}") from exc
+    return BenchResult(summary=summary, rows=document["rows"], document=document)
+
+
+class Bench(Protocol[C, S_co]):
+    """How `frugal reproduce` drives one area's bench (each bench module defines one)."""
+
+    @property
+    def name(self) -> str:
+        """The area (`"store"`, `"tgraph"`, ...)."""
+        ...
+
+    @property
+    def summary_type(self) -> type[S_co]:
+        """The bench's Summary class (reads its `results.json` back)."""
+        ...
+
+    def preset(self, preset: Preset) -> C:
+        """The bench's Config at the sizes of `preset`."""
+        ...
+
+    def run(
+        self, config: C, out_dir: Path, *, progress: Progress | None = None
+    ) -> BenchResult[S_co]:
+        """Run every cell of `config`, write `out_dir/results.json`, return the result."""
+        ...
+
+
+# --- child-process cells -------------------------------------------------------------------
+
+CellStatus = Literal["ok", "error", "timeout"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CellOutcome(Generic[T]):
+    """How one child-process cell ended.
+
+    The one failure rule of `run_cell`: `"ok"` when the child returned a value and exited with
+    code 0; `"error"` when the target raised (`error` is `Type: message`, `traceback` the
+    child's), the child died before answering, or it exited non-zero after answering;
+    `"timeout"` when no answer came within the limit (the child is killed).
+    """
+
+    status: CellStatus
+    value: T | None
+    """The target's return value (kept even when a non-zero exit made the status "error")."""
+    error: str | None = None
+    """One line saying what failed; None when ok."""
+    traceback: str | None = None
+    """The child's traceback when the target raised."""
+
+    def unwrap(self, what: str) -> T:
+        """The value of an ok cell; else raise.
+
+        Args:
+            what: Names the cell in the error (`"run sp_hospital/tgn/seed 0"`).
+
+        Raises:
+            FrugalError: If the cell's status is not "ok".
+        """
+        if self.status != "ok" or self.value is None:
+            detail = f"\n{self.traceback}" if self.traceback else ""
+            raise FrugalError(f"{what} failed ({self.status}): {self.error}{detail}")
+        return self.value
+
+
+_JOIN_S = 30.0
+
+
+def _child_main(
+    target: Callable[[Any], Any], arg: Any, setup: Callable[[], object] | None, connection: Any
+) -> None:
+    try:
+        if setup is not None:
+            setup()
+        message: tuple[str, Any, str | None] = ("ok", target(arg), None)
+    except BaseException as exc:  # reported as the cell's error; the bench goes on
+        message = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    connection.send(message)
+    connection.close()
+
+
+def run_cell(
+    target: Callable[[A], T],
+    arg: A,
+    *,
+    timeout_s: float,
+    setup: Callable[[], object] | None = None,
+) -> CellOutcome[T]:
+    """Run `target(arg)` in a fresh (spawned) child process; kill it after `timeout_s`.
+
+    A fresh process gives each cell its own peak RSS, allocator state and threads. `target`,
+    `arg` and `setup` must pickle (module-level functions, plain data).
+
+    Args:
+        target: The cell; its return value must pickle.
+        arg: Its argument.
+        timeout_s: Wall-clock limit for the answer, > 0.
+        setup: Called first in the child (e.g. allocator settings).
+
+    Returns:
+        The outcome under the failure rule of `CellOutcome`.
+
+    Raises:
+        ValueError: If `timeout_s` is not > 0.
+    """
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds")
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_child_main, args=(target, arg, setup, sender), daemon=True)
+    process.start()
+    sender.close()
+    answered = False
+    status: CellStatus = "error"
+    value: Any = None
+    error: str | None = None
+    trace: str | None = None
+    try:
+        if receiver.poll(timeout_s):
+            status, payload, trace = receiver.recv()
+            answered = True
+            if status == "ok":
+                value = payload
+            else:
+                error = payload
+        else:
+            status, error = "timeout", f"over {timeout_s:g} s; killed"
+            process.kill()
+    except EOFError:
+        status = "error"
+    finally:
+        process.join(timeout=_JOIN_S)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=10)
+        receiver.close()
+    if not answered and status == "error":
+        error = f"the child process died (exit code {process.exitcode})"
+    elif status == "ok" and process.exitcode not in (0, None):
+        status, error = "error", f"the child process exited with code {process.exitcode}"
+    return CellOutcome(status=status, value=value, error=error, traceback=trace)
+
+
+# --- medians -------------------------------------------------------------------------------
+
+
+def median(values: Iterable[float]) -> float:
+    """The median (the mean of the two middle values for an even count).
+
+    Raises:
+        ValueError: If `values` is empty.
+    """
+    data = list(values)
+    if not data:
+        raise ValueError("median of no values; the bench measured nothing")
+    return float(statistics.median(data))
+
+
+def median_after_warmup(values: Sequence[float], warmup: int) -> float:
+    """The median of `values` after the first `warmup` (of all of them if none would be left).
+
+    Args:
+        values: Timings in measurement order (e.g. seconds per step).
+        warmup: Leading values excluded, >= 0.
+
+    Raises:
+        ValueError: If `values` is empty or `warmup` < 0.
+    """
+    if warmup < 0:
+        raise ValueError(f"warmup={warmup} must be >= 0")
+    return median(values[warmup:] if len(values) > warmup else values)
+
+
+def median_item(items: Sequence[T], key: Callable[[T], float]) -> T:
+    """The middle item of `items` ordered by `key` (the upper middle for an even count).
+
+    Picks one whole measurement (e.g. the repeat whose samples/s is the median) rather than
+    averaging two.
+
+    Raises:
+        ValueError: If `items` is empty.
+    """
+    if not items:
+        raise ValueError("median_item of no items")
+    return sorted(items, key=key)[len(items) // 2]
