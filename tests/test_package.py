@@ -19,6 +19,7 @@ LAYERS = {
     "config": 0,
     "registry": 0,
     "_libc": 0,  # glibc allocator settings (imports nothing of frugal)
+    "_typing": 0,  # numpy array type aliases (imports nothing of frugal)
     "results": 1,
     "data": 1,
     "parallel": 1,

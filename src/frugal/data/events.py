@@ -15,18 +15,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from frugal._typing import F32, I64
+
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["TemporalEvents", "factorize_nodes"]
 
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float32]
-
 
 def factorize_nodes(
     src: npt.ArrayLike, dst: npt.ArrayLike, *, bipartite: bool = False
-) -> tuple[IntArray, IntArray, npt.NDArray[Any], int]:
+) -> tuple[I64, I64, npt.NDArray[Any], int]:
     """Re-index raw node ids densely, in order of first appearance.
 
     Non-bipartite graphs factorise [all sources in row order, then all destinations], so the
@@ -66,7 +65,7 @@ def factorize_nodes(
     return dense[:n], dense[n:], nodes, len(nodes)
 
 
-def _first_appearance(values: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], IntArray]:
+def _first_appearance(values: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], I64]:
     """Return (unique values in order of first appearance, dense code of every value)."""
     uniques, first_index, inverse = np.unique(values, return_index=True, return_inverse=True)
     order = np.argsort(first_index, kind="stable")  # sorted-unique position -> appearance rank
@@ -103,15 +102,15 @@ class TemporalEvents:
             `msg` holds NaN/inf.
     """
 
-    src: IntArray
-    dst: IntArray
-    t: IntArray
+    src: I64
+    dst: I64
+    t: I64
     num_nodes: int
     time_unit: str = "s"
-    msg: FloatArray | None = None
-    label: IntArray | None = None
+    msg: F32 | None = None
+    label: I64 | None = None
     node_ids: npt.NDArray[Any] | None = None
-    node_label: IntArray | None = None
+    node_label: I64 | None = None
     label_names: tuple[str, ...] = ()
     bipartite: bool = False
     num_src_nodes: int = field(default=-1)

@@ -30,6 +30,7 @@ from scipy.optimize import linear_sum_assignment
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
+from frugal._typing import F64, I64
 from frugal.planner.topology import Topology
 
 __all__ = [
@@ -44,8 +45,6 @@ __all__ = [
     "paper_lower_bound",
 ]
 
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
 
 PAPER_C_DP_GB = 0.65
 """Gradient bytes per device per iteration in GB: 1.3e9 params x 4 B x 3/24 layers (paper)."""

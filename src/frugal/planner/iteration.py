@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 
+from frugal._typing import F64, I64
 from frugal.config import check_types
 from frugal.parallel.codec import (
     HEADER_BYTES,
@@ -64,8 +64,6 @@ __all__ = [
     "stage_memory_gib",
 ]
 
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
 
 TAU_REF_S = 0.0206
 """Seconds per layer per micro-batch on a V100, forward + backward + recompute (fp16); fitted to

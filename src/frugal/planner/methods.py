@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from frugal._typing import I64
 from frugal.planner.iteration import WorkloadConfig, iteration_cost
 from frugal.planner.topology import Topology
 from frugal.registry import Registry
@@ -34,8 +34,6 @@ __all__ = [
     "method_names",
     "register_method",
 ]
-
-I64 = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from frugal._typing import F64, I64
 from frugal.planner.cost import (
     PAPER_C_DP_GB,
     PAPER_C_PP_GB,
@@ -55,8 +55,6 @@ __all__ = [
     "swap_search",
 ]
 
-I64 = npt.NDArray[np.int64]
-F64 = npt.NDArray[np.float64]
 _PAPER_SEED_MAX_STAGES = 9  # the paper-cost seed solves an open path over the stages exactly
 
 

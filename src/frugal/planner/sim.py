@@ -31,16 +31,14 @@ import heapq
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from frugal._typing import F64, I64
 from frugal.parallel.schedule import build_schedule
 from frugal.planner.iteration import WorkloadConfig, accumulation_steps, stage_collective
 from frugal.planner.topology import Topology
 
 __all__ = ["SimResult", "simulate_iteration", "simulate_pipelines"]
 
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
 
 _BITS_PER_BYTE = 8.0
 _GBIT = 1e9

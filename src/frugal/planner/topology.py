@@ -10,11 +10,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
+
+from frugal._typing import F64
 
 __all__ = ["Device", "Topology"]
-
-F64 = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -12,15 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from frugal._typing import F32, I32, I64
 from frugal.recsys.errors import BadBatchError
 
 __all__ = ["KJTBatch", "RecsysData"]
-
-I64 = npt.NDArray[np.int64]
-I32 = npt.NDArray[np.int32]
-F32 = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True, slots=True)

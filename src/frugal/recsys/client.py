@@ -20,18 +20,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from frugal._typing import I64
 from frugal.recsys.batch import KJTBatch
 from frugal.recsys.ps import virtual_shard
 from frugal.recsys.transport import Handle, Transport
 
 __all__ = ["EmbeddingClient", "LookupResult", "PendingLookup", "WireDtype"]
 
-I64 = npt.NDArray[np.int64]
 WireDtype = Literal["float16", "bfloat16", "float32"]
 _WIRE = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 

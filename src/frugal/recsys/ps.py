@@ -29,6 +29,7 @@ import numpy.typing as npt
 import torch
 from torch import Tensor
 
+from frugal._typing import I64
 from frugal.config import check_types
 from frugal.recsys.errors import PSUnavailableError
 from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
@@ -47,7 +48,6 @@ __all__ = [
     "virtual_shard",
 ]
 
-I64 = npt.NDArray[np.int64]
 NUM_VIRTUAL_SHARDS = 1024
 LAG_HISTOGRAM_BINS = 257  # lags 0..255, then one overflow bin
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

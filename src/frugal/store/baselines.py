@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from frugal._typing import F32, I64
 from frugal.registry import Registry
 from frugal.store.backends.kv import id_keys, rocksdb_options
 from frugal.store.rows import RowSpec, apply_optimizer, init_rows
@@ -49,8 +50,6 @@ __all__ = [
     "register_kv_engine",
 ]
 
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 _SECTOR = 512
 
 

@@ -39,7 +39,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from frugal.store.backends.base import F32, I64, StoreBackend
+from frugal._typing import F32, I64
+from frugal.store.backends.base import StoreBackend
 from frugal.store.errors import StalenessTimeoutError, StoreError
 from frugal.store.slot_index import DenseSlotIndex, HashSlotIndex, SlotIndex
 

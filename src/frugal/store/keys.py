@@ -13,14 +13,13 @@ row for the reverse map (row -> key) that checkpoints and initial values use.
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from frugal._typing import I64
 from frugal.store.errors import StoreError
 from frugal.store.slot_index import first_of_each
 
 __all__ = ["HashedKeys", "KeySpaceFullError"]
 
-I64 = npt.NDArray[np.int64]
 _FIBONACCI = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio
 _EMPTY = np.int64(-1)
 

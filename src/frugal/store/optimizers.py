@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from frugal._typing import F32
 from frugal.config import check_types
 from frugal.registry import Registry
 
@@ -25,8 +25,6 @@ __all__ = [
     "optimizer_names",
     "register_optimizer",
 ]
-
-F32 = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

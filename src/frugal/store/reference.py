@@ -14,11 +14,11 @@ up, summed over batches, matching `EmbeddingStore.stats()["hit_ratio"]` without 
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
+
+from frugal._typing import I64
 
 __all__ = ["belady_hit_ratio", "lru_hit_ratio", "next_use"]
 
-I64 = npt.NDArray[np.int64]
 _NEVER = np.iinfo(np.int64).max
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 
+from frugal._typing import F32, I64, U64
 from frugal.config import check_types
 from frugal.store.optimizers import OPTIMIZERS, OptimizerConfig
 
@@ -27,10 +27,6 @@ __all__ = [
     "round_rows",
     "splitmix64",
 ]
-
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
-U64 = npt.NDArray[np.uint64]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -24,6 +24,8 @@ from typing import Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from frugal._typing import I64
+
 __all__ = [
     "DenseSlotIndex",
     "HashSlotIndex",
@@ -34,7 +36,6 @@ __all__ = [
     "hash_table_cells",
 ]
 
-I64 = npt.NDArray[np.int64]
 SlotIndexKind = Literal["auto", "dense", "hash"]
 _FIBONACCI = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio
 _EMPTY = np.int32(-1)

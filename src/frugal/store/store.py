@@ -29,11 +29,10 @@ import numpy as np
 
 import frugal
 from frugal._libc import physical_memory_bytes
+from frugal._typing import F32, I64
 from frugal.config import check_types, config_from_dict, config_to_dict
 from frugal.store.backends import BACKENDS, BackendArgs
 from frugal.store.backends.base import (
-    F32,
-    I64,
     StoreBackend,
     read_json,
     save_array_atomic,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from frugal._typing import F64
+
 __all__ = [
     "average_precision",
     "link_prediction_metrics",
@@ -24,10 +26,8 @@ __all__ = [
     "tie_aware_ranks",
 ]
 
-FloatArray = npt.NDArray[np.float64]
 
-
-def _check_binary(y_true: npt.ArrayLike, y_score: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
+def _check_binary(y_true: npt.ArrayLike, y_score: npt.ArrayLike) -> tuple[F64, F64]:
     truth = np.asarray(y_true, dtype=np.float64).ravel()
     score = np.asarray(y_score, dtype=np.float64).ravel()
     if truth.shape != score.shape:
@@ -63,7 +63,7 @@ def roc_auc(y_true: npt.ArrayLike, y_score: npt.ArrayLike) -> float:
     return float((ranks[truth == 1].sum() - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg))
 
 
-def _average_ranks(score: FloatArray) -> FloatArray:
+def _average_ranks(score: F64) -> F64:
     """1-based ranks of `score` in ascending order, ties get their mean rank."""
     order = np.argsort(score, kind="mergesort")
     sorted_score = score[order]
@@ -170,7 +170,7 @@ def per_batch_metrics(
     return {"auc_per_batch": float(np.mean(aucs)), "ap_per_batch": float(np.mean(aps))}
 
 
-def tie_aware_ranks(pos_score_B: npt.ArrayLike, cand_score_BC: npt.ArrayLike) -> FloatArray:
+def tie_aware_ranks(pos_score_B: npt.ArrayLike, cand_score_BC: npt.ArrayLike) -> F64:
     """Rank of each true score among its candidates: mean of optimistic and pessimistic rank.
 
     Args:
@@ -191,7 +191,7 @@ def tie_aware_ranks(pos_score_B: npt.ArrayLike, cand_score_BC: npt.ArrayLike) ->
     with np.errstate(invalid="ignore"):
         greater = (cand > pos[:, None]).sum(axis=1)
         equal = (cand == pos[:, None]).sum(axis=1)
-    ranks: FloatArray = 1.0 + greater + equal / 2.0
+    ranks: F64 = 1.0 + greater + equal / 2.0
     return ranks
 
 

@@ -17,9 +17,10 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from frugal._typing import I64
+
 __all__ = ["NeighborFinder", "NeighborStrategy", "Neighbors"]
 
-IntArray = npt.NDArray[np.int64]
 NeighborStrategy = Literal["recent", "uniform"]
 """How neighbours are sampled: the K most recent, or K uniform draws from the past."""
 
@@ -35,9 +36,9 @@ class Neighbors:
         mask: True where a neighbour exists, (B, K).
     """
 
-    nbr: IntArray
-    eid: IntArray
-    t: IntArray
+    nbr: I64
+    eid: I64
+    t: I64
     mask: npt.NDArray[np.bool_]
 
 
@@ -57,11 +58,11 @@ class NeighborFinder:
 
     def __init__(
         self,
-        src: IntArray,
-        dst: IntArray,
-        t: IntArray,
+        src: I64,
+        dst: I64,
+        t: I64,
         num_nodes: int,
-        eid: IntArray | None = None,
+        eid: I64 | None = None,
     ) -> None:
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
@@ -97,7 +98,7 @@ class NeighborFinder:
         self._indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._stride = stride
 
-    def cutoff_before(self, t_B: IntArray, max_eid_B: IntArray | None = None) -> IntArray:
+    def cutoff_before(self, t_B: I64, max_eid_B: I64 | None = None) -> I64:
         """Positions of the first event at time >= t (and with global id >= max_eid).
 
         A query at time t may see only events strictly before t; `max_eid` additionally
@@ -118,8 +119,8 @@ class NeighborFinder:
 
     def sample(
         self,
-        node_B: IntArray,
-        cutoff_B: IntArray,
+        node_B: I64,
+        cutoff_B: I64,
         num_neighbors: int,
         *,
         strategy: str = "recent",

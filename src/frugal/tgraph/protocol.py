@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import numpy.typing as npt
 
 from frugal import FrugalError
+from frugal._typing import I64, Bool
 from frugal.config import check_types
 from frugal.data import TemporalEvents
 from frugal.registry import Registry
@@ -58,8 +58,6 @@ __all__ = [
     "register_protocol",
 ]
 
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 NegativeStrategy = Literal["random", "historical", "inductive"]
 SplitCut = Literal["timestamp_boundary", "time_quantile"]
 MaskSampler = Literal["numpy", "python_random"]
@@ -283,9 +281,9 @@ class TemporalSplit:
     events: TemporalEvents
     val_start: int
     test_start: int
-    train_index: IntArray
-    masked_nodes: IntArray
-    new_node: BoolArray
+    train_index: I64
+    masked_nodes: I64
+    new_node: Bool
     fractions: dict[str, float] = field(default_factory=dict)
 
     def bounds(self, split: str) -> tuple[int, int]:
@@ -300,7 +298,7 @@ class TemporalSplit:
             return self.test_start, self.events.num_events
         raise ValueError(f"split={split!r} must be 'val' or 'test'")
 
-    def view_mask(self, split: str, view: str) -> BoolArray:
+    def view_mask(self, split: str, view: str) -> Bool:
         """Which events of `split` belong to `view`, shape (S,).
 
         Transductive: all; inductive: >= 1 new endpoint; new_old: exactly 1; new_new: both.
@@ -316,12 +314,12 @@ class TemporalSplit:
             return np.ones(end - start, dtype=bool)
         wanted = {"inductive": (1, 2), "new_old": (1, 1), "new_new": (2, 2)}.get(view)
         if wanted is not None:
-            mask: BoolArray = (new_count >= wanted[0]) & (new_count <= wanted[1])
+            mask: Bool = (new_count >= wanted[0]) & (new_count <= wanted[1])
             return mask
         raise ValueError(f"view={view!r} must be one of {VIEWS}")
 
 
-def _nearest_boundary(t: IntArray, target: float) -> int:
+def _nearest_boundary(t: I64, target: float) -> int:
     """Position p with t[p-1] < t[p] (a timestamp boundary) nearest to `target`."""
     boundaries = np.flatnonzero(np.concatenate([[True], t[1:] != t[:-1], [True]]))
     return int(boundaries[np.argmin(np.abs(boundaries - target))])
@@ -390,7 +388,7 @@ def build_split(events: TemporalEvents, config: ProtocolConfig) -> TemporalSplit
     )
 
 
-def _boundary_cut(t: IntArray, config: ProtocolConfig) -> tuple[int, int]:
+def _boundary_cut(t: I64, config: ProtocolConfig) -> tuple[int, int]:
     """Cut positions at the timestamp boundaries nearest to the quantiles' event positions."""
     num_events = len(t)
     return (
@@ -399,7 +397,7 @@ def _boundary_cut(t: IntArray, config: ProtocolConfig) -> tuple[int, int]:
     )
 
 
-def _quantile_cut(t: IntArray, config: ProtocolConfig) -> tuple[int, int]:
+def _quantile_cut(t: I64, config: ProtocolConfig) -> tuple[int, int]:
     """Benchtemp's cut: linear quantiles of t, each split ending at `t <= cut time`."""
     val_time, test_time = np.quantile(t, [config.val_quantile, config.test_quantile])
     val_start = int(np.searchsorted(t, val_time, side="right"))
@@ -407,7 +405,7 @@ def _quantile_cut(t: IntArray, config: ProtocolConfig) -> tuple[int, int]:
     return val_start, test_start
 
 
-def _numpy_masked_nodes(events: TemporalEvents, val_start: int, config: ProtocolConfig) -> IntArray:
+def _numpy_masked_nodes(events: TemporalEvents, val_start: int, config: ProtocolConfig) -> I64:
     active = np.union1d(events.src, events.dst)
     pool = np.union1d(events.src[val_start:], events.dst[val_start:])
     count = min(int(config.mask_fraction * len(active)), len(pool))
@@ -417,7 +415,7 @@ def _numpy_masked_nodes(events: TemporalEvents, val_start: int, config: Protocol
 
 def _python_random_masked_nodes(
     events: TemporalEvents, val_start: int, config: ProtocolConfig
-) -> IntArray:
+) -> I64:
     """Benchtemp's mask, bit for bit: 1-based ids, set iteration order, `random.sample`."""
     src1 = (events.src + 1).tolist()
     dst1 = (events.dst + 1).tolist()
@@ -452,13 +450,13 @@ class Protocol:
     dataset: str
     config: ProtocolConfig
     split: TemporalSplit
-    negatives: dict[str, IntArray]
+    negatives: dict[str, I64]
     negative_sha256: str
     negative_collisions: dict[str, int]
     protocol_hash: str
     checks: dict[str, object]
 
-    def negatives_for(self, split: str, view: str, strategy: str) -> IntArray:
+    def negatives_for(self, split: str, view: str, strategy: str) -> I64:
         """Negatives of (split, view, strategy), aligned with the split's events (-1 = none).
 
         Raises:
@@ -493,16 +491,14 @@ class Protocol:
         }
 
 
-def _candidates(events: TemporalEvents) -> IntArray:
+def _candidates(events: TemporalEvents) -> I64:
     """Destinations a negative may take: items for a bipartite graph, else every node."""
     if events.bipartite:
         return np.arange(events.num_src_nodes, events.num_nodes, dtype=np.int64)
     return np.arange(events.num_nodes, dtype=np.int64)
 
 
-def true_destination_keys(
-    events: TemporalEvents, start: int, end: int
-) -> tuple[IntArray, IntArray]:
+def true_destination_keys(events: TemporalEvents, start: int, end: int) -> tuple[I64, I64]:
     """Integer keys of (src, t, dst) for events [start, end) and the (src, t) group of each.
 
     Returns:
@@ -516,15 +512,15 @@ def true_destination_keys(
     return keys, group
 
 
-def _collides(keys: IntArray, group: IntArray, negative: IntArray, num_nodes: int) -> BoolArray:
+def _collides(keys: I64, group: I64, negative: I64, num_nodes: int) -> Bool:
     probe = group * num_nodes + negative
     pos = np.searchsorted(keys, probe)
     pos = np.minimum(pos, len(keys) - 1)
-    hit: BoolArray = (keys[pos] == probe) & (negative >= 0)
+    hit: Bool = (keys[pos] == probe) & (negative >= 0)
     return hit
 
 
-def _pair_csr(src: IntArray, dst: IntArray, num_nodes: int) -> tuple[IntArray, IntArray]:
+def _pair_csr(src: I64, dst: I64, num_nodes: int) -> tuple[I64, I64]:
     """Unique (src, dst) pairs as CSR: (indptr (N+1,), dst sorted by src)."""
     pairs = np.unique(src * num_nodes + dst)
     pair_src = pairs // num_nodes
@@ -532,9 +528,7 @@ def _pair_csr(src: IntArray, dst: IntArray, num_nodes: int) -> tuple[IntArray, I
     return indptr.astype(np.int64), (pairs % num_nodes).astype(np.int64)
 
 
-def _draw_from_csr(
-    src: IntArray, indptr: IntArray, values: IntArray, rng: np.random.Generator
-) -> IntArray:
+def _draw_from_csr(src: I64, indptr: I64, values: I64, rng: np.random.Generator) -> I64:
     """One value per src from its CSR row, uniformly; -1 where the row is empty."""
     start = indptr[src]
     count = indptr[src + 1] - start
@@ -547,9 +541,9 @@ def _draw_from_csr(
 
 def _shared_negatives(
     events: TemporalEvents, split: TemporalSplit, config: ProtocolConfig
-) -> tuple[dict[str, IntArray], dict[str, int]]:
+) -> tuple[dict[str, I64], dict[str, int]]:
     candidates = _candidates(events)
-    negatives: dict[str, IntArray] = {}
+    negatives: dict[str, I64] = {}
     collisions: dict[str, int] = {}
     n = events.num_nodes
     for split_index, split_name in enumerate(SPLITS):
@@ -590,9 +584,9 @@ def _shared_negatives(
 
 def _rand_edge_sampler_negatives(
     events: TemporalEvents, split: TemporalSplit, config: ProtocolConfig
-) -> tuple[dict[str, IntArray], dict[str, int]]:
+) -> tuple[dict[str, I64], dict[str, int]]:
     """Benchtemp's RandEdgeSampler draws: per eval batch n source then n destination indices."""
-    negatives: dict[str, IntArray] = {}
+    negatives: dict[str, I64] = {}
     collisions: dict[str, int] = {}
     for (split_name, view), seed in _BENCHTEMP_SEEDS.items():
         start, end = split.bounds(split_name)
@@ -625,7 +619,7 @@ _NEGATIVE_SAMPLERS = {
 }
 
 
-def _arrays_sha256(arrays: dict[str, IntArray]) -> str:
+def _arrays_sha256(arrays: dict[str, I64]) -> str:
     digest = hashlib.sha256()
     for key in sorted(arrays):
         digest.update(key.encode())
@@ -707,7 +701,7 @@ def build_protocol(
     )
 
 
-def check_protocol(split: TemporalSplit, negatives: dict[str, IntArray]) -> dict[str, object]:
+def check_protocol(split: TemporalSplit, negatives: dict[str, I64]) -> dict[str, object]:
     """Verify the leakage invariants of a split and its negatives.
 
     Checks: training events all precede the validation events in time; val and test are

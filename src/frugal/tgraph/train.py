@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import torch
 from sklearn.metrics import f1_score
 from torch import Tensor, nn
 
 from frugal import FrugalError
+from frugal._typing import F64, I64
 from frugal.data import TemporalEvents
 from frugal.tgraph.evaluator import (
     link_prediction_metrics,
@@ -49,8 +49,6 @@ from frugal.tgraph.protocol import VIEWS, Protocol, true_destination_keys
 
 __all__ = ["SplitScores", "run_link_prediction", "run_node_classification"]
 
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 Progress = Callable[[str], None]
 
 
@@ -65,9 +63,9 @@ class SplitScores:
         seconds: Wall-clock of the pass without the ranking work.
     """
 
-    pos: FloatArray
-    neg: dict[str, FloatArray]
-    ranks: FloatArray | None
+    pos: F64
+    neg: dict[str, F64]
+    ranks: F64 | None
     seconds: float
 
 
@@ -109,7 +107,7 @@ def _train_dt_stats(protocol: Protocol) -> tuple[float, float]:
     return float(dt.mean()), float(dt.std() or 1.0)
 
 
-def _candidates(protocol: Protocol) -> IntArray:
+def _candidates(protocol: Protocol) -> I64:
     events = protocol.split.events
     start = events.num_src_nodes if events.bipartite else 0
     return np.arange(start, events.num_nodes, dtype=np.int64)
@@ -166,7 +164,7 @@ def evaluate_split(
     true_keys, group = true_destination_keys(events, start, end)
     batch = protocol.config.eval_batch_size
     hold_ties = protocol.config.use_tie_holdback
-    held: list[tuple[IntArray, Tensor | None]] = []  # scored, not yet stored: (ids, DyRep)
+    held: list[tuple[I64, Tensor | None]] = []  # scored, not yet stored: (ids, DyRep)
     rank_s = 0.0
     began = time.perf_counter()
     for lo in range(0, len(local), batch):  # one iteration per eval batch
@@ -203,13 +201,13 @@ def evaluate_split(
 
 def _candidate_scores(
     model: TemporalGNN | HeuristicModel,
-    src: IntArray,
-    t: IntArray,
+    src: I64,
+    t: I64,
     bound: int,
-    candidates: IntArray,
+    candidates: I64,
     finder: NeighborFinder,
     rng: np.random.Generator | None,
-) -> FloatArray:
+) -> F64:
     """Scores of every (src, candidate destination) pair of a batch, (B, C)."""
     if isinstance(model, HeuristicModel):
         return model.score(src[:, None], candidates[None, :], t[:, None])
@@ -225,16 +223,16 @@ def _candidate_scores(
         candidates, np.full(len(candidates), t[0]), np.full(len(candidates), bound), finder,
         memory_ND, last_update_N, rng,
     )  # fmt: skip
-    scores: FloatArray = model.score_all(z_src, z_cand).numpy().astype(np.float64)
+    scores: F64 = model.score_all(z_src, z_cand).numpy().astype(np.float64)
     return scores
 
 
 def _store_held(
     model: TemporalGNN | HeuristicModel,
     events: TemporalEvents,
-    held: list[tuple[IntArray, Tensor | None]],
+    held: list[tuple[I64, Tensor | None]],
     before_t: int | None,
-) -> list[tuple[IntArray, Tensor | None]]:
+) -> list[tuple[I64, Tensor | None]]:
     """Store (TGNN) or observe (heuristic) the held events with time < before_t (None: all).
 
     Each held batch is stored as one unit (or its earlier part), in time order, so a batch
@@ -265,13 +263,13 @@ def _store_held(
 
 
 def _filtered_ranks(
-    cand_BC: FloatArray,
-    dst: IntArray,
-    candidates: IntArray,
-    true_keys: IntArray,
-    group: IntArray,
+    cand_BC: F64,
+    dst: I64,
+    candidates: I64,
+    true_keys: I64,
+    group: I64,
     num_nodes: int,
-) -> FloatArray:
+) -> F64:
     """Rank of each true dst among candidates, other true dsts of the same (src, t) removed."""
     offset = int(candidates[0])
     rows = np.arange(len(dst))
@@ -650,7 +648,7 @@ def _run_heuristic(
     return LinkPredictionResult(rows, efficiency, model)
 
 
-def _labelled_nodes(events: TemporalEvents) -> IntArray:
+def _labelled_nodes(events: TemporalEvents) -> I64:
     """Ids of the nodes with a class label, sorted.
 
     Raises:
@@ -660,7 +658,7 @@ def _labelled_nodes(events: TemporalEvents) -> IntArray:
         raise ValueError(
             "node classification needs node labels; this dataset has none (use --task lp)"
         )
-    nodes: IntArray = np.flatnonzero(events.node_label >= 0).astype(np.int64)
+    nodes: I64 = np.flatnonzero(events.node_label >= 0).astype(np.int64)
     return nodes
 
 
@@ -788,7 +786,7 @@ def node_classification_floor(protocol: Protocol, seed: int) -> dict[str, Any]:
     return {**result, "num_classes": num_classes, "num_labelled_nodes": len(nodes)}
 
 
-def _node_split(labels: IntArray, rng: np.random.Generator) -> IntArray:
+def _node_split(labels: I64, rng: np.random.Generator) -> I64:
     """Seeded stratified 60/20/20 node split: 0 train, 1 val, 2 test per node, (N,)."""
     part = np.empty(len(labels), dtype=np.int64)
     for c in np.unique(labels):  # one iteration per class
@@ -800,7 +798,7 @@ def _node_split(labels: IntArray, rng: np.random.Generator) -> IntArray:
 
 def fit_node_classifier(
     x_ND: Tensor,
-    labels: IntArray,
+    labels: I64,
     num_classes: int,
     seed: int,
     *,

@@ -14,11 +14,9 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["StoreBackend", "read_json", "write_json_atomic"]
+from frugal._typing import F32, I64, Bool
 
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
-Mask = npt.NDArray[np.bool_]
+__all__ = ["StoreBackend", "read_json", "write_json_atomic"]
 
 
 class StoreBackend(Protocol):
@@ -34,7 +32,7 @@ class StoreBackend(Protocol):
     budget_enforced: bool
     """Whether the backend's own memory use stays within the budget it was given."""
 
-    def read_rows(self, ids: I64, out: F32) -> Mask:
+    def read_rows(self, ids: I64, out: F32) -> Bool:
         """Read rows into `out`; return which ids were ever written (others are untouched).
 
         Raises:

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from frugal.store.backends.base import F32, I64, Mask, save_array_atomic
+from frugal._typing import F32, I64, Bool
+from frugal.store.backends.base import save_array_atomic
 from frugal.store.backends.registry import BackendArgs, register_backend
 from frugal.store.errors import StoreCorruptionError
 from frugal.store.rows import splitmix64
@@ -274,7 +275,7 @@ class FileBackend:
                 "in this read. The store is corrupt; restore it from a copy"
             )
 
-    def read_rows(self, ids: I64, out: F32) -> Mask:
+    def read_rows(self, ids: I64, out: F32) -> Bool:
         """Read the newest record of each id; see `StoreBackend.read_rows`.
 
         Raises:
@@ -282,7 +283,7 @@ class FileBackend:
             OSError: On an I/O failure.
         """
         addresses = self.location[ids].astype(np.int64)
-        present: Mask = addresses >= 0
+        present: Bool = addresses >= 0
         if not present.any():
             return present
         found = np.flatnonzero(present)

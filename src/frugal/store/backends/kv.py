@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from frugal.store.backends.base import F32, I64, Mask
+from frugal._typing import F32, I64, Bool
 from frugal.store.backends.registry import BackendArgs, register_backend
 from frugal.store.errors import StoreCorruptionError
 
@@ -30,7 +30,7 @@ def id_keys(ids: I64) -> list[bytes]:
 
 def _rows_from_values(
     values: list[bytes | None], out: F32, row_bytes: int, where: str, dtype: np.dtype[Any]
-) -> Mask:
+) -> Bool:
     present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
     found = [v for v in values if v is not None]
     if found:
@@ -100,7 +100,7 @@ class RocksDbBackend:
         self.db = rocksdict.Rdict(str(live), rocksdb_options(budget_bytes))
         self.write_options = rocksdict.WriteOptions()
 
-    def read_rows(self, ids: I64, out: F32) -> Mask:
+    def read_rows(self, ids: I64, out: F32) -> Bool:
         """Multi-get; see `StoreBackend.read_rows`."""
         keys: Any = id_keys(ids)  # rocksdict's stub wants list[str | int | ... | bytes]
         values: list[bytes | None] = self.db.get(keys) or []
@@ -178,7 +178,7 @@ class LmdbBackend:
         map_size = max(1 << 24, 3 * num_rows * (self.row_bytes + 64))
         self.env = lmdb.open(str(live), map_size=map_size, writemap=True, sync=False)
 
-    def read_rows(self, ids: I64, out: F32) -> Mask:
+    def read_rows(self, ids: I64, out: F32) -> Bool:
         """`getmulti` in one read transaction; see `StoreBackend.read_rows`."""
         keys = id_keys(ids)
         with self.env.begin() as txn:

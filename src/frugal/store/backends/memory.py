@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from frugal.store.backends.base import F32, I64, Mask, save_array_atomic
+from frugal._typing import F32, I64, Bool
+from frugal.store.backends.base import save_array_atomic
 from frugal.store.backends.registry import register_backend
 from frugal.store.errors import StoreCorruptionError
 
@@ -54,9 +55,9 @@ class MemoryBackend:
                 )
             self.table, self.written = table, written
 
-    def read_rows(self, ids: I64, out: F32) -> Mask:
+    def read_rows(self, ids: I64, out: F32) -> Bool:
         """Copy rows out; see `StoreBackend.read_rows`."""
-        present: Mask = self.written[ids]
+        present: Bool = self.written[ids]
         out[present] = self.table[ids[present]]
         return present
 

@@ -19,16 +19,15 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
+from frugal._typing import I64
+
 __all__ = ["TemporalAttention", "TimeEncoder"]
 
-IntArray = npt.NDArray[np.int64]
 
-
-def gather_rows(x_ND: Tensor, index: IntArray) -> Tensor:
+def gather_rows(x_ND: Tensor, index: I64) -> Tensor:
     """x[index] for a numpy index of any shape -> (*index.shape, D).
 
     `index_select`, whose backward is a vectorised `index_add_`, not advanced indexing, whose
@@ -38,7 +37,7 @@ def gather_rows(x_ND: Tensor, index: IntArray) -> Tensor:
     return x_ND.index_select(0, flat).view(*index.shape, *x_ND.shape[1:])
 
 
-def unique_columns(rows_RM: IntArray) -> tuple[IntArray, IntArray]:
+def unique_columns(rows_RM: I64) -> tuple[I64, I64]:
     """Distinct columns of an (R, M) integer array, sorted, and each column's index among them.
 
     The same result as `np.unique(rows_RM, axis=1, return_inverse=True)` (columns in

@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
+from frugal._typing import I64
 from frugal.tgraph.models.blocks import TemporalAttention, TimeEncoder, gather_rows, unique_columns
 from frugal.tgraph.neighbors import NeighborFinder, Neighbors, NeighborStrategy
 
@@ -47,8 +47,6 @@ __all__ = [
     "Prepared",
     "TimeProjectionEmbedding",
 ]
-
-IntArray = npt.NDArray[np.int64]
 
 
 # -- embedding modules ------------------------------------------------------------------
@@ -67,14 +65,14 @@ class _Plan:
     """
 
     layer: int
-    node: IntArray
-    t: IntArray
+    node: I64
+    t: I64
     nbr: Neighbors | None = None
     self_plan: _Plan | None = None
     child: _Plan | None = None
-    inverse: IntArray | None = None
+    inverse: I64 | None = None
 
-    def memory_nodes(self) -> list[IntArray]:
+    def memory_nodes(self) -> list[I64]:
         """Nodes whose layer-0 input (memory) the plan reads (with repeats)."""
         if self.layer == 0:
             return [self.node]
@@ -99,7 +97,7 @@ class Prepared:
     """
 
     plan: _Plan
-    inverse: IntArray | None
+    inverse: I64 | None
 
 
 class EmbeddingModule(nn.Module):
@@ -112,24 +110,24 @@ class EmbeddingModule(nn.Module):
 
     def prepare(
         self,
-        node: IntArray,
-        t: IntArray,
-        max_eid: IntArray,
+        node: I64,
+        t: I64,
+        max_eid: I64,
         finder: NeighborFinder,
         rng: np.random.Generator | None,
     ) -> Prepared | None:
         """Sample what the embedding of these queries reads (None: nothing to sample)."""
         return None
 
-    def memory_nodes(self, prepared: Prepared | None) -> list[IntArray]:
+    def memory_nodes(self, prepared: Prepared | None) -> list[I64]:
         """Nodes (beyond the queries) whose memory the prepared embedding reads."""
         return [] if prepared is None else prepared.plan.memory_nodes()
 
     def forward(
         self,
         prepared: Prepared | None,
-        node: IntArray,
-        t: IntArray,
+        node: I64,
+        t: I64,
         memory_ND: Tensor,
         last_update_N: Tensor,
         edge_msg_EF: Tensor | None,
@@ -153,8 +151,8 @@ class MemoryEmbedding(EmbeddingModule):
     def forward(
         self,
         prepared: Prepared | None,
-        node: IntArray,
-        t: IntArray,
+        node: I64,
+        t: I64,
         memory_ND: Tensor,
         last_update_N: Tensor,
         edge_msg_EF: Tensor | None,
@@ -184,8 +182,8 @@ class TimeProjectionEmbedding(EmbeddingModule):
     def forward(
         self,
         prepared: Prepared | None,
-        node: IntArray,
-        t: IntArray,
+        node: I64,
+        t: I64,
         memory_ND: Tensor,
         last_update_N: Tensor,
         edge_msg_EF: Tensor | None,
@@ -255,9 +253,9 @@ class GraphAttentionEmbedding(EmbeddingModule):
 
     def prepare(
         self,
-        node: IntArray,
-        t: IntArray,
-        max_eid: IntArray,
+        node: I64,
+        t: I64,
+        max_eid: I64,
         finder: NeighborFinder,
         rng: np.random.Generator | None,
     ) -> Prepared:
@@ -273,8 +271,8 @@ class GraphAttentionEmbedding(EmbeddingModule):
     def forward(
         self,
         prepared: Prepared | None,
-        node: IntArray,
-        t: IntArray,
+        node: I64,
+        t: I64,
         memory_ND: Tensor,
         last_update_N: Tensor,
         edge_msg_EF: Tensor | None,
@@ -287,9 +285,9 @@ class GraphAttentionEmbedding(EmbeddingModule):
     def _plan(
         self,
         layer: int,
-        node: IntArray,
-        t: IntArray,
-        max_eid: IntArray,
+        node: I64,
+        t: I64,
+        max_eid: I64,
         finder: NeighborFinder,
         rng: np.random.Generator | None,
     ) -> _Plan:

@@ -19,12 +19,10 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from frugal._typing import F64, I64
 from frugal.tgraph.models.registry import ModelInputs, register_model
 
 __all__ = ["EdgeBank", "EdgeBankWindow", "HeuristicModel", "Popularity", "Recency"]
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 
 class HeuristicModel:
@@ -50,22 +48,22 @@ class HeuristicModel:
 
     def reset_state(self) -> None:
         """Forget every observed event."""
-        self._pair_key: IntArray = np.zeros(0, dtype=np.int64)
-        self._pair_t: IntArray = np.zeros(0, dtype=np.int64)
+        self._pair_key: I64 = np.zeros(0, dtype=np.int64)
+        self._pair_t: I64 = np.zeros(0, dtype=np.int64)
         self._pop = np.zeros(self.num_nodes, dtype=np.float64)
         self._pop_t = np.zeros(self.num_nodes, dtype=np.int64)
 
-    def state(self) -> tuple[IntArray, IntArray, FloatArray, IntArray]:
+    def state(self) -> tuple[I64, I64, F64, I64]:
         """A copy of the state (for backup and restore between evaluation passes)."""
         return self._pair_key.copy(), self._pair_t.copy(), self._pop.copy(), self._pop_t.copy()
 
-    def load_state(self, state: tuple[IntArray, IntArray, FloatArray, IntArray]) -> None:
+    def load_state(self, state: tuple[I64, I64, F64, I64]) -> None:
         """Restore a state from `state()`."""
         pair_key, pair_t, pop, pop_t = state
         self._pair_key, self._pair_t = pair_key.copy(), pair_t.copy()
         self._pop, self._pop_t = pop.copy(), pop_t.copy()
 
-    def observe(self, src: IntArray, dst: IntArray, t: IntArray) -> None:
+    def observe(self, src: I64, dst: I64, t: I64) -> None:
         """Add true events (time-sorted), shape (B,) each."""
         key = np.concatenate([self._pair_key, src * self.num_nodes + dst])
         when = np.concatenate([self._pair_t, t])
@@ -85,14 +83,14 @@ class HeuristicModel:
             np.maximum.at(last_t, dst, t)
             self._pop_t[for_nodes] = last_t[for_nodes]
 
-    def _last_seen(self, key: IntArray) -> IntArray:
+    def _last_seen(self, key: I64) -> I64:
         """Last time each pair key was seen, -1 if never."""
         if len(self._pair_key) == 0:
             return np.full(key.shape, -1, dtype=np.int64)
         pos = np.minimum(np.searchsorted(self._pair_key, key), len(self._pair_key) - 1)
         return np.where(self._pair_key[pos] == key, self._pair_t[pos], -1)
 
-    def score(self, src: npt.ArrayLike, dst: npt.ArrayLike, t: npt.ArrayLike) -> FloatArray:
+    def score(self, src: npt.ArrayLike, dst: npt.ArrayLike, t: npt.ArrayLike) -> F64:
         """Scores of (src, dst) at times t; arrays broadcast, e.g. (B, 1) x (B, C).
 
         Returns:
@@ -103,21 +101,21 @@ class HeuristicModel:
         )
         return self._score(s, d, when)
 
-    def _score(self, src: IntArray, dst: IntArray, t: IntArray) -> FloatArray:
+    def _score(self, src: I64, dst: I64, t: I64) -> F64:
         raise NotImplementedError
 
 
 class EdgeBank(HeuristicModel):
     """1 if (u, v) was seen before, else 0 (EdgeBank with unlimited memory)."""
 
-    def _score(self, src: IntArray, dst: IntArray, t: IntArray) -> FloatArray:
+    def _score(self, src: I64, dst: I64, t: I64) -> F64:
         return (self._last_seen(src * self.num_nodes + dst) >= 0).astype(np.float64)
 
 
 class EdgeBankWindow(HeuristicModel):
     """1 if (u, v) was seen within the last `window_s` time units (EdgeBank, time window)."""
 
-    def _score(self, src: IntArray, dst: IntArray, t: IntArray) -> FloatArray:
+    def _score(self, src: I64, dst: I64, t: I64) -> F64:
         last = self._last_seen(src * self.num_nodes + dst)
         return ((last >= 0) & (t - last <= self.window_s)).astype(np.float64)
 
@@ -125,7 +123,7 @@ class EdgeBankWindow(HeuristicModel):
 class Recency(HeuristicModel):
     """-(t - last time (u, v) was seen); -1e18 if never seen."""
 
-    def _score(self, src: IntArray, dst: IntArray, t: IntArray) -> FloatArray:
+    def _score(self, src: I64, dst: I64, t: I64) -> F64:
         last = self._last_seen(src * self.num_nodes + dst)
         age = (t - last).astype(np.float64)
         return np.where(last >= 0, -age, -np.inf).clip(min=-1e18)
@@ -134,8 +132,8 @@ class Recency(HeuristicModel):
 class Popularity(HeuristicModel):
     """v's exponentially decayed degree, time constant `window_s`."""
 
-    def _score(self, src: IntArray, dst: IntArray, t: IntArray) -> FloatArray:
-        decayed: FloatArray = self._pop[dst] * np.exp(-(t - self._pop_t[dst]) / self.window_s)
+    def _score(self, src: I64, dst: I64, t: I64) -> F64:
+        decayed: F64 = self._pop[dst] * np.exp(-(t - self._pop_t[dst]) / self.window_s)
         return decayed
 
 

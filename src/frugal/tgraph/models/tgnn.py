@@ -27,6 +27,7 @@ import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
+from frugal._typing import I64
 from frugal.tgraph.models.blocks import TemporalAttention, TimeEncoder
 from frugal.tgraph.models.components import (
     EmbeddingModule,
@@ -37,8 +38,6 @@ from frugal.tgraph.models.components import (
 from frugal.tgraph.neighbors import NeighborFinder, NeighborStrategy
 
 __all__ = ["TemporalAttention", "TemporalGNN", "TimeEncoder"]
-
-IntArray = npt.NDArray[np.int64]
 
 
 class TemporalGNN(nn.Module):
@@ -211,10 +210,10 @@ class TemporalGNN(nn.Module):
     @torch.no_grad()
     def store_events(
         self,
-        src: IntArray,
-        dst: IntArray,
-        t: IntArray,
-        eid: IntArray,
+        src: I64,
+        dst: I64,
+        t: I64,
+        eid: I64,
         other_vec: Tensor | None = None,
     ) -> None:
         """Store events scored earlier (held back) as their nodes' last messages.
@@ -263,10 +262,10 @@ class TemporalGNN(nn.Module):
 
     def commit_numpy(
         self,
-        src: IntArray,
-        dst: IntArray,
-        t: IntArray,
-        eid: IntArray,
+        src: I64,
+        dst: I64,
+        t: I64,
+        eid: I64,
         other_vec: Tensor | None = None,
     ) -> None:
         """`commit` for numpy event arrays, shape (B,) each."""
@@ -281,9 +280,9 @@ class TemporalGNN(nn.Module):
     # -- embeddings --------------------------------------------------------------------
     def embed(
         self,
-        node: IntArray,
-        t: IntArray,
-        max_eid: IntArray,
+        node: I64,
+        t: I64,
+        max_eid: I64,
         finder: NeighborFinder,
         memory_ND: Tensor,
         last_update_N: Tensor,
@@ -331,9 +330,9 @@ class TemporalGNN(nn.Module):
 
     def forward_batch(
         self,
-        src: IntArray,
-        dst_sets: list[IntArray],
-        t: IntArray,
+        src: I64,
+        dst_sets: list[I64],
+        t: I64,
         first_eid: int,
         finder: NeighborFinder,
         rng: np.random.Generator | None = None,
