@@ -1,14 +1,15 @@
-"""Arguments shared by subcommands that build a Config: `--config`, `--set`, `--print-config`."""
+"""What subcommands share: an area's parser, and `--config`, `--set`, `--print-config`."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from frugal.config import ConfigError, config_to_commented_toml, load_config
 
 __all__ = [
+    "add_area",
     "add_config_arguments",
     "add_print_config_argument",
     "config_from_args",
@@ -18,6 +19,24 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+def add_area(commands: Any, name: str, *, help: str, description: str) -> Any:
+    """Add the area `frugal NAME ACTION ...` to the top-level subparsers.
+
+    Args:
+        commands: The top-level subparsers.
+        name: The area's subcommand, e.g. "data".
+        help: One line for `frugal --help`.
+        description: Long text of `frugal NAME --help`.
+
+    Returns:
+        The subparsers of the area's actions; one of them is required.
+    """
+    parser = commands.add_parser(name, help=help, description=description)
+    children = parser.add_subparsers(dest=f"{name}_command", metavar="ACTION")
+    children.required = True
+    return children
 
 
 def add_print_config_argument(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frugal.cli.bench import BenchEntry, add_bench
-from frugal.cli.options import add_config_arguments, output_folder, print_config
+from frugal.cli.options import add_area, add_config_arguments, output_folder, print_config
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
@@ -41,13 +41,12 @@ class _ModelNames:
 
 def register(commands: Any) -> None:
     """Add the `pipeline` subcommand and its children to the top-level subparsers."""
-    parser = commands.add_parser(
+    children = add_area(
+        commands,
         "pipeline",
         help="compressed pipeline-parallel training over slow links (AQ-SGD)",
         description="frugal.pipeline: GPipe/1F1B over torch.distributed with activation codecs.",
     )
-    children = parser.add_subparsers(dest="pipeline_command", metavar="ACTION")
-    children.required = True
     train = children.add_parser(
         "train", help="train a model with one process per stage (torchrun, gloo, 127.0.0.1)"
     )

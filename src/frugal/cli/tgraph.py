@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frugal.cli.bench import BenchEntry, add_bench
+from frugal.cli.options import add_area
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
@@ -20,13 +21,12 @@ __all__ = ["bench_config", "register"]
 
 def register(commands: Any) -> None:
     """Add the `tgraph` subcommand and its children to the top-level subparsers."""
-    parser = commands.add_parser(
+    children = add_area(
+        commands,
         "tgraph",
         help="temporal-GNN benchmark (Benchtemp): bench, leaderboard",
         description="frugal.tgraph: one fair protocol for every temporal GNN.",
     )
-    children = parser.add_subparsers(dest="tgraph_command", metavar="ACTION")
-    children.required = True
     bench = add_bench(
         children,
         _bench,
