@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from frugal.config import ConfigError, config_to_commented_toml, load_config
+from frugal.config import ConfigError, config_to_commented_toml, config_to_dict, load_config
 
 __all__ = [
     "add_area",
@@ -15,6 +16,7 @@ __all__ = [
     "config_from_args",
     "output_file",
     "output_folder",
+    "overlay_flags",
     "print_config",
 ]
 
@@ -90,6 +92,23 @@ def config_from_args(cls: type[T], args: argparse.Namespace) -> T:
         ConfigError: If the file or an override does not fit `cls`.
     """
     return load_config(cls, args.config, args.overrides)
+
+
+def overlay_flags(config: T, flags: Mapping[str, Any]) -> T:
+    """`config` (preset, `--config`, `--set`) with the flags that were given on top.
+
+    Args:
+        config: The Config resolved so far.
+        flags: Each flag's value by the top-level setting it sets; a flag not given is None
+            (an `append` flag's None or []).
+
+    Raises:
+        ConfigError: If a flag's value does not fit (the error names the command line).
+    """
+    given = {key: value for key, value in flags.items() if value is not None and value != []}
+    return load_config(
+        type(config), base={**config_to_dict(config), **given}, base_source="command line"
+    )
 
 
 def output_folder(value: str, flag: str = "--out") -> Path:
