@@ -65,6 +65,7 @@ from typing import Any
 from frugal.bench.harness import (
     Bench,
     BenchResult,
+    BenchSpec,
     Preset,
     Progress,
     Summary,
@@ -91,7 +92,6 @@ from frugal.pipeline.train import (
 
 __all__ = [
     "PIPELINE_BENCH",
-    "PipelineBench",
     "PipelineBenchConfig",
     "PipelineSummary",
     "TorchPipeliningSummary",
@@ -849,24 +849,12 @@ class PipelineSummary(Summary):
     """Why the LLM section did not run (e.g. no model wheel); None otherwise."""
 
 
-class PipelineBench:
-    """`frugal.bench.pipeline` behind the `frugal.bench.harness.Bench` protocol."""
-
-    name = "pipeline"
-    summary_type = PipelineSummary
-
-    def preset(self, preset: Preset) -> PipelineBenchConfig:
-        """`PipelineBenchConfig.preset`."""
-        return PipelineBenchConfig.preset(preset)
-
-    def run(
-        self, config: PipelineBenchConfig, out_dir: Path, *, progress: Progress | None = None
-    ) -> BenchResult[PipelineSummary]:
-        """`run_pipeline_bench`."""
-        return run_pipeline_bench(config, out_dir, progress=progress)
-
-
-PIPELINE_BENCH: Bench[PipelineBenchConfig, PipelineSummary] = PipelineBench()
+PIPELINE_BENCH: Bench[PipelineBenchConfig, PipelineSummary] = BenchSpec(
+    name="pipeline",
+    summary_type=PipelineSummary,
+    preset=PipelineBenchConfig.preset,
+    run=run_pipeline_bench,
+)
 """The pipeline bench, as `frugal reproduce` runs it."""
 
 

@@ -36,6 +36,7 @@ import numpy as np
 from frugal.bench.harness import (
     Bench,
     BenchResult,
+    BenchSpec,
     Preset,
     Progress,
     Summary,
@@ -51,7 +52,6 @@ from frugal.planner.sim import simulate_iteration
 
 __all__ = [
     "PLAN_BENCH",
-    "PlanBench",
     "PlanBenchConfig",
     "PlanValidationSummary",
     "PlannerSummary",
@@ -226,27 +226,6 @@ class PlannerSummary(Summary):
     """`frugal.bench.plan_validation`'s summary where `frugal reproduce` ran it."""
 
 
-class PlanBench:
-    """`frugal.bench.planner` behind the `frugal.bench.harness.Bench` protocol."""
-
-    name = "planner"
-    summary_type = PlannerSummary
-
-    def preset(self, preset: Preset) -> PlanBenchConfig:
-        """`PlanBenchConfig.preset`."""
-        return PlanBenchConfig.preset(preset)
-
-    def run(
-        self, config: PlanBenchConfig, out_dir: Path, *, progress: Progress | None = None
-    ) -> BenchResult[PlannerSummary]:
-        """`run_plan_bench`."""
-        return run_plan_bench(config, out_dir, progress=progress)
-
-
-PLAN_BENCH: Bench[PlanBenchConfig, PlannerSummary] = PlanBench()
-"""The planner bench, as `frugal reproduce` runs it."""
-
-
 def run_plan_bench(
     config: PlanBenchConfig,
     out_dir: Path,
@@ -349,6 +328,12 @@ def run_plan_bench(
     _plot_convergence(curves, out_dir / "convergence.png")
     typed = PlannerSummary(**summary)  # a key no field names is a TypeError here
     return write_bench_results("plan", config, rows, typed, out_dir / "results.json")
+
+
+PLAN_BENCH: Bench[PlanBenchConfig, PlannerSummary] = BenchSpec(
+    name="planner", summary_type=PlannerSummary, preset=PlanBenchConfig.preset, run=run_plan_bench
+)
+"""The planner bench, as `frugal reproduce` runs it."""
 
 
 def _convergence(
