@@ -430,6 +430,17 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
     cells = sorted(
         {(r["scenario"], r["num_layers"], r["global_batch"]) for r in rows if "num_layers" in r}
     )
+
+    def ratio_by_cell(slower: str, faster: str) -> dict[str, float]:
+        """`slower`'s mean time over `faster`'s per cell where both have a non-zero time."""
+        ratios = {}
+        for scenario, layers, batch in cells:
+            slow = mean_time(scenario, slower, layers, batch)
+            fast = mean_time(scenario, faster, layers, batch)
+            if slow and fast:
+                ratios[f"{scenario}/L{layers}/B{batch}"] = slow / fast
+        return ratios
+
     for scenario, layers, batch in cells:
         ours = mean_time(scenario, "ours", layers, batch)
         if ours is None:
@@ -469,12 +480,7 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
             # Both sides on their faster schedule (GPipe or 1F1B, event simulator): Megatron's
             # own schedule is 1F1B, which helps communication-bound placements.
             summary[f"world_speedup_vs_{baseline}_best_schedule_by_cell"] = best_schedule
-    memetic_vs_swap = {}
-    for scenario, layers, batch in cells:
-        ours = mean_time(scenario, "ours", layers, batch)
-        swap = mean_time(scenario, "swap", layers, batch)
-        if ours and swap:
-            memetic_vs_swap[f"{scenario}/L{layers}/B{batch}"] = swap / ours
+    memetic_vs_swap = ratio_by_cell("swap", "ours")
     if memetic_vs_swap:
         summary["memetic_vs_swap_iteration_min"] = min(memetic_vs_swap.values())
         summary["memetic_vs_swap_iteration_max"] = max(memetic_vs_swap.values())
@@ -483,12 +489,7 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
     ]  # >= 1 everywhere: ours is never slower than the paper's scheduler (iteration model)
     if vs_paper:
         summary["ours_vs_dtfm_ga_iteration_min"] = min(vs_paper)
-    grid = {}
-    for scenario, layers, batch in cells:
-        ours = mean_time(scenario, "ours", layers, batch)
-        chosen = mean_time(scenario, "ours_grid", layers, batch)
-        if ours and chosen:
-            grid[f"{scenario}/L{layers}/B{batch}"] = ours / chosen
+    grid = ratio_by_cell("ours", "ours_grid")
     if grid:
         summary["ours_grid_vs_8x8"] = grid
     summary["sim_vs_measured_max_error"] = None  # needs frugal.pipeline (emulated runs)
