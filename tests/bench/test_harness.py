@@ -13,6 +13,7 @@ import pytest
 from frugal import FrugalError
 from frugal.bench.harness import (
     PRESETS,
+    Bench,
     Summary,
     load_bench_result,
     median,
@@ -21,11 +22,11 @@ from frugal.bench.harness import (
     run_cell,
     write_bench_results,
 )
-from frugal.bench.pipeline import PipelineBenchConfig
-from frugal.bench.planner import PlanBenchConfig, PlannerSummary
-from frugal.bench.recsys import RecsysBenchConfig
-from frugal.bench.store import StoreBenchConfig, StoreSummary
-from frugal.bench.tgraph import TgraphBenchConfig, TgraphSummary
+from frugal.bench.pipeline import PIPELINE_BENCH, PipelineBenchConfig
+from frugal.bench.planner import PLAN_BENCH, PlanBenchConfig, PlannerSummary
+from frugal.bench.recsys import RECSYS_BENCH, RecsysBenchConfig
+from frugal.bench.store import STORE_BENCH, StoreBenchConfig, StoreSummary
+from frugal.bench.tgraph import TGRAPH_BENCH, TgraphBenchConfig, TgraphSummary
 from tests.bench._summaries import every_summary, planner_summary, store_summary
 
 
@@ -154,3 +155,21 @@ def test_every_bench_declares_each_preset(config_type: type) -> None:
     configs = {name: config_type.preset(name) for name in PRESETS}
     assert configs["full"] == config_type()
     assert configs["smoke"] != configs["full"]
+
+
+@pytest.mark.parametrize(
+    ("bench", "name", "config_type"),
+    [
+        (STORE_BENCH, "store", StoreBenchConfig),
+        (TGRAPH_BENCH, "tgraph", TgraphBenchConfig),
+        (RECSYS_BENCH, "recsys", RecsysBenchConfig),
+        (PIPELINE_BENCH, "pipeline", PipelineBenchConfig),
+        (PLAN_BENCH, "planner", PlanBenchConfig),
+    ],
+)
+def test_every_bench_spec_names_its_area_and_builds_its_presets(
+    bench: Bench[object, Summary], name: str, config_type: type
+) -> None:
+    assert bench.name == name
+    assert issubclass(bench.summary_type, Summary)
+    assert bench.preset("smoke") == config_type.preset("smoke")

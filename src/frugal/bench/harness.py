@@ -10,7 +10,8 @@ Every area's bench (`frugal.bench.store`, `frugal.bench.tgraph`, ...) is built f
   turning into "not measured".
 - `BenchResult`: what a bench returns: its typed summary, its rows and the `results.json`
   document it wrote (`write_bench_results`, reading back: `load_bench_result`).
-- `Bench`: the protocol `frugal reproduce` drives a bench through.
+- `Bench`: the protocol `frugal reproduce` drives a bench through; `BenchSpec` builds one from
+  a bench's name, Summary class, preset and run function.
 - `run_cell`: runs one cell in a fresh child process with a timeout, under one failure rule.
 - `median`, `median_after_warmup`, `median_item`: the medians every timing goes through.
 
@@ -37,6 +38,8 @@ __all__ = [
     "PRESETS",
     "Bench",
     "BenchResult",
+    "BenchRun",
+    "BenchSpec",
     "CellOutcome",
     "CellStatus",
     "Preset",
@@ -60,6 +63,7 @@ Progress = Callable[[str], None]
 S = TypeVar("S", bound="Summary")
 S_co = TypeVar("S_co", bound="Summary", covariant=True)
 C = TypeVar("C")
+C_contra = TypeVar("C_contra", contravariant=True)
 T = TypeVar("T")
 A = TypeVar("A")
 
@@ -282,6 +286,30 @@ class Bench(Protocol[C, S_co]):
     ) -> BenchResult[S_co]:
         """Run every cell of `config`, write `out_dir/results.json`, return the result."""
         ...
+
+
+class BenchRun(Protocol[C_contra, S_co]):
+    """A bench's run function (`run_store_bench`, ...): runs every cell of a Config."""
+
+    def __call__(
+        self, config: C_contra, out_dir: Path, *, progress: Progress | None = None
+    ) -> BenchResult[S_co]:
+        """Run every cell of `config`, write `out_dir/results.json`, return the result."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BenchSpec(Generic[C, S]):
+    """A `Bench` made of its parts: each bench module declares one (`STORE_BENCH`, ...)."""
+
+    name: str
+    """The area (`"store"`, `"tgraph"`, ...)."""
+    summary_type: type[S]
+    """The bench's Summary class (reads its `results.json` back)."""
+    preset: Callable[[Preset], C]
+    """The bench's Config at the sizes of a preset (the Config's `preset` classmethod)."""
+    run: BenchRun[C, S]
+    """Runs every cell of a Config, writes `out_dir/results.json` and returns the result."""
 
 
 # --- child-process cells -------------------------------------------------------------------

@@ -65,6 +65,7 @@ from typing import Any
 from frugal.bench.harness import (
     Bench,
     BenchResult,
+    BenchSpec,
     Preset,
     Progress,
     Summary,
@@ -72,7 +73,7 @@ from frugal.bench.harness import (
     write_bench_results,
 )
 from frugal.bench.pipeline_dp import DPBenchConfig, run_dp_section
-from frugal.bench.pipeline_llm import LLMBenchConfig, run_llm_section
+from frugal.bench.pipeline_llm import LLMBenchConfig, interleaved_runs, run_llm_section
 from frugal.comm.link import RHO_POINTS
 from frugal.config import check_types
 from frugal.parallel.codec import CodecSpec, message_wire_bytes
@@ -91,7 +92,6 @@ from frugal.pipeline.train import (
 
 __all__ = [
     "PIPELINE_BENCH",
-    "PipelineBench",
     "PipelineBenchConfig",
     "PipelineSummary",
     "TorchPipeliningSummary",
@@ -361,18 +361,7 @@ def run_pipeline_bench(
     cells = [(m, rho) for rho in config.rhos for m in config.methods]
     if config.torch_pipelining:  # our FP32 on the raw link, beside torch's pipelining
         cells.append(("fp32", 0.0))
-    runs = [
-        RunSpec(
-            label=f"{m}@{rho}#{r}",
-            codec=m,
-            steps=config.speed_steps,
-            rho=rho,
-            repeat_examples=True,
-            calibrate=c == 0,  # each round measures c right before its cells
-        )
-        for r in range(config.speed_rounds)
-        for c, (m, rho) in enumerate(cells)
-    ]
+    runs = interleaved_runs(cells, num_rounds=config.speed_rounds, steps=config.speed_steps)
     say(
         f"speed: {len(cells)} cells x {config.speed_rounds} interleaved rounds on "
         f"{train.num_stages} gloo ranks"
@@ -849,24 +838,12 @@ class PipelineSummary(Summary):
     """Why the LLM section did not run (e.g. no model wheel); None otherwise."""
 
 
-class PipelineBench:
-    """`frugal.bench.pipeline` behind the `frugal.bench.harness.Bench` protocol."""
-
-    name = "pipeline"
-    summary_type = PipelineSummary
-
-    def preset(self, preset: Preset) -> PipelineBenchConfig:
-        """`PipelineBenchConfig.preset`."""
-        return PipelineBenchConfig.preset(preset)
-
-    def run(
-        self, config: PipelineBenchConfig, out_dir: Path, *, progress: Progress | None = None
-    ) -> BenchResult[PipelineSummary]:
-        """`run_pipeline_bench`."""
-        return run_pipeline_bench(config, out_dir, progress=progress)
-
-
-PIPELINE_BENCH: Bench[PipelineBenchConfig, PipelineSummary] = PipelineBench()
+PIPELINE_BENCH: Bench[PipelineBenchConfig, PipelineSummary] = BenchSpec(
+    name="pipeline",
+    summary_type=PipelineSummary,
+    preset=PipelineBenchConfig.preset,
+    run=run_pipeline_bench,
+)
 """The pipeline bench, as `frugal reproduce` runs it."""
 
 

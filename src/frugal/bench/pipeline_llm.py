@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -150,6 +150,43 @@ class LLMSectionSummary(Summary):
     """Blocks per stage."""
 
 
+def interleaved_runs(
+    cells: Sequence[tuple[str, float]],
+    *,
+    num_rounds: int,
+    steps: int,
+    label: str = "",
+    evaluate: bool = True,
+) -> list[RunSpec]:
+    """The runs of one launch of `num_rounds` interleaved rounds over `cells`.
+
+    Round r runs every cell (method, rho) once, in order, each for `steps` steps of one
+    repeated macro-batch; its first run calibrates c, so each round measures c right before its
+    cells. Labels are `{label}{method}@{rho}#{r}`. `frugal.pipeline.train.cell_rounds` reads a
+    cell's runs back from the launch. The main bench's speed cells run the same way.
+
+    Args:
+        cells: (method, rho) per cell of a round.
+        num_rounds: Rounds in the launch.
+        steps: Steps per run.
+        label: Prefix of every run's label.
+        evaluate: Whether each run evaluates (see `RunSpec.evaluate`).
+    """
+    return [
+        RunSpec(
+            label=f"{label}{m}@{rho}#{r}",
+            codec=m,
+            steps=steps,
+            rho=rho,
+            repeat_examples=True,
+            calibrate=c == 0,
+            evaluate=evaluate,
+        )
+        for r in range(num_rounds)
+        for c, (m, rho) in enumerate(cells)
+    ]
+
+
 def run_llm_section(
     config: LLMBenchConfig,
     schedule: str = "gpipe",
@@ -174,19 +211,13 @@ def run_llm_section(
     say = progress or (lambda _: None)
     train = config.train_config(schedule)
     cells = [(m, rho) for rho in config.rhos for m in config.methods]
-    runs = [
-        RunSpec(
-            label=f"llm:{m}@{rho}#{r}",
-            codec=m,
-            steps=config.speed_steps,
-            rho=rho,
-            repeat_examples=True,
-            calibrate=c == 0,
-            evaluate=False,
-        )
-        for r in range(config.speed_rounds)
-        for c, (m, rho) in enumerate(cells)
-    ]
+    runs = interleaved_runs(
+        cells,
+        num_rounds=config.speed_rounds,
+        steps=config.speed_steps,
+        label="llm:",
+        evaluate=False,
+    )
     layers = default_layers(train, train.num_stages)
     say(
         f"llm: {len(cells)} cells x {config.speed_rounds} rounds, {config.model} on "

@@ -39,6 +39,7 @@ import itertools
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -327,9 +328,14 @@ def _plans(config: Config, topology: Topology, workload: WorkloadConfig) -> dict
     return plans
 
 
-def _scaled(topology: Topology, speed: float) -> Topology:
-    devices = tuple(replace(d, speed=speed) for d in topology.devices)
+def _with_speeds(topology: Topology, speeds: Sequence[float]) -> Topology:
+    """`topology` with device i running at `speeds[i]`."""
+    devices = tuple(replace(d, speed=v) for d, v in zip(topology.devices, speeds, strict=True))
     return Topology(devices, topology.delay_ms, topology.bandwidth_gbps, name=topology.name)
+
+
+def _rel_error(predicted_s: float, measured_s: float) -> float:
+    return (predicted_s - measured_s) / measured_s
 
 
 def _predict(topology: Topology, plan: Plan, workload: WorkloadConfig) -> tuple[float, float]:
@@ -417,7 +423,7 @@ def run_plan_validation(
     share = min(1.0, cores / config.world_size)
     say(f"tau_ref_s = {tau_s * 1e3:.2f} ms per layer per micro-batch (one thread); share {share}")
     workload = workload_for(config, tau_s)
-    shared = _scaled(topology, share)
+    shared = _with_speeds(topology, [share] * len(topology.devices))
     chosen, other = (shared, topology) if config.compute_sharing == "cores" else (topology, shared)
     plans = _plans(config, chosen, workload)  # the planner sees the compute model chosen
     links = link_rows(topology)
@@ -464,12 +470,7 @@ def run_plan_validation(
         analytic_other_s, sim_other_s = _predict(other, plan, workload)
         measured_s, per_rank, results = best[method]
         run_speed = _run_speeds(results, plan, tau_s)
-        replay = Topology(
-            tuple(replace(d, speed=v) for d, v in zip(topology.devices, run_speed, strict=True)),
-            topology.delay_ms,
-            topology.bandwidth_gbps,
-            name=topology.name,
-        )
+        replay = _with_speeds(topology, run_speed)
         replay_analytic_s, replay_sim_s = _predict(replay, plan, workload)
         executed = all(plan.mesh[r["replica"]][r["stage"]] == r["rank"] for r in results)
         say(
@@ -483,15 +484,15 @@ def run_plan_validation(
                 "predicted_iteration_s": analytic_s,
                 "simulated_iteration_s": sim_s,
                 "measured_iteration_s": measured_s,
-                "analytic_rel_error": (analytic_s - measured_s) / measured_s,
-                "sim_rel_error": (sim_s - measured_s) / measured_s,
+                "analytic_rel_error": _rel_error(analytic_s, measured_s),
+                "sim_rel_error": _rel_error(sim_s, measured_s),
                 "predicted_unshared_s": analytic_other_s,
                 "simulated_unshared_s": sim_other_s,
-                "unshared_sim_rel_error": (sim_other_s - measured_s) / measured_s,
+                "unshared_sim_rel_error": _rel_error(sim_other_s, measured_s),
                 "replay_predicted_s": replay_analytic_s,
                 "replay_simulated_s": replay_sim_s,
-                "replay_sim_rel_error": (replay_sim_s - measured_s) / measured_s,
-                "replay_analytic_rel_error": (replay_analytic_s - measured_s) / measured_s,
+                "replay_sim_rel_error": _rel_error(replay_sim_s, measured_s),
+                "replay_analytic_rel_error": _rel_error(replay_analytic_s, measured_s),
                 "run_speed_per_rank": run_speed,
                 "measured_per_rank_s": per_rank,
                 "executed_as_planned": executed,
@@ -503,17 +504,20 @@ def run_plan_validation(
     measured = {r["method"]: r["measured_iteration_s"] for r in rows}
     predicted_rank, analytic_rank = _ranking(simulated), _ranking(analytic)
     measured_rank = _ranking(measured)
+
+    def worst(key: str) -> float:
+        """The largest |relative error| `key` over the methods."""
+        return float(max(abs(r[key]) for r in rows))
+
     summary = PlanValidationSummary(
         tau_ref_s=tau_s,
         compute_share=share,
         compute_sharing=config.compute_sharing,
-        sim_vs_measured_max_error=max(abs(r["sim_rel_error"]) for r in rows),
-        analytic_vs_measured_max_error=max(abs(r["analytic_rel_error"]) for r in rows),
-        unshared_sim_vs_measured_max_error=max(abs(r["unshared_sim_rel_error"]) for r in rows),
-        replay_sim_vs_measured_max_error=max(abs(r["replay_sim_rel_error"]) for r in rows),
-        replay_analytic_vs_measured_max_error=max(
-            abs(r["replay_analytic_rel_error"]) for r in rows
-        ),
+        sim_vs_measured_max_error=worst("sim_rel_error"),
+        analytic_vs_measured_max_error=worst("analytic_rel_error"),
+        unshared_sim_vs_measured_max_error=worst("unshared_sim_rel_error"),
+        replay_sim_vs_measured_max_error=worst("replay_sim_rel_error"),
+        replay_analytic_vs_measured_max_error=worst("replay_analytic_rel_error"),
         predicted_ranking=predicted_rank,
         analytic_ranking=analytic_rank,
         measured_ranking=measured_rank,

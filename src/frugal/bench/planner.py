@@ -36,6 +36,7 @@ import numpy as np
 from frugal.bench.harness import (
     Bench,
     BenchResult,
+    BenchSpec,
     Preset,
     Progress,
     Summary,
@@ -51,7 +52,6 @@ from frugal.planner.sim import simulate_iteration
 
 __all__ = [
     "PLAN_BENCH",
-    "PlanBench",
     "PlanBenchConfig",
     "PlanValidationSummary",
     "PlannerSummary",
@@ -226,27 +226,6 @@ class PlannerSummary(Summary):
     """`frugal.bench.plan_validation`'s summary where `frugal reproduce` ran it."""
 
 
-class PlanBench:
-    """`frugal.bench.planner` behind the `frugal.bench.harness.Bench` protocol."""
-
-    name = "planner"
-    summary_type = PlannerSummary
-
-    def preset(self, preset: Preset) -> PlanBenchConfig:
-        """`PlanBenchConfig.preset`."""
-        return PlanBenchConfig.preset(preset)
-
-    def run(
-        self, config: PlanBenchConfig, out_dir: Path, *, progress: Progress | None = None
-    ) -> BenchResult[PlannerSummary]:
-        """`run_plan_bench`."""
-        return run_plan_bench(config, out_dir, progress=progress)
-
-
-PLAN_BENCH: Bench[PlanBenchConfig, PlannerSummary] = PlanBench()
-"""The planner bench, as `frugal reproduce` runs it."""
-
-
 def run_plan_bench(
     config: PlanBenchConfig,
     out_dir: Path,
@@ -351,6 +330,12 @@ def run_plan_bench(
     return write_bench_results("plan", config, rows, typed, out_dir / "results.json")
 
 
+PLAN_BENCH: Bench[PlanBenchConfig, PlannerSummary] = BenchSpec(
+    name="planner", summary_type=PlannerSummary, preset=PlanBenchConfig.preset, run=run_plan_bench
+)
+"""The planner bench, as `frugal reproduce` runs it."""
+
+
 def _convergence(
     config: PlanBenchConfig, progress: Callable[[str], None] | None
 ) -> list[dict[str, Any]]:
@@ -445,6 +430,17 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
     cells = sorted(
         {(r["scenario"], r["num_layers"], r["global_batch"]) for r in rows if "num_layers" in r}
     )
+
+    def ratio_by_cell(slower: str, faster: str) -> dict[str, float]:
+        """`slower`'s mean time over `faster`'s per cell where both have a non-zero time."""
+        ratios = {}
+        for scenario, layers, batch in cells:
+            slow = mean_time(scenario, slower, layers, batch)
+            fast = mean_time(scenario, faster, layers, batch)
+            if slow and fast:
+                ratios[f"{scenario}/L{layers}/B{batch}"] = slow / fast
+        return ratios
+
     for scenario, layers, batch in cells:
         ours = mean_time(scenario, "ours", layers, batch)
         if ours is None:
@@ -484,12 +480,7 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
             # Both sides on their faster schedule (GPipe or 1F1B, event simulator): Megatron's
             # own schedule is 1F1B, which helps communication-bound placements.
             summary[f"world_speedup_vs_{baseline}_best_schedule_by_cell"] = best_schedule
-    memetic_vs_swap = {}
-    for scenario, layers, batch in cells:
-        ours = mean_time(scenario, "ours", layers, batch)
-        swap = mean_time(scenario, "swap", layers, batch)
-        if ours and swap:
-            memetic_vs_swap[f"{scenario}/L{layers}/B{batch}"] = swap / ours
+    memetic_vs_swap = ratio_by_cell("swap", "ours")
     if memetic_vs_swap:
         summary["memetic_vs_swap_iteration_min"] = min(memetic_vs_swap.values())
         summary["memetic_vs_swap_iteration_max"] = max(memetic_vs_swap.values())
@@ -498,12 +489,7 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
     ]  # >= 1 everywhere: ours is never slower than the paper's scheduler (iteration model)
     if vs_paper:
         summary["ours_vs_dtfm_ga_iteration_min"] = min(vs_paper)
-    grid = {}
-    for scenario, layers, batch in cells:
-        ours = mean_time(scenario, "ours", layers, batch)
-        chosen = mean_time(scenario, "ours_grid", layers, batch)
-        if ours and chosen:
-            grid[f"{scenario}/L{layers}/B{batch}"] = ours / chosen
+    grid = ratio_by_cell("ours", "ours_grid")
     if grid:
         summary["ours_grid_vs_8x8"] = grid
     summary["sim_vs_measured_max_error"] = None  # needs frugal.pipeline (emulated runs)

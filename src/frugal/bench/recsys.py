@@ -28,7 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from frugal.bench.harness import Bench, BenchResult, Preset, Progress, Summary, write_bench_results
+from frugal.bench.harness import (
+    Bench,
+    BenchResult,
+    BenchSpec,
+    Preset,
+    Progress,
+    Summary,
+    write_bench_results,
+)
 from frugal.config import check_types
 from frugal.recsys.config import Mode, RecsysTrainConfig
 from frugal.recsys.datasets import DatasetName, RecsysDataConfig, teacher_auc
@@ -37,7 +45,6 @@ from frugal.recsys.models import ModelName
 
 __all__ = [
     "RECSYS_BENCH",
-    "RecsysBench",
     "RecsysBenchConfig",
     "RecsysDatasetSummary",
     "RecsysSummary",
@@ -392,22 +399,7 @@ def run_recsys_bench(
     return result
 
 
-class RecsysBench:
-    """`frugal.bench.recsys` behind the `frugal.bench.harness.Bench` protocol."""
-
-    name = "recsys"
-    summary_type = RecsysSummary
-
-    def preset(self, preset: Preset) -> RecsysBenchConfig:
-        """`RecsysBenchConfig.preset`."""
-        return RecsysBenchConfig.preset(preset)
-
-    def run(
-        self, config: RecsysBenchConfig, out_dir: Path, *, progress: Progress | None = None
-    ) -> BenchResult[RecsysSummary]:
-        """`run_recsys_bench`."""
-        return run_recsys_bench(config, out_dir, progress=progress)
-
-
-RECSYS_BENCH: Bench[RecsysBenchConfig, RecsysSummary] = RecsysBench()
+RECSYS_BENCH: Bench[RecsysBenchConfig, RecsysSummary] = BenchSpec(
+    name="recsys", summary_type=RecsysSummary, preset=RecsysBenchConfig.preset, run=run_recsys_bench
+)
 """The recsys bench, as `frugal reproduce` runs it."""

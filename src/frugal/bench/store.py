@@ -37,6 +37,7 @@ from frugal._libc import fixed_mmap_threshold
 from frugal.bench.harness import (
     Bench,
     BenchResult,
+    BenchSpec,
     Preset,
     Progress,
     Summary,
@@ -51,7 +52,6 @@ from frugal.store.rows import OptimizerConfig, RowSpec, splitmix64
 
 __all__ = [
     "STORE_BENCH",
-    "StoreBench",
     "StoreBenchConfig",
     "StoreStalenessPoint",
     "StoreSummary",
@@ -824,22 +824,7 @@ def _summary(
     )
 
 
-class StoreBench:
-    """`frugal.bench.store` behind the `frugal.bench.harness.Bench` protocol."""
-
-    name = "store"
-    summary_type = StoreSummary
-
-    def preset(self, preset: Preset) -> StoreBenchConfig:
-        """`StoreBenchConfig.preset`."""
-        return StoreBenchConfig.preset(preset)
-
-    def run(
-        self, config: StoreBenchConfig, out_dir: Path, *, progress: Progress | None = None
-    ) -> BenchResult[StoreSummary]:
-        """`run_store_bench`."""
-        return run_store_bench(config, out_dir, progress=progress)
-
-
-STORE_BENCH: Bench[StoreBenchConfig, StoreSummary] = StoreBench()
+STORE_BENCH: Bench[StoreBenchConfig, StoreSummary] = BenchSpec(
+    name="store", summary_type=StoreSummary, preset=StoreBenchConfig.preset, run=run_store_bench
+)
 """The store bench, as `frugal reproduce` runs it."""

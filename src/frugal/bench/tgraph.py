@@ -28,6 +28,7 @@ from frugal._libc import keep_freed_memory
 from frugal.bench.harness import (
     Bench,
     BenchResult,
+    BenchSpec,
     Preset,
     Progress,
     Summary,
@@ -43,7 +44,6 @@ from frugal.tgraph.reference import WARMUP_BATCHES, compare_with_pyg_tgn
 
 __all__ = [
     "TGRAPH_BENCH",
-    "TgraphBench",
     "TgraphBenchConfig",
     "TgraphDatasetSummary",
     "TgraphModelSummary",
@@ -486,24 +486,9 @@ class TgraphSummary(Summary):
     """None when the PyG reference was not compared."""
 
 
-class TgraphBench:
-    """`frugal.bench.tgraph` behind the `frugal.bench.harness.Bench` protocol."""
-
-    name = "tgraph"
-    summary_type = TgraphSummary
-
-    def preset(self, preset: Preset) -> TgraphBenchConfig:
-        """`TgraphBenchConfig.preset`."""
-        return TgraphBenchConfig.preset(preset)
-
-    def run(
-        self, config: TgraphBenchConfig, out_dir: Path, *, progress: Progress | None = None
-    ) -> BenchResult[TgraphSummary]:
-        """`run_tgraph_bench`."""
-        return run_tgraph_bench(config, out_dir, progress=progress)
-
-
-TGRAPH_BENCH: Bench[TgraphBenchConfig, TgraphSummary] = TgraphBench()
+TGRAPH_BENCH: Bench[TgraphBenchConfig, TgraphSummary] = BenchSpec(
+    name="tgraph", summary_type=TgraphSummary, preset=TgraphBenchConfig.preset, run=run_tgraph_bench
+)
 """The tgraph bench, as `frugal reproduce` runs it."""
 
 

@@ -7,7 +7,13 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from frugal.cli.options import add_config_arguments, config_from_args, output_folder, print_config
+from frugal.cli.options import (
+    add_area,
+    add_config_arguments,
+    config_from_args,
+    output_folder,
+    print_config,
+)
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
@@ -18,13 +24,12 @@ __all__ = ["register"]
 
 def register(commands: Any) -> None:
     """Add the `data` subcommand and its children to the top-level subparsers."""
-    parser = commands.add_parser(
+    children = add_area(
+        commands,
         "data",
         help="list, inspect and export the bundled real datasets",
         description="The bundled real datasets: found in installed packages, never downloaded.",
     )
-    children = parser.add_subparsers(dest="data_command", metavar="ACTION")
-    children.required = True
 
     listing = children.add_parser("list", help="table of every bundled dataset")
     listing.add_argument(

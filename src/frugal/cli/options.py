@@ -1,23 +1,44 @@
-"""Arguments shared by subcommands that build a Config: `--config`, `--set`, `--print-config`."""
+"""What subcommands share: an area's parser, and `--config`, `--set`, `--print-config`."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from frugal.config import ConfigError, config_to_commented_toml, load_config
+from frugal.config import ConfigError, config_to_commented_toml, config_to_dict, load_config
 
 __all__ = [
+    "add_area",
     "add_config_arguments",
     "add_print_config_argument",
     "config_from_args",
     "output_file",
     "output_folder",
+    "overlay_flags",
     "print_config",
 ]
 
 T = TypeVar("T")
+
+
+def add_area(commands: Any, name: str, *, help: str, description: str) -> Any:
+    """Add the area `frugal NAME ACTION ...` to the top-level subparsers.
+
+    Args:
+        commands: The top-level subparsers.
+        name: The area's subcommand, e.g. "data".
+        help: One line for `frugal --help`.
+        description: Long text of `frugal NAME --help`.
+
+    Returns:
+        The subparsers of the area's actions; one of them is required.
+    """
+    parser = commands.add_parser(name, help=help, description=description)
+    children = parser.add_subparsers(dest=f"{name}_command", metavar="ACTION")
+    children.required = True
+    return children
 
 
 def add_print_config_argument(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +92,23 @@ def config_from_args(cls: type[T], args: argparse.Namespace) -> T:
         ConfigError: If the file or an override does not fit `cls`.
     """
     return load_config(cls, args.config, args.overrides)
+
+
+def overlay_flags(config: T, flags: Mapping[str, Any]) -> T:
+    """`config` (preset, `--config`, `--set`) with the flags that were given on top.
+
+    Args:
+        config: The Config resolved so far.
+        flags: Each flag's value by the top-level setting it sets; a flag not given is None
+            (an `append` flag's None or []).
+
+    Raises:
+        ConfigError: If a flag's value does not fit (the error names the command line).
+    """
+    given = {key: value for key, value in flags.items() if value is not None and value != []}
+    return load_config(
+        type(config), base={**config_to_dict(config), **given}, base_source="command line"
+    )
 
 
 def output_folder(value: str, flag: str = "--out") -> Path:

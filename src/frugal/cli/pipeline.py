@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frugal.cli.bench import BenchEntry, add_bench
-from frugal.cli.options import add_config_arguments, output_folder, print_config
+from frugal.cli.options import (
+    add_area,
+    add_config_arguments,
+    output_folder,
+    overlay_flags,
+    print_config,
+)
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
@@ -41,13 +47,12 @@ class _ModelNames:
 
 def register(commands: Any) -> None:
     """Add the `pipeline` subcommand and its children to the top-level subparsers."""
-    parser = commands.add_parser(
+    children = add_area(
+        commands,
         "pipeline",
         help="compressed pipeline-parallel training over slow links (AQ-SGD)",
         description="frugal.pipeline: GPipe/1F1B over torch.distributed with activation codecs.",
     )
-    children = parser.add_subparsers(dest="pipeline_command", metavar="ACTION")
-    children.required = True
     train = children.add_parser(
         "train", help="train a model with one process per stage (torchrun, gloo, 127.0.0.1)"
     )
@@ -156,31 +161,25 @@ def train_config(args: argparse.Namespace) -> PipelineTrainConfig:
     from frugal.config import config_to_dict, load_config
     from frugal.pipeline.train import PipelineTrainConfig
 
-    cli: dict[str, Any] = {}
-    for key, value in (
-        ("model", args.model),
-        ("num_stages", args.stages),
-        ("codec", _codec(args)),
-        ("bandwidth_mbps", args.bandwidth_mbps),
-        ("rho", _rho(args.rho) if args.rho is not None else None),
-        ("plan", str(Path(args.plan).resolve()) if args.plan else None),
-        ("steps", args.steps),
-        ("dp_compression", args.dp_compress),
-        ("dp_bits", args.dp_bits),
-    ):
-        if value is not None:
-            cli[key] = value
+    flags = {
+        "model": args.model,
+        "num_stages": args.stages,
+        "codec": _codec(args),
+        "bandwidth_mbps": args.bandwidth_mbps,
+        "rho": _rho(args.rho) if args.rho is not None else None,
+        "plan": str(Path(args.plan).resolve()) if args.plan else None,
+        "steps": args.steps,
+        "dp_compression": args.dp_compress,
+        "dp_bits": args.dp_bits,
+    }
     preset = None
     if args.model is not None:
         from frugal.pipeline.zoo import MODELS
 
         make_preset = MODELS.get(args.model).train_config
         preset = config_to_dict(make_preset()) if make_preset is not None else None
-    base = config_to_dict(
-        load_config(PipelineTrainConfig, args.config, args.overrides, base=preset)
-    )
-    config: PipelineTrainConfig = load_config(
-        PipelineTrainConfig, base={**base, **cli}, base_source="command line"
+    config = overlay_flags(
+        load_config(PipelineTrainConfig, args.config, args.overrides, base=preset), flags
     )
     if args.dp_bits is not None and config.dp_compression not in ("ef-kbit", "qadam"):
         raise ConfigError(

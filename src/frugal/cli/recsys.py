@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frugal.cli.bench import BenchEntry, add_bench
-from frugal.cli.options import add_config_arguments, output_file, output_folder, print_config
+from frugal.cli.options import (
+    add_area,
+    add_config_arguments,
+    output_file,
+    output_folder,
+    print_config,
+)
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
@@ -21,13 +27,12 @@ __all__ = ["register", "train_config"]
 
 def register(commands: Any) -> None:
     """Add the `recsys` subcommand and its children to the top-level subparsers."""
-    parser = commands.add_parser(
+    children = add_area(
+        commands,
         "recsys",
         help="hybrid sync/async recommender training (Persia): train, benchmark",
         description="frugal.recsys: async embeddings + sync dense network on torch.distributed.",
     )
-    children = parser.add_subparsers(dest="recsys_command", metavar="ACTION")
-    children.required = True
     train = children.add_parser("train", help="train with N torchrun processes on 127.0.0.1")
     train.add_argument(
         "--dataset", choices=("movielens100k", "adult", "criteo_zipf"), help="dataset id"

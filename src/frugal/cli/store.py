@@ -6,19 +6,19 @@ import sys
 from typing import Any
 
 from frugal.cli.bench import BenchEntry, add_bench
+from frugal.cli.options import add_area
 
 __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
     """Add the `store` subcommand and its children to the top-level subparsers."""
-    parser = commands.add_parser(
+    children = add_area(
+        commands,
         "store",
         help="disk-backed embedding storage (MLKV): benchmark",
         description="frugal.store: embedding tables on disk behind a lookahead cache.",
     )
-    children = parser.add_subparsers(dest="store_command", metavar="ACTION")
-    children.required = True
     add_bench(
         children,
         _bench,

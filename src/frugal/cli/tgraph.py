@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frugal.cli.bench import BenchEntry, add_bench
+from frugal.cli.options import add_area, overlay_flags
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
@@ -20,13 +21,12 @@ __all__ = ["bench_config", "register"]
 
 def register(commands: Any) -> None:
     """Add the `tgraph` subcommand and its children to the top-level subparsers."""
-    parser = commands.add_parser(
+    children = add_area(
+        commands,
         "tgraph",
         help="temporal-GNN benchmark (Benchtemp): bench, leaderboard",
         description="frugal.tgraph: one fair protocol for every temporal GNN.",
     )
-    children = parser.add_subparsers(dest="tgraph_command", metavar="ACTION")
-    children.required = True
     bench = add_bench(
         children,
         _bench,
@@ -99,21 +99,14 @@ def bench_config(args: argparse.Namespace) -> TgraphBenchConfig:
         merged = load_config(
             TgraphBenchConfig, args.config, args.overrides, base=config_to_dict(preset)
         )
-    cli: dict[str, Any] = {}
-    for key, value in (
-        ("datasets", args.dataset),
-        ("models", args.model),
-        ("task", args.task),
-        ("num_seeds", args.seeds),
-        ("first_seed", args.first_seed),
-    ):
-        if value is not None and value != []:
-            cli[key] = value
-    base = config_to_dict(merged)
-    config: TgraphBenchConfig = load_config(
-        TgraphBenchConfig, base={**base, **cli}, base_source="command line"
-    )
-    return config
+    flags = {
+        "datasets": args.dataset,
+        "models": args.model,
+        "task": args.task,
+        "num_seeds": args.seeds,
+        "first_seed": args.first_seed,
+    }
+    return overlay_flags(merged, flags)
 
 
 def _bench() -> BenchEntry:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from frugal.bench.harness import BenchResult, Preset, Summary
+from frugal.bench.harness import Bench, BenchResult, Preset, Summary
 
 if TYPE_CHECKING:
     from frugal.bench.pipeline import PipelineSummary
@@ -104,6 +104,16 @@ def _summary_type(module: str, name: str) -> Callable[[], type[Summary]]:
     return load
 
 
+def _bench_run(module: str, name: str) -> Callable[[Mode, Path, Progress], Result]:
+    """Runs the Bench `name` of `module` (imported when called) at the mode's preset."""
+
+    def run(mode: Mode, out: Path, progress: Progress) -> Result:
+        bench: Bench[Any, Summary] = getattr(importlib.import_module(module), name)
+        return bench.run(bench.preset(mode), out, progress=progress)
+
+    return run
+
+
 def _rows(result: Result) -> list[dict[str, Any]]:
     return [r for r in result.rows if r.get("status", "ok") == "ok"]
 
@@ -147,12 +157,6 @@ def _save(fig: Any, path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # store (MLKV)
-
-
-def _store_run(mode: Mode, out: Path, progress: Progress) -> BenchResult[StoreSummary]:
-    from frugal.bench.store import STORE_BENCH
-
-    return STORE_BENCH.run(STORE_BENCH.preset(mode), out, progress=progress)
 
 
 def _store_pick(
@@ -416,12 +420,6 @@ def _planner_figure(result: BenchResult[PlannerSummary], path: Path) -> None:
 # tgraph (Benchtemp)
 
 
-def _tgraph_run(mode: Mode, out: Path, progress: Progress) -> BenchResult[TgraphSummary]:
-    from frugal.bench.tgraph import TGRAPH_BENCH
-
-    return TGRAPH_BENCH.run(TGRAPH_BENCH.preset(mode), out, progress=progress)
-
-
 def _tgraph_verdicts(result: BenchResult[TgraphSummary]) -> list[Verdict]:
     summary = result.summary
     out = []
@@ -467,12 +465,6 @@ def _tgraph_figure(result: BenchResult[TgraphSummary], path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # recsys (Persia)
-
-
-def _recsys_run(mode: Mode, out: Path, progress: Progress) -> BenchResult[RecsysSummary]:
-    from frugal.bench.recsys import RECSYS_BENCH
-
-    return RECSYS_BENCH.run(RECSYS_BENCH.preset(mode), out, progress=progress)
 
 
 def _recsys_verdicts(result: BenchResult[RecsysSummary]) -> list[Verdict]:
@@ -567,12 +559,6 @@ def _recsys_figure(result: BenchResult[RecsysSummary], path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # pipeline (AQ-SGD)
-
-
-def _pipeline_run(mode: Mode, out: Path, progress: Progress) -> BenchResult[PipelineSummary]:
-    from frugal.bench.pipeline import PIPELINE_BENCH
-
-    return PIPELINE_BENCH.run(PIPELINE_BENCH.preset(mode), out, progress=progress)
 
 
 def _pipeline_verdicts(result: BenchResult[PipelineSummary]) -> list[Verdict]:
@@ -731,7 +717,7 @@ _PARTS: dict[str, Part] = {
         ),
         published="1.6-12.6x the throughput of offloading to a KV store, close to all-in-RAM",
         summary_type=_summary_type("frugal.bench.store", "StoreSummary"),
-        run=_store_run,
+        run=_bench_run("frugal.bench.store", "STORE_BENCH"),
         verdicts=_store_verdicts,
         figure=_store_figure,
         estimate_s={"smoke": 20.0, "quick": 150.0, "full": 10800.0},
@@ -745,7 +731,7 @@ _PARTS: dict[str, Part] = {
         ),
         published="one protocol for every TGNN; effectiveness and efficiency side by side",
         summary_type=_summary_type("frugal.bench.tgraph", "TgraphSummary"),
-        run=_tgraph_run,
+        run=_bench_run("frugal.bench.tgraph", "TGRAPH_BENCH"),
         verdicts=_tgraph_verdicts,
         figure=_tgraph_figure,
         estimate_s={"smoke": 15.0, "quick": 60.0, "full": 7200.0},
@@ -759,7 +745,7 @@ _PARTS: dict[str, Part] = {
         ),
         published="synchronous training's AUC at close to asynchronous training's speed",
         summary_type=_summary_type("frugal.bench.recsys", "RecsysSummary"),
-        run=_recsys_run,
+        run=_bench_run("frugal.bench.recsys", "RECSYS_BENCH"),
         verdicts=_recsys_verdicts,
         figure=_recsys_figure,
         estimate_s={"smoke": 30.0, "quick": 90.0, "full": 7200.0},
@@ -773,7 +759,7 @@ _PARTS: dict[str, Part] = {
         ),
         published="2-4 bit activation deltas keep FP32 quality; up to 4.3x faster on slow links",
         summary_type=_summary_type("frugal.bench.pipeline", "PipelineSummary"),
-        run=_pipeline_run,
+        run=_bench_run("frugal.bench.pipeline", "PIPELINE_BENCH"),
         verdicts=_pipeline_verdicts,
         figure=_pipeline_figure,
         estimate_s={"smoke": 30.0, "quick": 240.0, "full": 7200.0},

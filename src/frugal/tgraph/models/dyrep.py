@@ -15,13 +15,9 @@ from __future__ import annotations
 from torch import nn
 
 from frugal.tgraph.models.blocks import TimeEncoder
-from frugal.tgraph.models.components import (
-    AttentionMessage,
-    GraphAttentionEmbedding,
-    MemoryEmbedding,
-)
+from frugal.tgraph.models.components import AttentionMessage, MemoryEmbedding
 from frugal.tgraph.models.registry import ModelInputs, register_model
-from frugal.tgraph.models.tgnn import TemporalGNN
+from frugal.tgraph.models.tgnn import TemporalGNN, attention_embedding, memory_cell
 
 __all__ = ["build_dyrep"]
 
@@ -39,21 +35,17 @@ def build_dyrep(inputs: ModelInputs, *, num_heads: int = 2) -> TemporalGNN:
     Raises:
         ValueError: If `embedding_dim` is not divisible by `num_heads`.
     """
-    d, edge_dim = inputs.embedding_dim, int(inputs.msg.shape[1])
-    time_encoder = TimeEncoder(d)
+    time_encoder = TimeEncoder(inputs.embedding_dim)
     # The endpoints of each scored batch are embedded as they are (no deduplication).
-    attention = GraphAttentionEmbedding(
-        d, edge_dim, time_encoder, num_layers=1, num_neighbors=inputs.num_neighbors,
-        num_heads=num_heads, dropout=inputs.dropout, neighbor_strategy=inputs.neighbor_strategy,
-        use_dedup=False,
-    )  # fmt: skip
+    attention = attention_embedding(
+        inputs, time_encoder, num_layers=1, num_heads=num_heads, use_dedup=False
+    )
     message = AttentionMessage(attention)
-    # Message [m_u || z_v || e || phi]: width 2 D + F + D.
-    updater = nn.RNNCell(2 * d + edge_dim + d, d)
-    return TemporalGNN(
-        inputs.num_nodes, inputs.msg, time_encoder=time_encoder, embedding=MemoryEmbedding(),
-        memory_updater=updater, message=message, dropout=inputs.dropout,
-        time_origin=inputs.time_origin,
+    # Message [m_u || z_v || e || phi].
+    updater = memory_cell(nn.RNNCell, inputs)
+    return TemporalGNN.from_inputs(
+        inputs, time_encoder=time_encoder, embedding=MemoryEmbedding(), memory_updater=updater,
+        message=message,
     )  # fmt: skip
 
 

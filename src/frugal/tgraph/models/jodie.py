@@ -15,7 +15,7 @@ from torch import nn
 from frugal.tgraph.models.blocks import TimeEncoder
 from frugal.tgraph.models.components import IdentityMessage, TimeProjectionEmbedding
 from frugal.tgraph.models.registry import ModelInputs, register_model
-from frugal.tgraph.models.tgnn import TemporalGNN
+from frugal.tgraph.models.tgnn import TemporalGNN, memory_cell
 
 __all__ = ["build_jodie"]
 
@@ -29,14 +29,12 @@ def build_jodie(inputs: ModelInputs) -> TemporalGNN:
     Returns:
         The model, initialised under the caller's torch seed.
     """
-    d, edge_dim = inputs.embedding_dim, int(inputs.msg.shape[1])
-    time_encoder = TimeEncoder(d)
-    updater = nn.RNNCell(2 * d + edge_dim + d, d)
-    embedding = TimeProjectionEmbedding(d, inputs.train_dt_stats)
-    return TemporalGNN(
-        inputs.num_nodes, inputs.msg, time_encoder=time_encoder, embedding=embedding,
-        memory_updater=updater, message=IdentityMessage(), dropout=inputs.dropout,
-        time_origin=inputs.time_origin,
+    time_encoder = TimeEncoder(inputs.embedding_dim)
+    updater = memory_cell(nn.RNNCell, inputs)
+    embedding = TimeProjectionEmbedding(inputs.embedding_dim, inputs.train_dt_stats)
+    return TemporalGNN.from_inputs(
+        inputs, time_encoder=time_encoder, embedding=embedding, memory_updater=updater,
+        message=IdentityMessage(),
     )  # fmt: skip
 
 

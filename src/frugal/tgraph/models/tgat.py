@@ -8,9 +8,9 @@ References:
 from __future__ import annotations
 
 from frugal.tgraph.models.blocks import TimeEncoder
-from frugal.tgraph.models.components import GraphAttentionEmbedding, IdentityMessage
+from frugal.tgraph.models.components import IdentityMessage
 from frugal.tgraph.models.registry import ModelInputs, register_model
-from frugal.tgraph.models.tgnn import TemporalGNN
+from frugal.tgraph.models.tgnn import TemporalGNN, attention_embedding
 
 __all__ = ["build_tgat"]
 
@@ -29,17 +29,14 @@ def build_tgat(inputs: ModelInputs, *, num_layers: int = 2, num_heads: int = 2) 
     Raises:
         ValueError: If `embedding_dim` is not divisible by `num_heads`.
     """
-    d, edge_dim = inputs.embedding_dim, int(inputs.msg.shape[1])
-    time_encoder = TimeEncoder(d)
-    embedding = GraphAttentionEmbedding(
-        d, edge_dim, time_encoder, num_layers=num_layers,
-        num_neighbors=2 * inputs.num_neighbors, num_heads=num_heads, dropout=inputs.dropout,
-        neighbor_strategy=inputs.neighbor_strategy, use_memory=False,
+    time_encoder = TimeEncoder(inputs.embedding_dim)
+    embedding = attention_embedding(
+        inputs, time_encoder, num_layers=num_layers, num_heads=num_heads,
+        num_neighbors=2 * inputs.num_neighbors, use_memory=False,
     )  # fmt: skip
-    return TemporalGNN(
-        inputs.num_nodes, inputs.msg, time_encoder=time_encoder, embedding=embedding,
-        memory_updater=None, message=IdentityMessage(), dropout=inputs.dropout,
-        time_origin=inputs.time_origin,
+    return TemporalGNN.from_inputs(
+        inputs, time_encoder=time_encoder, embedding=embedding, memory_updater=None,
+        message=IdentityMessage(),
     )  # fmt: skip
 
 

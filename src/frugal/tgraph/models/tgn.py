@@ -10,9 +10,9 @@ from __future__ import annotations
 from torch import nn
 
 from frugal.tgraph.models.blocks import TimeEncoder
-from frugal.tgraph.models.components import GraphAttentionEmbedding, IdentityMessage
+from frugal.tgraph.models.components import IdentityMessage
 from frugal.tgraph.models.registry import ModelInputs, register_model
-from frugal.tgraph.models.tgnn import TemporalGNN
+from frugal.tgraph.models.tgnn import TemporalGNN, attention_embedding, memory_cell
 
 __all__ = ["build_tgn"]
 
@@ -31,18 +31,15 @@ def build_tgn(inputs: ModelInputs, *, num_layers: int = 1, num_heads: int = 2) -
     Raises:
         ValueError: If `embedding_dim` is not divisible by `num_heads`.
     """
-    d, edge_dim = inputs.embedding_dim, int(inputs.msg.shape[1])
-    time_encoder = TimeEncoder(d)
-    embedding = GraphAttentionEmbedding(
-        d, edge_dim, time_encoder, num_layers=num_layers, num_neighbors=inputs.num_neighbors,
-        num_heads=num_heads, dropout=inputs.dropout, neighbor_strategy=inputs.neighbor_strategy,
-    )  # fmt: skip
-    # Message [m_u || m_v || e || phi]: width 2 D + F + D.
-    updater = nn.GRUCell(2 * d + edge_dim + d, d)
-    return TemporalGNN(
-        inputs.num_nodes, inputs.msg, time_encoder=time_encoder, embedding=embedding,
-        memory_updater=updater, message=IdentityMessage(), dropout=inputs.dropout,
-        time_origin=inputs.time_origin,
+    time_encoder = TimeEncoder(inputs.embedding_dim)
+    embedding = attention_embedding(
+        inputs, time_encoder, num_layers=num_layers, num_heads=num_heads
+    )
+    # Message [m_u || m_v || e || phi].
+    updater = memory_cell(nn.GRUCell, inputs)
+    return TemporalGNN.from_inputs(
+        inputs, time_encoder=time_encoder, embedding=embedding, memory_updater=updater,
+        message=IdentityMessage(),
     )  # fmt: skip
 
 

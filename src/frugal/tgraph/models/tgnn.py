@@ -35,9 +35,16 @@ from frugal.tgraph.models.components import (
     LastAggregator,
     MessageFunction,
 )
+from frugal.tgraph.models.registry import ModelInputs
 from frugal.tgraph.neighbors import NeighborFinder, NeighborStrategy
 
-__all__ = ["TemporalAttention", "TemporalGNN", "TimeEncoder"]
+__all__ = [
+    "TemporalAttention",
+    "TemporalGNN",
+    "TimeEncoder",
+    "attention_embedding",
+    "memory_cell",
+]
 
 
 class TemporalGNN(nn.Module):
@@ -116,6 +123,26 @@ class TemporalGNN(nn.Module):
         self.register_buffer("pending_eid", torch.zeros(num_nodes, dtype=torch.long))
         self.register_buffer("pending_vec", torch.zeros(num_nodes, message.vector_dim))
         self._staged: tuple[Tensor, Tensor, Tensor] | None = None
+
+    @classmethod
+    def from_inputs(
+        cls,
+        inputs: ModelInputs,
+        *,
+        time_encoder: TimeEncoder,
+        embedding: EmbeddingModule,
+        memory_updater: nn.Module | None,
+        message: MessageFunction,
+    ) -> TemporalGNN:
+        """The model of these parts over the graph and the dropout and time origin of `inputs`.
+
+        The decoder is initialised here, after the parts the caller built.
+        """
+        return cls(
+            inputs.num_nodes, inputs.msg, time_encoder=time_encoder, embedding=embedding,
+            memory_updater=memory_updater, message=message, dropout=inputs.dropout,
+            time_origin=inputs.time_origin,
+        )  # fmt: skip
 
     @property
     def neighbor_strategy(self) -> NeighborStrategy:
@@ -383,3 +410,46 @@ class TemporalGNN(nn.Module):
                 vector_prepared, pair, np.tile(t, 2), memory_ND, last_update_N, edge
             )
         return logits, memory_ND, last_update_N, other_vec
+
+
+# -- the registry builders' shared parts -----------------------------------------------------
+def attention_embedding(
+    inputs: ModelInputs,
+    time_encoder: TimeEncoder,
+    *,
+    num_layers: int,
+    num_heads: int,
+    num_neighbors: int | None = None,
+    use_memory: bool = True,
+    use_dedup: bool = True,
+) -> GraphAttentionEmbedding:
+    """A `GraphAttentionEmbedding` of the width, edge width, dropout and sampler of `inputs`.
+
+    Args:
+        inputs: Sizes and shared settings.
+        time_encoder: The model's shared time encoder.
+        num_layers: Attention layers.
+        num_heads: Attention heads.
+        num_neighbors: Neighbours per layer (default `inputs.num_neighbors`).
+        use_memory: Whether layer 0 reads the memory (TGN) or zero features (TGAT).
+        use_dedup: Whether identical queries are embedded once.
+
+    Raises:
+        ValueError: If `embedding_dim` is not divisible by `num_heads`.
+    """
+    return GraphAttentionEmbedding(
+        inputs.embedding_dim, int(inputs.msg.shape[1]), time_encoder, num_layers=num_layers,
+        num_neighbors=inputs.num_neighbors if num_neighbors is None else num_neighbors,
+        num_heads=num_heads, dropout=inputs.dropout, neighbor_strategy=inputs.neighbor_strategy,
+        use_memory=use_memory, use_dedup=use_dedup,
+    )  # fmt: skip
+
+
+def memory_cell(cell: type[nn.GRUCell] | type[nn.RNNCell], inputs: ModelInputs) -> nn.Module:
+    """A memory updater `cell(message, memory)` for messages [m_u || v || e || phi].
+
+    The message is the node's memory, a D-wide vector of the other endpoint (its memory or
+    its embedding), the F edge features and the D-wide time encoding: width 2 D + F + D.
+    """
+    d = inputs.embedding_dim
+    return cell(2 * d + int(inputs.msg.shape[1]) + d, d)
