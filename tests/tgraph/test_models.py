@@ -737,3 +737,33 @@ def test_degree_features_by_hand() -> None:
         [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
     ]
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_train_step_draws_negatives_first_and_commits_the_batch(stream: TemporalEvents) -> None:
+    from frugal.tgraph.train import train_step
+
+    model = _model("tgn", stream)
+    model.train()
+    twin = _model("tgn", stream)  # same seed: identical weights
+    twin.train()
+    finder = NeighborFinder(stream.src[:200], stream.dst[:200], stream.t[:200], stream.num_nodes)
+    index = np.arange(200, 250, dtype=np.int64)
+    pool = np.unique(stream.dst[:200])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights stay
+    torch.manual_seed(1)
+    loss = train_step(
+        model, optimizer, stream, index, dst_pool=pool, bound=200, finder=finder,
+        rng=np.random.default_rng(7),
+    )  # fmt: skip
+    # By hand: the negatives are the first 50 draws of the seeded generator over the pool;
+    # the loss is mean BCE(pos, 1) + mean BCE(neg, 0) = mean softplus(-pos) + mean softplus(neg).
+    neg = pool[np.random.default_rng(7).integers(0, len(pool), size=50)]
+    src, dst, t = stream.src[index], stream.dst[index], stream.t[index]
+    torch.manual_seed(1)  # the same dropout masks
+    with torch.no_grad():
+        logits, _, _, _ = twin.forward_batch(src, [dst, neg], t, 200, finder)
+    expected = (-logits[0]).exp().log1p().mean() + logits[1].exp().log1p().mean()
+    assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-6)
+    # The batch's events are stored: every endpoint has a pending message, the last at t[-1].
+    assert bool(model.pending[torch.from_numpy(np.concatenate([src, dst]))].all())
+    assert int(model.pending_t.max()) == int(t[-1])

@@ -110,6 +110,7 @@ def _our_batch_times(
 ) -> list[float]:  # fmt: skip
     from frugal.tgraph.models import ModelInputs
     from frugal.tgraph.models.tgn import build_tgn
+    from frugal.tgraph.train import train_step
 
     model = build_tgn(
         ModelInputs(
@@ -121,7 +122,6 @@ def _our_batch_times(
         )
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, fused=True)
-    loss_fn = nn.BCEWithLogitsLoss()
     finder = NeighborFinder(
         events.src[index], events.dst[index], events.t[index], events.num_nodes, eid=index
     )
@@ -135,16 +135,10 @@ def _our_batch_times(
         if len(batch) < batch_size:
             break
         began = time.perf_counter()
-        src, dst, t = events.src[batch], events.dst[batch], events.t[batch]
-        neg = dst_pool[rng.integers(0, len(dst_pool), size=len(batch))]
-        logits, _, _, other = model.forward_batch(src, [dst, neg], t, int(batch[0]), finder)
-        loss = loss_fn(logits[0], torch.ones_like(logits[0])) + loss_fn(
-            logits[1], torch.zeros_like(logits[1])
-        )
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        model.commit_numpy(src, dst, t, batch, other)
+        train_step(
+            model, optimizer, events, batch, dst_pool=dst_pool, bound=int(batch[0]),
+            finder=finder, rng=rng,
+        )  # fmt: skip
         times.append(time.perf_counter() - began)
     return times
 

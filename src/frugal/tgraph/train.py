@@ -347,6 +347,52 @@ def _primary_val_ap(protocol: Protocol, scores: SplitScores) -> float:
     return float(link_prediction_metrics(pos, neg)["ap"])
 
 
+def train_step(
+    model: TemporalGNN,
+    optimizer: torch.optim.Optimizer,
+    events: TemporalEvents,
+    index: I64,
+    *,
+    dst_pool: I64,
+    bound: int,
+    finder: NeighborFinder,
+    rng: np.random.Generator,
+    neighbor_rng: np.random.Generator | None = None,
+) -> Tensor:
+    """One training step on the events `index`: a random negative each, BCE, Adam, commit.
+
+    Each true event's negative destination is drawn uniformly from `dst_pool`; the loss is
+    BCE(true logits, 1) + BCE(negative logits, 0), each the mean over the batch. After the
+    optimizer step the batch's events are stored as their nodes' last messages. The trainer
+    (`run_link_prediction`) and the timing against PyG's loop (`frugal.tgraph.reference`)
+    both run this step.
+
+    Args:
+        model: The TGNN, in train mode.
+        optimizer: Its optimizer.
+        events: The event stream.
+        index: Global ids of the batch's events, in time order, (B,).
+        dst_pool: Destinations the negatives are drawn from.
+        bound: Event id from which the neighbour finder may read nothing.
+        finder: Neighbour finder over the training events.
+        rng: Generator of the negatives (drawn before any neighbour sampling).
+        neighbor_rng: Generator of uniform neighbour sampling (None: most recent).
+
+    Returns:
+        The loss, a scalar tensor.
+    """
+    src, dst, t = events.src[index], events.dst[index], events.t[index]
+    neg = dst_pool[rng.integers(0, len(dst_pool), size=len(index))]
+    logits, _, _, other_vec = model.forward_batch(src, [dst, neg], t, bound, finder, neighbor_rng)
+    bce = nn.functional.binary_cross_entropy_with_logits
+    loss = bce(logits[0], torch.ones_like(logits[0])) + bce(logits[1], torch.zeros_like(logits[1]))
+    optimizer.zero_grad()
+    loss.backward()  # type: ignore[no-untyped-call]  # torch stub gap
+    optimizer.step()
+    model.commit_numpy(src, dst, t, index, other_vec)
+    return loss
+
+
 def _neighbour_bound(protocol: Protocol, first_eid: int) -> int:
     """Global event id from which a batch's neighbour sampling sees nothing.
 
@@ -431,7 +477,6 @@ def run_link_prediction(
             "kind='heuristic'"
         )
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, fused=True)
-    loss_fn = nn.BCEWithLogitsLoss()
     train_finder = NeighborFinder(
         events.src[train_index], events.dst[train_index], events.t[train_index],
         events.num_nodes, eid=train_index,
@@ -449,18 +494,11 @@ def run_link_prediction(
         losses = []
         for lo in range(0, len(train_index), batch):  # one iteration per training batch
             index = train_index[lo : lo + batch]
-            src, dst, t = events.src[index], events.dst[index], events.t[index]
-            neg = train_dst_pool[rng.integers(0, len(train_dst_pool), size=len(index))]
-            logits, _, _, other_vec = model.forward_batch(
-                src, [dst, neg], t, _neighbour_bound(protocol, int(index[0])), train_finder, rng
-            )
-            loss = loss_fn(logits[0], torch.ones_like(logits[0])) + loss_fn(
-                logits[1], torch.zeros_like(logits[1])
-            )
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            model.commit_numpy(src, dst, t, index, other_vec)
+            loss = train_step(
+                model, optimizer, events, index, dst_pool=train_dst_pool,
+                bound=_neighbour_bound(protocol, int(index[0])), finder=train_finder, rng=rng,
+                neighbor_rng=rng,
+            )  # fmt: skip
             losses.append(float(loss.detach()))
         train_s = time.perf_counter() - epoch_began
         model.eval()
