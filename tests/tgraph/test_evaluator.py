@@ -104,3 +104,11 @@ def test_macro_auc_is_mean_of_one_vs_rest() -> None:
     assert macro_auc(truth, prob) == pytest.approx((7 / 8 + 7 / 8 + 1) / 3)
     binary = np.array([[0.7, 0.3], [0.2, 0.8]])
     assert macro_auc(np.array([0, 1]), binary) == pytest.approx(1.0)
+
+
+def test_score_matrices_must_have_one_row_per_query() -> None:
+    # 2 true scores but 3 candidate rows; 3 labels but a 1-D score vector.
+    with pytest.raises(ValueError, match=r"cand_score_BC has shape \(3, 4\); expected \(2, C\)"):
+        tie_aware_ranks(np.zeros(2), np.zeros((3, 4)))
+    with pytest.raises(ValueError, match=r"prob_NC has shape \(3,\); expected \(3, C\)"):
+        macro_auc(np.array([0, 1, 1]), np.zeros(3))

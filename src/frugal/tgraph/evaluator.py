@@ -170,6 +170,18 @@ def per_batch_metrics(
     return {"auc_per_batch": float(np.mean(aucs)), "ap_per_batch": float(np.mean(aps))}
 
 
+def _rows_of(name: str, values: npt.ArrayLike, num_rows: int) -> F64:
+    """`values` as a float64 (num_rows, C) array: one row of scores per query or node.
+
+    Raises:
+        ValueError: If `values` is not 2-D with `num_rows` rows (the message names `name`).
+    """
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != 2 or array.shape[0] != num_rows:
+        raise ValueError(f"{name} has shape {array.shape}; expected ({num_rows}, C)")
+    return array
+
+
 def tie_aware_ranks(pos_score_B: npt.ArrayLike, cand_score_BC: npt.ArrayLike) -> F64:
     """Rank of each true score among its candidates: mean of optimistic and pessimistic rank.
 
@@ -185,9 +197,7 @@ def tie_aware_ranks(pos_score_B: npt.ArrayLike, cand_score_BC: npt.ArrayLike) ->
         ValueError: If shapes do not line up.
     """
     pos = np.asarray(pos_score_B, dtype=np.float64)
-    cand = np.asarray(cand_score_BC, dtype=np.float64)
-    if cand.ndim != 2 or cand.shape[0] != pos.shape[0]:
-        raise ValueError(f"cand_score_BC has shape {cand.shape}; expected ({pos.shape[0]}, C)")
+    cand = _rows_of("cand_score_BC", cand_score_BC, pos.shape[0])
     with np.errstate(invalid="ignore"):
         greater = (cand > pos[:, None]).sum(axis=1)
         equal = (cand == pos[:, None]).sum(axis=1)
@@ -228,9 +238,7 @@ def macro_auc(y_true: npt.ArrayLike, prob_NC: npt.ArrayLike) -> float:
         ValueError: If shapes do not line up.
     """
     truth = np.asarray(y_true, dtype=np.int64)
-    prob = np.asarray(prob_NC, dtype=np.float64)
-    if prob.ndim != 2 or prob.shape[0] != truth.shape[0]:
-        raise ValueError(f"prob_NC has shape {prob.shape}; expected ({truth.shape[0]}, C)")
+    prob = _rows_of("prob_NC", prob_NC, truth.shape[0])
     if prob.shape[1] == 2:
         return roc_auc(truth == 1, prob[:, 1])
     present = [c for c in range(prob.shape[1]) if 0 < (truth == c).sum() < truth.size]
