@@ -281,3 +281,16 @@ def test_memory_buffer_refuses_an_id_whose_dense_table_exceeds_ram() -> None:
     with pytest.raises(ValueError, match=r"example id 1099511627776 needs a .* GiB table"):
         codec.encode(torch.randn(2, 8), torch.tensor([0, 2**40]))
     assert len(codec.buffers) == 0
+
+
+def test_both_quantizers_share_the_bits_check_name_and_wire_size() -> None:
+    x = torch.linspace(-1.0, 1.0, 40).reshape(4, 10)
+    # 3 bits, 4 rows x 10 values. Per row: 8 bytes (min, step) + ceil(10 * 3 / 8) = 4 -> 48.
+    # Per channel: 10 fp16 scales = 20 bytes + ceil(40 * 3 / 8) = 15 -> 35.
+    for codec, name, size in ((QuantizeCodec(3), "q3", 48), (ChannelQuantizeCodec(3), "c3", 35)):
+        assert codec.name == name
+        assert codec.wire_bytes((4, 10)) == size
+        assert codec.encode(x).nbytes == size
+        for bits in (0, 9, True, 2.0):
+            with pytest.raises(ValueError, match="must be an integer in"):
+                type(codec)(bits)  # type: ignore[arg-type]

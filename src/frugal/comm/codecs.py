@@ -27,13 +27,13 @@ import sys
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 from torch import Tensor
 
 from frugal.comm.buffers import ActivationBuffer, BufferFactory, MemoryBuffer
-from frugal.parallel.codec import quantized_bytes
+from frugal.parallel.codec import ScaleName, quantized_bytes
 
 __all__ = [
     "ChannelQuantizeCodec",
@@ -304,33 +304,39 @@ def unpack_bits(
     return (codes - offset).to(dtype) if offset else codes.to(dtype)
 
 
-class QuantizeCodec:
-    """DirectQ: per-row min/step (2 float32) and k-bit round-to-nearest codes.
+class _KBitQuantizer:
+    """What the two k-bit quantizers share: the bits check, the name, the wire size, `encode`.
 
-    Wire size per row: 8 + ceil(C k / 8) bytes.
+    A subclass sets `scale` (its scale groups, as `frugal.parallel.codec` names them) and
+    `prefix` (of `name`), and defines `quantize` and `decode`.
+
+    Args:
+        bits: k, the code width, an integer in [1, 8].
+
+    Raises:
+        ValueError: If `bits` is not an integer in [1, 8].
     """
+
+    scale: ClassVar[ScaleName]
+    prefix: ClassVar[str]
 
     def __init__(self, bits: int) -> None:
         if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
             raise ValueError(f"bits={bits!r} must be an integer in [1, 8]")
         self.bits = bits
-        self.name = f"q{bits}"
-
-    @staticmethod
-    def _rows(shape: tuple[int, ...]) -> tuple[int, int]:
-        cols = shape[-1]
-        return math.prod(shape[:-1]), cols
+        self.name = f"{self.prefix}{bits}"
 
     def wire_bytes(self, shape: tuple[int, ...]) -> int:
-        """R x (8 + ceil(C k / 8))."""
-        return quantized_bytes(self.bits, "row", shape)
+        """Exact payload bytes for `shape`: scales plus packed codes (see the class)."""
+        return quantized_bytes(self.bits, self.scale, shape)
 
     def encode(self, x: Tensor) -> Encoded:
-        """Quantize each row to k bits by round-to-nearest between its min and max.
+        """Quantize `x` to k-bit codes (see the class); the `Encoded` of `quantize`.
 
         Raises:
             TypeError: If `x` is not a float32 tensor.
-            ValueError: If `x` is empty, holds NaN or inf, or a row's range overflows.
+            ValueError: If `x` holds NaN or inf (`QuantizeCodec`: or a row's range overflows
+                float32).
         """
         return self.quantize(x)[0]
 
@@ -340,6 +346,31 @@ class QuantizeCodec:
         Raises:
             TypeError: If `x` is not float32.
             ValueError: If `x` holds NaN or inf.
+        """
+        raise NotImplementedError
+
+
+class QuantizeCodec(_KBitQuantizer):
+    """DirectQ: per-row min/step (2 float32) and k-bit round-to-nearest codes.
+
+    Each row is quantized by round-to-nearest between its min and max. Wire size: R x (8 +
+    ceil(C k / 8)) bytes.
+    """
+
+    scale = "row"
+    prefix = "q"
+
+    @staticmethod
+    def _rows(shape: tuple[int, ...]) -> tuple[int, int]:
+        cols = shape[-1]
+        return math.prod(shape[:-1]), cols
+
+    def quantize(self, x: Tensor) -> tuple[Encoded, Tensor]:
+        """`encode`, plus the value `decode` will return (bit-identical, without unpacking).
+
+        Raises:
+            TypeError: If `x` is not float32.
+            ValueError: If `x` holds NaN or inf, or a row's range overflows float32.
         """
         _check_quantizable(x)
         rows, cols = self._rows(tuple(x.shape))
@@ -382,7 +413,7 @@ class QuantizeCodec:
         return (header[:, :1] + codes * header[:, 1:2]).reshape(encoded.shape)
 
 
-class ChannelQuantizeCodec:
+class ChannelQuantizeCodec(_KBitQuantizer):
     """AQ-SGD's reference quantizer: one abs-max scale per channel, symmetric k-bit codes.
 
     The scale of channel c is s_c = max |x[:, c]| over all rows of the message, sent as fp16
@@ -399,24 +430,8 @@ class ChannelQuantizeCodec:
         Guarantees, NeurIPS 2022, arXiv 2206.01299 (reference code DS3Lab/AC-SGD).
     """
 
-    def __init__(self, bits: int) -> None:
-        if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
-            raise ValueError(f"bits={bits!r} must be an integer in [1, 8]")
-        self.bits = bits
-        self.name = f"c{bits}"
-
-    def wire_bytes(self, shape: tuple[int, ...]) -> int:
-        """2 C (fp16 scales) + ceil(n k / 8) packed code bytes."""
-        return quantized_bytes(self.bits, "channel", shape)
-
-    def encode(self, x: Tensor) -> Encoded:
-        """Quantize with per-channel abs-max scales.
-
-        Raises:
-            TypeError: If `x` is not float32.
-            ValueError: If `x` holds NaN or inf.
-        """
-        return self.quantize(x)[0]
+    scale = "channel"
+    prefix = "c"
 
     def quantize(self, x: Tensor) -> tuple[Encoded, Tensor]:
         """`encode`, plus the value `decode` will return (bit-identical, without unpacking).
