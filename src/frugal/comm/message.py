@@ -45,6 +45,7 @@ from frugal.parallel.codec import (
     CodecSpec,
     message_wire_bytes,
 )
+from frugal.parallel.codec import payload_bytes as codec_payload_bytes
 
 __all__ = [
     "HEADER_BYTES",
@@ -205,7 +206,7 @@ class LinkCodec:
         """
         num_new = self.delta.num_new(example_ids) if self.delta is not None else 0
         warmup = step < self.warmup_steps
-        return message_wire_bytes(self.spec, self.kind, shape, num_new, warmup) - HEADER_BYTES
+        return codec_payload_bytes(self.spec, self.kind, shape, num_new, warmup)
 
     def encode(
         self, x: Tensor, example_ids: Tensor, step: int, mb: int, check_crc: bool = False
