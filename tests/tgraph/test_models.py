@@ -767,3 +767,17 @@ def test_train_step_draws_negatives_first_and_commits_the_batch(stream: Temporal
     # The batch's events are stored: every endpoint has a pending message, the last at t[-1].
     assert bool(model.pending[torch.from_numpy(np.concatenate([src, dst]))].all())
     assert int(model.pending_t.max()) == int(t[-1])
+
+
+def test_commit_takes_numpy_arrays_as_commit_numpy_does() -> None:
+    events = TemporalEvents(
+        src=np.array([0, 0]), dst=np.array([1, 2]), t=np.array([5, 7]), num_nodes=3
+    )
+    model = _model("tgn", events)
+    # Reversed arrays have negative strides: the commit copies them to contiguous tensors.
+    model.commit(np.array([0, 0]), np.array([2, 1])[::-1], np.array([5, 7]), np.array([0, 1]))
+    # As in test_commit_keeps_each_nodes_last_message: node 0 keeps (0 -> 2, t 7, eid 1).
+    assert model.pending_other.tolist() == [2, 0, 0]
+    assert model.pending_t.tolist() == [7, 5, 7]
+    assert model.pending_eid.tolist() == [1, 0, 1]
+    assert TemporalGNN.commit_numpy is TemporalGNN.commit

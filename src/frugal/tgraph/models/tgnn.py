@@ -261,12 +261,18 @@ class TemporalGNN(nn.Module):
 
     @torch.no_grad()
     def commit(
-        self, src: Tensor, dst: Tensor, t: Tensor, eid: Tensor, other_vec: Tensor | None = None
+        self,
+        src: Tensor | I64,
+        dst: Tensor | I64,
+        t: Tensor | I64,
+        eid: Tensor | I64,
+        other_vec: Tensor | None = None,
     ) -> None:
         """Write the flushed memory and store this batch's events as each node's last message.
 
         Args:
-            src: Sources of the batch's true events, (B,), in time order.
+            src: Sources of the batch's true events, (B,), in time order (a tensor or a numpy
+                array).
             dst: Their destinations, (B,).
             t: Their times, (B,).
             eid: Their global event ids, (B,).
@@ -276,6 +282,10 @@ class TemporalGNN(nn.Module):
         if self.updater is None:
             return
         self.write_staged()
+        src, dst, t, eid = (
+            a if isinstance(a, Tensor) else torch.from_numpy(np.ascontiguousarray(a))
+            for a in (src, dst, t, eid)
+        )
         node = torch.cat([src, dst])
         other = torch.cat([dst, src])
         nodes, pick = self.aggregator.select(node, self.num_nodes)
@@ -287,22 +297,8 @@ class TemporalGNN(nn.Module):
             swapped = torch.cat([other_vec[src.numel() :], other_vec[: src.numel()]])
             self.pending_vec[nodes] = swapped[pick].detach()
 
-    def commit_numpy(
-        self,
-        src: I64,
-        dst: I64,
-        t: I64,
-        eid: I64,
-        other_vec: Tensor | None = None,
-    ) -> None:
-        """`commit` for numpy event arrays, shape (B,) each."""
-        self.commit(
-            torch.from_numpy(np.ascontiguousarray(src)),
-            torch.from_numpy(np.ascontiguousarray(dst)),
-            torch.from_numpy(np.ascontiguousarray(t)),
-            torch.from_numpy(np.ascontiguousarray(eid)),
-            other_vec,
-        )
+    # The name the trainer calls with numpy event arrays (`commit` takes either).
+    commit_numpy = commit
 
     # -- embeddings --------------------------------------------------------------------
     def embed(
