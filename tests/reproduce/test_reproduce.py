@@ -237,3 +237,17 @@ def test_cli_smoke_run_writes_every_section_and_figure(tmp_path: Path) -> None:
         if status == "ok":
             assert (out / f"{name}.png").stat().st_size > 1000
     assert "## Verdicts" in report and "## Environment" in report
+
+
+def test_versus_divides_throughputs_and_inverts_times() -> None:
+    versus = parts_module._versus
+    # Throughput: 900 / 200 = 4.5 >= 3. Time: baseline 6 s / ours 2 s = 3.0 >= 3.
+    fast = versus("store", "c", ours=900.0, baseline_name="b", baseline=200.0, target=3.0, unit="")
+    assert (fast.value, fast.met, fast.ours, fast.baseline) == (4.5, True, 900.0, 200.0)
+    timed = versus(
+        "planner", "c", ours=2.0, baseline_name="b", baseline=6.0, target=3.0, unit="s",
+        lower_is_better=True,
+    )  # fmt: skip
+    assert (timed.value, timed.met, timed.comparison) == (3.0, True, ">=")
+    missing = versus("store", "c", ours=None, baseline_name="b", baseline=1.0, target=1, unit="")
+    assert missing.value is None and missing.met is None

@@ -124,6 +124,29 @@ def _ratio(ours: float | None, baseline: float | None) -> float | None:
     return ours / baseline
 
 
+def _versus(
+    part: str,
+    claim: str,
+    *,
+    ours: float | None,
+    baseline_name: str,
+    baseline: float | None,
+    target: float,
+    unit: str,
+    lower_is_better: bool = False,
+) -> Verdict:
+    """A verdict on "ours is at least `target` x the baseline", from the two raw numbers.
+
+    The value is ours / baseline (a throughput), or baseline / ours when lower is better (a
+    time); None, so unmeasured, when either is missing or the divisor is 0.
+    """
+    value = _ratio(baseline, ours) if lower_is_better else _ratio(ours, baseline)
+    return Verdict(
+        part=part, claim=claim, value=value, target=target, comparison=">=", ours=ours,
+        baseline_name=baseline_name, baseline=baseline, unit=unit,
+    )  # fmt: skip
+
+
 def _yes_no(part: str, claim: str, flag: bool | None) -> Verdict:
     """A verdict on a yes/no claim: met when `flag` is true, unmeasured when it is None."""
     return Verdict(
@@ -186,16 +209,15 @@ def _store_verdicts(result: BenchResult[StoreSummary]) -> list[Verdict]:
         other = _store_pick(result, baseline, ratio, baseline_window)
         ours_v = None if ours is None else float(ours["samples_per_s"])
         other_v = None if other is None else float(other["samples_per_s"])
+        claim = f"frugal >= {target}x {baseline} samples/s at memory:data {ratio}"
         out.append(
-            Verdict(
-                part="store",
-                claim=f"frugal >= {target}x {baseline} samples/s at memory:data {ratio}",
-                value=_ratio(ours_v, other_v),
-                target=target,
-                comparison=">=",
+            _versus(
+                "store",
+                claim,
                 ours=ours_v,
                 baseline_name=baseline,
                 baseline=other_v,
+                target=target,
                 unit="samples/s",
             )
         )
@@ -291,18 +313,17 @@ def _planner_verdicts(result: BenchResult[PlannerSummary]) -> list[Verdict]:
         ("megatron_default", 1.0),
         ("deepspeed_pp", 1.0),
     ):
-        other = mean(baseline)
+        claim = f"world (8 cities): ours >= {target}x faster than {baseline} per iteration"
         out.append(
-            Verdict(
-                part="planner",
-                claim=f"world (8 cities): ours >= {target}x faster than {baseline} per iteration",
-                value=_ratio(other, ours),
-                target=target,
-                comparison=">=",
+            _versus(
+                "planner",
+                claim,
                 ours=ours,
                 baseline_name=baseline,
-                baseline=other,
+                baseline=mean(baseline),
+                target=target,
                 unit="s/iteration (predicted)",
+                lower_is_better=True,
             )
         )
     ga_ratios = [
@@ -315,22 +336,22 @@ def _planner_verdicts(result: BenchResult[PlannerSummary]) -> list[Verdict]:
         == (ga["scenario"], ga["num_layers"], ga["global_batch"])
     ]
     if ga_ratios:
-        worst, ga, mine = min(ga_ratios, key=lambda item: item[0])
+        _, ga, mine = min(ga_ratios, key=lambda item: item[0])
         where = f"{ga['scenario']} L{ga['num_layers']} B{ga['global_batch']}"
+        claim = (
+            f"never slower than the paper's GA plan under the iteration model (worst of "
+            f"{len(ga_ratios)} cells: {where})"
+        )
         out.append(
-            Verdict(
-                part="planner",
-                claim=(
-                    f"never slower than the paper's GA plan under the iteration model (worst of "
-                    f"{len(ga_ratios)} cells: {where})"
-                ),
-                value=worst,
-                target=1.0,
-                comparison=">=",
+            _versus(
+                "planner",
+                claim,
                 ours=mine["predicted_iteration_s"],
                 baseline_name="dtfm_ga",
                 baseline=ga["predicted_iteration_s"],
+                target=1.0,
                 unit="s/iteration (predicted)",
+                lower_is_better=True,
             )
         )
     curves = {
@@ -339,19 +360,17 @@ def _planner_verdicts(result: BenchResult[PlannerSummary]) -> list[Verdict]:
         if r.get("objective") == "paper"
     }
     for scenario in sorted({s for s, _ in curves}):
-        ours_cost = curves.get((scenario, "ours"))
-        ga_cost = curves.get((scenario, "dtfm_ga"))
+        claim = f"{scenario}: never slower than the paper's GA under the paper's cost"
         out.append(
-            Verdict(
-                part="planner",
-                claim=f"{scenario}: never slower than the paper's GA under the paper's cost",
-                value=_ratio(ga_cost, ours_cost),
-                target=1.0,
-                comparison=">=",
-                ours=ours_cost,
+            _versus(
+                "planner",
+                claim,
+                ours=curves.get((scenario, "ours")),
                 baseline_name="dtfm_ga",
-                baseline=ga_cost,
+                baseline=curves.get((scenario, "dtfm_ga")),
+                target=1.0,
                 unit="s (paper cost)",
+                lower_is_better=True,
             )
         )
     validation = result.summary.validation
