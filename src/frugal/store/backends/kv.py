@@ -40,6 +40,52 @@ def _rows_from_values(
     return present
 
 
+class _SnapshotFolders:
+    """Checkpoints of a KV engine as whole folders: `<name>.ckpt.<epoch>` beside `<name>`.
+
+    The live engine works in `directory / name`; checkpoint e is a complete copy of it in
+    `directory / "<name>.ckpt.<e>"`, made by the engine itself. Recovery replaces the live
+    folder with that copy, since the live one may hold writes made after the checkpoint.
+    """
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.directory = directory
+        self.name = name
+        self.live = directory / name
+
+    def folder(self, epoch: int) -> Path:
+        """The folder of checkpoint `epoch`."""
+        return self.directory / f"{self.name}.ckpt.{epoch}"
+
+    def restore(self, epoch: int, marker: str = "") -> None:
+        """Replace the live folder by checkpoint `epoch`'s copy.
+
+        Args:
+            epoch: The checkpoint to recover.
+            marker: A file that every complete copy holds ("" = the folder itself suffices).
+
+        Raises:
+            StoreCorruptionError: If the copy (or its marker file) is missing.
+        """
+        snapshot = self.folder(epoch)
+        if not ((snapshot / marker).is_file() if marker else snapshot.is_dir()):
+            raise StoreCorruptionError(f"{snapshot}: checkpoint {epoch} is missing")
+        shutil.rmtree(self.live, ignore_errors=True)
+        shutil.copytree(snapshot, self.live)
+
+    def fresh(self, epoch: int) -> Path:
+        """Return checkpoint `epoch`'s folder, removing a partial one left by a crash."""
+        target = self.folder(epoch)
+        shutil.rmtree(target, ignore_errors=True)
+        return target
+
+    def drop_older(self, epoch: int) -> None:
+        """Delete every checkpoint folder but `epoch`'s."""
+        for path in self.directory.glob(f"{self.name}.ckpt.*"):
+            if path != self.folder(epoch):
+                shutil.rmtree(path, ignore_errors=True)
+
+
 def rocksdb_options(budget_bytes: int, *, use_direct_io: bool = True, use_wal: bool = True) -> Any:
     """RocksDB options for point lookups of fixed rows within a memory budget.
 
@@ -90,14 +136,10 @@ class RocksDbBackend:
         self.dtype = np.dtype(dtype)
         self.row_bytes = self.dtype.itemsize * width
         self.budget_bytes = budget_bytes
-        live = directory / "rocksdb"
-        if epoch is not None:  # recover: the live DB may hold writes after the checkpoint
-            snapshot = directory / f"rocksdb.ckpt.{epoch}"
-            if not snapshot.is_dir():
-                raise StoreCorruptionError(f"{snapshot}: checkpoint {epoch} is missing")
-            shutil.rmtree(live, ignore_errors=True)
-            shutil.copytree(snapshot, live)
-        self.db = rocksdict.Rdict(str(live), rocksdb_options(budget_bytes))
+        self.snapshots = _SnapshotFolders(directory, "rocksdb")
+        if epoch is not None:
+            self.snapshots.restore(epoch)
+        self.db = rocksdict.Rdict(str(self.snapshots.live), rocksdb_options(budget_bytes))
         self.write_options = rocksdict.WriteOptions()
 
     def read_rows(self, ids: I64, out: F32) -> Bool:
@@ -125,16 +167,12 @@ class RocksDbBackend:
         """Create `rocksdb.ckpt.<epoch>` with RocksDB's checkpoint (hard-linked SST files)."""
         import rocksdict
 
-        target = self.directory / f"rocksdb.ckpt.{epoch}"
-        shutil.rmtree(target, ignore_errors=True)
-        rocksdict.Checkpoint(self.db).create_checkpoint(str(target))
+        rocksdict.Checkpoint(self.db).create_checkpoint(str(self.snapshots.fresh(epoch)))
         return {}
 
     def finish_checkpoint(self, epoch: int) -> None:
         """Delete older checkpoint folders."""
-        for path in self.directory.glob("rocksdb.ckpt.*"):
-            if path.name != f"rocksdb.ckpt.{epoch}":
-                shutil.rmtree(path, ignore_errors=True)
+        self.snapshots.drop_older(epoch)
 
     def memory_bytes(self) -> int:
         """The configured block cache and memtables (RocksDB's own accounting)."""
@@ -166,17 +204,13 @@ class LmdbBackend:
         self.directory = directory
         self.dtype = np.dtype(dtype)
         self.row_bytes = self.dtype.itemsize * width
-        live = directory / "lmdb"
+        self.snapshots = _SnapshotFolders(directory, "lmdb")
         if epoch is not None:
-            snapshot = directory / f"lmdb.ckpt.{epoch}"
-            if not (snapshot / "data.mdb").is_file():
-                raise StoreCorruptionError(f"{snapshot}: checkpoint {epoch} is missing")
-            shutil.rmtree(live, ignore_errors=True)
-            shutil.copytree(snapshot, live)
-        live.mkdir(exist_ok=True)
+            self.snapshots.restore(epoch, marker="data.mdb")
+        self.snapshots.live.mkdir(exist_ok=True)
         # Room for every row twice over plus B+tree overhead; the map is sparse on disk.
         map_size = max(1 << 24, 3 * num_rows * (self.row_bytes + 64))
-        self.env = lmdb.open(str(live), map_size=map_size, writemap=True, sync=False)
+        self.env = lmdb.open(str(self.snapshots.live), map_size=map_size, writemap=True, sync=False)
 
     def read_rows(self, ids: I64, out: F32) -> Bool:
         """`getmulti` in one read transaction; see `StoreBackend.read_rows`."""
@@ -203,17 +237,14 @@ class LmdbBackend:
 
     def checkpoint(self, epoch: int) -> dict[str, Any]:
         """Copy the environment to `lmdb.ckpt.<epoch>` (`env.copy`, a consistent snapshot)."""
-        target = self.directory / f"lmdb.ckpt.{epoch}"
-        shutil.rmtree(target, ignore_errors=True)
+        target = self.snapshots.fresh(epoch)
         target.mkdir()
         self.env.copy(str(target))
         return {}
 
     def finish_checkpoint(self, epoch: int) -> None:
         """Delete older checkpoint folders."""
-        for path in self.directory.glob("lmdb.ckpt.*"):
-            if path.name != f"lmdb.ckpt.{epoch}":
-                shutil.rmtree(path, ignore_errors=True)
+        self.snapshots.drop_older(epoch)
 
     def memory_bytes(self) -> int:
         """Unknown: LMDB lives in the OS page cache."""
