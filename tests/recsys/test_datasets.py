@@ -75,7 +75,7 @@ def test_datasets_are_a_registry_and_unknown_names_list_the_choices() -> None:
 
 def test_a_registered_dataset_loads_through_load_recsys_data() -> None:
     from frugal.recsys.batch import RecsysData
-    from frugal.recsys.datasets import RECSYS_DATASETS, register_recsys_dataset
+    from frugal.recsys.datasets import RECSYS_DATASETS
 
     def tiny(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
         ids = np.arange(10, dtype=np.int64)[:, None] % 3  # 10 samples, one feature of 3 ids
@@ -88,12 +88,12 @@ def test_a_registered_dataset_loads_through_load_recsys_data() -> None:
         )
         return data, data
 
-    register_recsys_dataset("tiny", tiny)
+    RECSYS_DATASETS.register("tiny", tiny)
     try:
         train, test = load_recsys_data(RecsysDataConfig(dataset="tiny", max_train_samples=4))
         assert (train.num_samples, test.num_samples) == (4, 10)  # the cap applies to train only
         assert train.labels.tolist() == [1.0, 0.0, 0.0, 1.0]  # ids 0 1 2 0, label id == seed 0
         with pytest.raises(ValueError, match="'tiny' is already registered"):
-            register_recsys_dataset("tiny", tiny)
+            RECSYS_DATASETS.register("tiny", tiny)
     finally:
         RECSYS_DATASETS.unregister("tiny")

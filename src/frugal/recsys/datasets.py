@@ -9,8 +9,8 @@
   13 Gaussian dense features and labels drawn from a planted factorisation-machine teacher
   (first order + rank-8 pairwise, logistic), whose AUC on the test split is the ceiling.
 
-Each registers its loader in `RECSYS_DATASETS` (`RecsysDataConfig.dataset` names one);
-`register_recsys_dataset` adds another.
+Each is a loader in the registry `RECSYS_DATASETS` (`RecsysDataConfig.dataset` names one);
+`RECSYS_DATASETS.register(name, loader)` adds another.
 
 Shape legend: S samples, F features.
 """
@@ -36,13 +36,12 @@ __all__ = [
     "RecsysDataConfig",
     "RecsysDatasetLoader",
     "load_recsys_data",
-    "register_recsys_dataset",
     "teacher_auc",
 ]
 
 DatasetName = str
-"""A name in `RECSYS_DATASETS` ("movielens100k", "adult", "criteo_zipf", or one added by
-`register_recsys_dataset`)."""
+"""A name in `RECSYS_DATASETS` ("movielens100k", "adult", "criteo_zipf", or one registered
+there)."""
 _GENRES = (
     "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
     "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance",
@@ -63,7 +62,7 @@ class RecsysDataConfig:
 
     dataset: DatasetName = "movielens100k"
     """Dataset id, a name in `RECSYS_DATASETS`: movielens100k, adult, criteo_zipf, or one
-    added by `register_recsys_dataset`."""
+    registered there."""
     seed: int = 0
     """Seed of the adult split and of the Zipf stream and its teacher, >= 0."""
     max_train_samples: int | None = None
@@ -107,30 +106,10 @@ class RecsysDatasetLoader(Protocol):
 
 
 RECSYS_DATASETS: Registry[RecsysDatasetLoader] = Registry("recsys dataset", field="dataset")
-"""Every dataset `RecsysDataConfig.dataset` may name."""
-
-
-def register_recsys_dataset(
-    name: str, loader: RecsysDatasetLoader, *, replace: bool = False
-) -> RecsysDatasetLoader:
-    """Make `name` a valid `RecsysDataConfig.dataset`.
-
-    Registration is per process; the torchrun trainers are fresh processes and see the
-    datasets registered on importing frugal.
-
-    Args:
-        name: The dataset's id, as users write it in a config.
-        loader: Returns its (train, test) splits; called as `loader(config)` with the run's
-            `RecsysDataConfig`. Deterministic given `config.seed`: every trainer loads it.
-        replace: Whether to replace a dataset registered under the same name.
-
-    Returns:
-        `loader`.
-
-    Raises:
-        ValueError: If `name` is taken and `replace` is False.
-    """
-    return RECSYS_DATASETS.register(name, loader, replace=replace)
+"""Every dataset `RecsysDataConfig.dataset` may name; `RECSYS_DATASETS.register(name, loader)`
+adds one. The loader must be deterministic given `config.seed` (every trainer loads the data),
+and registration is per process: the torchrun trainers are fresh processes and see the
+datasets registered on importing frugal."""
 
 
 def _codes(column: npt.ArrayLike) -> tuple[npt.NDArray[np.int64], int]:
@@ -277,9 +256,9 @@ def _zipf_splits(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
     return train, test
 
 
-register_recsys_dataset("movielens100k", _movielens)
-register_recsys_dataset("adult", _adult)
-register_recsys_dataset("criteo_zipf", _zipf_splits)
+RECSYS_DATASETS.register("movielens100k", _movielens)
+RECSYS_DATASETS.register("adult", _adult)
+RECSYS_DATASETS.register("criteo_zipf", _zipf_splits)
 DATASET_NAMES: tuple[str, ...] = RECSYS_DATASETS.names()
 """The built-in datasets."""
 
