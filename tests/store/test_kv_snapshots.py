@@ -1,9 +1,10 @@
-"""The checkpoint folders shared by the RocksDB and LMDB backends."""
+"""What the RocksDB and LMDB backends share: checkpoint folders, keys and values."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from frugal.store.backends.kv import _SnapshotFolders
@@ -47,3 +48,21 @@ def test_fresh_clears_a_partial_copy_and_drop_older_keeps_one(tmp_path: Path) ->
     (tmp_path / "rocksdb").mkdir()  # the live folder is never a checkpoint
     folders.drop_older(3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rocksdb", "rocksdb.ckpt.3"]
+
+
+def test_id_items_and_rows_from_values_round_trip_float16_rows() -> None:
+    from frugal.store.backends.kv import id_items, rows_from_values
+
+    ids = np.array([3, 258], dtype=np.int64)
+    rows = np.array([[1.0, -2.0], [0.5, 65504.0]], dtype=np.float32)
+    items = id_items(ids, rows, np.dtype(np.float16))
+    # Keys: 8-byte big-endian ids; values: 2 float16 = 4 bytes per row.
+    assert [key for key, _ in items] == [b"\0" * 7 + b"\x03", b"\0" * 6 + b"\x01\x02"]
+    assert [len(value) for _, value in items] == [4, 4]
+    out = np.full((3, 2), 7.0, dtype=np.float32)
+    values = [items[0][1], None, items[1][1]]
+    present = rows_from_values(values, out, 4, "here", np.dtype(np.float16))
+    assert present.tolist() == [True, False, True]
+    assert out.tolist() == [[1.0, -2.0], [7.0, 7.0], [0.5, 65504.0]]  # the gap is untouched
+    with pytest.raises(StoreCorruptionError, match="here: a stored value is not 8 bytes"):
+        rows_from_values(values, out, 8, "here", np.dtype(np.float32))

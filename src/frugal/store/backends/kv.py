@@ -17,7 +17,7 @@ from frugal._typing import F32, I64, Bool
 from frugal.store.backends.registry import BackendArgs, register_backend
 from frugal.store.errors import StoreCorruptionError
 
-__all__ = ["LmdbBackend", "RocksDbBackend", "id_keys"]
+__all__ = ["LmdbBackend", "RocksDbBackend", "id_items", "id_keys", "rows_from_values"]
 
 _MIN_BLOCK_CACHE_BYTES = 1 << 20
 
@@ -28,9 +28,35 @@ def id_keys(ids: I64) -> list[bytes]:
     return [blob[k : k + 8] for k in range(0, len(blob), 8)]
 
 
-def _rows_from_values(
+def id_items(ids: I64, rows: F32, dtype: np.dtype[Any]) -> list[tuple[bytes, bytes]]:
+    """Return the (key, value) pairs of a batch put: `id_keys` and each row's bytes in `dtype`.
+
+    Shapes:
+        ids: (N,); rows: (N, W); returns N pairs, each value W x dtype.itemsize bytes.
+    """
+    blob = np.ascontiguousarray(rows, dtype=dtype).tobytes()
+    row_bytes = dtype.itemsize * rows.shape[1]
+    return [(key, blob[k * row_bytes : (k + 1) * row_bytes]) for k, key in enumerate(id_keys(ids))]
+
+
+def rows_from_values(
     values: list[bytes | None], out: F32, row_bytes: int, where: str, dtype: np.dtype[Any]
 ) -> Bool:
+    """Decode a multi-get's values into `out`; return which ids had one (others untouched).
+
+    Args:
+        values: One stored value per id, or None where the id was never written.
+        out: Rows to fill, float32.
+        row_bytes: Size of one stored value (W x dtype.itemsize).
+        where: What to name in an error (the store folder, the engine).
+        dtype: Precision the values are stored in.
+
+    Raises:
+        StoreCorruptionError: If a stored value is not `row_bytes` long.
+
+    Shapes:
+        values: N items; out: (N, W); returns (N,).
+    """
     present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
     found = [v for v in values if v is not None]
     if found:
@@ -146,16 +172,15 @@ class RocksDbBackend:
         """Multi-get; see `StoreBackend.read_rows`."""
         keys: Any = id_keys(ids)  # rocksdict's stub wants list[str | int | ... | bytes]
         values: list[bytes | None] = self.db.get(keys) or []
-        return _rows_from_values(values, out, self.row_bytes, str(self.directory), self.dtype)
+        return rows_from_values(values, out, self.row_bytes, str(self.directory), self.dtype)
 
     def write_rows(self, ids: I64, rows: F32) -> None:
         """One WriteBatch; see `StoreBackend.write_rows`."""
         import rocksdict
 
         batch = rocksdict.WriteBatch(raw_mode=True)
-        blob = np.ascontiguousarray(rows, dtype=self.dtype).tobytes()
-        for k, key in enumerate(id_keys(ids)):
-            batch.put(key, blob[k * self.row_bytes : (k + 1) * self.row_bytes])
+        for key, value in id_items(ids, rows, self.dtype):
+            batch.put(key, value)
         self.db.write(batch, self.write_options)
 
     def sync(self) -> None:
@@ -217,17 +242,13 @@ class LmdbBackend:
         keys = id_keys(ids)
         with self.env.begin() as txn:
             found = dict(txn.cursor().getmulti(keys))
-        return _rows_from_values(
+        return rows_from_values(
             [found.get(k) for k in keys], out, self.row_bytes, str(self.directory), self.dtype
         )
 
     def write_rows(self, ids: I64, rows: F32) -> None:
         """`putmulti` in one write transaction; see `StoreBackend.write_rows`."""
-        blob = np.ascontiguousarray(rows, dtype=self.dtype).tobytes()
-        items = [
-            (key, blob[k * self.row_bytes : (k + 1) * self.row_bytes])
-            for k, key in enumerate(id_keys(ids))
-        ]
+        items = id_items(ids, rows, self.dtype)
         with self.env.begin(write=True) as txn:
             txn.cursor().putmulti(items)
 
