@@ -59,3 +59,41 @@ def test_bad_data_config_is_rejected() -> None:
         RecsysDataConfig(zipf_num_features=30)
     with pytest.raises(ValueError, match=r"test_fraction=1\.0"):
         RecsysDataConfig(test_fraction=1.0)
+
+
+def test_datasets_are_a_registry_and_unknown_names_list_the_choices() -> None:
+    from frugal.config import ConfigError
+    from frugal.recsys.datasets import RECSYS_DATASETS
+
+    assert RECSYS_DATASETS.names()[:3] == ("movielens100k", "adult", "criteo_zipf")
+    with pytest.raises(
+        ConfigError, match="dataset='nope' is not a registered recsys dataset; choose one of "
+        "movielens100k, adult, criteo_zipf",
+    ):  # fmt: skip
+        RecsysDataConfig(dataset="nope")
+
+
+def test_a_registered_dataset_loads_through_load_recsys_data() -> None:
+    from frugal.recsys.batch import RecsysData
+    from frugal.recsys.datasets import RECSYS_DATASETS
+
+    def tiny(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
+        ids = np.arange(10, dtype=np.int64)[:, None] % 3  # 10 samples, one feature of 3 ids
+        data = RecsysData.from_columns(
+            ("f",),
+            (3,),
+            ids,
+            np.zeros((10, 1), np.float32),
+            (ids[:, 0] == config.seed).astype(np.float32),
+        )
+        return data, data
+
+    RECSYS_DATASETS.register("tiny", tiny)
+    try:
+        train, test = load_recsys_data(RecsysDataConfig(dataset="tiny", max_train_samples=4))
+        assert (train.num_samples, test.num_samples) == (4, 10)  # the cap applies to train only
+        assert train.labels.tolist() == [1.0, 0.0, 0.0, 1.0]  # ids 0 1 2 0, label id == seed 0
+        with pytest.raises(ValueError, match="'tiny' is already registered"):
+            RECSYS_DATASETS.register("tiny", tiny)
+    finally:
+        RECSYS_DATASETS.unregister("tiny")

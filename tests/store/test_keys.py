@@ -118,6 +118,22 @@ def test_errors_in_a_hashed_store_name_the_users_ids(tmp_path: Path) -> None:
             s.put(np.array([123456789]), rows)
 
 
+def test_a_non_finite_update_in_a_hashed_store_names_the_users_id(tmp_path: Path) -> None:
+    from frugal.store import NonFiniteError
+
+    spec = RowSpec(embedding_dim=2, optimizer=OptimizerConfig(kind="adagrad"))
+    with EmbeddingStore.create(tmp_path / "s", num_rows=8, spec=spec, key_space="hashed") as s:
+        keys = np.array([7 << 52, 42], dtype=np.int64)  # rows 0 and 1, in first-use order
+        s.get(keys, step=2)
+        before = s.peek(keys)
+        grads = np.zeros((2, 2), dtype=np.float32)
+        grads[1, 0] = 3e38  # its square overflows float32: only key 42's update is not finite
+        with pytest.raises(NonFiniteError, match="adagrad update of id 42 is not finite"):
+            s.apply_gradients(keys, grads, step=2)
+        assert np.array_equal(s.peek(keys), before)  # nothing was written
+        s.put(keys, before)  # close the reads
+
+
 def test_checkpoint_records_the_last_step_used(tmp_path: Path) -> None:
     with EmbeddingStore.create(tmp_path / "s", num_rows=4, spec=SPEC) as store:
         store.get(np.array([1]), step=3)

@@ -124,8 +124,9 @@ class RecsysBenchConfig:
             raise ValueError(f"rtt_ms={self.rtt_ms} must be >= 0")
         if self.job_timeout_s <= 0 or self.timeout_s <= 0:
             raise ValueError("timeout_s and job_timeout_s must be > 0")
-        # the train Config validates the remaining fields
-        self.train_config("sync", self.datasets[0], 1, self.rtt_ms[0], self.seeds[0])
+        # the train Config validates the remaining fields, and each dataset's id
+        for dataset in self.datasets:
+            self.train_config("sync", dataset, 1, self.rtt_ms[0], self.seeds[0])
 
     @classmethod
     def quick(cls) -> RecsysBenchConfig:

@@ -101,10 +101,6 @@ class RecsysTrainConfig:
             )
         if self.resume and self.checkpoint_dir is None:
             raise ValueError("resume=true needs checkpoint_dir (where the checkpoints are)")
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts={self.max_restarts} must be >= 0")
-        if self.job_timeout_s <= 0:
-            raise ValueError(f"job_timeout_s={self.job_timeout_s} must be > 0")
         if self.staleness < 1:
             raise ValueError(f"staleness={self.staleness} must be >= 1 (K permits)")
         if self.prefetch_depth is not None and self.prefetch_depth < 1:
@@ -114,23 +110,19 @@ class RecsysTrainConfig:
             )
         if not 1 <= self.nproc <= 64:
             raise ValueError(f"nproc={self.nproc} must be in [1, 64]")
-        if self.rtt_ms < 0:
-            raise ValueError(f"rtt_ms={self.rtt_ms} must be >= 0")
         if not self.hidden or min(self.hidden) < 1:
             raise ValueError(f"hidden={self.hidden} must be non-empty widths >= 1")
         for name in ("batch_size", "embedding_dim", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        if self.dense_lr <= 0:
-            raise ValueError(f"dense_lr={self.dense_lr} must be > 0")
+        for name in ("rtt_ms", "warmup_steps", "seed", "max_restarts"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        for name in ("dense_lr", "timeout_s", "job_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps={self.max_steps} must be >= 1 or None")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
-        if self.seed < 0:
-            raise ValueError(f"seed={self.seed} must be >= 0")
 
 
 def staleness_bound(mode: Mode, staleness: int, world_size: int) -> int:

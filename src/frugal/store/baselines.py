@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from frugal._typing import F32, I64
 from frugal.registry import Registry
-from frugal.store.backends.kv import id_keys, rocksdb_options
+from frugal.store.backends.kv import id_items, id_keys, rocksdb_options, rows_from_values
 from frugal.store.rows import RowSpec, apply_optimizer, init_rows
 
 __all__ = [
@@ -324,24 +324,20 @@ class KvOffloadTable(_RowsOfLastGet):
     def _read(self, ids: I64) -> F32:
         values = self.db.get(id_keys(ids))
         rows = np.empty((len(ids), self.spec.width), dtype=np.float32)
-        present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
-        stored = [v for v in values if v is not None]
-        if stored:
-            rows[present] = np.frombuffer(b"".join(stored), dtype=np.float32).reshape(
-                len(stored), -1
-            )
+        present = rows_from_values(
+            values, rows, self.spec.row_bytes, f"{self.engine} engine", np.dtype(np.float32)
+        )
         if not present.all():
             rows[~present] = init_rows(ids[~present], self.spec, self.seed)
-        self.found += len(stored)
+        stored = int(np.count_nonzero(present))
+        self.found += stored
         self.asked += len(ids)
-        self.bytes_read += len(stored) * self.spec.row_bytes
+        self.bytes_read += stored * self.spec.row_bytes
         return rows
 
     def _write(self, ids: I64, rows: F32) -> None:
-        blob = rows.tobytes()
-        size = self.spec.row_bytes
-        self.db.put([(key, blob[k * size : (k + 1) * size]) for k, key in enumerate(id_keys(ids))])
-        self.bytes_written += len(ids) * size
+        self.db.put(id_items(ids, rows, np.dtype(np.float32)))
+        self.bytes_written += len(ids) * self.spec.row_bytes
 
     def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
         """Optimizer on the rows fetched by `get` (same ids), then one batched put."""

@@ -286,13 +286,20 @@ class RowCache:
             self.pending_rows += len(pending.ids)
             self.stats.writebacks += len(pending.ids)
             self.writer.submit(self._write_back, pending)
-        self.index.remove(ids, victims)
-        self.slot_ids[victims] = -1
-        self.slot_state[victims] = FREE
-        self.dirty[victims] = False
-        self.next_use[victims] = NEVER
-        self.next_use2[victims] = NEVER
+        self._clear_slots(ids, victims)
         self.stats.evictions += len(victims)
+
+    def _clear_slots(self, ids: I64, slots: npt.NDArray[np.int64]) -> None:
+        """Unmap `ids` from their `slots` and reset the slots to FREE (clean, no hints).
+
+        The slots are not yet on the free list; the caller pushes them when it is done.
+        """
+        self.index.remove(ids, slots)
+        self.slot_ids[slots] = -1
+        self.slot_state[slots] = FREE
+        self.dirty[slots] = False
+        self.next_use[slots] = NEVER
+        self.next_use2[slots] = NEVER
 
     def _from_pending(self, ids: I64, out: F32) -> npt.NDArray[np.bool_]:
         """Copy rows of ids whose write-back is still queued; newest buffer wins."""
@@ -347,12 +354,7 @@ class RowCache:
             with self.cond:  # give the slots back so nobody waits forever
                 if background:
                     self.error = exc
-                self.index.remove(ids, slots)
-                self.slot_ids[slots] = -1
-                self.slot_state[slots] = FREE
-                self.dirty[slots] = False
-                self.next_use[slots] = NEVER
-                self.next_use2[slots] = NEVER
+                self._clear_slots(ids, slots)
                 self._push_free(slots)
                 self.cond.notify_all()
             if background:

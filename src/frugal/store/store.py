@@ -562,6 +562,19 @@ class EmbeddingStore:
         if self._closed:
             raise StoreError(f"{self.directory}: the store is closed")
 
+    def _step_and_rows(self, ids: Any, step: int) -> tuple[int, I64]:
+        """Validate `step` and record it as seen; then validate `ids` and map them to rows."""
+        step = _validate_step(step)
+        self._last_step = max(self._last_step, step)
+        return step, self._rows_of(ids)
+
+    def _first_non_finite_key(self, rows: I64, values: F32) -> int | None:
+        """The user's id of the first of `rows` whose `values` hold NaN or inf, if any."""
+        if np.isfinite(values).all():
+            return None
+        row = int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
+        return int(self._keys_of(rows[row : row + 1])[0])
+
     # --- data path -------------------------------------------------------------------------
 
     def get(self, ids: Any, step: int = 0, cols: Literal["emb", "all"] = "emb") -> F32:
@@ -586,9 +599,7 @@ class EmbeddingStore:
         """
         self._check_open()
         _validate_cols(cols)
-        step = _validate_step(step)
-        self._last_step = max(self._last_step, step)
-        flat = self._rows_of(ids)
+        step, flat = self._step_and_rows(ids, step)
         unique, inverse = _unique(flat)
         columns = self.spec.embedding_dim if cols == "emb" else None
         rows = self.cache.get(unique, step, columns=columns)
@@ -652,9 +663,7 @@ class EmbeddingStore:
             ids: (N,); rows: (N, W).
         """
         self._check_open()
-        step = _validate_step(step)
-        self._last_step = max(self._last_step, step)
-        flat = self._rows_of(ids)
+        step, flat = self._step_and_rows(ids, step)
         checked = _validate_rows(rows, len(flat), self.spec.width, "rows")
         order = np.argsort(flat, kind="stable")
         sorted_ids = flat[order]
@@ -663,9 +672,8 @@ class EmbeddingStore:
             raise ValueError(f"put got id {dup} more than once; each row must be written once")
         sorted_rows = checked[order]  # a copy: rounding never touches the caller's array
         round_rows(sorted_rows, self.spec)
-        if not np.isfinite(sorted_rows).all():
-            row = int(np.flatnonzero(~np.isfinite(sorted_rows).all(axis=1))[0])
-            key = int(self._keys_of(sorted_ids[row : row + 1])[0])
+        key = self._first_non_finite_key(sorted_ids, sorted_rows)
+        if key is not None:
             raise NonFiniteError(
                 f"row of id {key} exceeds the float16 range (|x| <= 65504) of "
                 "this table; scale it down or use a float32 table; nothing was written"
@@ -687,9 +695,7 @@ class EmbeddingStore:
         self._check_open()
         if self.spec.optimizer.kind == "none":
             raise ValueError("this store's rows have no optimizer (kind='none'); use put()")
-        step = _validate_step(step)
-        self._last_step = max(self._last_step, step)
-        flat = self._rows_of(ids)
+        step, flat = self._step_and_rows(ids, step)
         checked = _validate_rows(grads, len(flat), self.spec.embedding_dim, "grads")
         unique, summed = _sum_duplicates(flat, checked)
 
@@ -697,9 +703,8 @@ class EmbeddingStore:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 apply_optimizer(rows, summed, self.spec)
             round_rows(rows, self.spec)
-            if not np.isfinite(rows).all():
-                row = int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
-                key = int(self._keys_of(unique[row : row + 1])[0])
+            key = self._first_non_finite_key(unique, rows)
+            if key is not None:
                 raise NonFiniteError(
                     f"the {self.spec.optimizer.kind} update of id {key} is not "
                     f"finite (gradient too large for {self.spec.dtype}?); nothing was written"
@@ -717,9 +722,8 @@ class EmbeddingStore:
             IndexError: If an id is out of range.
         """
         self._check_open()
-        step = _validate_step(step)
-        self._last_step = max(self._last_step, step)
-        unique, _ = _unique(self._rows_of(ids))
+        step, flat = self._step_and_rows(ids, step)
+        unique, _ = _unique(flat)
         self.cache.prefetch(unique, step)
 
     def flush(self) -> None:

@@ -17,7 +17,7 @@ from frugal._typing import F32, I64, Bool
 from frugal.store.backends.registry import BackendArgs, register_backend
 from frugal.store.errors import StoreCorruptionError
 
-__all__ = ["LmdbBackend", "RocksDbBackend", "id_keys"]
+__all__ = ["LmdbBackend", "RocksDbBackend", "id_items", "id_keys", "rows_from_values"]
 
 _MIN_BLOCK_CACHE_BYTES = 1 << 20
 
@@ -28,9 +28,35 @@ def id_keys(ids: I64) -> list[bytes]:
     return [blob[k : k + 8] for k in range(0, len(blob), 8)]
 
 
-def _rows_from_values(
+def id_items(ids: I64, rows: F32, dtype: np.dtype[Any]) -> list[tuple[bytes, bytes]]:
+    """Return the (key, value) pairs of a batch put: `id_keys` and each row's bytes in `dtype`.
+
+    Shapes:
+        ids: (N,); rows: (N, W); returns N pairs, each value W x dtype.itemsize bytes.
+    """
+    blob = np.ascontiguousarray(rows, dtype=dtype).tobytes()
+    row_bytes = dtype.itemsize * rows.shape[1]
+    return [(key, blob[k * row_bytes : (k + 1) * row_bytes]) for k, key in enumerate(id_keys(ids))]
+
+
+def rows_from_values(
     values: list[bytes | None], out: F32, row_bytes: int, where: str, dtype: np.dtype[Any]
 ) -> Bool:
+    """Decode a multi-get's values into `out`; return which ids had one (others untouched).
+
+    Args:
+        values: One stored value per id, or None where the id was never written.
+        out: Rows to fill, float32.
+        row_bytes: Size of one stored value (W x dtype.itemsize).
+        where: What to name in an error (the store folder, the engine).
+        dtype: Precision the values are stored in.
+
+    Raises:
+        StoreCorruptionError: If a stored value is not `row_bytes` long.
+
+    Shapes:
+        values: N items; out: (N, W); returns (N,).
+    """
     present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
     found = [v for v in values if v is not None]
     if found:
@@ -38,6 +64,52 @@ def _rows_from_values(
             raise StoreCorruptionError(f"{where}: a stored value is not {row_bytes} bytes")
         out[present] = np.frombuffer(b"".join(found), dtype=dtype).reshape(len(found), -1)
     return present
+
+
+class _SnapshotFolders:
+    """Checkpoints of a KV engine as whole folders: `<name>.ckpt.<epoch>` beside `<name>`.
+
+    The live engine works in `directory / name`; checkpoint e is a complete copy of it in
+    `directory / "<name>.ckpt.<e>"`, made by the engine itself. Recovery replaces the live
+    folder with that copy, since the live one may hold writes made after the checkpoint.
+    """
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.directory = directory
+        self.name = name
+        self.live = directory / name
+
+    def folder(self, epoch: int) -> Path:
+        """The folder of checkpoint `epoch`."""
+        return self.directory / f"{self.name}.ckpt.{epoch}"
+
+    def restore(self, epoch: int, marker: str = "") -> None:
+        """Replace the live folder by checkpoint `epoch`'s copy.
+
+        Args:
+            epoch: The checkpoint to recover.
+            marker: A file that every complete copy holds ("" = the folder itself suffices).
+
+        Raises:
+            StoreCorruptionError: If the copy (or its marker file) is missing.
+        """
+        snapshot = self.folder(epoch)
+        if not ((snapshot / marker).is_file() if marker else snapshot.is_dir()):
+            raise StoreCorruptionError(f"{snapshot}: checkpoint {epoch} is missing")
+        shutil.rmtree(self.live, ignore_errors=True)
+        shutil.copytree(snapshot, self.live)
+
+    def fresh(self, epoch: int) -> Path:
+        """Return checkpoint `epoch`'s folder, removing a partial one left by a crash."""
+        target = self.folder(epoch)
+        shutil.rmtree(target, ignore_errors=True)
+        return target
+
+    def drop_older(self, epoch: int) -> None:
+        """Delete every checkpoint folder but `epoch`'s."""
+        for path in self.directory.glob(f"{self.name}.ckpt.*"):
+            if path != self.folder(epoch):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def rocksdb_options(budget_bytes: int, *, use_direct_io: bool = True, use_wal: bool = True) -> Any:
@@ -90,30 +162,25 @@ class RocksDbBackend:
         self.dtype = np.dtype(dtype)
         self.row_bytes = self.dtype.itemsize * width
         self.budget_bytes = budget_bytes
-        live = directory / "rocksdb"
-        if epoch is not None:  # recover: the live DB may hold writes after the checkpoint
-            snapshot = directory / f"rocksdb.ckpt.{epoch}"
-            if not snapshot.is_dir():
-                raise StoreCorruptionError(f"{snapshot}: checkpoint {epoch} is missing")
-            shutil.rmtree(live, ignore_errors=True)
-            shutil.copytree(snapshot, live)
-        self.db = rocksdict.Rdict(str(live), rocksdb_options(budget_bytes))
+        self.snapshots = _SnapshotFolders(directory, "rocksdb")
+        if epoch is not None:
+            self.snapshots.restore(epoch)
+        self.db = rocksdict.Rdict(str(self.snapshots.live), rocksdb_options(budget_bytes))
         self.write_options = rocksdict.WriteOptions()
 
     def read_rows(self, ids: I64, out: F32) -> Bool:
         """Multi-get; see `StoreBackend.read_rows`."""
         keys: Any = id_keys(ids)  # rocksdict's stub wants list[str | int | ... | bytes]
         values: list[bytes | None] = self.db.get(keys) or []
-        return _rows_from_values(values, out, self.row_bytes, str(self.directory), self.dtype)
+        return rows_from_values(values, out, self.row_bytes, str(self.directory), self.dtype)
 
     def write_rows(self, ids: I64, rows: F32) -> None:
         """One WriteBatch; see `StoreBackend.write_rows`."""
         import rocksdict
 
         batch = rocksdict.WriteBatch(raw_mode=True)
-        blob = np.ascontiguousarray(rows, dtype=self.dtype).tobytes()
-        for k, key in enumerate(id_keys(ids)):
-            batch.put(key, blob[k * self.row_bytes : (k + 1) * self.row_bytes])
+        for key, value in id_items(ids, rows, self.dtype):
+            batch.put(key, value)
         self.db.write(batch, self.write_options)
 
     def sync(self) -> None:
@@ -125,16 +192,12 @@ class RocksDbBackend:
         """Create `rocksdb.ckpt.<epoch>` with RocksDB's checkpoint (hard-linked SST files)."""
         import rocksdict
 
-        target = self.directory / f"rocksdb.ckpt.{epoch}"
-        shutil.rmtree(target, ignore_errors=True)
-        rocksdict.Checkpoint(self.db).create_checkpoint(str(target))
+        rocksdict.Checkpoint(self.db).create_checkpoint(str(self.snapshots.fresh(epoch)))
         return {}
 
     def finish_checkpoint(self, epoch: int) -> None:
         """Delete older checkpoint folders."""
-        for path in self.directory.glob("rocksdb.ckpt.*"):
-            if path.name != f"rocksdb.ckpt.{epoch}":
-                shutil.rmtree(path, ignore_errors=True)
+        self.snapshots.drop_older(epoch)
 
     def memory_bytes(self) -> int:
         """The configured block cache and memtables (RocksDB's own accounting)."""
@@ -166,34 +229,26 @@ class LmdbBackend:
         self.directory = directory
         self.dtype = np.dtype(dtype)
         self.row_bytes = self.dtype.itemsize * width
-        live = directory / "lmdb"
+        self.snapshots = _SnapshotFolders(directory, "lmdb")
         if epoch is not None:
-            snapshot = directory / f"lmdb.ckpt.{epoch}"
-            if not (snapshot / "data.mdb").is_file():
-                raise StoreCorruptionError(f"{snapshot}: checkpoint {epoch} is missing")
-            shutil.rmtree(live, ignore_errors=True)
-            shutil.copytree(snapshot, live)
-        live.mkdir(exist_ok=True)
+            self.snapshots.restore(epoch, marker="data.mdb")
+        self.snapshots.live.mkdir(exist_ok=True)
         # Room for every row twice over plus B+tree overhead; the map is sparse on disk.
         map_size = max(1 << 24, 3 * num_rows * (self.row_bytes + 64))
-        self.env = lmdb.open(str(live), map_size=map_size, writemap=True, sync=False)
+        self.env = lmdb.open(str(self.snapshots.live), map_size=map_size, writemap=True, sync=False)
 
     def read_rows(self, ids: I64, out: F32) -> Bool:
         """`getmulti` in one read transaction; see `StoreBackend.read_rows`."""
         keys = id_keys(ids)
         with self.env.begin() as txn:
             found = dict(txn.cursor().getmulti(keys))
-        return _rows_from_values(
+        return rows_from_values(
             [found.get(k) for k in keys], out, self.row_bytes, str(self.directory), self.dtype
         )
 
     def write_rows(self, ids: I64, rows: F32) -> None:
         """`putmulti` in one write transaction; see `StoreBackend.write_rows`."""
-        blob = np.ascontiguousarray(rows, dtype=self.dtype).tobytes()
-        items = [
-            (key, blob[k * self.row_bytes : (k + 1) * self.row_bytes])
-            for k, key in enumerate(id_keys(ids))
-        ]
+        items = id_items(ids, rows, self.dtype)
         with self.env.begin(write=True) as txn:
             txn.cursor().putmulti(items)
 
@@ -203,17 +258,14 @@ class LmdbBackend:
 
     def checkpoint(self, epoch: int) -> dict[str, Any]:
         """Copy the environment to `lmdb.ckpt.<epoch>` (`env.copy`, a consistent snapshot)."""
-        target = self.directory / f"lmdb.ckpt.{epoch}"
-        shutil.rmtree(target, ignore_errors=True)
+        target = self.snapshots.fresh(epoch)
         target.mkdir()
         self.env.copy(str(target))
         return {}
 
     def finish_checkpoint(self, epoch: int) -> None:
         """Delete older checkpoint folders."""
-        for path in self.directory.glob("lmdb.ckpt.*"):
-            if path.name != f"lmdb.ckpt.{epoch}":
-                shutil.rmtree(path, ignore_errors=True)
+        self.snapshots.drop_older(epoch)
 
     def memory_bytes(self) -> int:
         """Unknown: LMDB lives in the OS page cache."""

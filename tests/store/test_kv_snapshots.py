@@ -1,0 +1,68 @@
+"""What the RocksDB and LMDB backends share: checkpoint folders, keys and values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from frugal.store.backends.kv import _SnapshotFolders
+from frugal.store.errors import StoreCorruptionError
+
+
+def test_restore_copies_the_snapshot_over_the_live_folder(tmp_path: Path) -> None:
+    folders = _SnapshotFolders(tmp_path, "lmdb")
+    assert folders.live == tmp_path / "lmdb"
+    assert folders.folder(3) == tmp_path / "lmdb.ckpt.3"
+    folders.live.mkdir()
+    (folders.live / "data.mdb").write_text("after the checkpoint")
+    (folders.live / "extra").write_text("only live")
+    folders.folder(3).mkdir()
+    (folders.folder(3) / "data.mdb").write_text("at the checkpoint")
+    folders.restore(3, marker="data.mdb")
+    assert sorted(p.name for p in folders.live.iterdir()) == ["data.mdb"]
+    assert (folders.live / "data.mdb").read_text() == "at the checkpoint"
+    assert (folders.folder(3) / "data.mdb").read_text() == "at the checkpoint"  # kept
+
+
+def test_restore_refuses_a_missing_or_incomplete_snapshot(tmp_path: Path) -> None:
+    folders = _SnapshotFolders(tmp_path, "rocksdb")
+    with pytest.raises(StoreCorruptionError, match=r"rocksdb\.ckpt\.2: checkpoint 2 is missing"):
+        folders.restore(2)
+    folders.folder(2).mkdir()  # a folder without the marker file: an interrupted copy
+    with pytest.raises(StoreCorruptionError, match="checkpoint 2 is missing"):
+        folders.restore(2, marker="data.mdb")
+    folders.restore(2)  # without a marker, the folder suffices
+    assert folders.live.is_dir()
+
+
+def test_fresh_clears_a_partial_copy_and_drop_older_keeps_one(tmp_path: Path) -> None:
+    folders = _SnapshotFolders(tmp_path, "rocksdb")
+    for epoch in (1, 2, 3):
+        folders.folder(epoch).mkdir()
+    (folders.folder(3) / "partial").write_text("x")
+    target = folders.fresh(3)
+    assert target == tmp_path / "rocksdb.ckpt.3" and not target.exists()
+    target.mkdir()
+    (tmp_path / "rocksdb").mkdir()  # the live folder is never a checkpoint
+    folders.drop_older(3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rocksdb", "rocksdb.ckpt.3"]
+
+
+def test_id_items_and_rows_from_values_round_trip_float16_rows() -> None:
+    from frugal.store.backends.kv import id_items, rows_from_values
+
+    ids = np.array([3, 258], dtype=np.int64)
+    rows = np.array([[1.0, -2.0], [0.5, 65504.0]], dtype=np.float32)
+    items = id_items(ids, rows, np.dtype(np.float16))
+    # Keys: 8-byte big-endian ids; values: 2 float16 = 4 bytes per row.
+    assert [key for key, _ in items] == [b"\0" * 7 + b"\x03", b"\0" * 6 + b"\x01\x02"]
+    assert [len(value) for _, value in items] == [4, 4]
+    out = np.full((3, 2), 7.0, dtype=np.float32)
+    values = [items[0][1], None, items[1][1]]
+    present = rows_from_values(values, out, 4, "here", np.dtype(np.float16))
+    assert present.tolist() == [True, False, True]
+    assert out.tolist() == [[1.0, -2.0], [7.0, 7.0], [0.5, 65504.0]]  # the gap is untouched
+    with pytest.raises(StoreCorruptionError, match="here: a stored value is not 8 bytes"):
+        rows_from_values(values, out, 8, "here", np.dtype(np.float32))
