@@ -33,6 +33,7 @@ LAYERS = {
     "bench": 6,
     "reproduce": 7,
     "cli": 8,
+    "__main__": 9,  # `python -m frugal`
 }
 
 
@@ -90,3 +91,12 @@ def test_importing_frugal_data_does_not_import_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "False"
+
+
+def test_python_dash_m_frugal_runs_the_command_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "frugal", "--version"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert frugal.__version__ in result.stdout

@@ -16,7 +16,7 @@ __all__ = ["cpu_model", "verdict_table", "write_report"]
 
 _MODE_TEXT = {
     "smoke": "tiny settings for CI: the numbers say nothing about performance",
-    "quick": "small presets, about 10 minutes on 2 cores: indicative numbers",
+    "quick": "small presets, about 13 minutes on 2 cores: indicative numbers",
     "full": "the real benchmark of every subsystem",
 }
 

@@ -25,7 +25,7 @@ _MARKER = "part.json"
 class ReproduceConfig:
     """What `frugal reproduce` runs.
 
-    `smoke` is for CI (tiny settings, seconds per part, numbers meaningless), `quick` about 10
+    `smoke` is for CI (tiny settings, seconds per part, numbers meaningless), `quick` about 13
     minutes on 2 cores (README's `make run`), `full` the real benchmark (hours; resumable).
     """
 
