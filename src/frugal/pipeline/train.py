@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,7 +38,7 @@ from frugal.config import ConfigError, check_types, config_from_dict, config_to_
 from frugal.launch import TorchrunJob, run_torchrun
 from frugal.parallel.codec import CodecSpec
 from frugal.parallel.schedule import SCHEDULES, build_schedule
-from frugal.pipeline.buffers import BufferSet
+from frugal.pipeline.buffers import BUFFER_BACKENDS, BufferSet
 from frugal.pipeline.models import TextWindows, TinyGPTConfig, split_layers
 from frugal.pipeline.runtime import (
     ConfigMismatchError,
@@ -139,8 +139,10 @@ class PipelineTrainConfig:
     `frugal.comm.gradcomp.DP_METHODS`; see RunSpec."""
     dp_bits: int = 8
     """Bits of the ef-kbit / qadam gradient exchange, 1..8."""
-    buffer_backend: Literal["memory", "memmap", "store"] = "memory"
-    """Where AQ-SGD's per-example buffers live: RAM, a memory-mapped file, or frugal.store."""
+    buffer_backend: str = "memory"
+    """Where AQ-SGD's per-example buffers live: RAM ("memory"), a memory-mapped file
+    ("memmap"), frugal.store ("store"), or a backend added by
+    `frugal.pipeline.buffers.register_buffer_backend`."""
     buffer_dir: str = ""
     """Where memmap / store buffers go: a fresh folder inside it, removed at the end ("" =
     the system's temporary folder)."""
@@ -207,6 +209,7 @@ class PipelineTrainConfig:
                 f"learning_rate={self.learning_rate} and comm_timeout_s={self.comm_timeout_s} "
                 "must be > 0"
             )
+        BUFFER_BACKENDS.check(self.buffer_backend)
         if self.buffer_budget_mib < 1:
             raise ValueError(f"buffer_budget_mib={self.buffer_budget_mib} must be >= 1")
         if not 1 <= self.dp_bits <= 8:
