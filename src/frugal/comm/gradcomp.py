@@ -405,7 +405,7 @@ class GradientSync:
         learning_rate: qadam's Adam learning rate (the others leave the optimizer alone).
         timeout_s: Limit of every collective.
         collective: The stage's planned collective (`frugal.comm.collectives.COLLECTIVES`),
-            which `all_reduce` runs; "ring" when the plan records none.
+            which `all_reduce` runs; "" = not planned (a ring, and any method may run).
 
     Raises:
         ValueError: If an argument is out of range or the method is not registered.
@@ -424,11 +424,12 @@ class GradientSync:
         warmup_steps: int = 0,
         learning_rate: float = 1e-3,
         timeout_s: float = 120.0,
-        collective: str = "ring",
+        collective: str = "",
     ) -> None:
         self.spec = DP_METHODS.get(method)
-        self.collective = COLLECTIVES.get(collective)
-        self.spec.check_collective(method, collective)
+        self.collective = COLLECTIVES.get(collective or "ring")
+        if collective:
+            self.spec.check_collective(method, collective)
         if isinstance(bits, bool) or not 1 <= bits <= 8:
             raise ValueError(f"dp_bits={bits} must be in [1, 8]")
         if powersgd_rank < 1:

@@ -477,7 +477,7 @@ class StageRunner:
             completes, the rank sleeps the collective's network time on that link
             (`DPCollectiveSpec.network_s`; a ring: 2 (K - 1) (S / K 8 / B + latency) seconds).
         dp_collective: The collective the plan priced for this stage's DP group
-            (`frugal.comm.collectives.COLLECTIVES`); "ring" when the plan records none.
+            (`frugal.comm.collectives.COLLECTIVES`); "" = not planned (a ring, any method).
         example_shape: Shape of one example's input activation, e.g. (T, H) (None: unknown).
             A receiving stage computes each message's size from it, so the distributed
             transport (which needs the size) requires it on every stage but the first.
@@ -500,7 +500,7 @@ class StageRunner:
         dp_bits: int = 8,
         buffers: Callable[[str], BufferFactory] | None = None,
         example_shape: tuple[int, ...] | None = None,
-        dp_collective: str = "ring",
+        dp_collective: str = "",
     ) -> None:
         self.module = module
         self.example_shape = example_shape
@@ -526,7 +526,7 @@ class StageRunner:
             )
         else:
             DP_METHODS.check(dp_compression)
-        self.dp_collective = COLLECTIVES.get(dp_collective)
+        self.dp_collective = COLLECTIVES.get(dp_collective or "ring")
         self.drift_check_every = drift_check_every
         self.timeout_s = timeout_s
         s = self.stage

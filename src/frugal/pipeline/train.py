@@ -295,11 +295,11 @@ class Layout:
     num_microbatches: tuple[int, ...]
     dp_collective: tuple[str, ...] = ()
     """Per stage, the collective the plan priced for its DP group (`Plan.dp_collective`);
-    () = not recorded (every stage runs "ring")."""
+    () = not recorded (every stage's group all-reduces, a ring)."""
 
     def stage_collective(self, stage: int) -> str:
-        """The collective stage `stage`'s DP group runs: the plan's, or "ring"."""
-        return self.dp_collective[stage] if self.dp_collective else "ring"
+        """The collective the plan priced for stage `stage`'s DP group ("" = not recorded)."""
+        return self.dp_collective[stage] if self.dp_collective else ""
 
     def position(self, rank: int) -> tuple[int, int]:
         """(replica, stage) of `rank`."""
@@ -764,7 +764,7 @@ def _run_one(
     collective = layout.stage_collective(stage)
     members = [r[stage] for r in layout.mesh]
     dp_link = (
-        bottleneck_link(COLLECTIVES.get(collective).edges(members), links)
+        bottleneck_link(COLLECTIVES.get(collective or "ring").edges(members), links)
         if (run.links or run.shape_dp) and dp_group is not None
         else None
     )
