@@ -65,7 +65,9 @@ def main() -> None:
                 model.zero_grad()
                 model(torch.randn(4, 5, generator=data)).pow(2).mean().backward()
                 sent = sync.step(step)
-                grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])  # type: ignore[union-attr]
+                grads = torch.cat(
+                    [p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]
+                )
                 rows.append(
                     {"bytes": sent, "analytic": sync.wire_bytes(step), "grads": grads.tolist()}
                 )
