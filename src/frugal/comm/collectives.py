@@ -105,6 +105,15 @@ def _transfer_s(num_bytes: float, link: LinkSpec) -> float:
     return 8.0 * num_bytes / link.bandwidth_bits_per_s
 
 
+def _slice_rounds_s(num_bytes: int, group_size: int, link: LinkSpec) -> float:
+    """2 (K - 1) messages of num_bytes / K in turn, each paying the latency (ring, seq_peer)."""
+    _check_network_args(num_bytes, group_size)
+    if group_size == 1 or not link.is_shaped:
+        return 0.0
+    k = group_size
+    return 2.0 * (k - 1) * (_transfer_s(num_bytes / k, link) + link.latency_s)
+
+
 class DPCollectiveSpec:
     """One gradient exchange of a stage's replicas: how it runs, which links, how long.
 
@@ -160,11 +169,7 @@ class RingCollective(DPCollectiveSpec):
 
     def network_s(self, num_bytes: int, group_size: int, link: LinkSpec) -> float:
         """2 (K - 1) steps of num_bytes / K and the latency: 2 (K - 1) (8 S / (K B) + latency)."""
-        _check_network_args(num_bytes, group_size)
-        if group_size == 1 or not link.is_shaped:
-            return 0.0
-        k = group_size
-        return 2.0 * (k - 1) * (_transfer_s(num_bytes / k, link) + link.latency_s)
+        return _slice_rounds_s(num_bytes, group_size, link)
 
     def sum_(self, flat: Tensor, group: dist.ProcessGroup, *, what: str, timeout_s: float) -> None:
         """`dist.all_reduce` (sum)."""
@@ -212,11 +217,7 @@ class SeqPeerCollective(DPCollectiveSpec):
 
     def network_s(self, num_bytes: int, group_size: int, link: LinkSpec) -> float:
         """K - 1 slices of num_bytes / K out, as many back: 2 (K - 1) (8 S / (K B) + latency)."""
-        _check_network_args(num_bytes, group_size)
-        if group_size == 1 or not link.is_shaped:
-            return 0.0
-        k = group_size
-        return 2.0 * (k - 1) * (_transfer_s(num_bytes / k, link) + link.latency_s)
+        return _slice_rounds_s(num_bytes, group_size, link)
 
     def sum_(self, flat: Tensor, group: dist.ProcessGroup, *, what: str, timeout_s: float) -> None:
         """All-to-all of the slices, the owner's sum in member order, all-gather of the sums."""

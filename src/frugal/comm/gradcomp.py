@@ -74,6 +74,7 @@ __all__ = [
     "PowerSGDMethod",
     "QAdamMethod",
     "ShardedExchange",
+    "TorchHookMethod",
     "dp_wire_bytes",
     "powersgd_numel",
     "qadam_update",
@@ -115,16 +116,19 @@ DPMethod = str
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DPSettings:
-    """The knobs of the DP compression methods; each method reads the ones it uses."""
+    """The knobs of the DP compression methods; each method reads the ones it uses.
+
+    Attributes:
+        bits: Bits per value of the k-bit exchanges (ef-kbit, qadam), 1..8.
+        bucket_size: Values per fp16 scale of the k-bit exchanges, >= 1.
+        powersgd_rank: PowerSGD's matrix_approximation_rank, >= 1.
+        warmup_steps: Steps synchronised in float32 first, >= 0.
+    """
 
     bits: int = 8
-    """Bits per value of the k-bit exchanges (ef-kbit, qadam), 1..8."""
     bucket_size: int = 512
-    """Values per fp16 scale of the k-bit exchanges, >= 1."""
     powersgd_rank: int = 1
-    """PowerSGD's matrix_approximation_rank, >= 1."""
     warmup_steps: int = 0
-    """Steps synchronised in float32 first, >= 0."""
 
 
 class DPMethodSpec:
@@ -168,15 +172,15 @@ class DPMethodSpec:
         Raises:
             PlanMismatchError: If `collectives` is set and lacks `collective`.
         """
-        if self.collectives is None or collective in self.collectives:
+        if self.runs_collective(collective):
             return
-        able = [m for m in DP_METHODS if DP_METHODS.get(m).runs_collective(collective)]
+        own = " or ".join(sorted(self.collectives or ()))
+        able = " or ".join(m for m in DP_METHODS if DP_METHODS.get(m).runs_collective(collective))
         where = f"stage {stage}'s" if stage is not None else "the"
         raise PlanMismatchError(
             f"the plan priced {where} data-parallel exchange as {collective!r} but "
-            f"dp_compression={name!r} always exchanges by {' or '.join(sorted(self.collectives))}; "
-            f"run with --dp-compress {' or '.join(able)}, or plan again for a cluster where "
-            f"{' or '.join(sorted(self.collectives))} is the cheapest"
+            f"dp_compression={name!r} always exchanges by {own}; run with --dp-compress "
+            f"{able}, or plan again for a cluster where {own} is the cheapest"
         )
 
     def runs_collective(self, collective: str) -> bool:
@@ -567,11 +571,30 @@ class NoCompressionMethod(DPMethodSpec):
         return nbytes
 
 
-class FP16Method(DPMethodSpec):
+class TorchHookMethod(DPMethodSpec):
+    """A method that runs one of torch's DDP comm hooks on one bucket of every gradient.
+
+    The hook all-reduces inside (`collectives` is "ring"); its bytes are counted by wrapping
+    `torch.distributed.all_reduce` while it runs (`GradientSync.run_hook`).
+    """
+
+    collectives = frozenset({"ring"})
+
+    def hook(self, sync: GradientSync, bucket: Any) -> torch.futures.Future[Tensor]:
+        """Start the hook on `bucket` (a duck-typed `dist.GradBucket`); return its future."""
+        raise NotImplementedError
+
+    def step(self, sync: GradientSync, flat: Tensor, step: int) -> int:
+        """Run the hook on `flat` and set its sum as the gradients."""
+        reduced, nbytes = sync.run_hook(lambda bucket: self.hook(sync, bucket), flat, step)
+        sync.set_grads(reduced)
+        return nbytes
+
+
+class FP16Method(TorchHookMethod):
     """`fp16`: torch's `fp16_compress_hook` (cast, divide by K, all-reduce in fp16, cast back)."""
 
     description = "torch's fp16 hook, 16 bits per value"
-    collectives = frozenset({"ring"})
 
     def wire_bytes(
         self, shapes: Sequence[tuple[int, ...]], group_size: int, step: int, settings: DPSettings
@@ -579,18 +602,14 @@ class FP16Method(DPMethodSpec):
         """2 n."""
         return _float32_bytes(shapes) // 2
 
-    def step(self, sync: GradientSync, flat: Tensor, step: int) -> int:
-        """Run the hook on `flat` and set its sum as the gradients."""
+    def hook(self, sync: GradientSync, bucket: Any) -> torch.futures.Future[Tensor]:
+        """`fp16_compress_hook` over the group."""
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        reduced, nbytes = sync.run_hook(
-            lambda bucket: default_hooks.fp16_compress_hook(sync.group, bucket), flat, step
-        )
-        sync.set_grads(reduced)
-        return nbytes
+        return default_hooks.fp16_compress_hook(sync.group, bucket)
 
 
-class PowerSGDMethod(DPMethodSpec):
+class PowerSGDMethod(TorchHookMethod):
     """`powersgd`: torch's `powerSGD_hook` (rank-r factors, error feedback, warm start).
 
     Plain all-reduce for the first max(2, warmup_steps) steps; vectors uncompressed.
@@ -601,7 +620,6 @@ class PowerSGDMethod(DPMethodSpec):
     """
 
     description = "torch's PowerSGD hook, a rank-r factorisation"
-    collectives = frozenset({"ring"})
 
     def wire_bytes(
         self, shapes: Sequence[tuple[int, ...]], group_size: int, step: int, settings: DPSettings
@@ -624,15 +642,11 @@ class PowerSGDMethod(DPMethodSpec):
             random_seed=0,
         )
 
-    def step(self, sync: GradientSync, flat: Tensor, step: int) -> int:
-        """Run the hook on `flat` and set its sum as the gradients."""
+    def hook(self, sync: GradientSync, bucket: Any) -> torch.futures.Future[Tensor]:
+        """`powerSGD_hook` with the group's state."""
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-        reduced, nbytes = sync.run_hook(
-            lambda bucket: powerSGD_hook.powerSGD_hook(sync.state, bucket), flat, step
-        )
-        sync.set_grads(reduced)
-        return nbytes
+        return powerSGD_hook.powerSGD_hook(sync.state, bucket)
 
 
 class EFKbitMethod(NoCompressionMethod):
