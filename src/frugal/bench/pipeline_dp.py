@@ -169,7 +169,7 @@ def run_dp_section(
             steps=config.speed_steps,
             rho=rho,
             repeat_examples=True,
-            dp_compression=method,  # type: ignore[arg-type]  # checked in __post_init__
+            dp_compression=method,
             dp_bits=config.dp_bits,
             shape_dp=True,
         )
@@ -208,7 +208,7 @@ def run_dp_section(
                 "method": f"{run.codec} + dp {run.dp_compression}",
                 "codec": run.codec,
                 "dp_compression": run.dp_compression,
-                "dp_bits": run.dp_bits if run.dp_compression in ("qadam", "ef-kbit") else None,
+                "dp_bits": run.dp_bits if DP_METHODS.get(run.dp_compression).uses_bits else None,
                 "rho": run.rho,
                 "link": rho_label(run.rho),
                 # not "link_mbps": the main section's speed-up figure plots rows that have it

@@ -117,11 +117,13 @@ class LLMBenchConfig:
         Raises:
             ValueError: If the corpus is not a text dataset.
         """
-        from frugal.pipeline.zoo import smollm2_train_config
+        from frugal.pipeline.zoo import MODELS
 
-        preset = smollm2_train_config() if self.model == "smollm2-135m" else PipelineTrainConfig()
+        make_preset = MODELS.get(self.model).train_config
+        preset = make_preset() if make_preset is not None else PipelineTrainConfig()
         return replace(
             preset,
+            model=self.model,
             schedule=schedule,
             dataset=self.dataset,
             micro_batch_size=self.micro_batch_size,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import sys
@@ -23,26 +24,34 @@ from frugal.config import ConfigError
 
 if TYPE_CHECKING:
     from frugal.pipeline.train import PipelineTrainConfig
+    from frugal.registry import Registry
 
 __all__ = ["register", "train_config"]
 
 
-class _ModelNames:
-    """`--model`'s choices: the pipeline model registry.
+class _RegistryNames:
+    """A flag's choices: the names in a registry (`--model`, `--dp-compress`).
 
-    Read only when an argument is checked or help is shown (the registry imports torch), so
+    Read only when an argument is checked or help is shown (the registries import torch), so
     building the parser stays fast.
+
+    Args:
+        module: The module that holds the registry, e.g. "frugal.pipeline.zoo".
+        registry: Its name there, e.g. "MODELS".
     """
 
-    def __contains__(self, name: object) -> bool:
-        from frugal.pipeline.zoo import MODELS
+    def __init__(self, module: str, registry: str) -> None:
+        self._module, self._registry = module, registry
 
-        return name in MODELS
+    def _names(self) -> Registry[Any]:
+        names: Registry[Any] = getattr(importlib.import_module(self._module), self._registry)
+        return names
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
 
     def __iter__(self) -> Iterator[str]:
-        from frugal.pipeline.zoo import MODELS
-
-        return iter(MODELS.names())
+        return iter(self._names().names())
 
 
 def register(commands: Any) -> None:
@@ -60,7 +69,7 @@ def register(commands: Any) -> None:
         "--model",
         default=None,
         metavar="NAME",
-        choices=_ModelNames(),
+        choices=_RegistryNames("frugal.pipeline.zoo", "MODELS"),
         help="model to train, one of %(choices)s (smollm2-135m: SmolLM2 from its bundled "
         "GGUF, with its preset)",
     )
@@ -91,7 +100,7 @@ def register(commands: Any) -> None:
     train.add_argument(
         "--dp-compress",
         default=None,
-        choices=["none", "fp16", "powersgd", "ef-kbit", "qadam"],
+        choices=_RegistryNames("frugal.comm.gradcomp", "DP_METHODS"),
         help="how the data-parallel replicas of a stage (a --plan with DP) agree on gradients",
     )
     train.add_argument(
@@ -181,12 +190,17 @@ def train_config(args: argparse.Namespace) -> PipelineTrainConfig:
     config = overlay_flags(
         load_config(PipelineTrainConfig, args.config, args.overrides, base=preset), flags
     )
-    if args.dp_bits is not None and config.dp_compression not in ("ef-kbit", "qadam"):
-        raise ConfigError(
-            f"--dp-bits {args.dp_bits} applies to --dp-compress ef-kbit or qadam, not "
-            f"{config.dp_compression} (fp16 sends 16 bits, powersgd a rank-r factorisation); "
-            "drop --dp-bits or choose ef-kbit/qadam"
-        )
+    if args.dp_bits is not None:
+        from frugal.comm.gradcomp import DP_METHODS
+
+        method = DP_METHODS.get(config.dp_compression)
+        if not method.uses_bits:
+            users = [name for name in DP_METHODS if DP_METHODS.get(name).uses_bits]
+            raise ConfigError(
+                f"--dp-bits {args.dp_bits} applies to --dp-compress {' or '.join(users)}, not "
+                f"{config.dp_compression} ({method.description}); drop --dp-bits or choose "
+                f"{'/'.join(users)}"
+            )
     return config
 
 

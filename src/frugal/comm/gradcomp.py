@@ -1,39 +1,35 @@
 """Data-parallel gradient compression between the replicas of one pipeline stage.
 
 A stage replicated K times must agree on one update per step. `GradientSync` does that over a
-process group (one per stage, never WORLD) with one of `DP_METHODS`:
+process group (one per stage, never WORLD) with one of `DP_METHODS`, a registry of
+`DPMethodSpec`s (`register_dp_method` adds one, from inside or outside the package):
 
-- `none`: float32 all-reduce of the flat gradient (sum over replicas).
+- `none`: float32 sum of the flat gradient over the replicas, by the collective the plan
+  priced for the stage (`frugal.comm.collectives`: ring all-reduce, central parameter server
+  or sequential peer exchange).
 - `fp16`: torch's own DDP comm hook `fp16_compress_hook` (cast, divide by K, all-reduce in
   float16, cast back); half the bytes.
 - `powersgd`: torch's own DDP comm hook `powerSGD_hook` (rank-r factors P, Q of every matrix
   gradient, error feedback, warm start; vectors are all-reduced uncompressed; plain all-reduce
   for the first `max(2, warmup_steps)` steps).
-- `ef-kbit`: the gradient itself through the k-bit sharded parameter server below, then
-  AdamW as usual.
+- `ef-kbit`: the gradient itself through the k-bit sharded parameter server
+  (`frugal.comm.sharded_ps.ShardedExchange`), then AdamW as usual.
 - `qadam`: AQ-SGD's reference data parallelism (DS3Lab/AC-SGD, `ShardedPSDPCompressed`):
   after the warm-up each rank folds its *local* gradient into Adam's first moment m and the
   ranks average m through the k-bit sharded parameter server; Adam's second moment is frozen
-  at its warm-up value (bias-corrected, as 1-bit Adam; see `GradientSync.apply`). Warm-up
-  steps all-reduce the float32 gradient and run Adam.
+  at its warm-up value (bias-corrected, as 1-bit Adam; see `QAdamMethod.apply`). Warm-up
+  steps sum the float32 gradient and run Adam.
 
-**k-bit sharded parameter server** (`ShardedExchange`): the flat vector (zero-padded to a
-multiple of K x bucket) is cut into K chunks of c values. Worker side: chunk i plus its
-residual e_i is quantized, e_i <- (chunk_i + e_i) - deQ, and sent to rank i (all-to-all).
-Server side (rank i owns chunk i): the mean of the K decoded chunks plus its own residual is
-quantized again, with the same error feedback, and all-gathered. Every rank decodes the same
-bytes, so the replicas stay bit-identical. Quantizer: AQ-SGD's reference `..._by_bucket`: the
-chunk is viewed as (bucket, c / bucket), one fp16 abs-max scale per column (512 values
-strided c / 512 apart), symmetric k-bit codes (`ChannelQuantizeCodec`). Residuals are fp16 as
-in the reference (`residual_dtype`). Bytes: one chunk payload is P = 2 c / bucket + ceil(c k /
-8); each rank sends (K - 1) P in each of the two phases, 2 (K - 1) P per step, exactly a ring
-all-reduce's 2 (K - 1) S / K for a vector of S = K P bytes: `GradientSync.step` reports S.
+The torch hooks all-reduce inside (a ring), and the sharded parameter server sends each
+1/K chunk to its owner and all-gathers the owners' chunks (the traffic of `seq_peer`), so
+those methods run one collective only (`DPMethodSpec.collectives`); a plan that priced
+another one for their stage is refused (`DPMethodSpec.check_collective`).
 
 Bytes are known up front (`dp_wire_bytes`) and measured at run time from the tensors handed to
 the collectives (the torch hooks' all-reduces are counted by wrapping
 `torch.distributed.all_reduce` while a hook runs).
 
-Shape legend: n values of the flat gradient, K replicas, c = padded n / K values per chunk.
+Shape legend: n values of the flat gradient, K replicas.
 
 References:
     Fine-tuning Language Models over Slow Networks using Activation Compression with
@@ -48,34 +44,43 @@ References:
 from __future__ import annotations
 
 import contextlib
-import datetime
 import math
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any, Literal, cast, get_args
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from frugal import FrugalError
-from frugal.comm.codecs import ChannelQuantizeCodec
+from frugal.comm.collectives import COLLECTIVES, DPSyncError
+from frugal.comm.sharded_ps import BucketQuantizer, ErrorFeedback, ShardedExchange, padded_length
+from frugal.parallel.plan import PlanMismatchError
+from frugal.registry import Registry
 
 __all__ = [
     "DP_METHODS",
     "BucketQuantizer",
     "DPMethod",
+    "DPMethodSpec",
+    "DPSettings",
     "DPSyncError",
+    "EFKbitMethod",
     "ErrorFeedback",
+    "FP16Method",
     "GradientSync",
+    "NoCompressionMethod",
+    "PowerSGDMethod",
+    "QAdamMethod",
     "ShardedExchange",
+    "TorchHookMethod",
     "dp_wire_bytes",
     "powersgd_numel",
     "qadam_update",
+    "register_dp_method",
 ]
 
-DPMethod = Literal["none", "fp16", "powersgd", "ef-kbit", "qadam"]
-DP_METHODS: tuple[str, ...] = get_args(DPMethod)
 _BETAS = (0.9, 0.999)
 _EPS = 1e-8
 _ADAM_RATIO_BOUND = (
@@ -85,192 +90,6 @@ _ADAM_RATIO_BOUND = (
 = 7.27 (Cauchy-Schwarz over the gradient history): qadam clips each element's normalised step to
 it, so a weight whose warm-up gradients were all zero (v frozen at 0) moves at most as far per
 step as Adam could ever move it, instead of m / eps."""
-
-
-class DPSyncError(FrugalError):
-    """A data-parallel collective failed or did not finish within the timeout."""
-
-
-class BucketQuantizer:
-    """k-bit abs-max quantizer of a flat vector, AQ-SGD's reference bucket layout.
-
-    The vector (length n, a multiple of `bucket_size`) is viewed as (bucket_size, n /
-    bucket_size); each column gets one fp16 abs-max scale (`ChannelQuantizeCodec`), so a
-    "bucket" is bucket_size values strided n / bucket_size apart, as in the reference's
-    `compress_flexible_nbits_by_bucket`. Payload: fp16 scales then packed codes, uint8.
-
-    Args:
-        bits: Bits per value, 1..8.
-        bucket_size: Values per scale, >= 1.
-
-    Raises:
-        ValueError: If bits or bucket_size is out of range.
-    """
-
-    def __init__(self, bits: int, bucket_size: int = 512) -> None:
-        if bucket_size < 1:
-            raise ValueError(f"bucket_size={bucket_size} must be >= 1")
-        self.codec = ChannelQuantizeCodec(bits)
-        self.bits = bits
-        self.bucket_size = bucket_size
-
-    def payload_bytes(self, n: int) -> int:
-        """2 n / bucket (fp16 scales) + ceil(n bits / 8) packed codes.
-
-        Raises:
-            ValueError: If n is not a positive multiple of the bucket size.
-        """
-        if n < 1 or n % self.bucket_size:
-            raise ValueError(f"n={n} must be a positive multiple of bucket_size={self.bucket_size}")
-        return 2 * (n // self.bucket_size) + math.ceil(n * self.bits / 8)
-
-    def encode(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Quantize; returns (payload uint8[payload_bytes(n)], the value decode will give).
-
-        Raises:
-            ValueError: If x holds NaN/inf or its length is not a multiple of the bucket.
-
-        Shapes:
-            x: (n,) float32.
-        """
-        n = x.numel()
-        self.payload_bytes(n)
-        encoded, x_hat = self.codec.quantize(x.reshape(self.bucket_size, n // self.bucket_size))
-        scales, packed = encoded.tensors
-        payload = torch.cat([scales.view(torch.uint8), packed.reshape(-1)])
-        return payload, x_hat.reshape(n)
-
-    def decode(self, payload: Tensor, n: int) -> Tensor:
-        """Rebuild the (n,) float32 vector from a payload of `payload_bytes(n)` bytes.
-
-        Raises:
-            ValueError: If the payload size is wrong.
-        """
-        if payload.numel() != self.payload_bytes(n):
-            raise ValueError(
-                f"payload of {payload.numel()} bytes; {self.payload_bytes(n)} expected for n={n}"
-            )
-        cols = n // self.bucket_size
-        scales = payload[: 2 * cols].clone().view(torch.float16)  # may start at an odd byte
-        return self.codec.dequantize(scales, payload[2 * cols :], (self.bucket_size, cols)).reshape(
-            n
-        )
-
-
-class ErrorFeedback:
-    """Error feedback around a quantizer: send Q(x + e), keep e <- x + e - deQ(Q(x + e)).
-
-    After T calls, sum of the sent (decoded) values + e = sum of the inputs (exactly, up to
-    the rounding of e to `residual_dtype`).
-
-    Args:
-        quantizer: The k-bit quantizer.
-        n: Vector length.
-        residual_dtype: Dtype e is kept in (fp16 in the reference, halving its memory).
-    """
-
-    def __init__(
-        self, quantizer: BucketQuantizer, n: int, residual_dtype: torch.dtype = torch.float16
-    ) -> None:
-        self.quantizer = quantizer
-        self.residual = torch.zeros(n, dtype=residual_dtype)
-
-    def compress(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(payload, decoded value sent) for x + e; updates e.
-
-        Shapes:
-            x: (n,) float32.
-        """
-        corrected = x + self.residual.float()
-        payload, sent = self.quantizer.encode(corrected)
-        self.residual = (corrected - sent).to(self.residual.dtype)
-        return payload, sent
-
-
-def _wait(work: Any, what: str, timeout_s: float) -> None:
-    try:
-        ok = work.wait(datetime.timedelta(seconds=timeout_s))
-    except RuntimeError as exc:
-        raise DPSyncError(f"{what} failed: {str(exc).splitlines()[0]}") from exc
-    if ok is False:
-        raise DPSyncError(f"{what} did not finish in {timeout_s} s")
-
-
-class ShardedExchange:
-    """Mean of a vector over a group through a k-bit sharded parameter server, two-sided EF.
-
-    Args:
-        n: Vector length (padded inside to a multiple of K x bucket_size).
-        group: The replicas' process group (gloo or NCCL).
-        bits: Bits per value, 1..8.
-        bucket_size: Values per scale.
-        timeout_s: Limit of each collective.
-        residual_dtype: Dtype of the worker and server residuals.
-    """
-
-    def __init__(
-        self,
-        n: int,
-        group: dist.ProcessGroup,
-        *,
-        bits: int,
-        bucket_size: int = 512,
-        timeout_s: float = 120.0,
-        residual_dtype: torch.dtype = torch.float16,
-    ) -> None:
-        self.group = group
-        self.size = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
-        self.n = n
-        self.quantizer = BucketQuantizer(bits, bucket_size)
-        self.padded = _padded(n, self.size, bucket_size)
-        self.chunk = self.padded // self.size
-        self.chunk_bytes = self.quantizer.payload_bytes(self.chunk)
-        self.worker = ErrorFeedback(self.quantizer, self.padded, residual_dtype)
-        self.server = ErrorFeedback(self.quantizer, self.chunk, residual_dtype)
-        self.timeout_s = timeout_s
-
-    def mean(self, x: Tensor, step: int) -> tuple[Tensor, int]:
-        """The compressed mean of x over the group, identical on every rank.
-
-        Returns:
-            (mean (n,) float32, S = K x chunk payload bytes: this rank's all-to-all input).
-
-        Raises:
-            DPSyncError: If a collective fails or times out.
-
-        Shapes:
-            x: (n,) float32.
-        """
-        k, c = self.size, self.chunk
-        flat = torch.zeros(self.padded)
-        flat[: self.n] = x
-        # Worker: compress chunk i (+ its residual) for rank i; the residual corrects the next.
-        corrected = flat + self.worker.residual.float()
-        parts, sent = zip(
-            *(self.quantizer.encode(corrected[i * c : (i + 1) * c]) for i in range(k)), strict=True
-        )
-        self.worker.residual = (corrected - torch.cat(sent)).to(self.worker.residual.dtype)
-        outgoing = torch.cat(parts)
-        incoming = torch.empty_like(outgoing)
-        work = dist.all_to_all_single(incoming, outgoing, group=self.group, async_op=True)
-        _wait(work, f"step {step}: all-to-all of the compressed chunks", self.timeout_s)
-        # Server: mean of the K decoded copies of my chunk, compressed again with its own EF.
-        pieces = incoming.view(k, self.chunk_bytes)
-        total = self.quantizer.decode(pieces[0], c)
-        for j in range(1, k):
-            total += self.quantizer.decode(pieces[j], c)
-        reduced, _ = self.server.compress(total / k)
-        gathered = [torch.empty_like(reduced) for _ in range(k)]
-        work = dist.all_gather(gathered, reduced, group=self.group, async_op=True)
-        _wait(work, f"step {step}: all-gather of the reduced chunks", self.timeout_s)
-        out = torch.cat([self.quantizer.decode(g, c) for g in gathered])
-        return out[: self.n], outgoing.numel()
-
-
-def _padded(n: int, size: int, bucket_size: int) -> int:
-    unit = size * bucket_size
-    return max(1, math.ceil(n / unit)) * unit
 
 
 def powersgd_numel(shapes: Sequence[tuple[int, ...]], rank: int) -> int:
@@ -288,6 +107,169 @@ def powersgd_numel(shapes: Sequence[tuple[int, ...]], rank: int) -> int:
         compressed = (n + m) * r
         total += compressed if compressed * 2 < n * m else n * m
     return total
+
+
+DPMethod = str
+"""A DP compression method's name: a key of `DP_METHODS` (built in: "none", "fp16",
+"powersgd", "ef-kbit", "qadam")."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DPSettings:
+    """The knobs of the DP compression methods; each method reads the ones it uses.
+
+    Attributes:
+        bits: Bits per value of the k-bit exchanges (ef-kbit, qadam), 1..8.
+        bucket_size: Values per fp16 scale of the k-bit exchanges, >= 1.
+        powersgd_rank: PowerSGD's matrix_approximation_rank, >= 1.
+        warmup_steps: Steps synchronised in float32 first, >= 0.
+    """
+
+    bits: int = 8
+    bucket_size: int = 512
+    powersgd_rank: int = 1
+    warmup_steps: int = 0
+
+
+class DPMethodSpec:
+    """One DP compression method: its checks, its wire size and what one step does.
+
+    A method is a subclass registered with `register_dp_method`; `GradientSync` looks it up in
+    `DP_METHODS` and never branches on its name. `setup` builds the per-group state (kept as
+    `GradientSync.state`), `step` synchronises one step's gradients and returns the bytes it
+    handed to the collectives, which must equal `wire_bytes` of that step. A method whose
+    `owns_optimizer` is True replaces the optimizer's step by `apply`.
+
+    Attributes:
+        description: One line for messages and the docs.
+        uses_bits: Whether `DPSettings.bits` applies (`--dp-bits`).
+        owns_optimizer: Whether `apply` replaces the optimizer's step.
+        min_warmup_steps: Float32 steps the method needs before it compresses.
+        warmup_reason: Why it needs them, for the error message.
+        requires_replicas: Whether choosing it without data-parallel replicas is an error
+            (False for the plain float32 sum, which is what a single replica does anyway).
+        collectives: The plan collectives (`frugal.comm.collectives.COLLECTIVES` names) its
+            exchange can run; None = any, because every exchange goes through
+            `GradientSync.all_reduce`, which runs the stage's planned collective.
+    """
+
+    description: str = ""
+    uses_bits: bool = False
+    owns_optimizer: bool = False
+    min_warmup_steps: int = 0
+    warmup_reason: str = ""
+    requires_replicas: bool = True
+    collectives: frozenset[str] | None = None
+
+    def check_collective(self, name: str, collective: str, *, stage: int | None = None) -> None:
+        """Refuse a planned collective this method's exchange cannot run.
+
+        Args:
+            name: The method's registered name (for the message).
+            collective: The collective the plan priced for the stage.
+            stage: The stage, for the message (None: not named).
+
+        Raises:
+            PlanMismatchError: If `collectives` is set and lacks `collective`.
+        """
+        if self.runs_collective(collective):
+            return
+        own = " or ".join(sorted(self.collectives or ()))
+        able = " or ".join(m for m in DP_METHODS if DP_METHODS.get(m).runs_collective(collective))
+        where = f"stage {stage}'s" if stage is not None else "the"
+        raise PlanMismatchError(
+            f"the plan priced {where} data-parallel exchange as {collective!r} but "
+            f"dp_compression={name!r} always exchanges by {own}; run with --dp-compress "
+            f"{able}, or plan again for a cluster where {own} is the cheapest"
+        )
+
+    def runs_collective(self, collective: str) -> bool:
+        """Whether the method's exchange can run `collective`."""
+        return self.collectives is None or collective in self.collectives
+
+    def check_warmup(self, name: str, warmup_steps: int, *, also: str = "") -> None:
+        """Refuse fewer than `min_warmup_steps` warm-up steps.
+
+        Args:
+            name: The method's registered name (for the message).
+            warmup_steps: The job's warm-up steps.
+            also: Another fix to name first ("a plan with ... and "), or "".
+
+        Raises:
+            ValueError: If warmup_steps < min_warmup_steps.
+        """
+        if warmup_steps < self.min_warmup_steps:
+            raise ValueError(
+                f"dp_compression={name!r} {self.warmup_reason}; set {also}warmup_steps >= "
+                f"{self.min_warmup_steps}"
+            )
+
+    def wire_bytes(
+        self, shapes: Sequence[tuple[int, ...]], group_size: int, step: int, settings: DPSettings
+    ) -> int:
+        """S, the bytes per rank `step` hands to the collectives.
+
+        Args:
+            shapes: The synchronised parameters' shapes, in order.
+            group_size: K, the replicas.
+            step: The step, from 0.
+            settings: The method's knobs.
+        """
+        raise NotImplementedError
+
+    def setup(self, sync: GradientSync) -> Any:
+        """The per-group state of the method (None by default), kept as `sync.state`."""
+        return None
+
+    def step(self, sync: GradientSync, flat: Tensor, step: int) -> int:
+        """Synchronise this step: set every parameter's .grad to the sum over replicas.
+
+        Args:
+            sync: The group's `GradientSync` (its state, `all_reduce`, `set_grads`).
+            flat: This replica's flat gradient, (n,) float32.
+            step: The step, from 0.
+
+        Returns:
+            S, the bytes handed to the collectives.
+
+        Raises:
+            DPSyncError: If a collective fails or times out.
+        """
+        raise NotImplementedError
+
+    def apply(self, sync: GradientSync) -> None:
+        """The optimizer step of a method that owns it.
+
+        Raises:
+            RuntimeError: Always, for a method that leaves the optimizer alone.
+        """
+        raise RuntimeError(
+            f"apply() belongs to a method that owns the optimizer, not {sync.method!r}"
+        )
+
+
+DP_METHODS: Registry[DPMethodSpec] = Registry("DP compression method", field="dp_compression")
+"""Every DP compression method `dp_compression` may name, built-in ones first."""
+
+
+def register_dp_method(name: str, spec: DPMethodSpec, *, replace: bool = False) -> DPMethodSpec:
+    """Make `name` a valid `dp_compression` (and `--dp-compress` choice).
+
+    Registration is per process: torchrun workers only know methods registered on importing
+    frugal.
+
+    Args:
+        name: The method's name, as users write it.
+        spec: The method.
+        replace: Whether to replace a method registered under the same name.
+
+    Returns:
+        `spec`.
+
+    Raises:
+        ValueError: If `name` is empty or taken and `replace` is False.
+    """
+    return DP_METHODS.register(name, spec, replace=replace)
 
 
 def dp_wire_bytes(
@@ -309,21 +291,23 @@ def dp_wire_bytes(
     sharded parameter server both send 2 (K - 1) S / K bytes per rank.
 
     Raises:
-        ValueError: If the method is unknown.
+        ConfigError: If the method is not registered (a ValueError naming every method).
     """
+    settings = DPSettings(
+        bits=bits, bucket_size=bucket_size, powersgd_rank=powersgd_rank, warmup_steps=warmup_steps
+    )
+    return DP_METHODS.get(method).wire_bytes(shapes, group_size, step, settings)
+
+
+def _float32_bytes(shapes: Sequence[tuple[int, ...]]) -> int:
+    return 4 * sum(math.prod(s) for s in shapes)
+
+
+def _sharded_bytes(shapes: Sequence[tuple[int, ...]], group_size: int, settings: DPSettings) -> int:
+    """K x P: the sharded parameter server's all-to-all input (see `ShardedExchange`)."""
     n = sum(math.prod(s) for s in shapes)
-    if method not in DP_METHODS:
-        raise ValueError(f"dp method {method!r}; choose one of {', '.join(DP_METHODS)}")
-    if method == "none" or (method in ("ef-kbit", "qadam") and step < warmup_steps):
-        return 4 * n
-    if method == "fp16":
-        return 2 * n
-    if method == "powersgd":
-        if step < max(2, warmup_steps):
-            return 4 * n
-        return 4 * powersgd_numel(shapes, powersgd_rank)
-    chunk = _padded(n, group_size, bucket_size) // group_size
-    return group_size * BucketQuantizer(bits, bucket_size).payload_bytes(chunk)
+    chunk = padded_length(n, group_size, settings.bucket_size) // group_size
+    return group_size * BucketQuantizer(settings.bits, settings.bucket_size).payload_bytes(chunk)
 
 
 class _Bucket:
@@ -409,11 +393,12 @@ class GradientSync:
     Call `step(step)` after the backward passes of a step: it replaces every parameter's
     .grad by the sum over replicas (none, fp16, powersgd, ef-kbit; each replica's loss is
     already divided by the micro-batches of all replicas, so the sum is the macro-batch mean)
-    and returns S, the bytes handed to the collectives. For `qadam`, `step` exchanges the
-    momentum instead and `apply()` must be called in place of the optimizer's step.
+    and returns S, the bytes handed to the collectives. For a method that owns the optimizer
+    (`qadam`), `step` exchanges the momentum instead and `apply()` must be called in place of
+    the optimizer's step. What each method does is its `DPMethodSpec` in `DP_METHODS`.
 
     Args:
-        method: One of `DP_METHODS`.
+        method: A name in `DP_METHODS`.
         params: The stage's parameters (fixed order, same on every replica).
         group: The stage's data-parallel process group.
         bits: Bits of ef-kbit / qadam, 1..8 (the reference: 8).
@@ -423,9 +408,12 @@ class GradientSync:
             max(2, warmup_steps)); qadam needs >= 1 (its frozen variance comes from them).
         learning_rate: qadam's Adam learning rate (the others leave the optimizer alone).
         timeout_s: Limit of every collective.
+        collective: The stage's planned collective (`frugal.comm.collectives.COLLECTIVES`),
+            which `all_reduce` runs; "" = not planned (a ring, and any method may run).
 
     Raises:
-        ValueError: If an argument is out of range.
+        ValueError: If an argument is out of range or the method is not registered.
+        PlanMismatchError: If the method cannot run `collective` (a ValueError).
     """
 
     def __init__(
@@ -440,67 +428,41 @@ class GradientSync:
         warmup_steps: int = 0,
         learning_rate: float = 1e-3,
         timeout_s: float = 120.0,
+        collective: str = "",
     ) -> None:
-        if method not in DP_METHODS:
-            raise ValueError(f"dp_compression={method!r}; choose one of {', '.join(DP_METHODS)}")
+        self.spec = DP_METHODS.get(method)
+        self.collective = COLLECTIVES.get(collective or "ring")
+        if collective:
+            self.spec.check_collective(method, collective)
         if isinstance(bits, bool) or not 1 <= bits <= 8:
             raise ValueError(f"dp_bits={bits} must be in [1, 8]")
         if powersgd_rank < 1:
             raise ValueError(f"powersgd_rank={powersgd_rank} must be >= 1")
-        if method == "qadam" and warmup_steps < 1:
-            raise ValueError(
-                "dp_compression='qadam' freezes Adam's variance after the warm-up; set "
-                "warmup_steps >= 1 (the reference warms up for one epoch)"
-            )
+        self.spec.check_warmup(method, warmup_steps)
         self.method = method
         self.params = list(params)
         self.shapes = [tuple(p.shape) for p in self.params]
         self.numel = sum(p.numel() for p in self.params)
         self.group = group
         self.size = dist.get_world_size(group)
-        self.bits, self.bucket_size, self.powersgd_rank = bits, bucket_size, powersgd_rank
-        self.warmup_steps = warmup_steps
+        self.settings = DPSettings(
+            bits=bits,
+            bucket_size=bucket_size,
+            powersgd_rank=powersgd_rank,
+            warmup_steps=warmup_steps,
+        )
         self.learning_rate = learning_rate
         self.timeout_s = timeout_s
-        self.exchange: ShardedExchange | None = None
-        if method in ("ef-kbit", "qadam"):
-            self.exchange = ShardedExchange(
-                self.numel, group, bits=bits, bucket_size=bucket_size, timeout_s=timeout_s
-            )
-        self._powersgd: Any = None
-        if method == "powersgd":
-            from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
-
-            self._powersgd = PowerSGDState(
-                process_group=group,
-                matrix_approximation_rank=powersgd_rank,
-                start_powerSGD_iter=max(2, warmup_steps),
-                use_error_feedback=True,
-                warm_start=True,
-                random_seed=0,
-            )
-        self.exp_avg = torch.zeros(self.numel)
-        self.exp_avg_sq = torch.zeros(self.numel)
-        self._adam_steps = 0
-        self._variance_steps = 0
+        self.state: Any = self.spec.setup(self)
 
     @property
     def owns_optimizer(self) -> bool:
         """Whether `apply()` replaces the optimizer's step (qadam)."""
-        return self.method == "qadam"
+        return self.spec.owns_optimizer
 
     def wire_bytes(self, step: int) -> int:
         """The analytic S of `step` (`dp_wire_bytes`)."""
-        return dp_wire_bytes(
-            self.method,
-            self.shapes,
-            self.size,
-            step,
-            bits=self.bits,
-            bucket_size=self.bucket_size,
-            powersgd_rank=self.powersgd_rank,
-            warmup_steps=self.warmup_steps,
-        )
+        return self.spec.wire_bytes(self.shapes, self.size, step, self.settings)
 
     def _grads(self) -> Tensor:
         return torch.cat(
@@ -510,7 +472,8 @@ class GradientSync:
             ]
         )
 
-    def _set_grads(self, flat: Tensor) -> None:
+    def set_grads(self, flat: Tensor) -> None:
+        """Copy the (n,) flat vector into the parameters' .grad, in order."""
         offset = 0
         for p in self.params:
             value = flat[offset : offset + p.numel()].view_as(p)
@@ -520,21 +483,36 @@ class GradientSync:
                 p.grad.copy_(value)
             offset += p.numel()
 
-    def _all_reduce(self, flat: Tensor, step: int) -> int:
-        work = dist.all_reduce(flat, group=self.group, async_op=True)
-        _wait(work, f"step {step}: gradient all-reduce", self.timeout_s)
+    def all_reduce(self, flat: Tensor, step: int) -> int:
+        """Sum `flat` over the group in place, uncompressed, by the planned collective.
+
+        Returns:
+            S, the vector's bytes.
+
+        Raises:
+            DPSyncError: If the collective fails or times out.
+        """
+        what = f"step {step}: gradient {self.collective.description}"
+        self.collective.sum_(flat, self.group, what=what, timeout_s=self.timeout_s)
         return flat.numel() * flat.element_size()
 
-    def _hook(self, flat: Tensor, step: int) -> tuple[Tensor, int]:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    def run_hook(
+        self, hook: Callable[[Any], torch.futures.Future[Tensor]], flat: Tensor, step: int
+    ) -> tuple[Tensor, int]:
+        """Run a torch DDP comm hook on one bucket holding `flat`: (sum over replicas, bytes).
 
+        Args:
+            hook: Called with the (duck-typed) `dist.GradBucket`; returns the hook's future.
+            flat: This replica's flat gradient.
+            step: The step (for messages).
+
+        Raises:
+            DPSyncError: If the hook fails or does not finish within the timeout.
+        """
         bucket = cast(Any, _Bucket(flat, self.params))  # duck-typed dist.GradBucket
         counts: list[int] = []
         with _counting_all_reduce(counts):
-            if self.method == "fp16":
-                future = default_hooks.fp16_compress_hook(self.group, bucket)
-            else:
-                future = powerSGD_hook.powerSGD_hook(self._powersgd, bucket)
+            future = hook(bucket)
             deadline = time.monotonic() + self.timeout_s
             while not future.done():
                 if time.monotonic() > deadline:
@@ -559,41 +537,211 @@ class GradientSync:
         Raises:
             DPSyncError: If a collective fails or times out.
         """
-        flat = self._grads()
-        warm = step < self.warmup_steps
-        if self.method == "none" or (self.method in ("ef-kbit", "qadam") and warm):
-            nbytes = self._all_reduce(flat, step)
-            if self.method == "qadam":  # warm-up: exact gradient into m and v
-                self._fold(flat, update_variance=True)
-            else:
-                self._set_grads(flat)
-            return nbytes
-        if self.method in ("fp16", "powersgd"):
-            reduced, nbytes = self._hook(flat, step)
-            self._set_grads(reduced)
-            return nbytes
-        assert self.exchange is not None
-        if self.method == "ef-kbit":
-            mean, nbytes = self.exchange.mean(flat * self.size, step)
-            self._set_grads(mean)
-            return nbytes
-        # qadam: local m <- b1 m + (1 - b1) K g_local (K g_local estimates the summed gradient),
-        # then m <- the compressed mean of the replicas' m (identical on every rank).
-        beta1 = _BETAS[0]
-        local = self.exp_avg * beta1 + (1 - beta1) * (flat * self.size)
-        self.exp_avg, nbytes = self.exchange.mean(local, step)
-        return nbytes
-
-    def _fold(self, grad: Tensor, *, update_variance: bool) -> None:
-        beta1, beta2 = _BETAS
-        self.exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-        if update_variance:
-            self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            self._variance_steps += 1
+        return self.spec.step(self, self._grads(), step)
 
     @torch.no_grad()
     def apply(self) -> None:
-        """qadam: Adam's step with the exchanged momentum; variance frozen after the warm-up.
+        """The optimizer step of a method that owns it (qadam: see `QAdamMethod.apply`).
+
+        Raises:
+            RuntimeError: If the method leaves the optimizer alone.
+        """
+        self.spec.apply(self)
+
+
+# --- built-in methods ------------------------------------------------------------------------
+
+
+class NoCompressionMethod(DPMethodSpec):
+    """`none`: float32 all-reduce of the flat gradient (sum over replicas)."""
+
+    description = "float32 sum by the planned collective"
+    requires_replicas = False
+
+    def wire_bytes(
+        self, shapes: Sequence[tuple[int, ...]], group_size: int, step: int, settings: DPSettings
+    ) -> int:
+        """4 n."""
+        return _float32_bytes(shapes)
+
+    def step(self, sync: GradientSync, flat: Tensor, step: int) -> int:
+        """All-reduce `flat` and set it as the gradients."""
+        nbytes = sync.all_reduce(flat, step)
+        sync.set_grads(flat)
+        return nbytes
+
+
+class TorchHookMethod(DPMethodSpec):
+    """A method that runs one of torch's DDP comm hooks on one bucket of every gradient.
+
+    The hook all-reduces inside (`collectives` is "ring"); its bytes are counted by wrapping
+    `torch.distributed.all_reduce` while it runs (`GradientSync.run_hook`).
+    """
+
+    collectives = frozenset({"ring"})
+
+    def hook(self, sync: GradientSync, bucket: Any) -> torch.futures.Future[Tensor]:
+        """Start the hook on `bucket` (a duck-typed `dist.GradBucket`); return its future."""
+        raise NotImplementedError
+
+    def step(self, sync: GradientSync, flat: Tensor, step: int) -> int:
+        """Run the hook on `flat` and set its sum as the gradients."""
+        reduced, nbytes = sync.run_hook(lambda bucket: self.hook(sync, bucket), flat, step)
+        sync.set_grads(reduced)
+        return nbytes
+
+
+class FP16Method(TorchHookMethod):
+    """`fp16`: torch's `fp16_compress_hook` (cast, divide by K, all-reduce in fp16, cast back)."""
+
+    description = "torch's fp16 hook, 16 bits per value"
+
+    def wire_bytes(
+        self, shapes: Sequence[tuple[int, ...]], group_size: int, step: int, settings: DPSettings
+    ) -> int:
+        """2 n."""
+        return _float32_bytes(shapes) // 2
+
+    def hook(self, sync: GradientSync, bucket: Any) -> torch.futures.Future[Tensor]:
+        """`fp16_compress_hook` over the group."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        return default_hooks.fp16_compress_hook(sync.group, bucket)
+
+
+class PowerSGDMethod(TorchHookMethod):
+    """`powersgd`: torch's `powerSGD_hook` (rank-r factors, error feedback, warm start).
+
+    Plain all-reduce for the first max(2, warmup_steps) steps; vectors uncompressed.
+
+    References:
+        PowerSGD: Practical Low-Rank Gradient Compression for Distributed Optimization,
+        NeurIPS 2019, arXiv 1905.13727.
+    """
+
+    description = "torch's PowerSGD hook, a rank-r factorisation"
+
+    def wire_bytes(
+        self, shapes: Sequence[tuple[int, ...]], group_size: int, step: int, settings: DPSettings
+    ) -> int:
+        """4 n during the first max(2, warmup_steps) steps, then 4 x `powersgd_numel`."""
+        if step < max(2, settings.warmup_steps):
+            return _float32_bytes(shapes)
+        return 4 * powersgd_numel(shapes, settings.powersgd_rank)
+
+    def setup(self, sync: GradientSync) -> Any:
+        """The group's `PowerSGDState` (seed 0)."""
+        from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+        return PowerSGDState(
+            process_group=sync.group,
+            matrix_approximation_rank=sync.settings.powersgd_rank,
+            start_powerSGD_iter=max(2, sync.settings.warmup_steps),
+            use_error_feedback=True,
+            warm_start=True,
+            random_seed=0,
+        )
+
+    def hook(self, sync: GradientSync, bucket: Any) -> torch.futures.Future[Tensor]:
+        """`powerSGD_hook` with the group's state."""
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+        return powerSGD_hook.powerSGD_hook(sync.state, bucket)
+
+
+class EFKbitMethod(NoCompressionMethod):
+    """`ef-kbit`: the gradient through the k-bit sharded parameter server, then AdamW.
+
+    Float32 all-reduce during the warm-up.
+    """
+
+    description = "k-bit gradients through a sharded parameter server with error feedback"
+    uses_bits = True
+    requires_replicas = True
+    collectives = frozenset({"seq_peer"})
+
+    def wire_bytes(
+        self, shapes: Sequence[tuple[int, ...]], group_size: int, step: int, settings: DPSettings
+    ) -> int:
+        """4 n during the warm-up, then K x P (`ShardedExchange`)."""
+        if step < settings.warmup_steps:
+            return _float32_bytes(shapes)
+        return _sharded_bytes(shapes, group_size, settings)
+
+    def setup(self, sync: GradientSync) -> Any:
+        """The group's `ShardedExchange`."""
+        return ShardedExchange(
+            sync.numel,
+            sync.group,
+            bits=sync.settings.bits,
+            bucket_size=sync.settings.bucket_size,
+            timeout_s=sync.timeout_s,
+        )
+
+    def step(self, sync: GradientSync, flat: Tensor, step: int) -> int:
+        """All-reduce in the warm-up, else the compressed mean x K as the gradients."""
+        if step < sync.settings.warmup_steps:
+            return super().step(sync, flat, step)
+        exchange: ShardedExchange = sync.state
+        mean, nbytes = exchange.mean(flat * sync.size, step)
+        sync.set_grads(mean)
+        return nbytes
+
+
+class _QAdamState:
+    """qadam's exchange, Adam's moments (flat, float32) and its step counters."""
+
+    def __init__(self, exchange: ShardedExchange, numel: int) -> None:
+        self.exchange = exchange
+        self.exp_avg = torch.zeros(numel)
+        self.exp_avg_sq = torch.zeros(numel)
+        self.adam_steps = 0
+        self.variance_steps = 0
+
+
+class QAdamMethod(EFKbitMethod):
+    """`qadam`: AQ-SGD's reference data parallelism (DS3Lab/AC-SGD, `ShardedPSDPCompressed`).
+
+    After the warm-up each rank folds its local gradient into Adam's first moment m and the
+    ranks average m through the k-bit sharded parameter server; Adam's second moment is frozen
+    at its warm-up value. Warm-up steps all-reduce the float32 gradient and run Adam.
+
+    References:
+        Fine-tuning Language Models over Slow Networks using Activation Compression with
+        Guarantees, NeurIPS 2022, arXiv 2206.01299 (section 5); 1-bit Adam, ICML 2021, arXiv
+        2102.02888 (frozen variance after a warm-up).
+    """
+
+    description = "AQ-SGD's compressed Adam momentum, variance frozen after the warm-up"
+    owns_optimizer = True
+    min_warmup_steps = 1
+    warmup_reason = (
+        "freezes Adam's variance after the warm-up and exchanges its momentum between "
+        "data-parallel replicas"
+    )
+
+    def setup(self, sync: GradientSync) -> Any:
+        """The exchange and zeroed moments."""
+        return _QAdamState(super().setup(sync), sync.numel)
+
+    def step(self, sync: GradientSync, flat: Tensor, step: int) -> int:
+        """Warm-up: exact gradient into m and v; then the compressed mean of the local m."""
+        state: _QAdamState = sync.state
+        beta1, beta2 = _BETAS
+        if step < sync.settings.warmup_steps:
+            nbytes = sync.all_reduce(flat, step)
+            state.exp_avg.mul_(beta1).add_(flat, alpha=1 - beta1)
+            state.exp_avg_sq.mul_(beta2).addcmul_(flat, flat, value=1 - beta2)
+            state.variance_steps += 1
+            return nbytes
+        # local m <- b1 m + (1 - b1) K g_local (K g_local estimates the summed gradient), then
+        # m <- the compressed mean of the replicas' m (identical on every rank).
+        local = state.exp_avg * beta1 + (1 - beta1) * (flat * sync.size)
+        state.exp_avg, nbytes = state.exchange.mean(local, step)
+        return nbytes
+
+    def apply(self, sync: GradientSync) -> None:
+        """Adam's step with the exchanged momentum; variance frozen after the warm-up.
 
         update = -lr / (1 - b1^t) m / (sqrt(v / (1 - b2^w)) + eps), t = Adam steps so far,
         w = steps that updated v (frozen at the warm-up's count): during the warm-up this is
@@ -604,21 +752,24 @@ class GradientSync:
         to +-7.27, the most Adam itself can produce: a weight whose gradient was 0 throughout
         a short warm-up (an embedding row not yet seen) would otherwise step by m / eps and
         diverge (measured: NaN by step 4 with `warmup_steps=1` on the tiny GPT).
-
-        Raises:
-            RuntimeError: If the method is not qadam.
         """
-        if self.method != "qadam":
-            raise RuntimeError(f"apply() belongs to qadam, not {self.method!r}")
-        self._adam_steps += 1
+        state: _QAdamState = sync.state
+        state.adam_steps += 1
         update = qadam_update(
-            self.exp_avg,
-            self.exp_avg_sq,
-            adam_steps=self._adam_steps,
-            variance_steps=max(self._variance_steps, 1),
-            learning_rate=self.learning_rate,
+            state.exp_avg,
+            state.exp_avg_sq,
+            adam_steps=state.adam_steps,
+            variance_steps=max(state.variance_steps, 1),
+            learning_rate=sync.learning_rate,
         )
         offset = 0
-        for p in self.params:
+        for p in sync.params:
             p.add_(update[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
+
+
+register_dp_method("none", NoCompressionMethod())
+register_dp_method("fp16", FP16Method())
+register_dp_method("powersgd", PowerSGDMethod())
+register_dp_method("ef-kbit", EFKbitMethod())
+register_dp_method("qadam", QAdamMethod())

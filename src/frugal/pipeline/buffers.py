@@ -9,6 +9,8 @@ fed in sample order by the training loop, which knows the seeded order). Each up
 and memmap backends (`frugal.comm.buffers`), and training is bit-identical.
 
 `BufferSet` makes the buffers of every (link, side) of a run in one folder and closes them.
+The backend is a name in `BUFFER_BACKENDS` (`memory`, `memmap`, `store`, or one added by
+`register_buffer_backend`), a registry of `BufferBackendSpec`s.
 
 References:
     Fine-tuning Language Models over Slow Networks using Activation Compression with
@@ -22,20 +24,71 @@ from __future__ import annotations
 import math
 import shutil
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from frugal.comm.buffers import ActivationBuffer, BufferFactory, MemmapBuffer, MemoryBuffer
+from frugal.registry import Registry
 from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
 
-__all__ = ["BUFFER_BACKENDS", "BufferBackend", "BufferSet", "StoreBuffer"]
+__all__ = [
+    "BUFFER_BACKENDS",
+    "BufferBackend",
+    "BufferBackendSpec",
+    "BufferSet",
+    "StoreBuffer",
+    "register_buffer_backend",
+]
 
-BufferBackend = Literal["memory", "memmap", "store"]
-BUFFER_BACKENDS: tuple[str, ...] = ("memory", "memmap", "store")
+BufferBackend = str
+"""A buffer backend's name: a key of `BUFFER_BACKENDS` (built in: "memory", "memmap",
+"store")."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BufferBackendSpec:
+    """One place AQ-SGD's per-example buffers can live.
+
+    Attributes:
+        make: `make(buffers, name, row_shape)`: the buffer of one (link, side) `name` (e.g.
+            "link1-2.recv") of `buffers` (a `BufferSet`: its `num_examples`, `directory`,
+            `store_budget_bytes`, `timeout_s`), rows of shape R = `row_shape`.
+        uses_directory: Whether its buffers keep files (`BufferSet.directory` is made).
+        description: One line for the docs.
+    """
+
+    make: Callable[[BufferSet, str, tuple[int, ...]], ActivationBuffer]
+    uses_directory: bool = True
+    description: str = ""
+
+
+BUFFER_BACKENDS: Registry[BufferBackendSpec] = Registry("buffer backend", field="buffer_backend")
+"""Every backend `PipelineTrainConfig.buffer_backend` may name, built-in ones first."""
+
+
+def register_buffer_backend(
+    name: str,
+    make: Callable[[BufferSet, str, tuple[int, ...]], ActivationBuffer],
+    *,
+    uses_directory: bool = True,
+    description: str = "",
+    replace: bool = False,
+) -> BufferBackendSpec:
+    """Make `name` a valid `buffer_backend` (see `BufferBackendSpec` for the arguments).
+
+    Returns:
+        The registered spec.
+
+    Raises:
+        ValueError: If `name` is empty or taken and `replace` is False.
+    """
+    spec = BufferBackendSpec(make=make, uses_directory=uses_directory, description=description)
+    return BUFFER_BACKENDS.register(name, spec, replace=replace)
 
 
 class StoreBuffer:
@@ -129,7 +182,7 @@ class BufferSet:
     """The buffers of every (link, side) of one run, in one folder.
 
     Args:
-        backend: memory, memmap or store.
+        backend: A name in `BUFFER_BACKENDS` (memory, memmap, store).
         num_examples: N, the largest example id + 1.
         parent: Folder in which a fresh folder for the memmap files / stores is made
             ("" = the system's temporary folder); `close` removes it.
@@ -149,17 +202,14 @@ class BufferSet:
         store_budget_bytes: int = 64 << 20,
         timeout_s: float = 60.0,
     ) -> None:
-        if backend not in BUFFER_BACKENDS:
-            raise ValueError(
-                f"buffer backend {backend!r}; choose one of {', '.join(BUFFER_BACKENDS)}"
-            )
+        self.spec = BUFFER_BACKENDS.get(backend)
         if num_examples < 1:
             raise ValueError(f"num_examples={num_examples} must be >= 1")
         self.backend = backend
         self.num_examples = num_examples
         self.directory: Path | None = None
         self._created: list[Path] = []  # folders this set made, deepest first
-        if backend != "memory":
+        if self.spec.uses_directory:
             if parent:
                 folder = Path(parent).absolute()
                 while not folder.exists():
@@ -175,22 +225,7 @@ class BufferSet:
         """The factory of one (link, side), e.g. "link1-2.recv"; its files go to directory/name."""
 
         def make(row_shape: tuple[int, ...]) -> ActivationBuffer:
-            buffer: ActivationBuffer
-            if self.backend == "memory":
-                buffer = MemoryBuffer(row_shape)
-            elif self.backend == "memmap":
-                assert self.directory is not None
-                path = self.directory / f"{name}.f32"
-                buffer = MemmapBuffer(path, self.num_examples, row_shape)
-            else:
-                assert self.directory is not None
-                buffer = StoreBuffer(
-                    self.directory / name,
-                    self.num_examples,
-                    row_shape,
-                    memory_budget_bytes=self.store_budget_bytes,
-                    timeout_s=self.timeout_s,
-                )
+            buffer = self.spec.make(self, name, row_shape)
             self.buffers.append(buffer)
             return buffer
 
@@ -210,3 +245,39 @@ class BufferSet:
             except OSError:
                 break
         self._created.clear()
+
+    def folder(self) -> Path:
+        """The set's fresh folder, for backends whose `uses_directory` is True.
+
+        Raises:
+            RuntimeError: If the backend keeps no files or the set is closed.
+        """
+        if self.directory is None:
+            raise RuntimeError(
+                f"buffer backend {self.backend!r} has no folder (uses_directory=False or closed)"
+            )
+        return self.directory
+
+
+def _memmap(buffers: BufferSet, name: str, row_shape: tuple[int, ...]) -> ActivationBuffer:
+    return MemmapBuffer(buffers.folder() / f"{name}.f32", buffers.num_examples, row_shape)
+
+
+def _store(buffers: BufferSet, name: str, row_shape: tuple[int, ...]) -> ActivationBuffer:
+    return StoreBuffer(
+        buffers.folder() / name,
+        buffers.num_examples,
+        row_shape,
+        memory_budget_bytes=buffers.store_budget_bytes,
+        timeout_s=buffers.timeout_s,
+    )
+
+
+register_buffer_backend(
+    "memory",
+    lambda buffers, name, row_shape: MemoryBuffer(row_shape),
+    uses_directory=False,
+    description="RAM",
+)
+register_buffer_backend("memmap", _memmap, description="a memory-mapped float32 file per side")
+register_buffer_backend("store", _store, description="a frugal.store EmbeddingStore per side")

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from frugal.comm.gradcomp import DP_METHODS
 from frugal.config import ConfigError
 from frugal.pipeline.train import Layout, PipelineTrainConfig, RunSpec, launch_torchrun, make_layout
 
@@ -105,6 +106,9 @@ def check_training(config: PipelineTrainConfig, *, num_stages: int | None = None
         ConfigError: If the plan does not fit the model or `num_stages`, one step needs more
             windows than `num_train`, data-parallel compression has no replicas, the link is
             too slow for `comm_timeout_s`, or `init_weights` does not fit the model.
+        PlanMismatchError: If the plan was priced for another codec, schedule or micro-batch
+            size, or `dp_compression` cannot run a stage's planned collective (a
+            ConfigError).
     """
     world_size = config.num_stages
     if config.plan:
@@ -123,7 +127,7 @@ def check_training(config: PipelineTrainConfig, *, num_stages: int | None = None
             f"micro-batches of {config.micro_batch_size}) but num_train={config.num_train}; "
             f"raise it (--set num_train={per_step}) or plan a smaller global batch"
         )
-    if config.dp_compression != "none" and layout.num_replicas == 1:
+    if DP_METHODS.get(config.dp_compression).requires_replicas and layout.num_replicas == 1:
         raise ConfigError(
             f"--dp-compress {config.dp_compression} needs data-parallel replicas: give a --plan "
             "with num_replicas >= 2 ("

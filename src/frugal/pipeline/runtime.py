@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import datetime
-import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +30,7 @@ from torch import Tensor
 
 from frugal import FrugalError
 from frugal.comm.buffers import BufferFactory
+from frugal.comm.collectives import COLLECTIVES
 from frugal.comm.gradcomp import DP_METHODS, DPSyncError, GradientSync
 from frugal.comm.link import LinkError, LinkShaper, LinkSpec, SendHandle
 from frugal.comm.message import (
@@ -441,20 +441,13 @@ def ring_allreduce_s(num_bytes: int, group_size: int, link: LinkSpec) -> float:
     """Network seconds of a ring all-reduce of `num_bytes` per member over `group_size`.
 
     2 (K - 1) steps, each moving num_bytes / K over the ring's bottleneck link and paying its
-    latency: 2 (K - 1) (8 S / (K B) + latency); 0 for K = 1 or an unshaped link.
+    latency: 2 (K - 1) (8 S / (K B) + latency); 0 for K = 1 or an unshaped link
+    (`frugal.comm.collectives.RingCollective.network_s`).
 
     Raises:
         ValueError: If num_bytes < 0 or group_size < 1.
     """
-    if num_bytes < 0 or group_size < 1:
-        raise ValueError(f"num_bytes={num_bytes} must be >= 0 and group_size={group_size} >= 1")
-    if group_size == 1 or not link.is_shaped:
-        return 0.0
-    k = group_size
-    per_step = link.latency_s
-    if math.isfinite(link.bandwidth_bits_per_s):
-        per_step += 8.0 * num_bytes / (k * link.bandwidth_bits_per_s)
-    return 2.0 * (k - 1) * per_step
+    return COLLECTIVES.get("ring").network_s(num_bytes, group_size, link)
 
 
 class StageRunner:
@@ -469,19 +462,22 @@ class StageRunner:
             divided by it, so summed gradients are the macro-batch mean).
         dp_group: Process group of this stage's data-parallel replicas (None: no DP).
         dp_compression: How DP replicas agree (`frugal.comm.gradcomp.DP_METHODS`): "none"
-            (fp32 all-reduce), "fp16" / "powersgd" (torch's DDP comm hooks), "ef-kbit"
-            (k-bit sharded parameter server with error feedback) or "qadam" (AQ-SGD's
-            reference: compressed Adam momentum, variance frozen after the warm-up).
+            (fp32 sum by `dp_collective`), "fp16" / "powersgd" (torch's DDP comm hooks),
+            "ef-kbit" (k-bit sharded parameter server with error feedback), "qadam" (AQ-SGD's
+            reference: compressed Adam momentum, variance frozen after the warm-up) or one
+            added by `frugal.comm.gradcomp.register_dp_method`.
         dp_bits: Bits of ef-kbit and qadam (1..8).
         buffers: AQ-SGD buffer factory per (link, side) name, e.g. `BufferSet.factory`
             (None: RAM).
         drift_check_every: Steps between AQ-SGD buffer CRC checks (0 = never).
         warmup_steps: Steps sent uncompressed (fp32) first.
         timeout_s: Limit of every wait.
-        dp_link: Emulated bottleneck link of the DP group's ring (None: the loopback
-            all-reduce is not shaped). After the real all-reduce of S bytes over K replicas
-            completes, the rank sleeps a ring all-reduce's network time on that link,
-            2 (K - 1) (S / K 8 / B + latency) seconds.
+        dp_link: Emulated bottleneck link of the DP group's collective (None: the loopback
+            collective is not shaped). After the real exchange of S bytes over K replicas
+            completes, the rank sleeps the collective's network time on that link
+            (`DPCollectiveSpec.network_s`; a ring: 2 (K - 1) (S / K 8 / B + latency) seconds).
+        dp_collective: The collective the plan priced for this stage's DP group
+            (`frugal.comm.collectives.COLLECTIVES`); "" = not planned (a ring, any method).
         example_shape: Shape of one example's input activation, e.g. (T, H) (None: unknown).
             A receiving stage computes each message's size from it, so the distributed
             transport (which needs the size) requires it on every stage but the first.
@@ -504,6 +500,7 @@ class StageRunner:
         dp_bits: int = 8,
         buffers: Callable[[str], BufferFactory] | None = None,
         example_shape: tuple[int, ...] | None = None,
+        dp_collective: str = "",
     ) -> None:
         self.module = module
         self.example_shape = example_shape
@@ -525,9 +522,11 @@ class StageRunner:
                 warmup_steps=warmup_steps,
                 learning_rate=learning_rate,
                 timeout_s=timeout_s,
+                collective=dp_collective,
             )
-        elif dp_compression not in DP_METHODS:
-            raise ValueError(f"dp_compression={dp_compression!r}; choose one of {DP_METHODS}")
+        else:
+            DP_METHODS.check(dp_compression)
+        self.dp_collective = COLLECTIVES.get(dp_collective or "ring")
         self.drift_check_every = drift_check_every
         self.timeout_s = timeout_s
         s = self.stage
@@ -719,7 +718,7 @@ class StageRunner:
                 raise PipelineError(f"stage {self.stage}: {exc}") from exc
             self.stats.dp_bytes.append(nbytes)
             if self.dp_link is not None and self.dp_link.is_shaped:
-                time.sleep(ring_allreduce_s(nbytes, self.dp_sync.size, self.dp_link))
+                time.sleep(self.dp_collective.network_s(nbytes, self.dp_sync.size, self.dp_link))
             grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         if grads and not all(all_finite(g) for g in grads):
             raise NonFiniteError(stage=self.stage, step=self._step, mb=-1, tensor="weight gradient")

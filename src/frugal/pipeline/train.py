@@ -24,19 +24,21 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 import frugal
+from frugal.comm.collectives import COLLECTIVES, bottleneck_link
+from frugal.comm.gradcomp import DP_METHODS
 from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
 from frugal.config import ConfigError, check_types, config_from_dict, config_to_dict
 from frugal.launch import TorchrunJob, run_torchrun
 from frugal.parallel.codec import CodecSpec
 from frugal.parallel.schedule import SCHEDULES, build_schedule
-from frugal.pipeline.buffers import BufferSet
+from frugal.pipeline.buffers import BUFFER_BACKENDS, BufferSet
 from frugal.pipeline.models import TextWindows, TinyGPTConfig, split_layers
 from frugal.pipeline.runtime import (
     ConfigMismatchError,
@@ -132,12 +134,15 @@ class PipelineTrainConfig:
     prepost_receives: bool = True
     """Post each receive one action ahead, so the transfer overlaps the compute before it
     (False: post it when the action starts, as torch.distributed.pipelining does)."""
-    dp_compression: Literal["none", "fp16", "powersgd", "ef-kbit", "qadam"] = "none"
-    """How the replicas of a stage (a plan with DP) agree on gradients; see RunSpec."""
+    dp_compression: str = "none"
+    """How the replicas of a stage (a plan with DP) agree on gradients: a name in
+    `frugal.comm.gradcomp.DP_METHODS`; see RunSpec."""
     dp_bits: int = 8
     """Bits of the ef-kbit / qadam gradient exchange, 1..8."""
-    buffer_backend: Literal["memory", "memmap", "store"] = "memory"
-    """Where AQ-SGD's per-example buffers live: RAM, a memory-mapped file, or frugal.store."""
+    buffer_backend: str = "memory"
+    """Where AQ-SGD's per-example buffers live: RAM ("memory"), a memory-mapped file
+    ("memmap"), frugal.store ("store"), or a backend added by
+    `frugal.pipeline.buffers.register_buffer_backend`."""
     buffer_dir: str = ""
     """Where memmap / store buffers go: a fresh folder inside it, removed at the end ("" =
     the system's temporary folder)."""
@@ -204,6 +209,7 @@ class PipelineTrainConfig:
                 f"learning_rate={self.learning_rate} and comm_timeout_s={self.comm_timeout_s} "
                 "must be > 0"
             )
+        BUFFER_BACKENDS.check(self.buffer_backend)
         if self.buffer_budget_mib < 1:
             raise ValueError(f"buffer_budget_mib={self.buffer_budget_mib} must be >= 1")
         if not 1 <= self.dp_bits <= 8:
@@ -227,13 +233,11 @@ class PipelineTrainConfig:
                 f"init_weights={self.init_weights!r}: no such file; give a torch.save'd "
                 "state_dict of the model, or '' for the seeded initialisation"
             )
-        if self.dp_compression == "qadam" and self.warmup_steps < 1:
-            # Without a plan there are no replicas either: name both fixes at once.
-            replicas = "" if self.plan else "a plan with num_replicas >= 2 (--plan) and "
-            raise ValueError(
-                "dp_compression='qadam' freezes Adam's variance after the warm-up and "
-                f"exchanges it between data-parallel replicas; set {replicas}warmup_steps >= 1"
-            )
+        # Without a plan there are no replicas either: name both fixes at once.
+        replicas = "" if self.plan else "a plan with num_replicas >= 2 (--plan) and "
+        DP_METHODS.get(self.dp_compression).check_warmup(
+            self.dp_compression, self.warmup_steps, also=replicas
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -252,9 +256,10 @@ class RunSpec:
     """Bandwidth of every link (0 with rho 0 = unshaped)."""
     latency_ms: float = 0.0
     """One-way latency."""
-    dp_compression: Literal["none", "fp16", "powersgd", "ef-kbit", "qadam"] = "none"
-    """How replicas of a stage agree (`frugal.comm.gradcomp`): fp32 all-reduce, torch's
-    fp16 / PowerSGD hooks, k-bit gradients with error feedback, or AQ-SGD's qadam."""
+    dp_compression: str = "none"
+    """How replicas of a stage agree, a name in `frugal.comm.gradcomp.DP_METHODS`: fp32 sum
+    by the planned collective ("none"), torch's fp16 / PowerSGD hooks, k-bit gradients with
+    error feedback, AQ-SGD's qadam, or one added by `register_dp_method`."""
     dp_bits: int = 8
     """Bits of ef-kbit / qadam."""
     shape_dp: bool = False
@@ -275,6 +280,9 @@ class RunSpec:
     the stages' trained weights are gathered on the last stage); False for speed-only runs,
     where both stay None (SmolLM2's blocks are ~430 MB to gather per run)."""
 
+    def __post_init__(self) -> None:
+        DP_METHODS.check(self.dp_compression)
+
 
 @dataclass(frozen=True, slots=True)
 class Layout:
@@ -285,6 +293,13 @@ class Layout:
     layers: tuple[int, ...]
     mesh: tuple[tuple[int, ...], ...]
     num_microbatches: tuple[int, ...]
+    dp_collective: tuple[str, ...] = ()
+    """Per stage, the collective the plan priced for its DP group (`Plan.dp_collective`);
+    () = not recorded (every stage's group all-reduces, a ring)."""
+
+    def stage_collective(self, stage: int) -> str:
+        """The collective the plan priced for stage `stage`'s DP group ("" = not recorded)."""
+        return self.dp_collective[stage] if self.dp_collective else ""
 
     def position(self, rank: int) -> tuple[int, int]:
         """(replica, stage) of `rank`."""
@@ -301,11 +316,13 @@ def make_layout(
 
     A plan that records its codec, schedule and micro-batch size (format 2) runs only with
     those: the job's `codec` and every run's must be the plan's (`Plan.check_runnable`). A
-    format-1 plan records none of them and runs with the job's after a warning.
+    format-1 plan records none of them and runs with the job's after a warning. Each stage's
+    DP group runs the collective the plan priced for it (`Plan.dp_collective`), so the job's
+    and every run's `dp_compression` must be able to run it (`DPMethodSpec.check_collective`).
 
     Raises:
         PlanMismatchError: If the job's codec, schedule or micro-batch size differ from the
-            plan's.
+            plan's, or a DP compression method cannot run a stage's planned collective.
         ValueError: If the plan's world size, layers or stages do not fit this job.
         OSError: If the plan file cannot be read.
     """
@@ -338,6 +355,11 @@ def make_layout(
             "Plan again with this frugal to have them checked.",
             stacklevel=2,
         )
+    if plan.num_replicas > 1:
+        for name in dict.fromkeys((config.dp_compression, *(run.dp_compression for run in runs))):
+            method = DP_METHODS.get(name)
+            for stage, collective in enumerate(plan.dp_collective):
+                method.check_collective(name, collective, stage=stage)
     if plan.world_size != world_size:
         raise ConfigError(
             f"the plan {config.plan} is for world_size={plan.world_size} but "
@@ -355,6 +377,7 @@ def make_layout(
         plan.num_layers_per_stage,
         plan.mesh,
         plan.num_microbatches_per_replica,
+        plan.dp_collective if plan.num_replicas > 1 else (),
     )
 
 
@@ -642,13 +665,7 @@ def ring_bottleneck(
 
     None for a group of one.
     """
-    if len(members) < 2:
-        return None
-    edges = [table[(a, b)] for a, b in zip(members, [*members[1:], members[0]], strict=True)]
-    return LinkSpec(
-        bandwidth_bits_per_s=min(e.bandwidth_bits_per_s for e in edges),
-        latency_s=max(e.latency_s for e in edges),
-    )
+    return bottleneck_link(COLLECTIVES.get("ring").edges(members), table)
 
 
 def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Path) -> None:
@@ -744,8 +761,10 @@ def _run_one(
     row = layout.mesh[replica]
     peers = {s: row[s] for s in (stage - 1, stage + 1) if 0 <= s < layout.num_stages}
     links = rank_links(run, dist.get_world_size(), bandwidth)
+    collective = layout.stage_collective(stage)
+    members = [r[stage] for r in layout.mesh]
     dp_link = (
-        ring_bottleneck([r[stage] for r in layout.mesh], links)
+        bottleneck_link(COLLECTIVES.get(collective or "ring").edges(members), links)
         if (run.links or run.shape_dp) and dp_group is not None
         else None
     )
@@ -769,6 +788,7 @@ def _run_one(
         dp_link=dp_link,
         buffers=buffers.factory,
         example_shape=boundary_shape(config)[1:],
+        dp_collective=collective,
     )
     m = layout.num_microbatches[replica]
     actions = build_schedule(config.schedule, layout.num_stages, stage, m)
