@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -100,6 +102,27 @@ def test_exposed_dp_time_is_what_the_backward_pass_cannot_hide() -> None:
     assert cost.dp_exposed_s == pytest.approx(0.00192)
     assert cost.pipeline_s == pytest.approx(0.004)  # f + g of one micro-batch
     assert cost.collective in (("ring",), ("seq_peer",))  # equal for two members
+
+
+def test_dp_collectives_restricts_the_exchange_the_planner_chooses() -> None:
+    # Same pair as above. A central server on one member: the other's 240,000 B go up and
+    # come back over the 1 Gbps link, 2 x 240,000 * 8 / 1e9 = 0.00384 s, all exposed.
+    base = WorkloadConfig(
+        num_layers=1, hidden_size=100, seq_len=1, global_batch_size=2,
+        microbatches_per_step=1, tau_ref_s=0.004,
+    )  # fmt: skip
+    for allowed, name, seconds in (
+        ("central_ps", "central_ps", 0.00384),
+        ("ring", "ring", 0.00192),
+    ):
+        workload = dataclasses.replace(base, dp_collectives=(allowed,))
+        cost = iteration_cost(_pair(0.0, 1.0), np.array([[0], [1]]), (1,), workload)
+        assert cost.collective == (name,)
+        assert cost.dp_exposed_s == pytest.approx(seconds)
+    with pytest.raises(ValueError, match=r"dp_collectives=\['allreduce'\]: give one or more of"):
+        WorkloadConfig(dp_collectives=("allreduce",))
+    with pytest.raises(ValueError, match=r"dp_collectives=\[\]"):
+        WorkloadConfig(dp_collectives=())
 
 
 def test_batch_that_does_not_split_is_refused() -> None:

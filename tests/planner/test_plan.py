@@ -156,3 +156,17 @@ def test_the_papers_ga_plans_under_its_own_cost_and_is_priced_by_the_objective()
                                           objective="paper", budget=40, seed=1))  # fmt: skip
     assert paper.predicted_cost_s == pytest.approx(ga.total_s)
     assert paper_cost(top, np.ascontiguousarray(mesh.T)).total_s == pytest.approx(ga.total_s)
+
+
+def test_the_collective_restriction_the_pipeline_suggests_is_accepted(tmp_path: Path) -> None:
+    # gradcomp's refusal tells the user to plan with workload.dp_collectives=[...]: do so.
+    from frugal.comm.gradcomp import DP_METHODS
+
+    out = tmp_path / "plan.json"
+    restrict = 'workload.dp_collectives=["ring"]'
+    args = ["plan", "--scenario", "two_sites", "--set", "budget=5", "--set", restrict]
+    assert main([*args, "--out", str(out)]) == 0
+    plan = Plan.from_json(out.read_text())
+    assert set(plan.dp_collective) == {"ring"}
+    for stage, collective in enumerate(plan.dp_collective):
+        DP_METHODS.get("fp16").check_collective("fp16", collective, stage=stage)

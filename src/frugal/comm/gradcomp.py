@@ -44,6 +44,7 @@ References:
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -180,7 +181,8 @@ class DPMethodSpec:
         raise PlanMismatchError(
             f"the plan priced {where} data-parallel exchange as {collective!r} but "
             f"dp_compression={name!r} always exchanges by {own}; run with --dp-compress "
-            f"{able}, or plan again for a cluster where {own} is the cheapest"
+            f"{able}, or plan again restricted to it: frugal plan ... --set "
+            f"'workload.dp_collectives={json.dumps(sorted(self.collectives or ()))}'"
         )
 
     def runs_collective(self, collective: str) -> bool:

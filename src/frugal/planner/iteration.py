@@ -51,6 +51,7 @@ from frugal.parallel.codec import (
     CodecSpec,
     message_wire_bytes,
 )
+from frugal.parallel.plan import DP_COLLECTIVES
 from frugal.parallel.schedule import SCHEDULES, build_schedule, peak_in_flight
 from frugal.planner.topology import Topology
 
@@ -108,6 +109,11 @@ class WorkloadConfig:
     """Pipeline schedule the plan runs (`frugal.parallel.schedule`); it sets the activations
     each stage keeps in flight (GPipe: every micro-batch of a step; 1F1B: at most
     num_stages - stage)."""
+    dp_collectives: tuple[str, ...] = DP_COLLECTIVES
+    """Gradient exchanges the planner may choose for a stage's DP group (of
+    `frugal.parallel.DP_COLLECTIVES`: seq_peer, ring, central_ps). The pipeline runs the one
+    the plan records, so restrict this to what the job's DP method can run: `["ring"]` for
+    fp16 or powersgd (they all-reduce), `["seq_peer"]` for ef-kbit or qadam (sharded)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -119,6 +125,12 @@ class WorkloadConfig:
             raise ValueError("gradient_bytes_per_value and tau_ref_s must be > 0")
         CodecSpec.parse(self.codec)
         SCHEDULES.check(self.schedule)
+        unknown = [c for c in self.dp_collectives if c not in DP_COLLECTIVES]
+        if not self.dp_collectives or unknown:
+            raise ValueError(
+                f"dp_collectives={list(self.dp_collectives)}: give one or more of "
+                f'{", ".join(DP_COLLECTIVES)} (e.g. dp_collectives = ["ring"])'
+            )
 
     @property
     def params_per_layer(self) -> float:
@@ -306,24 +318,36 @@ def _effective_gbps(topology: Topology, src: I64, dst: I64) -> F64:
     return np.where(cross, np.minimum(beta, cap), beta)
 
 
-def stage_collective(members: I64, topology: Topology, size_bytes: float) -> tuple[str, float]:
+def stage_collective(
+    members: I64,
+    topology: Topology,
+    size_bytes: float,
+    allowed: tuple[str, ...] = DP_COLLECTIVES,
+) -> tuple[str, float]:
     """The cheapest gradient exchange of one stage's DP group and its seconds.
 
     Candidates: the paper's sequential peer exchange (`seq_peer`), a ring all-reduce on the
-    best ring (`ring`) and a central parameter server on the best member (`central_ps`).
+    best ring (`ring`) and a central parameter server on the best member (`central_ps`); a
+    tie goes to the first of them in that order.
 
     Args:
         members: Device ids of the group, shape (K,).
         topology: Devices and links.
         size_bytes: Gradient bytes each member holds.
+        allowed: The candidates to choose from (`WorkloadConfig.dp_collectives`).
 
     Returns:
-        (name, seconds) of the cheapest collective.
+        (name, seconds) of the cheapest allowed collective.
     """
+    price = {
+        "seq_peer": _seq_peer_seconds,
+        "ring": _ring_seconds,
+        "central_ps": _central_ps_seconds,
+    }
     options = {
-        "seq_peer": _seq_peer_seconds(members, topology, size_bytes),
-        "ring": _ring_seconds(members, topology, size_bytes),
-        "central_ps": _central_ps_seconds(members, topology, size_bytes),
+        name: price[name](members, topology, size_bytes)
+        for name in DP_COLLECTIVES
+        if name in allowed
     }
     name = min(options, key=lambda key: options[key])
     return name, options[name]
@@ -451,11 +475,13 @@ def iteration_cost(
     for i in range(num_stages):
         size = layers[i] * workload.params_per_layer * workload.gradient_bytes_per_value
         if collective_cache is None:
-            name, seconds = stage_collective(mesh_JI[:, i], topology, size)
+            name, seconds = stage_collective(mesh_JI[:, i], topology, size, workload.dp_collectives)
         else:  # a group's collective depends on its member set only: re-score changed groups
             key = (np.sort(mesh_JI[:, i]).tobytes(), size)
             if key not in collective_cache:
-                collective_cache[key] = stage_collective(mesh_JI[:, i], topology, size)
+                collective_cache[key] = stage_collective(
+                    mesh_JI[:, i], topology, size, workload.dp_collectives
+                )
             name, seconds = collective_cache[key]
         choices.append(name)
         slack = float((g[:, :i] + xb[:, :i]).sum(axis=1).min()) if i else 0.0

@@ -273,7 +273,7 @@ def simulate_iteration(
     choices = []
     for i in range(num_stages):
         size = layers[i] * workload.params_per_layer * workload.gradient_bytes_per_value
-        name, seconds = stage_collective(mesh_JI[:, i], topology, size)
+        name, seconds = stage_collective(mesh_JI[:, i], topology, size, workload.dp_collectives)
         choices.append(name)
         total = max(total, float((offset_J + last_bwd[:, i]).max()) + seconds)
     busy = (forward + backward) * microbatches_J[:, None] * accumulation
