@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +47,7 @@ from frugal.bench.harness import (
     write_bench_results,
 )
 from frugal.config import check_types
+from frugal.registry import Registry
 from frugal.store.lookahead import Batch, LookaheadLoader
 from frugal.store.rows import OptimizerConfig, RowSpec, splitmix64
 
@@ -60,7 +61,6 @@ __all__ = [
 
 SystemName = Literal["ram", "rocksdb_offload", "lmdb_offload", "hlog", "mlkv", "frugal"]
 WorkloadName = Literal["criteo_zipf", "movielens100k", "collegemsg"]
-_LOOKAHEAD_SYSTEMS = ("mlkv", "frugal")
 _MIB = 1 << 20
 
 
@@ -327,31 +327,55 @@ def _events_workload(name: WorkloadName, folder: Path, events_per_batch: int = 6
 # --- one run (in a child process) --------------------------------------------------------------
 
 
-def _build(run: _Run, budget_bytes: int) -> Any:
-    from frugal.store.baselines import HybridLogTable, KvOffloadTable, RamTable
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _System:
+    """How the bench opens one compared system, and what it measures about it."""
+
+    build: Callable[[_Run, int], Any]
+    """Opens the system's table for a run at a memory budget in bytes; raises ValueError if
+    the budget cannot hold the system's fixed structures."""
+    uses_lookahead: bool = False
+    """Whether the system takes lookahead hints (its runs sweep the lookahead windows W)."""
+    budget_enforced: bool = True
+    """Whether the memory budget binds (lmdb lives in the OS page cache, ram holds all)."""
+
+
+_SYSTEMS: Registry[_System] = Registry("store bench system", field="systems")
+"""The systems `StoreBenchConfig.systems` names; `<engine>_offload` is `KvOffloadTable` on the
+`KV_ENGINES` entry `<engine>`."""
+
+
+def _ram(run: _Run, budget_bytes: int) -> Any:
+    from frugal.store.baselines import RamTable
+
+    return RamTable(run.workload.num_rows, run.workload.spec, run.seed)
+
+
+def _on_disk(table: str, *, threaded: bool = False, **options: Any) -> Callable[[_Run, int], Any]:
+    """Opens the `frugal.store.baselines` table class `table` in the run's folder.
+
+    Args:
+        table: `KvOffloadTable` or `HybridLogTable`.
+        threaded: Pass the run's `io_threads` on.
+        options: The class's other keyword arguments (`engine`, `mlkv`).
+    """
+
+    def build(run: _Run, budget_bytes: int) -> Any:
+        from frugal.store import baselines
+
+        w = run.workload
+        threads = {"io_threads": run.io_threads} if threaded else {}
+        return getattr(baselines, table)(
+            Path(run.work_dir), w.num_rows, w.spec, run.seed, memory_budget_bytes=budget_bytes,
+            **options, **threads,
+        )  # fmt: skip
+
+    return build
+
+
+def _frugal(run: _Run, budget_bytes: int) -> Any:
     from frugal.store.store import EmbeddingStore
 
-    w = run.workload
-    folder = Path(run.work_dir)
-    if run.system == "ram":
-        return RamTable(w.num_rows, w.spec, run.seed)
-    if run.system in ("rocksdb_offload", "lmdb_offload"):
-        engine: Literal["rocksdb", "lmdb"] = (
-            "rocksdb" if run.system == "rocksdb_offload" else "lmdb"
-        )
-        return KvOffloadTable(
-            folder, w.num_rows, w.spec, run.seed, engine=engine, memory_budget_bytes=budget_bytes
-        )
-    if run.system in ("hlog", "mlkv"):
-        return HybridLogTable(
-            folder,
-            w.num_rows,
-            w.spec,
-            run.seed,
-            memory_budget_bytes=budget_bytes,
-            mlkv=run.system == "mlkv",
-            io_threads=run.io_threads,
-        )
     config = EmbeddingStore.Config(
         backend="file",
         memory_budget_bytes=budget_bytes,
@@ -359,9 +383,24 @@ def _build(run: _Run, budget_bytes: int) -> Any:
         io_threads=run.io_threads,
         timeout_s=120.0,
     )
-    return EmbeddingStore.create(
-        folder / "store", num_rows=w.num_rows, spec=w.spec, config=config, seed=run.seed
+    w = run.workload
+    store = EmbeddingStore.create(
+        Path(run.work_dir) / "store", num_rows=w.num_rows, spec=w.spec, config=config, seed=run.seed
     )
+    return _StoreAdapter(store)
+
+
+_SYSTEMS.register("ram", _System(build=_ram, budget_enforced=False))
+_SYSTEMS.register("rocksdb_offload", _System(build=_on_disk("KvOffloadTable", engine="rocksdb")))
+_SYSTEMS.register(
+    "lmdb_offload", _System(build=_on_disk("KvOffloadTable", engine="lmdb"), budget_enforced=False)
+)
+_SYSTEMS.register("hlog", _System(build=_on_disk("HybridLogTable", threaded=True, mlkv=False)))
+_SYSTEMS.register(
+    "mlkv",
+    _System(build=_on_disk("HybridLogTable", threaded=True, mlkv=True), uses_lookahead=True),
+)
+_SYSTEMS.register("frugal", _System(build=_frugal, uses_lookahead=True))
 
 
 class _StoreAdapter:
@@ -433,15 +472,13 @@ def _execute(run: _Run) -> dict[str, Any]:
         "num_rows": w.num_rows,
         "row_bytes": w.spec.row_bytes,
         "memory_budget_bytes": budget,
-        # lmdb lives in the OS page cache and ram holds everything: their budget is not binding.
-        "budget_enforced": run.system not in ("ram", "lmdb_offload"),
+        "budget_enforced": _SYSTEMS.get(run.system).budget_enforced,
     }
     anon_before = anon_peak = _anon_rss_mib()
     try:
-        built = _build(run, budget)
+        system = _SYSTEMS.get(run.system).build(run, budget)
     except ValueError as exc:  # the budget cannot hold the system's fixed structures
         return row | {"status": "infeasible", "error": str(exc)}
-    system = _StoreAdapter(built) if run.system == "frugal" else built
     d = w.spec.embedding_dim
     u_scale = np.float32(1.0 / np.sqrt(d))
     step_s: list[float] = []
@@ -560,7 +597,7 @@ def _plan(config: StoreBenchConfig, workloads: list[_Workload], work_dir: Path) 
         for ratio in ratios:
             for system in config.systems:
                 grid = config.lookaheads if criteo else config.stream_lookaheads
-                windows = grid if system in _LOOKAHEAD_SYSTEMS else (0,)
+                windows = grid if _SYSTEMS.get(system).uses_lookahead else (0,)
                 for window in windows:
                     runs.append(
                         _Run(system, workload, ratio, window, 0, config.compute_ms,
