@@ -22,17 +22,17 @@ References:
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from frugal.bench.harness import (
     Bench,
+    BenchConfig,
     BenchResult,
     BenchSpec,
-    Preset,
     Progress,
     Summary,
     write_bench_results,
@@ -62,7 +62,7 @@ _ROW_KEYS = (
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class RecsysBenchConfig:
+class RecsysBenchConfig(BenchConfig):
     """What `frugal recsys bench` runs; `quick()` is the small preset."""
 
     datasets: tuple[DatasetName, ...] = ("movielens100k", "criteo_zipf")
@@ -127,40 +127,29 @@ class RecsysBenchConfig:
         # the train Config validates the remaining fields
         self.train_config("sync", self.datasets[0], 1, self.rtt_ms[0], self.seeds[0])
 
-    @classmethod
-    def quick(cls) -> RecsysBenchConfig:
-        """The `--quick` preset: both datasets, one seed, rtt 5 ms, hybrid K in {4, 16}, async K 16.
+    QUICK: ClassVar = {
+        "staleness": (4, 16),
+        "async_staleness": (16,),
+        "rtt_ms": (5.0,),
+        "seeds": (0,),
+        "zipf_num_samples": 200_000,
+        "zipf_num_embeddings": 20_000,
+    }
+    """`--quick`: both datasets, one seed, rtt 5 ms, hybrid K in {4, 16}, async K 16.
 
-        8 runs in 2 torchrun jobs. Zipf: 200k samples (625 steps of 2 x 128: far fewer and
-        the AUC is still climbing fast, where any staleness costs several 0.001 of AUC; a
-        40k-sample test split), 8 x 20k ids.
-        """
-        return cls(
-            staleness=(4, 16),
-            async_staleness=(16,),
-            rtt_ms=(5.0,),
-            seeds=(0,),
-            zipf_num_samples=200_000,
-            zipf_num_embeddings=20_000,
-        )
-
-    @classmethod
-    def preset(cls, preset: Preset) -> RecsysBenchConfig:
-        """The sizes `frugal reproduce` runs: `full` the default, `quick` is `quick()`.
-
-        `smoke`: `quick()` on MovieLens-100k only, hybrid K 4, 24 steps (4 of warm-up).
-        """
-        if preset == "full":
-            return cls()
-        if preset == "quick":
-            return cls.quick()
-        return replace(
-            cls.quick(),
-            datasets=("movielens100k",),
-            staleness=(4,),
-            max_steps=24,
-            warmup_steps=4,
-        )
+    8 runs in 2 torchrun jobs. Zipf: 200k samples (625 steps of 2 x 128: far fewer and the
+    AUC is still climbing fast, where any staleness costs several 0.001 of AUC; a 40k-sample
+    test split), 8 x 20k ids."""
+    PRESETS: ClassVar = {
+        "smoke": {
+            "datasets": ("movielens100k",),
+            "staleness": (4,),
+            "max_steps": 24,
+            "warmup_steps": 4,
+        }
+    }
+    """`quick` is `quick()`; `smoke`: that on MovieLens-100k only, hybrid K 4, 24 steps (4 of
+    warm-up)."""
 
     def train_config(
         self, mode: Mode, dataset: DatasetName, staleness: int, rtt_ms: float, seed: int

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -36,9 +36,9 @@ import numpy.typing as npt
 from frugal._libc import fixed_mmap_threshold
 from frugal.bench.harness import (
     Bench,
+    BenchConfig,
     BenchResult,
     BenchSpec,
-    Preset,
     Progress,
     Summary,
     median_after_warmup,
@@ -65,7 +65,7 @@ _MIB = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class StoreBenchConfig:
+class StoreBenchConfig(BenchConfig):
     """What `frugal store bench` runs; `quick()` is the small preset."""
 
     systems: tuple[SystemName, ...] = (
@@ -154,51 +154,38 @@ class StoreBenchConfig:
         if self.compute_ms < 0 or self.repeats < 1 or self.batch_size < 1:
             raise ValueError("compute_ms must be >= 0, repeats and batch_size >= 1")
 
-    @classmethod
-    def quick(cls) -> StoreBenchConfig:
-        """The `--quick` preset: Criteo at scale 0.02, 300 batches, ratios 1.0/0.10, W 0/4.
+    QUICK: ClassVar = {
+        "systems": ("ram", "rocksdb_offload", "hlog", "mlkv", "frugal"),
+        "workloads": ("criteo_zipf",),
+        "scale": 0.02,
+        "num_batches": 300,
+        "warmup_batches": 50,
+        "memory_ratios": (1.0, 0.10),
+        "lookaheads": (0, 4),
+        "staleness_bounds": (0, 4, -1),
+    }
+    """`--quick`: Criteo at scale 0.02, 300 batches, ratios 1.0/0.10, W 0/4.
 
-        16 runs, about 3 minutes on 2 cores; the real streams run in the full bench only.
-        """
-        return cls(
-            systems=("ram", "rocksdb_offload", "hlog", "mlkv", "frugal"),
-            workloads=("criteo_zipf",),
-            scale=0.02,
-            num_batches=300,
-            warmup_batches=50,
-            memory_ratios=(1.0, 0.10),
-            lookaheads=(0, 4),
-            staleness_bounds=(0, 4, -1),
-        )
-
-    @classmethod
-    def preset(cls, preset: Preset) -> StoreBenchConfig:
-        """The sizes `frugal reproduce` runs: `full` is the default Config.
-
-        `quick`: `quick()` on ram, rocksdb_offload, mlkv and frugal at ratios 0.25/0.10, 200
-        batches, staleness 0 only; `smoke`: that at scale 0.001, 24 batches of 64, ratio 0.10.
-        """
-        if preset == "full":
-            return cls()
-        config = replace(
-            cls.quick(),
-            systems=("ram", "rocksdb_offload", "mlkv", "frugal"),
-            memory_ratios=(0.25, 0.10),
-            num_batches=200,
-            warmup_batches=40,
-            staleness_bounds=(0,),
-        )
-        if preset == "smoke":
-            config = replace(
-                config,
-                scale=0.001,
-                batch_size=64,
-                num_batches=24,
-                warmup_batches=8,
-                memory_ratios=(0.10,),
-                compute_ms=1.0,
-            )
-        return config
+    16 runs, about 3 minutes on 2 cores; the real streams run in the full bench only."""
+    PRESETS: ClassVar = {
+        "quick": {
+            "systems": ("ram", "rocksdb_offload", "mlkv", "frugal"),
+            "memory_ratios": (0.25, 0.10),
+            "num_batches": 200,
+            "warmup_batches": 40,
+            "staleness_bounds": (0,),
+        },
+        "smoke": {
+            "scale": 0.001,
+            "batch_size": 64,
+            "num_batches": 24,
+            "warmup_batches": 8,
+            "memory_ratios": (0.10,),
+            "compute_ms": 1.0,
+        },
+    }
+    """`quick`: `quick()` on ram, rocksdb_offload, mlkv and frugal at ratios 0.25/0.10, 200
+    batches, staleness 0 only; `smoke`: that at scale 0.001, 24 batches of 64, ratio 0.10."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
