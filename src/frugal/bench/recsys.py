@@ -22,7 +22,7 @@ References:
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -93,14 +93,10 @@ class RecsysBenchConfig(BenchConfig):
     """Cap on steps per run (None = full epochs), >= 1."""
     warmup_steps: int = 10
     """Steps excluded from throughput and timing medians, >= 0."""
-    zipf_num_samples: int = 200_000
-    """criteo_zipf samples (train + test), >= 100."""
-    zipf_num_embeddings: int = 200_000
-    """criteo_zipf ids per feature, >= 2."""
-    zipf_num_features: int = 8
-    """criteo_zipf features, in [2, 26]."""
-    zipf_alpha: float = 1.2
-    """criteo_zipf Zipf exponent, in (0, 4]."""
+    data: RecsysDataConfig = field(default_factory=RecsysDataConfig)
+    """The data of every run: criteo_zipf's samples, ids per feature, features and Zipf
+    exponent, the test split. Its `dataset` and `seed` come from `datasets` and `seeds`, so
+    leave them unset."""
     timeout_s: float = 120.0
     """Per-call timeout inside a run (RPC, collective, permit), > 0."""
     job_timeout_s: float = 7200.0
@@ -124,6 +120,13 @@ class RecsysBenchConfig(BenchConfig):
             raise ValueError(f"rtt_ms={self.rtt_ms} must be >= 0")
         if self.job_timeout_s <= 0 or self.timeout_s <= 0:
             raise ValueError("timeout_s and job_timeout_s must be > 0")
+        unset = RecsysDataConfig()
+        if (self.data.dataset, self.data.seed) != (unset.dataset, unset.seed):
+            raise ValueError(
+                f"data.dataset={self.data.dataset!r} and data.seed={self.data.seed} are set per "
+                "run from datasets and seeds; leave them unset and list the runs' datasets and "
+                "seeds there (e.g. --set 'datasets=[\"criteo_zipf\"]' --set 'seeds=[0, 1]')"
+            )
         # the train Config validates the remaining fields
         self.train_config("sync", self.datasets[0], 1, self.rtt_ms[0], self.seeds[0])
 
@@ -132,8 +135,7 @@ class RecsysBenchConfig(BenchConfig):
         "async_staleness": (16,),
         "rtt_ms": (5.0,),
         "seeds": (0,),
-        "zipf_num_samples": 200_000,
-        "zipf_num_embeddings": 20_000,
+        "data": {"zipf_num_samples": 200_000, "zipf_num_embeddings": 20_000},
     }
     """`--quick`: both datasets, one seed, rtt 5 ms, hybrid K in {4, 16}, async K 16.
 
@@ -156,14 +158,7 @@ class RecsysBenchConfig(BenchConfig):
     ) -> RecsysTrainConfig:
         """The training run of one cell."""
         return RecsysTrainConfig(
-            data=RecsysDataConfig(
-                dataset=dataset,
-                seed=seed,
-                zipf_num_samples=self.zipf_num_samples,
-                zipf_num_embeddings=self.zipf_num_embeddings,
-                zipf_num_features=self.zipf_num_features,
-                zipf_alpha=self.zipf_alpha,
-            ),
+            data=replace(self.data, dataset=dataset, seed=seed),
             mode=mode,
             staleness=staleness,
             prefetch_depth=self.prefetch_depth,
