@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -173,3 +174,35 @@ def test_every_bench_spec_names_its_area_and_builds_its_presets(
     assert bench.name == name
     assert issubclass(bench.summary_type, Summary)
     assert bench.preset("smoke") == config_type.preset("smoke")
+
+
+def test_bench_config_builds_presets_from_its_tables() -> None:
+    from frugal.bench.harness import BenchConfig
+
+    # ClassVar is imported at module level: dataclasses recognises a string annotation
+    # (from __future__ import annotations) as ClassVar only through the module's globals.
+    @dataclass(frozen=True, kw_only=True, slots=True)
+    class Inner:
+        epochs: int = 8
+        lr: float = 0.1
+
+    @dataclass(frozen=True, kw_only=True, slots=True)
+    class DemoConfig(BenchConfig):
+        steps: int = 100
+        seeds: tuple[int, ...] = (0, 1, 2)
+        inner: Inner = field(default_factory=Inner)
+        QUICK: ClassVar = {"steps": 10, "inner": {"epochs": 2}}
+        PRESETS: ClassVar = {"quick": {"seeds": (0,)}, "smoke": {"inner": Inner(epochs=1)}}
+
+    # --quick: the defaults + QUICK (a mapping updates the nested Config field by field)
+    assert DemoConfig.quick() == DemoConfig(steps=10, inner=Inner(epochs=2))
+    assert DemoConfig.preset("full") == DemoConfig()
+    assert DemoConfig.preset("quick") == DemoConfig(steps=10, seeds=(0,), inner=Inner(epochs=2))
+    # smoke: the quick preset + its own settings (a Config value replaces the field)
+    assert DemoConfig.preset("smoke") == DemoConfig(steps=10, seeds=(0,), inner=Inner(epochs=1))
+    with pytest.raises(ValueError, match="choose one of smoke, quick, full"):
+        DemoConfig.preset("huge")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"PRESETS names \['full'\]"):
+
+        class _Bad(BenchConfig):
+            PRESETS: ClassVar = {"full": {}}

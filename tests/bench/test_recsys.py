@@ -73,3 +73,16 @@ def test_summary_ratios_and_gaps() -> None:
 def test_bench_config_needs_sync() -> None:
     with pytest.raises(ValueError, match="must include 'sync'"):
         RecsysBenchConfig(modes=("hybrid",))
+
+
+def test_bench_data_settings_reach_every_run_but_dataset_and_seed_come_per_run() -> None:
+    from frugal.recsys.datasets import RecsysDataConfig
+
+    config = RecsysBenchConfig(data=RecsysDataConfig(zipf_alpha=1.1, test_fraction=0.25))
+    train = config.train_config("hybrid", "criteo_zipf", 4, 0.0, 2)
+    assert train.data == RecsysDataConfig(
+        dataset="criteo_zipf", seed=2, zipf_alpha=1.1, test_fraction=0.25
+    )
+    assert RecsysBenchConfig.quick().data.zipf_num_embeddings == 20_000
+    with pytest.raises(ValueError, match="set per run from datasets and seeds"):
+        RecsysBenchConfig(data=RecsysDataConfig(dataset="adult"))

@@ -190,3 +190,15 @@ def test_mlkv_lookahead_reads_are_not_counted_as_misses(tmp_path: Path) -> None:
         assert table.memory_hits == 50 and table.disk_reads == 0
     finally:
         table.close()
+
+
+def test_every_system_name_has_a_registered_system() -> None:
+    from typing import get_args
+
+    from frugal.bench.store import _SYSTEMS, SystemName
+
+    assert _SYSTEMS.names() == get_args(SystemName)
+    assert [n for n in _SYSTEMS.names() if _SYSTEMS.get(n).uses_lookahead] == ["mlkv", "frugal"]
+    # lmdb lives in the OS page cache and ram holds everything: their budget does not bind
+    unbound = [n for n in _SYSTEMS.names() if not _SYSTEMS.get(n).budget_enforced]
+    assert unbound == ["ram", "lmdb_offload"]

@@ -2,8 +2,10 @@
 
 Every area's bench (`frugal.bench.store`, `frugal.bench.tgraph`, ...) is built from these parts:
 
-- `Preset`: the sizes `frugal reproduce` runs a bench at (`"smoke"`, `"quick"`, `"full"`). Each
-  bench's Config declares its sizes in one classmethod, `preset(name)`.
+- `Preset`: the sizes `frugal reproduce` runs a bench at (`"smoke"`, `"quick"`, `"full"`).
+- `BenchConfig`: the base of each bench's Config. A bench declares its sizes as data, the
+  settings of `--quick` (`QUICK`) and of each preset (`PRESETS`); `quick()` and
+  `preset(name)` build them.
 - `Summary`: the base of each bench's frozen summary dataclass (`StoreSummary`, ...). The
   `"summary"` of `results.json` is `Summary.to_dict()`; `Summary.from_dict` reads it back and
   raises on a missing or an unknown key, so a renamed field is an error, never a claim silently
@@ -30,13 +32,14 @@ import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, Protocol, Self, TypeVar, get_args
+from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar, get_args
 
 from frugal import FrugalError
 
 __all__ = [
     "PRESETS",
     "Bench",
+    "BenchConfig",
     "BenchResult",
     "BenchRun",
     "BenchSpec",
@@ -66,6 +69,87 @@ C = TypeVar("C")
 C_contra = TypeVar("C_contra", contravariant=True)
 T = TypeVar("T")
 A = TypeVar("A")
+
+
+# --- presets -------------------------------------------------------------------------------
+
+_PRESET_CHAIN: tuple[Preset, ...] = ("quick", "smoke")
+"""Each preset but `full` is the one before it (`--quick` first) with its own settings."""
+
+
+class BenchConfig:
+    """Base of every bench's Config: its `--quick` preset and its `frugal reproduce` presets.
+
+    Subclasses are frozen dataclasses whose defaults are the full bench. They declare their
+    smaller sizes as data: `QUICK`, the settings of `--quick` over the defaults, and `PRESETS`,
+    the settings each preset adds to the one before it: `full` is the defaults, `quick` is
+    `quick()` with `PRESETS["quick"]`, `smoke` is the `quick` preset with `PRESETS["smoke"]`.
+    A setting whose value is a mapping updates a nested Config field by field
+    (`{"protocol": {"max_epochs": 1}}`); any other value replaces the field. Annotate both
+    tables `ClassVar` (imported at module level, so that a dataclass under
+    `from __future__ import annotations` does not take them for fields).
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> from typing import ClassVar
+        >>> @dataclass(frozen=True)
+        ... class DemoConfig(BenchConfig):
+        ...     steps: int = 100
+        ...     seeds: int = 3
+        ...     QUICK: ClassVar = {"steps": 10}
+        ...     PRESETS: ClassVar = {"smoke": {"seeds": 1}}
+        >>> DemoConfig.quick(), DemoConfig.preset("smoke")
+        (DemoConfig(steps=10, seeds=3), DemoConfig(steps=10, seeds=1))
+    """
+
+    __slots__ = ()
+
+    QUICK: ClassVar[Mapping[str, Any]] = {}
+    """The settings of `--quick` over the defaults."""
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    """The settings of the `quick` and `smoke` presets, each over the one before it."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown = [name for name in cls.PRESETS if name not in _PRESET_CHAIN]
+        if unknown:
+            raise TypeError(
+                f"{cls.__name__}.PRESETS names {unknown}; it holds settings of "
+                f"{' and '.join(_PRESET_CHAIN)} only (full is the defaults)"
+            )
+
+    @classmethod
+    def quick(cls) -> Self:
+        """The `--quick` preset: the defaults with the settings of `QUICK`."""
+        config: Self = _with_settings(cls(), cls.QUICK)
+        return config
+
+    @classmethod
+    def preset(cls, preset: Preset) -> Self:
+        """The sizes `frugal reproduce` runs at `preset` (`full`: the defaults).
+
+        Raises:
+            ValueError: If `preset` is not one of `PRESETS`' names.
+        """
+        if preset not in PRESETS:
+            raise ValueError(f"preset={preset!r}; choose one of {', '.join(PRESETS)}")
+        if preset == "full":
+            return cls()
+        config = cls.quick()
+        for step in _PRESET_CHAIN[: _PRESET_CHAIN.index(preset) + 1]:
+            config = _with_settings(config, cls.PRESETS.get(step, {}))
+        return config
+
+
+def _with_settings(config: Any, settings: Mapping[str, Any]) -> Any:
+    """`config` with `settings` (a mapping over a nested Config field updates it field by field)."""
+    changes = {
+        key: _with_settings(getattr(config, key), value)
+        if isinstance(value, Mapping) and dataclasses.is_dataclass(getattr(config, key))
+        else value
+        for key, value in settings.items()
+    }
+    return dataclasses.replace(config, **changes)
 
 
 # --- typed summaries -----------------------------------------------------------------------

@@ -60,13 +60,13 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from frugal.bench.harness import (
     Bench,
+    BenchConfig,
     BenchResult,
     BenchSpec,
-    Preset,
     Progress,
     Summary,
     median,
@@ -115,7 +115,7 @@ _FULL_METHODS = (
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class PipelineBenchConfig:
+class PipelineBenchConfig(BenchConfig):
     """What `frugal pipeline bench` runs; `quick()` is the small preset."""
 
     train: PipelineTrainConfig = field(
@@ -214,50 +214,39 @@ class PipelineBenchConfig:
                     f"torch_pipelining={self.torch_pipelining}: each must be 'gpipe' or '1f1b'"
                 )
 
-    @classmethod
-    def quick(cls) -> PipelineBenchConfig:
-        """Preset `--quick`: 5 methods, 1 pre-training epoch, 6 epochs, 2 x 3 speed steps."""
-        return cls(
-            train=PipelineTrainConfig(
-                num_train=512,
-                num_eval=64,
-                schedule="gpipe",
-                micro_batch_size=4,
-                num_microbatches=8,
-            ),
-            methods=_QUICK_METHODS,
-            epochs=6,
-            pretrain_epochs=1,
-            speed_steps=3,
-            speed_rounds=2,
-            dp=DPBenchConfig.quick(),
-            llm=LLMBenchConfig(enabled=False),
-        )
-
-    @classmethod
-    def preset(cls, preset: Preset) -> PipelineBenchConfig:
-        """The sizes `frugal reproduce` runs: `full` the default, `quick` is `quick()`.
-
-        `smoke`: `quick()` with 64 training windows, FP32 and AQ-SGD fw2/bw4 only, the fastest
-        and slowest rho, 2 epochs, 2 speed steps in 1 round, no torch.pipelining and no DP.
-        """
-        if preset == "full":
-            return cls()
-        quick = cls.quick()
-        if preset == "quick":
-            return quick
-        return replace(
-            quick,
-            train=replace(quick.train, num_train=64, num_eval=16, num_microbatches=4),
-            methods=("fp32", "aqsgd:fw2,bw4"),
-            rhos=(min(quick.rhos), max(quick.rhos)),
-            epochs=2,
-            pretrain_windows=256,
-            speed_steps=2,
-            speed_rounds=1,
-            torch_pipelining=(),
-            dp=replace(quick.dp, enabled=False),
-        )
+    QUICK: ClassVar = {
+        "train": PipelineTrainConfig(
+            num_train=512,
+            num_eval=64,
+            schedule="gpipe",
+            micro_batch_size=4,
+            num_microbatches=8,
+        ),
+        "methods": _QUICK_METHODS,
+        "epochs": 6,
+        "pretrain_epochs": 1,
+        "speed_steps": 3,
+        "speed_rounds": 2,
+        "dp": DPBenchConfig.QUICK,
+        "llm": {"enabled": False},
+    }
+    """`--quick`: 5 methods, 1 pre-training epoch, 6 epochs, 2 x 3 speed steps."""
+    PRESETS: ClassVar = {
+        "smoke": {
+            "train": {"num_train": 64, "num_eval": 16, "num_microbatches": 4},
+            "methods": ("fp32", "aqsgd:fw2,bw4"),
+            "rhos": (min(RHO_POINTS.values()), max(RHO_POINTS.values())),
+            "epochs": 2,
+            "pretrain_windows": 256,
+            "speed_steps": 2,
+            "speed_rounds": 1,
+            "torch_pipelining": (),
+            "dp": {"enabled": False},
+        }
+    }
+    """`quick` is `quick()`; `smoke`: that with 64 training windows, FP32 and AQ-SGD fw2/bw4
+    only, the fastest and slowest rho, 2 epochs, 2 speed steps in 1 round, no
+    torch.pipelining and no DP."""
 
 
 def _quality_job(train: PipelineTrainConfig) -> LocalResult:

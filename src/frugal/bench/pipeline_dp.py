@@ -27,9 +27,9 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from frugal.bench.harness import Summary, median
+from frugal.bench.harness import BenchConfig, Summary, median
 from frugal.comm.gradcomp import DP_METHODS, dp_wire_bytes
 from frugal.comm.link import RHO_POINTS
 from frugal.config import check_types
@@ -59,7 +59,7 @@ _FULL_PAIRS = (
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class DPBenchConfig:
+class DPBenchConfig(BenchConfig):
     """The DP section: which (pipeline codec, DP method) pairs at which rho points."""
 
     enabled: bool = True
@@ -93,10 +93,12 @@ class DPBenchConfig:
                 f"speed_steps={self.speed_steps} must be >= 2 (the first is not timed)"
             )
 
-    @classmethod
-    def quick(cls) -> DPBenchConfig:
-        """3 pairs (FP32, AQ-SGD, AQ-SGD + qadam) at the slowest link, 3 steps each."""
-        return cls(pairs=_QUICK_PAIRS, rhos=(RHO_POINTS["100mbps"],), speed_steps=3)
+    QUICK: ClassVar = {
+        "pairs": _QUICK_PAIRS,
+        "rhos": (RHO_POINTS["100mbps"],),
+        "speed_steps": 3,
+    }
+    """`--quick`: 3 pairs (FP32, AQ-SGD, AQ-SGD + qadam) at the slowest link, 3 steps each."""
 
 
 def _plan(path: Path, train: PipelineTrainConfig) -> Path:

@@ -29,15 +29,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 
 from frugal.bench.harness import (
     Bench,
+    BenchConfig,
     BenchResult,
     BenchSpec,
-    Preset,
     Progress,
     Summary,
     write_bench_results,
@@ -71,7 +71,7 @@ Method = Literal[
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class PlanBenchConfig:
+class PlanBenchConfig(BenchConfig):
     """What `frugal plan bench` runs; `quick()` is the small preset."""
 
     scenarios: tuple[str, ...] = ("datacenter", "spot", "two_sites", "regional", "world")
@@ -131,33 +131,20 @@ class PlanBenchConfig:
         if self.seed < 0 or min(self.random_seeds) < 0:
             raise ValueError(f"seed={self.seed} and random_seeds={self.random_seeds} must be >= 0")
 
-    @classmethod
-    def quick(cls) -> PlanBenchConfig:
-        """Every scenario x model cell of the full bench, with search budgets of 300.
-
-        The ablation rows (swap, ours_grid) and dtfm_ga run in the world scenario only.
-        """
-        return cls(budget=300, convergence_budget=300, ablation_scenarios=("world",))
-
-    @classmethod
-    def preset(cls, preset: Preset) -> PlanBenchConfig:
-        """The sizes `frugal reproduce` runs: `full` the default Config.
-
-        `quick`: `quick()` on the headline cell only (GPT3-XL 24 layers, batch 1024); `smoke`:
-        that cell in the datacenter and world scenarios, one random seed, budgets of 40.
-        """
-        if preset == "full":
-            return cls()
-        quick = replace(cls.quick(), num_layers=(24,), global_batches=(1024,))
-        if preset == "quick":
-            return quick
-        return replace(
-            quick,
-            scenarios=("datacenter", "world"),
-            random_seeds=(2022,),
-            budget=40,
-            convergence_budget=40,
-        )
+    QUICK: ClassVar = {"budget": 300, "convergence_budget": 300, "ablation_scenarios": ("world",)}
+    """`--quick`: every scenario x model cell of the full bench, with search budgets of 300;
+    the ablation rows (swap, ours_grid) and dtfm_ga run in the world scenario only."""
+    PRESETS: ClassVar = {
+        "quick": {"num_layers": (24,), "global_batches": (1024,)},
+        "smoke": {
+            "scenarios": ("datacenter", "world"),
+            "random_seeds": (2022,),
+            "budget": 40,
+            "convergence_budget": 40,
+        },
+    }
+    """`quick`: `quick()` on the headline cell only (GPT3-XL 24 layers, batch 1024); `smoke`:
+    that cell in the datacenter and world scenarios, one random seed, budgets of 40."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -22,17 +22,17 @@ References:
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from frugal.bench.harness import (
     Bench,
+    BenchConfig,
     BenchResult,
     BenchSpec,
-    Preset,
     Progress,
     Summary,
     write_bench_results,
@@ -62,7 +62,7 @@ _ROW_KEYS = (
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class RecsysBenchConfig:
+class RecsysBenchConfig(BenchConfig):
     """What `frugal recsys bench` runs; `quick()` is the small preset."""
 
     datasets: tuple[DatasetName, ...] = ("movielens100k", "criteo_zipf")
@@ -93,14 +93,10 @@ class RecsysBenchConfig:
     """Cap on steps per run (None = full epochs), >= 1."""
     warmup_steps: int = 10
     """Steps excluded from throughput and timing medians, >= 0."""
-    zipf_num_samples: int = 200_000
-    """criteo_zipf samples (train + test), >= 100."""
-    zipf_num_embeddings: int = 200_000
-    """criteo_zipf ids per feature, >= 2."""
-    zipf_num_features: int = 8
-    """criteo_zipf features, in [2, 26]."""
-    zipf_alpha: float = 1.2
-    """criteo_zipf Zipf exponent, in (0, 4]."""
+    data: RecsysDataConfig = field(default_factory=RecsysDataConfig)
+    """The data of every run: criteo_zipf's samples, ids per feature, features and Zipf
+    exponent, the test split. Its `dataset` and `seed` come from `datasets` and `seeds`, so
+    leave them unset."""
     timeout_s: float = 120.0
     """Per-call timeout inside a run (RPC, collective, permit), > 0."""
     job_timeout_s: float = 7200.0
@@ -124,58 +120,46 @@ class RecsysBenchConfig:
             raise ValueError(f"rtt_ms={self.rtt_ms} must be >= 0")
         if self.job_timeout_s <= 0 or self.timeout_s <= 0:
             raise ValueError("timeout_s and job_timeout_s must be > 0")
+        unset = RecsysDataConfig()
+        if (self.data.dataset, self.data.seed) != (unset.dataset, unset.seed):
+            raise ValueError(
+                f"data.dataset={self.data.dataset!r} and data.seed={self.data.seed} are set per "
+                "run from datasets and seeds; leave them unset and list the runs' datasets and "
+                "seeds there (e.g. --set 'datasets=[\"criteo_zipf\"]' --set 'seeds=[0, 1]')"
+            )
         # the train Config validates the remaining fields, and each dataset's id
         for dataset in self.datasets:
             self.train_config("sync", dataset, 1, self.rtt_ms[0], self.seeds[0])
 
-    @classmethod
-    def quick(cls) -> RecsysBenchConfig:
-        """The `--quick` preset: both datasets, one seed, rtt 5 ms, hybrid K in {4, 16}, async K 16.
+    QUICK: ClassVar = {
+        "staleness": (4, 16),
+        "async_staleness": (16,),
+        "rtt_ms": (5.0,),
+        "seeds": (0,),
+        "data": {"zipf_num_samples": 200_000, "zipf_num_embeddings": 20_000},
+    }
+    """`--quick`: both datasets, one seed, rtt 5 ms, hybrid K in {4, 16}, async K 16.
 
-        8 runs in 2 torchrun jobs. Zipf: 200k samples (625 steps of 2 x 128: far fewer and
-        the AUC is still climbing fast, where any staleness costs several 0.001 of AUC; a
-        40k-sample test split), 8 x 20k ids.
-        """
-        return cls(
-            staleness=(4, 16),
-            async_staleness=(16,),
-            rtt_ms=(5.0,),
-            seeds=(0,),
-            zipf_num_samples=200_000,
-            zipf_num_embeddings=20_000,
-        )
-
-    @classmethod
-    def preset(cls, preset: Preset) -> RecsysBenchConfig:
-        """The sizes `frugal reproduce` runs: `full` the default, `quick` is `quick()`.
-
-        `smoke`: `quick()` on MovieLens-100k only, hybrid K 4, 24 steps (4 of warm-up).
-        """
-        if preset == "full":
-            return cls()
-        if preset == "quick":
-            return cls.quick()
-        return replace(
-            cls.quick(),
-            datasets=("movielens100k",),
-            staleness=(4,),
-            max_steps=24,
-            warmup_steps=4,
-        )
+    8 runs in 2 torchrun jobs. Zipf: 200k samples (625 steps of 2 x 128: far fewer and the
+    AUC is still climbing fast, where any staleness costs several 0.001 of AUC; a 40k-sample
+    test split), 8 x 20k ids."""
+    PRESETS: ClassVar = {
+        "smoke": {
+            "datasets": ("movielens100k",),
+            "staleness": (4,),
+            "max_steps": 24,
+            "warmup_steps": 4,
+        }
+    }
+    """`quick` is `quick()`; `smoke`: that on MovieLens-100k only, hybrid K 4, 24 steps (4 of
+    warm-up)."""
 
     def train_config(
         self, mode: Mode, dataset: DatasetName, staleness: int, rtt_ms: float, seed: int
     ) -> RecsysTrainConfig:
         """The training run of one cell."""
         return RecsysTrainConfig(
-            data=RecsysDataConfig(
-                dataset=dataset,
-                seed=seed,
-                zipf_num_samples=self.zipf_num_samples,
-                zipf_num_embeddings=self.zipf_num_embeddings,
-                zipf_num_features=self.zipf_num_features,
-                zipf_alpha=self.zipf_alpha,
-            ),
+            data=replace(self.data, dataset=dataset, seed=seed),
             mode=mode,
             staleness=staleness,
             prefetch_depth=self.prefetch_depth,

@@ -25,10 +25,10 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -36,9 +36,9 @@ import numpy.typing as npt
 from frugal._libc import fixed_mmap_threshold
 from frugal.bench.harness import (
     Bench,
+    BenchConfig,
     BenchResult,
     BenchSpec,
-    Preset,
     Progress,
     Summary,
     median_after_warmup,
@@ -47,6 +47,7 @@ from frugal.bench.harness import (
     write_bench_results,
 )
 from frugal.config import check_types
+from frugal.registry import Registry
 from frugal.store.lookahead import Batch, LookaheadLoader
 from frugal.store.rows import OptimizerConfig, RowSpec, splitmix64
 
@@ -60,12 +61,11 @@ __all__ = [
 
 SystemName = Literal["ram", "rocksdb_offload", "lmdb_offload", "hlog", "mlkv", "frugal"]
 WorkloadName = Literal["criteo_zipf", "movielens100k", "collegemsg"]
-_LOOKAHEAD_SYSTEMS = ("mlkv", "frugal")
 _MIB = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class StoreBenchConfig:
+class StoreBenchConfig(BenchConfig):
     """What `frugal store bench` runs; `quick()` is the small preset."""
 
     systems: tuple[SystemName, ...] = (
@@ -154,51 +154,38 @@ class StoreBenchConfig:
         if self.compute_ms < 0 or self.repeats < 1 or self.batch_size < 1:
             raise ValueError("compute_ms must be >= 0, repeats and batch_size >= 1")
 
-    @classmethod
-    def quick(cls) -> StoreBenchConfig:
-        """The `--quick` preset: Criteo at scale 0.02, 300 batches, ratios 1.0/0.10, W 0/4.
+    QUICK: ClassVar = {
+        "systems": ("ram", "rocksdb_offload", "hlog", "mlkv", "frugal"),
+        "workloads": ("criteo_zipf",),
+        "scale": 0.02,
+        "num_batches": 300,
+        "warmup_batches": 50,
+        "memory_ratios": (1.0, 0.10),
+        "lookaheads": (0, 4),
+        "staleness_bounds": (0, 4, -1),
+    }
+    """`--quick`: Criteo at scale 0.02, 300 batches, ratios 1.0/0.10, W 0/4.
 
-        16 runs, about 3 minutes on 2 cores; the real streams run in the full bench only.
-        """
-        return cls(
-            systems=("ram", "rocksdb_offload", "hlog", "mlkv", "frugal"),
-            workloads=("criteo_zipf",),
-            scale=0.02,
-            num_batches=300,
-            warmup_batches=50,
-            memory_ratios=(1.0, 0.10),
-            lookaheads=(0, 4),
-            staleness_bounds=(0, 4, -1),
-        )
-
-    @classmethod
-    def preset(cls, preset: Preset) -> StoreBenchConfig:
-        """The sizes `frugal reproduce` runs: `full` is the default Config.
-
-        `quick`: `quick()` on ram, rocksdb_offload, mlkv and frugal at ratios 0.25/0.10, 200
-        batches, staleness 0 only; `smoke`: that at scale 0.001, 24 batches of 64, ratio 0.10.
-        """
-        if preset == "full":
-            return cls()
-        config = replace(
-            cls.quick(),
-            systems=("ram", "rocksdb_offload", "mlkv", "frugal"),
-            memory_ratios=(0.25, 0.10),
-            num_batches=200,
-            warmup_batches=40,
-            staleness_bounds=(0,),
-        )
-        if preset == "smoke":
-            config = replace(
-                config,
-                scale=0.001,
-                batch_size=64,
-                num_batches=24,
-                warmup_batches=8,
-                memory_ratios=(0.10,),
-                compute_ms=1.0,
-            )
-        return config
+    16 runs, about 3 minutes on 2 cores; the real streams run in the full bench only."""
+    PRESETS: ClassVar = {
+        "quick": {
+            "systems": ("ram", "rocksdb_offload", "mlkv", "frugal"),
+            "memory_ratios": (0.25, 0.10),
+            "num_batches": 200,
+            "warmup_batches": 40,
+            "staleness_bounds": (0,),
+        },
+        "smoke": {
+            "scale": 0.001,
+            "batch_size": 64,
+            "num_batches": 24,
+            "warmup_batches": 8,
+            "memory_ratios": (0.10,),
+            "compute_ms": 1.0,
+        },
+    }
+    """`quick`: `quick()` on ram, rocksdb_offload, mlkv and frugal at ratios 0.25/0.10, 200
+    batches, staleness 0 only; `smoke`: that at scale 0.001, 24 batches of 64, ratio 0.10."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -327,31 +314,55 @@ def _events_workload(name: WorkloadName, folder: Path, events_per_batch: int = 6
 # --- one run (in a child process) --------------------------------------------------------------
 
 
-def _build(run: _Run, budget_bytes: int) -> Any:
-    from frugal.store.baselines import HybridLogTable, KvOffloadTable, RamTable
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _System:
+    """How the bench opens one compared system, and what it measures about it."""
+
+    build: Callable[[_Run, int], Any]
+    """Opens the system's table for a run at a memory budget in bytes; raises ValueError if
+    the budget cannot hold the system's fixed structures."""
+    uses_lookahead: bool = False
+    """Whether the system takes lookahead hints (its runs sweep the lookahead windows W)."""
+    budget_enforced: bool = True
+    """Whether the memory budget binds (lmdb lives in the OS page cache, ram holds all)."""
+
+
+_SYSTEMS: Registry[_System] = Registry("store bench system", field="systems")
+"""The systems `StoreBenchConfig.systems` names; `<engine>_offload` is `KvOffloadTable` on the
+`KV_ENGINES` entry `<engine>`."""
+
+
+def _ram(run: _Run, budget_bytes: int) -> Any:
+    from frugal.store.baselines import RamTable
+
+    return RamTable(run.workload.num_rows, run.workload.spec, run.seed)
+
+
+def _on_disk(table: str, *, threaded: bool = False, **options: Any) -> Callable[[_Run, int], Any]:
+    """Opens the `frugal.store.baselines` table class `table` in the run's folder.
+
+    Args:
+        table: `KvOffloadTable` or `HybridLogTable`.
+        threaded: Pass the run's `io_threads` on.
+        options: The class's other keyword arguments (`engine`, `mlkv`).
+    """
+
+    def build(run: _Run, budget_bytes: int) -> Any:
+        from frugal.store import baselines
+
+        w = run.workload
+        threads = {"io_threads": run.io_threads} if threaded else {}
+        return getattr(baselines, table)(
+            Path(run.work_dir), w.num_rows, w.spec, run.seed, memory_budget_bytes=budget_bytes,
+            **options, **threads,
+        )  # fmt: skip
+
+    return build
+
+
+def _frugal(run: _Run, budget_bytes: int) -> Any:
     from frugal.store.store import EmbeddingStore
 
-    w = run.workload
-    folder = Path(run.work_dir)
-    if run.system == "ram":
-        return RamTable(w.num_rows, w.spec, run.seed)
-    if run.system in ("rocksdb_offload", "lmdb_offload"):
-        engine: Literal["rocksdb", "lmdb"] = (
-            "rocksdb" if run.system == "rocksdb_offload" else "lmdb"
-        )
-        return KvOffloadTable(
-            folder, w.num_rows, w.spec, run.seed, engine=engine, memory_budget_bytes=budget_bytes
-        )
-    if run.system in ("hlog", "mlkv"):
-        return HybridLogTable(
-            folder,
-            w.num_rows,
-            w.spec,
-            run.seed,
-            memory_budget_bytes=budget_bytes,
-            mlkv=run.system == "mlkv",
-            io_threads=run.io_threads,
-        )
     config = EmbeddingStore.Config(
         backend="file",
         memory_budget_bytes=budget_bytes,
@@ -359,9 +370,24 @@ def _build(run: _Run, budget_bytes: int) -> Any:
         io_threads=run.io_threads,
         timeout_s=120.0,
     )
-    return EmbeddingStore.create(
-        folder / "store", num_rows=w.num_rows, spec=w.spec, config=config, seed=run.seed
+    w = run.workload
+    store = EmbeddingStore.create(
+        Path(run.work_dir) / "store", num_rows=w.num_rows, spec=w.spec, config=config, seed=run.seed
     )
+    return _StoreAdapter(store)
+
+
+_SYSTEMS.register("ram", _System(build=_ram, budget_enforced=False))
+_SYSTEMS.register("rocksdb_offload", _System(build=_on_disk("KvOffloadTable", engine="rocksdb")))
+_SYSTEMS.register(
+    "lmdb_offload", _System(build=_on_disk("KvOffloadTable", engine="lmdb"), budget_enforced=False)
+)
+_SYSTEMS.register("hlog", _System(build=_on_disk("HybridLogTable", threaded=True, mlkv=False)))
+_SYSTEMS.register(
+    "mlkv",
+    _System(build=_on_disk("HybridLogTable", threaded=True, mlkv=True), uses_lookahead=True),
+)
+_SYSTEMS.register("frugal", _System(build=_frugal, uses_lookahead=True))
 
 
 class _StoreAdapter:
@@ -433,15 +459,13 @@ def _execute(run: _Run) -> dict[str, Any]:
         "num_rows": w.num_rows,
         "row_bytes": w.spec.row_bytes,
         "memory_budget_bytes": budget,
-        # lmdb lives in the OS page cache and ram holds everything: their budget is not binding.
-        "budget_enforced": run.system not in ("ram", "lmdb_offload"),
+        "budget_enforced": _SYSTEMS.get(run.system).budget_enforced,
     }
     anon_before = anon_peak = _anon_rss_mib()
     try:
-        built = _build(run, budget)
+        system = _SYSTEMS.get(run.system).build(run, budget)
     except ValueError as exc:  # the budget cannot hold the system's fixed structures
         return row | {"status": "infeasible", "error": str(exc)}
-    system = _StoreAdapter(built) if run.system == "frugal" else built
     d = w.spec.embedding_dim
     u_scale = np.float32(1.0 / np.sqrt(d))
     step_s: list[float] = []
@@ -560,7 +584,7 @@ def _plan(config: StoreBenchConfig, workloads: list[_Workload], work_dir: Path) 
         for ratio in ratios:
             for system in config.systems:
                 grid = config.lookaheads if criteo else config.stream_lookaheads
-                windows = grid if system in _LOOKAHEAD_SYSTEMS else (0,)
+                windows = grid if _SYSTEMS.get(system).uses_lookahead else (0,)
                 for window in windows:
                     runs.append(
                         _Run(system, workload, ratio, window, 0, config.compute_ms,

@@ -19,7 +19,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -27,9 +27,9 @@ from frugal import FrugalError
 from frugal._libc import keep_freed_memory
 from frugal.bench.harness import (
     Bench,
+    BenchConfig,
     BenchResult,
     BenchSpec,
-    Preset,
     Progress,
     Summary,
     run_cell,
@@ -58,7 +58,7 @@ MAX_SEED = 2**32 - 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class TgraphBenchConfig:
+class TgraphBenchConfig(BenchConfig):
     """What `frugal tgraph bench` runs; `quick()` is the small preset."""
 
     datasets: tuple[str, ...] = ("collegemsg",)
@@ -129,43 +129,30 @@ class TgraphBenchConfig:
                 f"the first {WARMUP_BATCHES} batches of each loop are warm-up and not timed"
             )
 
-    @classmethod
-    def quick(cls) -> TgraphBenchConfig:
-        """The `--quick` preset: sp_hospital + collegemsg; heuristics, JODIE, TGN; 1 seed, 2 epochs.
+    QUICK: ClassVar = {
+        "datasets": ("sp_hospital", "collegemsg"),
+        "models": ("edgebank", "edgebank_window", "recency", "popularity", "jodie", "tgn"),
+        "protocol": {"max_epochs": 2, "learning_rate": 1e-3},
+        "num_seeds": 1,
+        "num_threads": 1,
+        "pyg_reference_batches": 100,
+    }
+    """`--quick`: sp_hospital + collegemsg; heuristics, JODIE, TGN; 1 seed, 2 epochs.
 
-        Learning rate 1e-3 (the protocol default 1e-4 needs far more than 2 epochs), one torch
-        thread per run (the runs are sequential; on a shared 2-core machine a second
-        thread mostly spins), PyG's reference loop timed over 100 CollegeMsg batches; about
-        1.5 minutes on 2 busy cores.
-        """
-        return cls(
-            datasets=("sp_hospital", "collegemsg"),
-            models=("edgebank", "edgebank_window", "recency", "popularity", "jodie", "tgn"),
-            protocol=ProtocolConfig(max_epochs=2, learning_rate=1e-3),
-            num_seeds=1,
-            num_threads=1,
-            pyg_reference_batches=100,
-        )
-
-    @classmethod
-    def preset(cls, preset: Preset) -> TgraphBenchConfig:
-        """The sizes `frugal reproduce` runs: `full` the default, `quick` is `quick()`.
-
-        `smoke`: `quick()` on sp_hospital with edgebank, recency and TGN, one epoch, the PyG
-        reference over 10 batches.
-        """
-        if preset == "full":
-            return cls()
-        quick = cls.quick()
-        if preset == "quick":
-            return quick
-        return replace(
-            quick,
-            datasets=("sp_hospital",),
-            models=("edgebank", "recency", "tgn"),
-            protocol=replace(quick.protocol, max_epochs=1),
-            pyg_reference_batches=10,
-        )
+    Learning rate 1e-3 (the protocol default 1e-4 needs far more than 2 epochs), one torch
+    thread per run (the runs are sequential; on a shared 2-core machine a second thread
+    mostly spins), PyG's reference loop timed over 100 CollegeMsg batches; about 1.5 minutes
+    on 2 busy cores."""
+    PRESETS: ClassVar = {
+        "smoke": {
+            "datasets": ("sp_hospital",),
+            "models": ("edgebank", "recency", "tgn"),
+            "protocol": {"max_epochs": 1},
+            "pyg_reference_batches": 10,
+        }
+    }
+    """`quick` is `quick()`; `smoke`: that on sp_hospital with edgebank, recency and TGN, one
+    epoch, the PyG reference over 10 batches."""
 
 
 NC_FLOOR_MODEL = "popularity"

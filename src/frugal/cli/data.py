@@ -8,29 +8,21 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from frugal.cli.options import (
-    add_area,
     add_config_arguments,
     config_from_args,
     output_folder,
-    print_config,
+    with_config,
 )
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
-    from frugal.data import DatasetInfo, DatasetStats
+    from frugal.data import DataConfig, DatasetInfo, DatasetStats
 
-__all__ = ["register"]
+__all__ = ["add_actions"]
 
 
-def register(commands: Any) -> None:
-    """Add the `data` subcommand and its children to the top-level subparsers."""
-    children = add_area(
-        commands,
-        "data",
-        help="list, inspect and export the bundled real datasets",
-        description="The bundled real datasets: found in installed packages, never downloaded.",
-    )
-
+def add_actions(children: Any) -> None:
+    """Add the actions of `frugal data` to its subparsers."""
     listing = children.add_parser("list", help="table of every bundled dataset")
     listing.add_argument(
         "--verify",
@@ -59,6 +51,12 @@ def register(commands: Any) -> None:
     export.set_defaults(handler=_export)
 
 
+def _data_config(args: argparse.Namespace) -> DataConfig:
+    from frugal.data import DataConfig
+
+    return config_from_args(DataConfig, args)
+
+
 def _counts(stats: DatasetStats) -> str:
     parts = []
     for value, unit in (
@@ -84,18 +82,15 @@ def _source(info: DatasetInfo) -> str:
     return f"{source.channel}: {source.distribution} {source.version}"
 
 
-def _list(args: argparse.Namespace) -> int:
+@with_config(_data_config)
+def _list(args: argparse.Namespace, config: DataConfig) -> int:
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
     from frugal.config import config_to_dict
-    from frugal.data import DataConfig
     from frugal.data.status import check_datasets
 
-    config = config_from_args(DataConfig, args)
-    if print_config(args, config):
-        return 0
     statuses = check_datasets(verify=args.verify, config=config)
     rows = [(s.info, s.text, s.stats) for s in statuses]
     failed = [f"{s.info.name}: {s.text}" for s in statuses if s.failed]
@@ -147,13 +142,11 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(args: argparse.Namespace) -> int:
+@with_config(_data_config)
+def _show(args: argparse.Namespace, config: DataConfig) -> int:
     from frugal.config import config_to_dict
-    from frugal.data import DataConfig, get_dataset_info, verify_dataset
+    from frugal.data import get_dataset_info, verify_dataset
 
-    config = config_from_args(DataConfig, args)
-    if print_config(args, config):
-        return 0
     info = get_dataset_info(args.name)
     stats = verify_dataset(info, config)
     record = config_to_dict(info)
@@ -191,13 +184,11 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export(args: argparse.Namespace) -> int:
-    from frugal.data import DataConfig, get_dataset_info, load_events
+@with_config(_data_config)
+def _export(args: argparse.Namespace, config: DataConfig) -> int:
+    from frugal.data import get_dataset_info, load_events
     from frugal.data.ml_format import write_ml
 
-    config = config_from_args(DataConfig, args)
-    if print_config(args, config):
-        return 0
     info = get_dataset_info(args.name)
     if "events" not in info.loaders:
         raise ConfigError(

@@ -1,15 +1,18 @@
-"""What subcommands share: an area's parser, and `--config`, `--set`, `--print-config`."""
+"""What subcommands share: `Command`, an area's parser, `--config`, `--set`, `--print-config`."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from frugal.config import ConfigError, config_to_commented_toml, config_to_dict, load_config
 
 __all__ = [
+    "Command",
     "add_area",
     "add_config_arguments",
     "add_print_config_argument",
@@ -18,9 +21,50 @@ __all__ = [
     "output_folder",
     "overlay_flags",
     "print_config",
+    "with_config",
 ]
 
 T = TypeVar("T")
+Handler = Callable[[argparse.Namespace], int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    """A top-level subcommand `frugal NAME`: its help texts and what its module adds to it.
+
+    Each `frugal.cli` module declares one (`COMMAND`); `frugal.cli.main` registers them in
+    order. An area (`frugal data ACTION ...`) gives `actions`; a command with flags of its own
+    (`frugal plan --scenario ...`) gives `arguments`.
+
+    Raises:
+        ValueError: If not exactly one of `actions` and `arguments` is given.
+    """
+
+    name: str
+    """The subcommand, e.g. "data"."""
+    help: str
+    """One line for `frugal --help`."""
+    description: str
+    """Long text of `frugal NAME --help`."""
+    actions: Callable[[Any], None] | None = None
+    """Adds the area's actions to its subparsers (one of them is required), or None."""
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    """Adds the command's own arguments to its parser, or None."""
+
+    def __post_init__(self) -> None:
+        if (self.actions is None) == (self.arguments is None):
+            raise ValueError(
+                f"Command {self.name!r} needs exactly one of actions (an area) and arguments "
+                "(a command with flags of its own)"
+            )
+
+    def register(self, commands: Any) -> None:
+        """Add the command to the top-level subparsers `commands`."""
+        texts = {"help": self.help, "description": self.description}
+        if self.actions is not None:
+            self.actions(add_area(commands, self.name, **texts))
+        elif self.arguments is not None:
+            self.arguments(commands.add_parser(self.name, **texts))
 
 
 def add_area(commands: Any, name: str, *, help: str, description: str) -> Any:
@@ -60,6 +104,35 @@ def print_config(args: argparse.Namespace, config: object) -> bool:
         return False
     print(config_to_commented_toml(config), end="")
     return True
+
+
+def with_config(
+    resolve: Callable[[argparse.Namespace], T],
+) -> Callable[[Callable[[argparse.Namespace, T], int]], Handler]:
+    """Make a handler `run(args, config)` of one taking `args` alone.
+
+    The handler made resolves the Config with `resolve(args)`; under `--print-config` it prints
+    it and returns 0, else it returns `run(args, config)`.
+
+    Args:
+        resolve: Builds the command's Config from its parsed arguments (it imports its
+            subsystem, so the handler's module stays light).
+
+    Returns:
+        A decorator for `run`.
+    """
+
+    def decorate(run: Callable[[argparse.Namespace, T], int]) -> Handler:
+        @functools.wraps(run)
+        def handler(args: argparse.Namespace) -> int:
+            config = resolve(args)
+            if print_config(args, config):
+                return 0
+            return run(args, config)
+
+        return handler
+
+    return decorate
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

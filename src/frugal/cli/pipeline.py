@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from frugal.cli.bench import BenchEntry, add_bench
 from frugal.cli.options import (
-    add_area,
     add_config_arguments,
     output_folder,
     overlay_flags,
-    print_config,
+    with_config,
 )
 from frugal.config import ConfigError
 
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
     from frugal.pipeline.train import PipelineTrainConfig
     from frugal.registry import Registry
 
-__all__ = ["register", "train_config"]
+__all__ = ["add_actions", "train_config"]
 
 
 class _RegistryNames:
@@ -54,14 +53,8 @@ class _RegistryNames:
         return iter(self._names().names())
 
 
-def register(commands: Any) -> None:
-    """Add the `pipeline` subcommand and its children to the top-level subparsers."""
-    children = add_area(
-        commands,
-        "pipeline",
-        help="compressed pipeline-parallel training over slow links (AQ-SGD)",
-        description="frugal.pipeline: GPipe/1F1B over torch.distributed with activation codecs.",
-    )
+def add_actions(children: Any) -> None:
+    """Add the actions of `frugal pipeline` to its subparsers."""
     train = children.add_parser(
         "train", help="train a model with one process per stage (torchrun, gloo, 127.0.0.1)"
     )
@@ -204,15 +197,13 @@ def train_config(args: argparse.Namespace) -> PipelineTrainConfig:
     return config
 
 
-def _train(args: argparse.Namespace) -> int:
+@with_config(train_config)
+def _train(args: argparse.Namespace, config: PipelineTrainConfig) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from frugal.pipeline.job import check_training, run_training
 
-    config = train_config(args)
-    if print_config(args, config):
-        return 0
     job = check_training(config, num_stages=args.stages)
     out = output_folder(args.out)
     columns = (

@@ -9,28 +9,25 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from frugal.cli.bench import BenchEntry, add_bench
-from frugal.cli.options import add_config_arguments, config_from_args, output_file, print_config
+from frugal.cli.options import (
+    add_config_arguments,
+    config_from_args,
+    output_file,
+    print_config,
+)
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
     from frugal.planner.topology import Topology
 
-__all__ = ["register"]
+__all__ = ["add_arguments"]
 
 
-def register(commands: Any) -> None:
-    """Add the `plan` subcommand to the top-level subparsers."""
-    parser = commands.add_parser(
-        "plan",
-        help="place pipeline x data-parallel training on a (geo-distributed) cluster",
-        description=(
-            "Search a placement (DT-FM scheduler's cost model) and print it; settings such as "
-            "num_stages, num_replicas, method, budget and seed go through --set."
-        ),
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of `frugal plan` to its parser."""
     where = parser.add_mutually_exclusive_group()
     from frugal.planner.scenarios import SCENARIOS
 

@@ -11,28 +11,21 @@ from typing import TYPE_CHECKING, Any
 
 from frugal.cli.bench import BenchEntry, add_bench
 from frugal.cli.options import (
-    add_area,
     add_config_arguments,
     output_file,
     output_folder,
-    print_config,
+    with_config,
 )
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
     from frugal.recsys.config import RecsysTrainConfig
 
-__all__ = ["register", "train_config"]
+__all__ = ["add_actions", "train_config"]
 
 
-def register(commands: Any) -> None:
-    """Add the `recsys` subcommand and its children to the top-level subparsers."""
-    children = add_area(
-        commands,
-        "recsys",
-        help="hybrid sync/async recommender training (Persia): train, benchmark",
-        description="frugal.recsys: async embeddings + sync dense network on torch.distributed.",
-    )
+def add_actions(children: Any) -> None:
+    """Add the actions of `frugal recsys` to its subparsers."""
     train = children.add_parser("train", help="train with N torchrun processes on 127.0.0.1")
     train.add_argument(
         "--dataset", choices=("movielens100k", "adult", "criteo_zipf"), help="dataset id"
@@ -103,12 +96,10 @@ def train_config(args: argparse.Namespace) -> RecsysTrainConfig:
     return config
 
 
-def _train(args: argparse.Namespace) -> int:
+@with_config(train_config)
+def _train(args: argparse.Namespace, config: RecsysTrainConfig) -> int:
     from frugal.recsys.launch import launch_training
 
-    config = train_config(args)
-    if print_config(args, config):
-        return 0
     out = output_folder(args.out)
     cores = os.cpu_count() or 1
     print(

@@ -4,26 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
-from frugal.cli.options import add_print_config_argument, output_folder, print_config
+from frugal.cli.options import add_print_config_argument, output_folder, with_config
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from frugal.reproduce import ReproduceConfig
+
+__all__ = ["add_arguments"]
 
 
-def register(commands: Any) -> None:
-    """Add the `reproduce` subcommand to the top-level subparsers."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of `frugal reproduce` to its parser."""
     from frugal.reproduce.parts import PART_NAMES
 
-    parser = commands.add_parser(
-        "reproduce",
-        help="the main job: every subsystem's headline claim vs its baselines, one report",
-        description=(
-            "Run each subsystem's bench (store, tgraph, recsys, pipeline, planner) side by side "
-            "with its baselines on the bundled real data and write results.json, report.md and "
-            "figures. Parts finished earlier in the same folder and mode are not redone."
-        ),
-    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
         "--quick",
@@ -60,16 +54,20 @@ def register(commands: Any) -> None:
     parser.set_defaults(handler=_reproduce)
 
 
-def _reproduce(args: argparse.Namespace) -> int:
+def _config(args: argparse.Namespace) -> ReproduceConfig:
     from frugal.config import config_from_dict
-    from frugal.reproduce import ReproduceConfig, run_reproduce
+    from frugal.reproduce import ReproduceConfig
 
     only = [name.strip() for name in args.only.split(",") if name.strip()]
-    config = config_from_dict(
+    return config_from_dict(
         ReproduceConfig, {"mode": args.mode, "only": only}, source="command line"
     )
-    if print_config(args, config):
-        return 0
+
+
+@with_config(_config)
+def _reproduce(args: argparse.Namespace, config: ReproduceConfig) -> int:
+    from frugal.reproduce import run_reproduce
+
     out = output_folder(args.out)
     document, _ = run_reproduce(config, out, show_progress=sys.stderr.isatty())
     summary = document["summary"]

@@ -6,19 +6,12 @@ import sys
 from typing import Any
 
 from frugal.cli.bench import BenchEntry, add_bench
-from frugal.cli.options import add_area
 
-__all__ = ["register"]
+__all__ = ["add_actions"]
 
 
-def register(commands: Any) -> None:
-    """Add the `store` subcommand and its children to the top-level subparsers."""
-    children = add_area(
-        commands,
-        "store",
-        help="disk-backed embedding storage (MLKV): benchmark",
-        description="frugal.store: embedding tables on disk behind a lookahead cache.",
-    )
+def add_actions(children: Any) -> None:
+    """Add the actions of `frugal store` to its subparsers."""
     add_bench(
         children,
         _bench,

@@ -10,23 +10,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frugal.cli.bench import BenchEntry, add_bench
-from frugal.cli.options import add_area, overlay_flags
+from frugal.cli.options import overlay_flags
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
     from frugal.bench.tgraph import TgraphBenchConfig
 
-__all__ = ["bench_config", "register"]
+__all__ = ["add_actions", "bench_config"]
 
 
-def register(commands: Any) -> None:
-    """Add the `tgraph` subcommand and its children to the top-level subparsers."""
-    children = add_area(
-        commands,
-        "tgraph",
-        help="temporal-GNN benchmark (Benchtemp): bench, leaderboard",
-        description="frugal.tgraph: one fair protocol for every temporal GNN.",
-    )
+def add_actions(children: Any) -> None:
+    """Add the actions of `frugal tgraph` to its subparsers."""
     bench = add_bench(
         children,
         _bench,

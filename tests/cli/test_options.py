@@ -1,0 +1,59 @@
+"""`frugal.cli.options`: a `Command` registers its parser; `with_config` runs a handler."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from frugal.cli.main import COMMANDS, build_parser
+from frugal.cli.options import Command, with_config
+
+
+def test_command_registers_an_area_with_a_required_action() -> None:
+    seen: list[str] = []
+
+    def actions(children: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        seen.append(children.dest)
+        children.add_parser("go").set_defaults(handler=lambda args: 7)
+
+    parser = argparse.ArgumentParser(prog="t")
+    commands = parser.add_subparsers(dest="command")
+    Command(name="demo", help="one line", description="long", actions=actions).register(commands)
+    assert seen == ["demo_command"]
+    assert parser.parse_args(["demo", "go"]).handler(None) == 7
+    with pytest.raises(SystemExit):  # the area's action is required
+        parser.parse_args(["demo"])
+
+
+def test_command_needs_exactly_one_of_actions_and_arguments() -> None:
+    with pytest.raises(ValueError, match="exactly one of actions"):
+        Command(name="x", help="h", description="d")
+    with pytest.raises(ValueError, match="exactly one of actions"):
+        Command(name="x", help="h", description="d", actions=print, arguments=print)
+
+
+def test_main_registers_every_command_in_help_order() -> None:
+    names = [command.name for command in COMMANDS]
+    assert names == ["data", "store", "plan", "recsys", "tgraph", "pipeline", "reproduce"]
+    subparsers = next(
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    assert list(subparsers.choices) == names
+
+
+def test_with_config_resolves_then_prints_or_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from frugal.data import DataConfig
+
+    calls: list[object] = []
+
+    @with_config(lambda args: DataConfig())
+    def handler(args: argparse.Namespace, config: DataConfig) -> int:
+        calls.append(config)
+        return 5
+
+    assert handler(argparse.Namespace(print_config=False)) == 5
+    assert calls == [DataConfig()]
+    assert handler(argparse.Namespace(print_config=True)) == 0  # printed, not run
+    assert len(calls) == 1
+    assert capsys.readouterr().out.startswith("# ")
