@@ -91,3 +91,20 @@ def test_headers_are_checked() -> None:
     bad[0] = 7
     with pytest.raises(ProtocolError, match="bad message header"):
         parse_header(bad)
+
+
+def test_stage_blocks_share_the_model_blocks_and_check_the_split() -> None:
+    from torch import nn
+
+    from frugal.pipeline.models import StageBlocks, check_stage_layers
+
+    blocks = nn.ModuleList(nn.Linear(2, 2) for _ in range(5))
+    # layers (2, 3): stage 1 holds blocks 2, 3, 4 (the same objects, not copies)
+    stage = StageBlocks(blocks, 1, (2, 3), use_recompute=False)
+    assert (stage.stage, stage.num_stages, stage.is_first, stage.is_last) == (1, 2, False, True)
+    assert [id(b) for b in stage.blocks] == [id(b) for b in blocks[2:]]
+    check_stage_layers((2, 3), 5)
+    with pytest.raises(ValueError, match=r"sum to the model's 5 blocks"):
+        check_stage_layers((2, 2), 5)
+    with pytest.raises(ValueError, match=r">= 1 each"):
+        check_stage_layers((5, 0), 5)
