@@ -91,3 +91,56 @@ def test_headers_are_checked() -> None:
     bad[0] = 7
     with pytest.raises(ProtocolError, match="bad message header"):
         parse_header(bad)
+
+
+def test_stage_blocks_share_the_model_blocks_and_check_the_split() -> None:
+    from torch import nn
+
+    from frugal.pipeline.models import StageBlocks, check_stage_layers
+
+    blocks = nn.ModuleList(nn.Linear(2, 2) for _ in range(5))
+    # layers (2, 3): stage 1 holds blocks 2, 3, 4 (the same objects, not copies)
+    stage = StageBlocks(blocks, 1, (2, 3), use_recompute=False)
+    assert (stage.stage, stage.num_stages, stage.is_first, stage.is_last) == (1, 2, False, True)
+    assert [id(b) for b in stage.blocks] == [id(b) for b in blocks[2:]]
+    check_stage_layers((2, 3), 5)
+    with pytest.raises(ValueError, match=r"sum to the model's 5 blocks"):
+        check_stage_layers((2, 2), 5)
+    with pytest.raises(ValueError, match=r">= 1 each"):
+        check_stage_layers((5, 0), 5)
+
+
+def test_run_job_file_parses_runs_and_reports_failures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    from collections.abc import Sequence
+
+    from frugal.config import config_to_dict
+    from frugal.pipeline.train import RunSpec
+    from frugal.pipeline.worker import run_job_file
+
+    config = PipelineTrainConfig(num_stages=2)
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"config": config_to_dict(config), "runs": []}))
+    seen: list[tuple[int, int, Path]] = []
+
+    def body(c: PipelineTrainConfig, runs: Sequence[RunSpec], out: Path) -> None:
+        seen.append((c.num_stages, len(runs), out))
+
+    assert run_job_file([str(job), str(tmp_path)], module="m", body=body) == 0
+    assert seen == [(2, 0, tmp_path)]
+    assert run_job_file([str(job)], module="some.module", body=body) == 2
+    assert "usage: python -m some.module JOB.json OUT_DIR" in capsys.readouterr().err
+
+    def failing(c: PipelineTrainConfig, runs: Sequence[RunSpec], out: Path) -> None:
+        raise ValueError("stage 1 is gone")
+
+    def crashing(c: PipelineTrainConfig, runs: Sequence[RunSpec], out: Path) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setenv("RANK", "3")
+    assert run_job_file([str(job), str(tmp_path)], module="m", body=failing) == 1
+    assert "frugal: rank 3: ValueError: stage 1 is gone" in capsys.readouterr().err
+    with pytest.raises(RuntimeError):  # not among `errors`: a bug, with its traceback
+        run_job_file([str(job), str(tmp_path)], module="m", body=crashing)

@@ -93,3 +93,23 @@ def test_iteration_memetic_is_deterministic_and_scores_its_mesh() -> None:
     assert message_seconds(top, workload)[0, 1] == pytest.approx(
         0.005 + (2048 * 2048 * 2 + 128) * 8 / 2e9
     )  # two London devices: 5 ms + 8 MiB at 2 Gbps
+
+
+def test_structured_seeds_and_parent_picks() -> None:
+    from frugal.planner.search import _pick_parents, structured_seeds
+
+    topology = _random_topology(6, seed=1)
+    # 3 x 2 grid (not square): site transversal, then Megatron's default twice
+    # (mesh[j][i] = i * D_dp + j: stage i holds devices 2i, 2i + 1).
+    seeds = structured_seeds(topology, 3, 2)
+    megatron = [[0, 1], [2, 3], [4, 5]]
+    assert len(seeds) == 3
+    assert seeds[1].tolist() == megatron and seeds[2].tolist() == megatron
+    assert sorted(seeds[0].ravel().tolist()) == list(range(6)) and seeds[0].shape == (3, 2)
+    # Two members: the tournaments must pick both, whatever the draws.
+    rng = np.random.default_rng(0)
+    assert all(sorted(_pick_parents([5.0, 1.0], rng)) == [0, 1] for _ in range(20))
+    # Three members: each tournament of two distinct members returns the cheaper one, so
+    # the most expensive (index 2) is never the first parent; parents always differ.
+    picks = [_pick_parents([1.0, 2.0, 3.0], rng) for _ in range(50)]
+    assert all(i != j and i != 2 for i, j in picks)

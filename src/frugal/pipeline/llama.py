@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from frugal.config import check_types
+from frugal.pipeline.models import StageBlocks, check_stage_layers
 
 __all__ = [
     "Llama",
@@ -246,7 +246,7 @@ class Llama(nn.Module):
         return F.linear(self.norm(x), self.head_weight())
 
 
-class LlamaStage(nn.Module):
+class LlamaStage(StageBlocks):
     """One pipeline stage of a `Llama`: [embedding] + contiguous blocks + [norm, head].
 
     Same contract as `frugal.pipeline.models.StageModule`: stage 0 maps tokens (M, T) to
@@ -258,14 +258,7 @@ class LlamaStage(nn.Module):
     def __init__(
         self, model: Llama, stage: int, layers: tuple[int, ...], use_recompute: bool = False
     ) -> None:
-        super().__init__()
-        self.stage = stage
-        self.num_stages = len(layers)
-        self.is_first = stage == 0
-        self.is_last = stage == self.num_stages - 1
-        lo = sum(layers[:stage])
-        self.blocks = nn.ModuleList(model.blocks[lo : lo + layers[stage]])
-        self.use_recompute = use_recompute
+        super().__init__(model.blocks, stage, layers, use_recompute)
         self.tok = model.tok if self.is_first or (self.is_last and model.head is None) else None
         self.norm = model.norm if self.is_last else None
         self.head = model.head if self.is_last else None
@@ -282,11 +275,7 @@ class LlamaStage(nn.Module):
         if self.is_first:
             assert self.tok is not None
             x = self.tok(x)
-        for block in self.blocks:
-            if self.use_recompute and torch.is_grad_enabled():
-                x = checkpoint(block, x, cos, sin, use_reentrant=False)
-            else:
-                x = block(x, cos, sin)
+        x = self.run_blocks(x, cos, sin)
         if self.is_last:
             head = self.head if self.head is not None else self.tok
             assert head is not None
@@ -303,9 +292,5 @@ def build_llama_stages(
     Raises:
         ValueError: If `layers` does not sum to the model's blocks or has an entry < 1.
     """
-    if sum(layers) != model.config.num_layers or min(layers) < 1:
-        raise ValueError(
-            f"layers per stage {layers} must be >= 1 each and sum to the model's "
-            f"{model.config.num_layers} blocks"
-        )
+    check_stage_layers(layers, model.config.num_layers)
     return [LlamaStage(model, s, layers, use_recompute) for s in range(len(layers))]

@@ -30,11 +30,13 @@ from frugal.parallel.partition import split_layers
 
 __all__ = [
     "PipelineStage",
+    "StageBlocks",
     "StageModule",
     "TextWindows",
     "TinyGPT",
     "TinyGPTConfig",
     "build_stages",
+    "check_stage_layers",
     "split_layers",
 ]
 
@@ -149,7 +151,51 @@ class TinyGPT(nn.Module):
         return logits
 
 
-class StageModule(nn.Module):
+class StageBlocks(nn.Module):
+    """The part every pipeline stage module shares: its place and its share of the blocks.
+
+    Sets `stage`, `num_stages`, `is_first`, `is_last`, `blocks` (the model's blocks
+    `sum(layers[:stage])` .. `+ layers[stage] - 1`, shared, not copied) and `use_recompute`,
+    in that order (the order of the stage's parameter names). Subclasses add the embeddings
+    and the head and write `forward`.
+
+    Args:
+        blocks: The whole model's blocks.
+        stage: This stage's index, 0 <= stage < len(layers).
+        layers: Blocks per stage (see `check_stage_layers`).
+        use_recompute: Recompute each block's activations in the backward pass.
+    """
+
+    def __init__(
+        self, blocks: nn.ModuleList, stage: int, layers: tuple[int, ...], use_recompute: bool
+    ) -> None:
+        super().__init__()
+        self.stage = stage
+        self.num_stages = len(layers)
+        self.is_first = stage == 0
+        self.is_last = stage == self.num_stages - 1
+        lo = sum(layers[:stage])
+        self.blocks = nn.ModuleList(blocks[lo : lo + layers[stage]])
+        self.use_recompute = use_recompute
+
+    def run_blocks(self, x: Tensor, *extra: Tensor) -> Tensor:
+        """Apply the stage's blocks in order, each as `block(x, *extra)`.
+
+        With `use_recompute` (and autograd on), each block's activations are recomputed in
+        the backward pass (`torch.utils.checkpoint`, non-reentrant) instead of being kept.
+
+        Shapes:
+            x: the first block's input; returns the last block's output.
+        """
+        for block in self.blocks:
+            if self.use_recompute and torch.is_grad_enabled():
+                x = checkpoint(block, x, *extra, use_reentrant=False)
+            else:
+                x = block(x, *extra)
+        return x
+
+
+class StageModule(StageBlocks):
     """One pipeline stage: [embeddings] + contiguous blocks + [final norm, head].
 
     Its forward maps the stage input (tokens on stage 0, hidden states elsewhere) to its
@@ -160,14 +206,7 @@ class StageModule(nn.Module):
     def __init__(
         self, model: TinyGPT, stage: int, layers: tuple[int, ...], use_recompute: bool = False
     ) -> None:
-        super().__init__()
-        self.stage = stage
-        self.num_stages = len(layers)
-        self.is_first = stage == 0
-        self.is_last = stage == self.num_stages - 1
-        lo = sum(layers[:stage])
-        self.blocks = nn.ModuleList(model.blocks[lo : lo + layers[stage]])
-        self.use_recompute = use_recompute
+        super().__init__(model.blocks, stage, layers, use_recompute)
         self.tok = model.tok if self.is_first else None
         self.pos = model.pos if self.is_first else None
         self.ln_f = model.ln_f if self.is_last else None
@@ -182,11 +221,7 @@ class StageModule(nn.Module):
         """
         if self.tok is not None and self.pos is not None:
             x = self.tok(x) + self.pos[: x.shape[1]]
-        for block in self.blocks:
-            if self.use_recompute and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
+        x = self.run_blocks(x)
         if self.ln_f is not None and self.head is not None:
             x = self.head(self.ln_f(x))
         return x
@@ -200,12 +235,21 @@ def build_stages(
     Raises:
         ValueError: If `layers` does not sum to the model's blocks or has an entry < 1.
     """
-    if sum(layers) != model.config.num_layers or min(layers) < 1:
+    check_stage_layers(layers, model.config.num_layers)
+    return [StageModule(model, s, layers, use_recompute) for s in range(len(layers))]
+
+
+def check_stage_layers(layers: tuple[int, ...], num_layers: int) -> None:
+    """Check a split of `num_layers` blocks into stages (one entry of `layers` per stage).
+
+    Raises:
+        ValueError: If `layers` does not sum to `num_layers` or has an entry < 1.
+    """
+    if sum(layers) != num_layers or min(layers) < 1:
         raise ValueError(
             f"layers per stage {layers} must be >= 1 each and sum to the model's "
-            f"{model.config.num_layers} blocks"
+            f"{num_layers} blocks"
         )
-    return [StageModule(model, s, layers, use_recompute) for s in range(len(layers))]
 
 
 class TextWindows:

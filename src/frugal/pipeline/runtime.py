@@ -226,25 +226,15 @@ class DistTransport:
         try:
             ok = work.wait(datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:  # gloo: timeout or connection closed by a dead peer
-            raise PeerLostError(
-                rank=self.rank,
-                stage=self.stage,
-                peer=peer,
-                op=op,
-                step=step,
-                mb=mb,
-                cause=str(exc).splitlines()[0],
-            ) from exc
+            raise self._peer_lost(peer, op, step, mb, str(exc).splitlines()[0]) from exc
         if ok is False:
-            raise PeerLostError(
-                rank=self.rank,
-                stage=self.stage,
-                peer=peer,
-                op=op,
-                step=step,
-                mb=mb,
-                cause=f"no answer in {self.timeout_s} s",
-            )
+            raise self._peer_lost(peer, op, step, mb, f"no answer in {self.timeout_s} s")
+
+    def _peer_lost(self, peer: int, op: str, step: int, mb: int, cause: str) -> PeerLostError:
+        """The error of a transfer with `peer` that failed or timed out (this rank's view)."""
+        return PeerLostError(
+            rank=self.rank, stage=self.stage, peer=peer, op=op, step=step, mb=mb, cause=cause
+        )
 
     def _isend(self, header: Tensor, payload: Tensor, dst: int, tag: int) -> dist.Work:
         # One buffer, one message: the receiver knows its size (`LinkCodec.payload_bytes`).

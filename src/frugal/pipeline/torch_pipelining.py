@@ -39,9 +39,9 @@ from frugal import FrugalError
 from frugal.pipeline.train import (
     PipelineTrainConfig,
     RunSpec,
-    config_from_job,
     launch_torchrun,
 )
+from frugal.pipeline.worker import run_job_file
 from frugal.pipeline.zoo import (
     build_model,
     build_model_stages,
@@ -182,18 +182,12 @@ def summarize(config: PipelineTrainConfig, ranks: list[dict[str, Any]]) -> dict[
 
 def main(argv: list[str] | None = None) -> int:
     """Run the job file's schedules on this rank; 0 on success, 1 on a failure."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m frugal.pipeline.torch_pipelining JOB.json OUT_DIR", file=sys.stderr)
-        return 2
-    rank = os.environ.get("RANK", "?")
-    try:
-        config, runs = config_from_job(Path(args[0]))
-        run_torch_worker(config, runs, Path(args[1]))
-    except (FrugalError, ValueError, RuntimeError) as exc:
-        print(f"frugal: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return run_job_file(
+        argv,
+        module="frugal.pipeline.torch_pipelining",
+        body=run_torch_worker,
+        errors=(FrugalError, ValueError, RuntimeError),
+    )
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ from frugal.pipeline.zoo import (
     build_model_stages,
     default_layers,
     load_model_windows,
+    mean_token_loss,
     model_num_layers,
 )
 
@@ -418,18 +419,7 @@ def _buffer_set(config: PipelineTrainConfig, data: TextWindows) -> BufferSet:
 
 def evaluate(model: torch.nn.Module, data: TextWindows, batch_size: int = 32) -> float:
     """Mean next-token cross-entropy (nats) of the unpartitioned model on the eval windows."""
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for chunk in torch.split(data.eval_ids, batch_size):
-            inputs, targets = data.batch(chunk)
-            logits = model(inputs)
-            total += float(
-                F.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
-                )
-            )
-            count += targets.numel()
-    return total / count
+    return mean_token_loss(model, data, data.eval_ids, batch_size)
 
 
 @dataclass(slots=True)

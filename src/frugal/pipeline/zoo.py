@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -342,9 +342,8 @@ def build_model_stages(
 def _build_smollm2_stages(
     config: PipelineTrainConfig, model: nn.Module, layers: tuple[int, ...]
 ) -> list[PipelineStage]:
-    if not isinstance(model, Llama):
-        raise TypeError(f"smollm2-135m splits a Llama, not a {type(model).__name__}")
-    return list(build_llama_stages(model, layers, config.use_recompute))
+    llama = _model_of(Llama, model, "smollm2-135m")
+    return list(build_llama_stages(llama, layers, config.use_recompute))
 
 
 @functools.lru_cache(maxsize=4)
@@ -418,6 +417,20 @@ def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:
 # --- the built-in models --------------------------------------------------------------------
 
 
+_ModelT = TypeVar("_ModelT", bound=nn.Module)
+
+
+def _model_of(cls: type[_ModelT], model: nn.Module, name: str) -> _ModelT:
+    """`model` as the class the model `name` splits.
+
+    Raises:
+        TypeError: If `model` is not a `cls`.
+    """
+    if not isinstance(model, cls):
+        raise TypeError(f"{name} splits a {cls.__name__}, not a {type(model).__name__}")
+    return model
+
+
 def _build_tiny_gpt(config: PipelineTrainConfig) -> nn.Module:
     return TinyGPT(config.gpt, seed=config.seed)
 
@@ -425,9 +438,8 @@ def _build_tiny_gpt(config: PipelineTrainConfig) -> nn.Module:
 def _build_tiny_gpt_stages(
     config: PipelineTrainConfig, model: nn.Module, layers: tuple[int, ...]
 ) -> list[PipelineStage]:
-    if not isinstance(model, TinyGPT):
-        raise TypeError(f"tiny-gpt splits a TinyGPT, not a {type(model).__name__}")
-    return list(build_stages(model, layers, config.use_recompute))
+    gpt = _model_of(TinyGPT, model, "tiny-gpt")
+    return list(build_stages(gpt, layers, config.use_recompute))
 
 
 def byte_windows(config: PipelineTrainConfig, context: int) -> TextWindows:

@@ -52,6 +52,7 @@ __all__ = [
     "message_seconds",
     "random_search",
     "site_transversal_groups",
+    "structured_seeds",
     "swap_search",
 ]
 
@@ -179,6 +180,54 @@ class _State:
         self.groups, self.dp, self.weight, self.pp = groups, dp, weight, pp
 
 
+def structured_seeds(topology: Topology, num_stages: int, num_replicas: int) -> list[I64]:
+    """The structured starting partitions of the paper-cost searches, best-known first.
+
+    Site transversal (pipelines inside sites, DP across them), its transpose when the grid is
+    square (else Megatron's default again), and Megatron's default grouping.
+
+    Shapes:
+        each (G, K).
+    """
+    return [
+        site_transversal_groups(topology, num_stages, num_replicas),
+        np.ascontiguousarray(site_transversal_groups(topology, num_replicas, num_stages).T)
+        if num_stages == num_replicas
+        else megatron_default_groups(num_stages, num_replicas),
+        megatron_default_groups(num_stages, num_replicas),
+    ]
+
+
+def _paper_search_setup(
+    topology: Topology, num_stages: int, num_replicas: int, c_pp_gb: float, seed: int
+) -> tuple[float, F64, np.random.Generator]:
+    """Check the grid; the start time, the (N, N) hop costs and the seeded random source."""
+    check_grid(topology, num_stages, num_replicas)
+    start = time.perf_counter()
+    hop = hop_seconds(topology, c_pp_gb)
+    return start, hop, np.random.default_rng(seed)
+
+
+def _paper_result(
+    topology: Topology,
+    groups: I64,
+    pricing: tuple[float, float, F64],
+    start: float,
+    candidates: int,
+    history: list[tuple[int, float]],
+) -> SearchResult:
+    """A paper-cost search's result: `groups` priced by `paper_cost` at (c_pp_gb, c_dp_gb, hop)."""
+    c_pp_gb, c_dp_gb, hop = pricing
+    cost = paper_cost(topology, groups, c_pp_gb=c_pp_gb, c_dp_gb=c_dp_gb, hop_NN=hop)
+    return SearchResult(
+        groups=groups,
+        cost=cost,
+        candidates=candidates,
+        search_s=time.perf_counter() - start,
+        history=tuple(history),
+    )
+
+
 def swap_search(
     topology: Topology,
     num_stages: int,
@@ -211,16 +260,9 @@ def swap_search(
     Raises:
         ValueError: If num_stages x num_replicas != number of devices, or links are asymmetric.
     """
-    check_grid(topology, num_stages, num_replicas)
-    start = time.perf_counter()
-    hop = hop_seconds(topology, c_pp_gb)
-    rng = np.random.default_rng(seed)
+    start, hop, rng = _paper_search_setup(topology, num_stages, num_replicas, c_pp_gb, seed)
     seeds = [
-        site_transversal_groups(topology, num_stages, num_replicas),
-        np.ascontiguousarray(site_transversal_groups(topology, num_replicas, num_stages).T)
-        if num_stages == num_replicas
-        else megatron_default_groups(num_stages, num_replicas),
-        megatron_default_groups(num_stages, num_replicas),
+        *structured_seeds(topology, num_stages, num_replicas),
         rng.permutation(topology.num_devices).reshape(num_stages, num_replicas),
     ]
     candidates = 0
@@ -243,13 +285,8 @@ def swap_search(
         if total < state.total - 1e-12:
             state.accept(groups, dp, weight, pp)
             history.append((candidates, total))
-    cost = paper_cost(topology, state.groups, c_pp_gb=c_pp_gb, c_dp_gb=c_dp_gb, hop_NN=hop)
-    return SearchResult(
-        groups=state.groups,
-        cost=cost,
-        candidates=candidates,
-        search_s=time.perf_counter() - start,
-        history=tuple(history),
+    return _paper_result(
+        topology, state.groups, (c_pp_gb, c_dp_gb, hop), start, candidates, history
     )
 
 
@@ -324,6 +361,15 @@ def _tournament(costs: list[float], rng: np.random.Generator) -> int:
     return int(a) if costs[int(a)] <= costs[int(b)] else int(b)
 
 
+def _pick_parents(costs: list[float], rng: np.random.Generator) -> tuple[int, int]:
+    """Two distinct members by binary tournaments (lower cost wins); needs >= 2 members."""
+    i = _tournament(costs, rng)
+    j = _tournament(costs, rng)
+    if i == j:
+        j = (i + 1 + int(rng.integers(0, len(costs) - 1))) % len(costs)
+    return i, j
+
+
 def memetic_search(
     topology: Topology,
     num_stages: int,
@@ -375,23 +421,14 @@ def memetic_search(
         Moscato, On Evolution, Search, Optimization, Genetic Algorithms and Martial Arts
         (Caltech C3P report 826, 1989): memetic algorithms (crossover + local search).
     """
-    check_grid(topology, num_stages, num_replicas)
     if population < 2:
         raise ValueError(f"population={population} must be >= 2")
-    start = time.perf_counter()
-    hop = hop_seconds(topology, c_pp_gb)
-    rng = np.random.default_rng(seed)
+    start, hop, rng = _paper_search_setup(topology, num_stages, num_replicas, c_pp_gb, seed)
     steps = local_steps or max(10, min(200, budget // 25))
     stall = 4 * num_stages * num_replicas  # rejected swaps in a row that end a local search
     n = topology.num_devices
     g, k = num_stages, num_replicas
-    starts = [
-        site_transversal_groups(topology, g, k),
-        np.ascontiguousarray(site_transversal_groups(topology, k, g).T)
-        if g == k
-        else megatron_default_groups(g, k),
-        megatron_default_groups(g, k),
-    ]
+    starts = structured_seeds(topology, g, k)
     candidates = 0
     history: list[tuple[int, float]] = []
     best_total = np.inf
@@ -458,10 +495,7 @@ def memetic_search(
     keys.add(_partition_key(pool[elite].groups))
     while len(pool) >= 2 and not out_of_time():
         costs = [member.total for member in pool]
-        i = _tournament(costs, rng)
-        j = _tournament(costs, rng)
-        if i == j:
-            j = (i + 1 + int(rng.integers(0, len(pool) - 1))) % len(pool)
+        i, j = _pick_parents(costs, rng)
         child_groups = aligned_crossover(pool[i].groups, pool[j].groups, rng, hop)
         if _partition_key(child_groups) in keys or rng.random() < _MUTATION_RATE:
             _perturb(child_groups, rng, max(1, k // 2))  # a copy of a member teaches nothing
@@ -478,14 +512,7 @@ def memetic_search(
             pool[worst] = child
             keys.add(key)
     best = min(pool, key=lambda member: member.total)
-    cost = paper_cost(topology, best.groups, c_pp_gb=c_pp_gb, c_dp_gb=c_dp_gb, hop_NN=hop)
-    return SearchResult(
-        groups=best.groups,
-        cost=cost,
-        candidates=candidates,
-        search_s=time.perf_counter() - start,
-        history=tuple(history),
-    )
+    return _paper_result(topology, best.groups, (c_pp_gb, c_dp_gb, hop), start, candidates, history)
 
 
 def random_search(
@@ -506,10 +533,7 @@ def random_search(
     Raises:
         ValueError: If num_stages x num_replicas != number of devices.
     """
-    check_grid(topology, num_stages, num_replicas)
-    start = time.perf_counter()
-    hop = hop_seconds(topology, c_pp_gb)
-    rng = np.random.default_rng(seed)
+    start, hop, rng = _paper_search_setup(topology, num_stages, num_replicas, c_pp_gb, seed)
     best: PaperCost | None = None
     best_groups = None
     history: list[tuple[int, float]] = []
@@ -706,9 +730,7 @@ def iteration_search(
                 pool.append((trial_mesh, cost))
         while len(pool) >= 2 and not out_of_time():
             costs = [member[1].total_s for member in pool]
-            i, j = _tournament(costs, rng), _tournament(costs, rng)
-            if i == j:
-                j = (i + 1 + int(rng.integers(0, len(pool) - 1))) % len(pool)
+            i, j = _pick_parents(costs, rng)
             groups = aligned_crossover(np.ascontiguousarray(pool[i][0].T),
                                        np.ascontiguousarray(pool[j][0].T), rng, hop)  # fmt: skip
             if rng.random() < _MUTATION_RATE:
@@ -851,10 +873,7 @@ def dtfm_ga(
     Raises:
         ValueError: If num_stages x num_replicas != number of devices.
     """
-    check_grid(topology, num_stages, num_replicas)
-    start = time.perf_counter()
-    hop = hop_seconds(topology, c_pp_gb)
-    rng = np.random.default_rng(seed)
+    start, hop, rng = _paper_search_setup(topology, num_stages, num_replicas, c_pp_gb, seed)
 
     def score(groups: I64) -> float:
         return paper_cost(topology, groups, c_pp_gb=c_pp_gb, c_dp_gb=c_dp_gb, hop_NN=hop).total_s
@@ -881,11 +900,4 @@ def dtfm_ga(
             best = int(np.argmin(costs))
             if costs[best] < history[-1][1]:
                 history.append((candidates, float(costs[best])))
-    groups = pool[best]
-    return SearchResult(
-        groups=groups,
-        cost=paper_cost(topology, groups, c_pp_gb=c_pp_gb, c_dp_gb=c_dp_gb, hop_NN=hop),
-        candidates=candidates,
-        search_s=time.perf_counter() - start,
-        history=tuple(history),
-    )
+    return _paper_result(topology, pool[best], (c_pp_gb, c_dp_gb, hop), start, candidates, history)
