@@ -57,3 +57,22 @@ def test_with_config_resolves_then_prints_or_runs(capsys: pytest.CaptureFixture[
     assert handler(argparse.Namespace(print_config=True)) == 0  # printed, not run
     assert len(calls) == 1
     assert capsys.readouterr().out.startswith("# ")
+
+
+def test_overlay_flags_sets_nested_settings_and_skips_flags_not_given() -> None:
+    from frugal.cli.options import overlay_flags
+    from frugal.recsys.config import RecsysTrainConfig
+
+    base = RecsysTrainConfig()
+    flags = {"data.dataset": "adult", "rtt_ms": 7.5, "mode": None, "nproc": []}
+    config = overlay_flags(base, flags)
+    assert (config.data.dataset, config.rtt_ms) == ("adult", 7.5)
+    assert (config.mode, config.nproc) == (base.mode, base.nproc)
+    assert config.data.zipf_alpha == base.data.zipf_alpha  # the rest of [data] is kept
+
+
+def test_recsys_train_names_a_non_finite_rtt(capsys: pytest.CaptureFixture[str]) -> None:
+    from frugal.cli.main import main
+
+    assert main(["recsys", "train", "--rtt-ms", "inf", "--print-config"]) == 2
+    assert "rtt_ms = inf must be finite" in capsys.readouterr().err

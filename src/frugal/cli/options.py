@@ -172,16 +172,22 @@ def overlay_flags(config: T, flags: Mapping[str, Any]) -> T:
 
     Args:
         config: The Config resolved so far.
-        flags: Each flag's value by the top-level setting it sets; a flag not given is None
-            (an `append` flag's None or []).
+        flags: Each flag's value by the setting it sets (dotted for a nested one,
+            "data.dataset"); a flag not given is None (an `append` flag's None or []).
 
     Raises:
         ConfigError: If a flag's value does not fit (the error names the command line).
     """
-    given = {key: value for key, value in flags.items() if value is not None and value != []}
-    return load_config(
-        type(config), base={**config_to_dict(config), **given}, base_source="command line"
-    )
+    merged = config_to_dict(config)
+    for key, value in flags.items():
+        if value is None or value == []:
+            continue
+        *parents, leaf = key.split(".")
+        node = merged
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+    return load_config(type(config), base=merged, base_source="command line")
 
 
 def output_folder(value: str, flag: str = "--out") -> Path:

@@ -14,6 +14,7 @@ from frugal.cli.options import (
     add_config_arguments,
     output_file,
     output_folder,
+    overlay_flags,
     with_config,
 )
 from frugal.config import ConfigError
@@ -66,7 +67,7 @@ def train_config(args: argparse.Namespace) -> RecsysTrainConfig:
     Raises:
         ConfigError: On an invalid setting, or `--staleness` with `--mode sync`.
     """
-    from frugal.config import apply_overrides, config_from_dict, config_to_dict, load_config
+    from frugal.config import load_config
     from frugal.recsys.config import RecsysTrainConfig
 
     flags = {
@@ -76,15 +77,7 @@ def train_config(args: argparse.Namespace) -> RecsysTrainConfig:
         "nproc": args.nproc,
         "rtt_ms": args.rtt_ms,
     }
-    given = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
-    config: RecsysTrainConfig
-    if given:
-        base = config_to_dict(load_config(RecsysTrainConfig, args.config, args.overrides))
-        config = config_from_dict(
-            RecsysTrainConfig, apply_overrides(base, given), source="command line"
-        )
-    else:
-        config = load_config(RecsysTrainConfig, args.config, args.overrides)
+    config = overlay_flags(load_config(RecsysTrainConfig, args.config, args.overrides), flags)
     staleness_given = args.staleness is not None or any(
         o.split("=", 1)[0].strip() == "staleness" for o in args.overrides
     )
