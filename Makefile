@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.frugal-installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck docs pytest install clean
+.PHONY: run test lint typecheck docs pytest faults install clean
 
 # The main job: every subsystem's headline comparison into reports/latest/ (about 13 min).
 run: $(STAMP)
@@ -28,11 +28,15 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-# The default pytest run deselects the slow and distributed tiers (see pyproject.toml);
+# The default pytest run deselects the slow, distributed and faults tiers (see pyproject.toml);
 # CI also runs them, they are few and small.
 pytest: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "slow or distributed" $(PYTEST_ARGS) || test $$? -eq 5
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "slow or distributed or faults" $(PYTEST_ARGS) || test $$? -eq 5
+
+# The fault tier alone: signals, kills and full disks injected into real process trees.
+faults: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m faults $(PYTEST_ARGS)
 
 install: $(STAMP)
 

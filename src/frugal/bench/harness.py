@@ -22,14 +22,17 @@ The resumable journal of finished cells is `frugal.results.BenchJournal`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import multiprocessing
+import signal
 import statistics
+import threading
 import traceback
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar, get_args
@@ -435,19 +438,57 @@ class CellOutcome(Generic[T]):
 
 
 _JOIN_S = 30.0
+_GRACE_S = 10.0  # an interrupted cell's time to unwind before SIGKILL
 
 
 def _child_main(
     target: Callable[[Any], Any], arg: Any, setup: Callable[[], object] | None, connection: Any
 ) -> None:
+    # Started with SIGINT ignored (see `_sigint_ignored`); from here on Ctrl-C and SIGTERM
+    # unwind the cell as KeyboardInterrupt, so the launchers it runs stop their workers.
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         if setup is not None:
             setup()
         message: tuple[str, Any, str | None] = ("ok", target(arg), None)
     except BaseException as exc:  # reported as the cell's error; the bench goes on
         message = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
-    connection.send(message)
-    connection.close()
+    with contextlib.suppress(OSError):  # the parent may have gone (it was interrupted)
+        connection.send(message)
+        connection.close()
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    # One-shot: Ctrl-C reaches the child, then the parent's SIGTERM follows; the second must not
+    # interrupt the first one's unwinding (and print a traceback). A Python no-op, not SIG_IGN:
+    # a signal already pending when SIG_IGN is set raises "ignored due to race condition".
+    signal.signal(signal.SIGINT, _ignore_signal)
+    signal.signal(signal.SIGTERM, _ignore_signal)
+    raise KeyboardInterrupt
+
+
+def _ignore_signal(signum: int, frame: object) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT while a child process starts, so it inherits SIG_IGN.
+
+    Ctrl-C signals the whole foreground process group; a spawned child that is still importing
+    would print a `KeyboardInterrupt` traceback. With SIGINT ignored the child runs on until the
+    parent, which does get the interrupt, kills it. Outside the main thread nothing changes
+    (Python only sets handlers there).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_cell(
@@ -479,7 +520,8 @@ def run_cell(
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=_child_main, args=(target, arg, setup, sender), daemon=True)
-    process.start()
+    with _sigint_ignored():  # the child inherits SIG_IGN: Ctrl-C is the parent's to handle
+        process.start()
     sender.close()
     answered = False
     status: CellStatus = "error"
@@ -499,6 +541,10 @@ def run_cell(
             process.kill()
     except EOFError:
         status = "error"
+    except BaseException:  # Ctrl-C or SIGTERM in the parent: stop the cell, then unwind
+        process.terminate()  # the child unwinds (its launchers clean up) or is killed below
+        process.join(timeout=_GRACE_S)
+        raise
     finally:
         process.join(timeout=_JOIN_S)
         if process.is_alive():

@@ -28,6 +28,8 @@ __all__ = ["COMMANDS", "build_parser", "cli_surface", "main"]
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -139,18 +141,19 @@ def cli_surface(parser: argparse.ArgumentParser | None = None) -> dict[str, list
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit code (0 ok, 1 runtime failure, 2 bad input).
+    """Run the command line; return the exit code (0 ok, 1 failure, 2 bad input, 130, 143).
 
-    Bad input (a `ConfigError`) prints one line and returns 2; another `FrugalError` or an
-    `OSError` prints one line and returns 1. Any other exception, a `ValueError` or
-    `TypeError` from library internals included, is a bug and propagates with its traceback.
+    Ctrl-C returns 130 and SIGTERM 143 (128 + the signal), each after one line. Bad input (a
+    `ConfigError`) prints one line and returns 2; another `FrugalError` or an `OSError` prints
+    one line and returns 1. Any other exception, a `ValueError` or `TypeError` from library
+    internals included, is a bug and propagates with its traceback.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
     # SIGTERM (timeout, kill) unwinds like Ctrl-C, so launchers' cleanup stops their workers.
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if in_main_thread else None
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         return handler(args)
     except BrokenPipeError:  # e.g. `frugal data list --json | head`: the reader left
@@ -166,16 +169,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a path that cannot be read or written, a full disk
         print(f"frugal: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    except Terminated:
+        print("frugal: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print("frugal: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so every `finally` and launcher cleanup runs; exit 143."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 if __name__ == "__main__":

@@ -1,0 +1,159 @@
+"""Ctrl-C and SIGTERM end frugal's commands with one line, no child traceback, no orphan.
+
+Each test runs a real process tree (a bench cell's spawned child included) in its own session,
+signals it the way a terminal (Ctrl-C: the whole foreground group) or a supervisor (SIGTERM: the
+command's own pid) does, and checks the exit code, stderr and that no process of the tree is
+left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.faults
+
+_WAIT_S = 60.0
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Pids whose process group is `pgid` (Linux /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            members.append(int(entry.name))
+    return members
+
+
+def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        # A shell's background job inherits SIGINT ignored; a terminal's job does not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def _wait_for_line(process: subprocess.Popen[str], needle: str) -> list[str]:
+    """Read stdout until a line contains `needle`; the rest is drained in the background."""
+    assert process.stdout is not None
+    seen: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            seen.append(line)
+            if needle in line:
+                found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not found.wait(_WAIT_S):
+        process.kill()
+        raise AssertionError(f"no line with {needle!r} within {_WAIT_S} s: {seen}")
+    return seen
+
+
+def _finish(process: subprocess.Popen[str]) -> str:
+    assert process.stderr is not None
+    try:
+        process.wait(timeout=_WAIT_S)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    stderr = process.stderr.read()
+    deadline = time.monotonic() + 10.0
+    while (left := _group_members(process.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], f"processes of the tree outlived it: {left}"
+    return stderr
+
+
+_CELL_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from frugal.bench.harness import run_cell
+
+    def slow(seconds):
+        print("cell running", flush=True)
+        time.sleep(seconds)
+        return seconds
+
+    if __name__ == "__main__":
+        try:
+            run_cell(slow, 60.0, timeout_s=120)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            sys.exit(130)
+    """
+)
+
+
+def test_ctrl_c_during_a_cell_ends_parent_and_child_without_a_traceback(tmp_path: Path) -> None:
+    script = tmp_path / "cell.py"
+    script.write_text(_CELL_SCRIPT)
+    process = _start([sys.executable, str(script)], tmp_path)
+    _wait_for_line(process, "cell running")
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
+    stderr = _finish(process)
+    assert process.returncode == 130
+    assert "Traceback" not in stderr, stderr
+    assert stderr.strip() == "interrupted"
+
+
+def test_ctrl_c_while_the_child_still_imports_prints_no_traceback(tmp_path: Path) -> None:
+    # The child ignores SIGINT until it runs the cell; before the fix, an interrupt during its
+    # imports printed spawn's KeyboardInterrupt traceback.
+    script = tmp_path / "cell.py"
+    script.write_text(_CELL_SCRIPT.replace('print("cell running", flush=True)', "pass"))
+    process = _start([sys.executable, str(script)], tmp_path)
+    deadline = time.monotonic() + _WAIT_S
+    while len(_group_members(process.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the spawned child exists: it is importing
+    os.killpg(process.pid, signal.SIGINT)
+    stderr = _finish(process)
+    assert process.returncode == 130
+    assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signum", "code", "line"),
+    [(signal.SIGINT, 130, "frugal: interrupted"), (signal.SIGTERM, 143, "frugal: terminated")],
+    ids=["sigint", "sigterm"],
+)
+def test_tgraph_bench_ends_with_one_line_on_a_signal(
+    tmp_path: Path, signum: int, code: int, line: str
+) -> None:
+    out = tmp_path / "bench"
+    argv = [sys.executable, "-m", "frugal", "tgraph", "bench", "--quick", "--model", "tgn"]
+    process = _start([*argv, "--seeds", "1", "--out", str(out)], tmp_path)
+    _wait_for_line(process, "edgebank seed 0: done")  # the next cells are starting
+    if signum == signal.SIGINT:
+        os.killpg(process.pid, signum)  # Ctrl-C: the whole group
+    else:
+        process.send_signal(signum)  # a supervisor: the command's own pid only
+    stderr = _finish(process)
+    assert process.returncode == code
+    assert "Traceback" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == line
