@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
-from frugal.cli.main import COMMANDS, build_parser
-from frugal.cli.options import Command, with_config
+from frugal.cli.main import COMMANDS, build_parser, main
+from frugal.cli.options import Command, output_file, output_folder, with_config
+from frugal.config import ConfigError
 
 
 def test_command_registers_an_area_with_a_required_action() -> None:
@@ -76,3 +78,27 @@ def test_recsys_train_names_a_non_finite_rtt(capsys: pytest.CaptureFixture[str])
 
     assert main(["recsys", "train", "--rtt-ms", "inf", "--print-config"]) == 2
     assert "rtt_ms = inf must be finite" in capsys.readouterr().err
+
+
+def test_output_folder_refuses_a_folder_it_cannot_write(tmp_path: Path) -> None:
+    assert output_folder(str(tmp_path / "new" / "sub")) == tmp_path / "new" / "sub"
+    assert list((tmp_path / "new" / "sub").iterdir()) == []  # the probe file is gone
+    with pytest.raises(ConfigError, match=r"--out /proc: cannot write into the folder"):
+        output_folder("/proc")  # exists, so mkdir passes; only writing tells
+    with pytest.raises(ConfigError, match=r"--out folder /proc: cannot write"):
+        output_file("/proc/plan.json")
+
+
+def test_a_bench_without_a_journal_keeps_an_earlier_results_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    earlier = tmp_path / "results.json"
+    earlier.write_text('{"earlier": true}')
+    code = main(["plan", "bench", "--quick", "--out", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "holds results.json of an earlier run; pass --overwrite" in err
+    assert earlier.read_text() == '{"earlier": true}'  # refused before any work
+    # The flag the error names is accepted by that command.
+    args = build_parser().parse_args(["plan", "bench", "--overwrite", "--out", str(tmp_path)])
+    assert args.overwrite is True

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from frugal.cli.options import add_config_arguments, output_folder, print_config
-from frugal.config import config_to_dict, load_config
+from frugal.config import ConfigError, config_to_dict, load_config
 
 __all__ = ["BenchEntry", "add_bench", "plain", "run_bench"]
 
@@ -65,6 +65,7 @@ def add_bench(
     out_help: str = "folder for results.json",
     description: str | None = None,
     check: Callable[[argparse.Namespace], None] | None = None,
+    resumes: bool = False,
 ) -> argparse.ArgumentParser:
     """Add a bench subcommand with `--quick`, `--out`, `--config`, `--set`, `--print-config`.
 
@@ -79,6 +80,9 @@ def add_bench(
         out_help: Help of `--out`.
         description: Long text of the subcommand's `--help`.
         check: Refuses arguments before anything is built (raises `ConfigError`), or None.
+        resumes: The bench journals its finished cells in `--out` and resumes from them. If
+            False, the subcommand gets `--overwrite` and refuses, before any work, an `--out`
+            that holds an earlier run's results.json without it.
 
     Returns:
         The subcommand's parser, for extra arguments.
@@ -86,6 +90,12 @@ def add_bench(
     parser: argparse.ArgumentParser = children.add_parser(name, help=help, description=description)
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--out", default=out, metavar="DIR", help=out_help)
+    if not resumes:
+        parser.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace the results.json of an earlier run in --out (refused without it)",
+        )
     add_config_arguments(parser)
 
     def handler(args: argparse.Namespace) -> int:
@@ -108,7 +118,8 @@ def run_bench(args: argparse.Namespace, entry: BenchEntry) -> int:
     """Build the bench's Config from `args`, run it and print its summary; return the exit code.
 
     Raises:
-        ConfigError: If a setting or `--out` is invalid.
+        ConfigError: If a setting or `--out` is invalid, or `--out` holds an earlier run's
+            results.json and the bench neither resumes nor was given `--overwrite`.
     """
     if entry.resolve is not None:
         config = entry.resolve(args)
@@ -118,6 +129,12 @@ def run_bench(args: argparse.Namespace, entry: BenchEntry) -> int:
     if print_config(args, config):
         return 0
     out = output_folder(args.out)
+    earlier = out / "results.json"
+    if hasattr(args, "overwrite") and not args.overwrite and earlier.exists():
+        raise ConfigError(
+            f"--out {out} holds results.json of an earlier run; pass --overwrite to replace it, "
+            "or choose another --out"
+        )
     from frugal.bench.harness import BenchResult
 
     with (entry.progress or _stderr_lines)() as progress:

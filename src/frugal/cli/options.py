@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,12 +192,14 @@ def overlay_flags(config: T, flags: Mapping[str, Any]) -> T:
 
 
 def output_folder(value: str, flag: str = "--out") -> Path:
-    """The output folder of a command, created now (with its parents).
+    """The output folder of a command, created now (with its parents) and checked writable.
 
-    Checked before any work, so a bad path fails in a second, not after an hour of bench.
+    Checked before any work, so a bad path fails in a second, not after an hour of bench: a
+    file is created in the folder and removed again.
 
     Raises:
-        ConfigError: If the path is an existing file or the folder cannot be created.
+        ConfigError: If the path is an existing file, or the folder cannot be created or
+            written.
     """
     path = Path(value)
     if path.exists() and not path.is_dir():
@@ -206,6 +209,13 @@ def output_folder(value: str, flag: str = "--out") -> Path:
     except OSError as exc:
         raise ConfigError(
             f"{flag} {path}: cannot create the folder ({exc.strerror}); choose a writable path"
+        ) from exc
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"{flag} {path}: cannot write into the folder ({exc.strerror}); choose a writable path"
         ) from exc
     return path
 

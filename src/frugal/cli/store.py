@@ -25,6 +25,7 @@ def add_actions(children: Any) -> None:
         quick_help="small preset (Criteo scale 0.02, 300 batches)",
         out="reports/store",
         out_help="folder for results.json (default %(default)s)",
+        resumes=True,
     )
 
 

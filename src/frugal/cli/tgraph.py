@@ -34,6 +34,7 @@ def add_actions(children: Any) -> None:
         ),
         quick_help="small preset: sp_hospital + collegemsg, 1 seed, 2 epochs",
         out="reports/tgraph",
+        resumes=True,
     )
     bench.add_argument("--dataset", action="append", default=None, metavar="NAME",
                        help="dataset id (repeatable); default collegemsg")  # fmt: skip
