@@ -1,4 +1,4 @@
-"""Launch helpers: a free port, and killing every process of a launch by its marker."""
+"""Launch helpers: a free port, killing every process of a launch, the oversubscription guard."""
 
 from __future__ import annotations
 
@@ -7,9 +7,25 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
-from frugal.launch import LAUNCH_ENV, exception_lines, free_port, kill_launch, launch_marker
+import pytest
+
+from frugal.config import ConfigError
+from frugal.launch import (
+    FORCE_ENV,
+    LAUNCH_ENV,
+    OversubscriptionWarning,
+    TorchrunJob,
+    check_process_count,
+    exception_lines,
+    free_port,
+    kill_launch,
+    launch_marker,
+    run_torchrun,
+    usable_cores,
+)
 
 
 def test_free_port_can_be_bound() -> None:
@@ -66,3 +82,33 @@ def test_exception_lines_pick_the_workers_errors_not_torchruns_summary() -> None
     ]
     assert exception_lines(log)[0].endswith("id 9 out of range [0, 8) in feature c3")
     assert exception_lines("all good\n") == []
+
+
+def test_a_few_processes_per_core_start_without_a_word() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_process_count(8, cores=2)  # CI's largest distributed test: 4 per core
+
+
+def test_several_processes_per_core_warn_with_the_count() -> None:
+    with pytest.warns(OversubscriptionWarning, match=r"starting 9 processes on 2 usable cores"):
+        check_process_count(9, cores=2)
+
+
+def test_too_many_processes_are_refused_with_the_limit_that_is_then_accepted() -> None:
+    with pytest.raises(ConfigError, match=r"64 processes on 2 usable cores .*at most 32 here"):
+        check_process_count(64, cores=2, env={})
+    with pytest.warns(OversubscriptionWarning):
+        check_process_count(32, cores=2, env={})  # the number the error names is accepted
+    with pytest.warns(OversubscriptionWarning):  # forced: it starts, with the warning
+        check_process_count(64, cores=2, env={FORCE_ENV: "1"})
+
+
+def test_run_torchrun_refuses_an_oversubscribed_job_before_starting_it(tmp_path: Path) -> None:
+    job = TorchrunJob(
+        target=["frugal.no_such_worker"], nproc=1000 * usable_cores(), timeout_s=5,
+        log_dir=tmp_path / "logs",
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="set FRUGAL_FORCE_OVERSUBSCRIBE=1"):
+        run_torchrun(job)
+    assert not (tmp_path / "logs").exists()  # nothing was started or written

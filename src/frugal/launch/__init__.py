@@ -8,11 +8,15 @@ log, streams lines to a callback, enforces a wall-clock limit and reports failur
 
 from frugal.launch.process import (
     EXCEPTION_LINE,
+    FORCE_ENV,
     LAUNCH_ENV,
+    OversubscriptionWarning,
+    check_process_count,
     exception_lines,
     free_port,
     kill_launch,
     launch_marker,
+    usable_cores,
 )
 from frugal.launch.torchrun import (
     LaunchResult,
@@ -24,14 +28,18 @@ from frugal.launch.torchrun import (
 
 __all__ = [
     "EXCEPTION_LINE",
+    "FORCE_ENV",
     "LAUNCH_ENV",
     "LaunchResult",
+    "OversubscriptionWarning",
     "RankFailure",
     "TorchrunJob",
+    "check_process_count",
     "exception_lines",
     "free_port",
     "kill_launch",
     "launch_marker",
     "run_torchrun",
     "torchrun_command",
+    "usable_cores",
 ]

@@ -28,7 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from frugal.launch.process import EXCEPTION_LINE, free_port, kill_launch, launch_marker
+from frugal.launch.process import (
+    EXCEPTION_LINE,
+    check_process_count,
+    free_port,
+    kill_launch,
+    launch_marker,
+)
 
 __all__ = [
     "LaunchResult",
@@ -274,9 +280,15 @@ def run_torchrun(
         The exit code, torchrun's and each rank's output, the failed ranks. It does not raise
         on a failed job: callers turn `failure_message()` into their own error.
 
+    Warns:
+        OversubscriptionWarning: If `job.nproc` is several times the usable cores.
+
     Raises:
+        ConfigError: If `job.nproc` exceeds `OVERSUBSCRIBE_REFUSE_FACTOR` x the usable cores
+            (see `check_process_count`); nothing is started.
         OSError: If torchrun cannot be started.
     """
+    check_process_count(job.nproc)
     log_dir = (
         job.log_dir if job.log_dir is not None else Path(tempfile.mkdtemp(prefix="frugal-run-"))
     )
