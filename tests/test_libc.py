@@ -1,11 +1,15 @@
-"""The glibc allocator settings used by the bench children."""
+"""glibc settings: the bench children's allocator, and dying with a killed launcher."""
 
 from __future__ import annotations
 
 import ctypes.util
+import os
 import platform
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +29,55 @@ def test_allocator_settings_are_accepted_by_glibc() -> None:
         assert out == ["True", "True"]
     else:
         assert set(out) <= {"True", "False"}
+
+
+_GRANDCHILD = """
+import os, sys, time
+from frugal._libc import die_with_parent
+pid = os.fork()
+if pid == 0:
+    if sys.argv[1] == "die":
+        die_with_parent()
+    time.sleep(60)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("mode", ["die", "stay"])
+def test_die_with_parent_ends_a_child_when_its_parent_is_killed(mode: str) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _GRANDCHILD, mode], stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 5.0
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survived = _alive(child)
+    if survived:
+        os.kill(child, signal.SIGKILL)
+    # With die_with_parent the kernel kills it; without, it outlives its parent (the control).
+    assert survived == (mode == "stay")
+
+
+def test_die_with_launcher_changes_nothing_outside_a_frugal_launch() -> None:
+    code = "from frugal._libc import die_with_launcher\nprint(die_with_launcher())"
+    env = {k: v for k, v in os.environ.items() if k not in ("FRUGAL_LAUNCH_ID", "LOCAL_RANK")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+        env={**env, "LOCAL_RANK": "0"},  # a user's own torchrun worker
+    ).stdout.split()  # fmt: skip
+    assert out == ["False"]

@@ -18,7 +18,7 @@ SRC = Path(frugal.__file__).parent
 LAYERS = {
     "config": 0,
     "registry": 0,
-    "_libc": 0,  # glibc allocator settings (imports nothing of frugal)
+    "_libc": 0,  # glibc allocator settings, prctl (imports nothing of frugal)
     "_typing": 0,  # numpy array type aliases (imports nothing of frugal)
     "results": 1,
     "data": 1,
@@ -72,7 +72,8 @@ def test_every_module_imports_only_its_own_or_lower_layers() -> None:
     for path in SRC.rglob("*.py"):
         rel = path.relative_to(SRC)
         if rel.parts[0] == "__init__.py":
-            assert _frugal_imports(path) == set(), "frugal/__init__.py must import no subpackage"
+            # _libc imports nothing of frugal: workers arm die_with_launcher at import.
+            assert _frugal_imports(path) <= {"_libc"}, "frugal/__init__.py imports a subpackage"
             continue
         own = rel.parts[0].removesuffix(".py")
         assert own in LAYERS, f"{rel}: add {own!r} to LAYERS in this test (ARCHITECTURE.md)"

@@ -5,9 +5,14 @@ GNN benchmark (Benchtemp), hybrid sync/async recommender training (Persia), comp
 pipeline parallelism (AQ-SGD) and heterogeneity-aware placement (the DT-FM scheduler).
 
 This module imports no subpackage, so that every subpackage can import `FrugalError` from it.
+In a torchrun worker started by `frugal.launch.run_torchrun` it also asks the kernel to kill
+the process when its agent dies (`frugal._libc.die_with_launcher`), so `kill -9` of a command
+leaves no worker behind.
 """
 
 from importlib.metadata import PackageNotFoundError, version
+
+from frugal._libc import die_with_launcher
 
 __all__ = ["ConfigError", "FrugalError", "__version__"]
 
@@ -15,6 +20,8 @@ try:
     __version__ = version("frugal")
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
+
+die_with_launcher()
 
 
 class FrugalError(Exception):

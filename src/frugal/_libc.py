@@ -1,12 +1,33 @@
-"""glibc allocator settings for the bench children (no-ops where there is no glibc), and RAM."""
+"""glibc settings: allocator tuning for bench children, RAM, and dying with a launcher.
+
+No-ops where there is no glibc (or no Linux `prctl`).
+"""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import os
+import signal
 
-__all__ = ["fixed_mmap_threshold", "keep_freed_memory", "physical_memory_bytes"]
+__all__ = [
+    "LAUNCH_ENV",
+    "die_with_launcher",
+    "die_with_parent",
+    "fixed_mmap_threshold",
+    "keep_freed_memory",
+    "physical_memory_bytes",
+]
+
+LAUNCH_ENV = "FRUGAL_LAUNCH_ID"
+"""Environment variable holding the marker of a launch by `frugal.launch.run_torchrun`."""
+
+_PR_SET_PDEATHSIG = 1
+
+try:  # the running program's own symbols (libc's among them): no lookup, safe after fork
+    _PROCESS_SYMBOLS: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
+except OSError:
+    _PROCESS_SYMBOLS = None
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -52,3 +73,34 @@ def physical_memory_bytes() -> int:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 1 << 62
+
+
+def die_with_parent(signum: int = signal.SIGKILL) -> bool:
+    """Have the kernel send `signum` to this process when its parent exits (Linux prctl).
+
+    Safe in a `subprocess.Popen` `preexec_fn` (no library lookup, no allocation of note).
+    Without it, `kill -9` of a launcher leaves its children running on: torchrun's agent and
+    its workers live in their own sessions, so they keep training (and writing checkpoints)
+    beside a resumed run. If the parent is already gone when this is called, the process exits
+    at once. Returns False where prctl is missing (nothing changes).
+    """
+    prctl = getattr(_PROCESS_SYMBOLS, "prctl", None)
+    if prctl is None:
+        return False
+    parent = os.getppid()
+    if prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # the parent died before prctl: the signal will never come
+        os.kill(os.getpid(), signum)
+    return True
+
+
+def die_with_launcher() -> bool:
+    """`die_with_parent()` in a torchrun worker that `frugal.launch.run_torchrun` started.
+
+    Recognised by `LAUNCH_ENV` and torchrun's `LOCAL_RANK` in the environment; anywhere else
+    (a user's own torchrun, a plain script) nothing changes and False is returned.
+    """
+    if LAUNCH_ENV in os.environ and "LOCAL_RANK" in os.environ:
+        return die_with_parent()
+    return False

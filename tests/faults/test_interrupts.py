@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults._harness import record
+
 pytestmark = pytest.mark.faults
 
 _WAIT_S = 60.0
@@ -119,6 +121,7 @@ def test_ctrl_c_during_a_cell_ends_parent_and_child_without_a_traceback(tmp_path
     assert process.returncode == 130
     assert "Traceback" not in stderr, stderr
     assert stderr.strip() == "interrupted"
+    record("bench cell (run_cell)", "SIGINT to the group while the cell runs", "exit 130, one line")
 
 
 def test_ctrl_c_while_the_child_still_imports_prints_no_traceback(tmp_path: Path) -> None:
@@ -134,6 +137,7 @@ def test_ctrl_c_while_the_child_still_imports_prints_no_traceback(tmp_path: Path
     stderr = _finish(process)
     assert process.returncode == 130
     assert "Traceback" not in stderr, stderr
+    record("bench cell (run_cell)", "SIGINT while the child imports", "exit 130, no traceback")
 
 
 @pytest.mark.slow
@@ -157,3 +161,5 @@ def test_tgraph_bench_ends_with_one_line_on_a_signal(
     assert process.returncode == code
     assert "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == line
+    target = "the group" if signum == signal.SIGINT else "the command pid"
+    record("tgraph bench", f"{signal.Signals(signum).name} to {target}", f"exit {code}, one line")

@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
+from frugal._libc import LAUNCH_ENV
 from frugal.config import ConfigError
 
 __all__ = [
@@ -34,8 +35,6 @@ __all__ = [
     "usable_cores",
 ]
 
-LAUNCH_ENV = "FRUGAL_LAUNCH_ID"
-"""Environment variable holding a launch's marker."""
 
 EXCEPTION_LINE = re.compile(r"\b\w*(Error|Exception)\b: ")
 """Matches a worker's exception line ("ValueError: ...", "[rank1]: frugal...Error: ...")."""

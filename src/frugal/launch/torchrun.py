@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from frugal._libc import die_with_parent
 from frugal.launch.process import (
     EXCEPTION_LINE,
     check_process_count,
@@ -314,6 +315,8 @@ def run_torchrun(
         errors="replace",
         env=env,
         start_new_session=True,  # its own process group: a timeout kills torchrun and agent
+        # kill -9 of this process takes the agent with it (its workers follow: die_with_launcher)
+        preexec_fn=die_with_parent,
     )
     lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
 
