@@ -125,7 +125,7 @@ def test_ctrl_c_during_a_cell_ends_parent_and_child_without_a_traceback(tmp_path
 
 
 def test_ctrl_c_while_the_child_still_imports_prints_no_traceback(tmp_path: Path) -> None:
-    # The child ignores SIGINT until it runs the cell; before the fix, an interrupt during its
+    # The child blocks SIGINT until it runs the cell; before the fix, an interrupt during its
     # imports printed spawn's KeyboardInterrupt traceback.
     script = tmp_path / "cell.py"
     script.write_text(_CELL_SCRIPT.replace('print("cell running", flush=True)', "pass"))

@@ -28,7 +28,6 @@ import json
 import multiprocessing
 import signal
 import statistics
-import threading
 import traceback
 import types
 import typing
@@ -444,11 +443,13 @@ _GRACE_S = 10.0  # an interrupted cell's time to unwind before SIGKILL
 def _child_main(
     target: Callable[[Any], Any], arg: Any, setup: Callable[[], object] | None, connection: Any
 ) -> None:
-    # Started with SIGINT ignored (see `_sigint_ignored`); from here on Ctrl-C and SIGTERM
+    # Started with SIGINT blocked (see `_sigint_blocked`); from here on Ctrl-C and SIGTERM
     # unwind the cell as KeyboardInterrupt, so the launchers it runs stop their workers.
     signal.signal(signal.SIGINT, _raise_interrupt)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
+        if hasattr(signal, "pthread_sigmask"):  # a Ctrl-C that came while importing: now
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         if setup is not None:
             setup()
         message: tuple[str, Any, str | None] = ("ok", target(arg), None)
@@ -473,22 +474,23 @@ def _ignore_signal(signum: int, frame: object) -> None:
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Ignore SIGINT while a child process starts, so it inherits SIG_IGN.
+def _sigint_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread while a child process starts; the child inherits the mask.
 
-    Ctrl-C signals the whole foreground process group; a spawned child that is still importing
-    would print a `KeyboardInterrupt` traceback. With SIGINT ignored the child runs on until the
-    parent, which does get the interrupt, kills it. Outside the main thread nothing changes
-    (Python only sets handlers there).
+    Ctrl-C signals the whole foreground process group. A spawned child that is still importing
+    would print a `KeyboardInterrupt` traceback; blocked, the signal waits in the child until
+    `_child_main` unblocks it inside its `try` (reported as the cell's error, no traceback),
+    and in the parent until this block ends, where it raises as usual. Nothing is lost (an
+    ignored signal would be). Where `pthread_sigmask` is missing nothing changes.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def run_cell(
@@ -520,15 +522,17 @@ def run_cell(
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=_child_main, args=(target, arg, setup, sender), daemon=True)
-    with _sigint_ignored():  # the child inherits SIG_IGN: Ctrl-C is the parent's to handle
-        process.start()
-    sender.close()
     answered = False
     status: CellStatus = "error"
     value: Any = None
     error: str | None = None
     trace: str | None = None
     try:
+        try:
+            with _sigint_blocked():  # the child starts with SIGINT blocked (no import traceback)
+                process.start()
+        finally:
+            sender.close()
         if receiver.poll(timeout_s):
             status, payload, trace = receiver.recv()
             answered = True
@@ -542,14 +546,16 @@ def run_cell(
     except EOFError:
         status = "error"
     except BaseException:  # Ctrl-C or SIGTERM in the parent: stop the cell, then unwind
-        process.terminate()  # the child unwinds (its launchers clean up) or is killed below
-        process.join(timeout=_GRACE_S)
+        if process.pid is not None:  # started (the interrupt may come during start)
+            process.terminate()  # the child unwinds (its launchers clean up) or is killed below
+            process.join(timeout=_GRACE_S)
         raise
     finally:
-        process.join(timeout=_JOIN_S)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=10)
+        if process.pid is not None:
+            process.join(timeout=_JOIN_S)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=10)
         receiver.close()
     if not answered and status == "error":
         error = f"the child process died (exit code {process.exitcode})"
