@@ -34,13 +34,14 @@ def test_allocator_settings_are_accepted_by_glibc() -> None:
 _GRANDCHILD = """
 import os, sys, time
 from frugal._libc import die_with_parent
+parent = os.getpid()
 pid = os.fork()
 if pid == 0:
     if sys.argv[1] == "die":
-        die_with_parent()
+        die_with_parent(parent_pid=parent)
+    print(os.getpid(), flush=True)  # only once armed: a kill before this line would race
     time.sleep(60)
     os._exit(0)
-print(pid, flush=True)
 time.sleep(60)
 """
 
@@ -71,6 +72,21 @@ def test_die_with_parent_ends_a_child_when_its_parent_is_killed(mode: str) -> No
         os.kill(child, signal.SIGKILL)
     # With die_with_parent the kernel kills it; without, it outlives its parent (the control).
     assert survived == (mode == "stay")
+
+
+def test_die_with_parent_kills_at_once_when_the_parent_is_already_gone() -> None:
+    # A parent pid that is not the current parent means the parent died before prctl was
+    # armed: the process must end itself rather than wait for a signal that never comes.
+    code = (
+        "import os\nfrom frugal._libc import die_with_parent\n"
+        "die_with_parent(parent_pid=os.getppid() + 1 if os.getppid() > 1 else 2)\n"
+        "print('still alive')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    if "prctl" in done.stderr or platform.system() != "Linux":
+        pytest.skip("needs Linux prctl")
+    assert done.returncode == -signal.SIGKILL
+    assert "still alive" not in done.stdout
 
 
 def test_die_with_launcher_changes_nothing_outside_a_frugal_launch() -> None:

@@ -75,19 +75,24 @@ def physical_memory_bytes() -> int:
         return 1 << 62
 
 
-def die_with_parent(signum: int = signal.SIGKILL) -> bool:
+def die_with_parent(signum: int = signal.SIGKILL, parent_pid: int | None = None) -> bool:
     """Have the kernel send `signum` to this process when its parent exits (Linux prctl).
 
     Safe in a `subprocess.Popen` `preexec_fn` (no library lookup, no allocation of note).
     Without it, `kill -9` of a launcher leaves its children running on: torchrun's agent and
     its workers live in their own sessions, so they keep training (and writing checkpoints)
-    beside a resumed run. If the parent is already gone when this is called, the process exits
-    at once. Returns False where prctl is missing (nothing changes).
+    beside a resumed run.
+
+    `parent_pid` is the pid the parent had before the fork (`os.getpid()` there): if the
+    parent already died before prctl was armed, the process is re-parented, the signal would
+    never come, so it sends `signum` to itself at once. Without `parent_pid` that check can
+    only compare with the parent seen on entry, which misses a parent that died between the
+    fork and this call. Returns False where prctl is missing (nothing changes).
     """
     prctl = getattr(_PROCESS_SYMBOLS, "prctl", None)
     if prctl is None:
         return False
-    parent = os.getppid()
+    parent = os.getppid() if parent_pid is None else parent_pid
     if prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
         return False
     if os.getppid() != parent:  # the parent died before prctl: the signal will never come

@@ -15,6 +15,7 @@ with `nnodes` and one shared `rdzv_endpoint` (`torchrun_command` prints that com
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import re
@@ -316,7 +317,7 @@ def run_torchrun(
         env=env,
         start_new_session=True,  # its own process group: a timeout kills torchrun and agent
         # kill -9 of this process takes the agent with it (its workers follow: die_with_launcher)
-        preexec_fn=die_with_parent,
+        preexec_fn=functools.partial(die_with_parent, parent_pid=os.getpid()),
     )
     lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
 
