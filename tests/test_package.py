@@ -20,6 +20,7 @@ LAYERS = {
     "registry": 0,
     "_libc": 0,  # glibc allocator settings, prctl (imports nothing of frugal)
     "_typing": 0,  # numpy array type aliases (imports nothing of frugal)
+    "disk": 0,  # DiskFullError, free-space checks (imports only FrugalError)
     "results": 1,
     "data": 1,
     "parallel": 1,

@@ -97,7 +97,7 @@ def test_a_bench_without_a_journal_keeps_an_earlier_results_file(
     code = main(["plan", "bench", "--quick", "--out", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err
-    assert "holds results.json of an earlier run; pass --overwrite" in err
+    assert "results.json holds an earlier run's output; pass --overwrite" in err
     assert earlier.read_text() == '{"earlier": true}'  # refused before any work
     # The flag the error names is accepted by that command.
     args = build_parser().parse_args(["plan", "bench", "--overwrite", "--out", str(tmp_path)])

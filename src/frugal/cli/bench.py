@@ -20,8 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from frugal.cli.options import add_config_arguments, output_folder, print_config
-from frugal.config import ConfigError, config_to_dict, load_config
+from frugal.cli.options import (
+    add_config_arguments,
+    add_overwrite_argument,
+    output_folder,
+    print_config,
+    refuse_earlier_output,
+)
+from frugal.config import config_to_dict, load_config
 
 __all__ = ["BenchEntry", "add_bench", "plain", "run_bench"]
 
@@ -91,11 +97,7 @@ def add_bench(
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--out", default=out, metavar="DIR", help=out_help)
     if not resumes:
-        parser.add_argument(
-            "--overwrite",
-            action="store_true",
-            help="replace the results.json of an earlier run in --out (refused without it)",
-        )
+        add_overwrite_argument(parser, "the results.json")
     add_config_arguments(parser)
 
     def handler(args: argparse.Namespace) -> int:
@@ -129,12 +131,8 @@ def run_bench(args: argparse.Namespace, entry: BenchEntry) -> int:
     if print_config(args, config):
         return 0
     out = output_folder(args.out)
-    earlier = out / "results.json"
-    if hasattr(args, "overwrite") and not args.overwrite and earlier.exists():
-        raise ConfigError(
-            f"--out {out} holds results.json of an earlier run; pass --overwrite to replace it, "
-            "or choose another --out"
-        )
+    if hasattr(args, "overwrite"):  # a bench that does not resume
+        refuse_earlier_output(out / "results.json", args)
     from frugal.bench.harness import BenchResult
 
     with (entry.progress or _stderr_lines)() as progress:

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 import frugal
@@ -167,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"frugal: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     except OSError as exc:  # a path that cannot be read or written, a full disk
-        print(f"frugal: {exc}", file=sys.stderr)
+        print(f"frugal: {_describe_os_error(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except Terminated:
         print("frugal: terminated", file=sys.stderr)
@@ -178,6 +179,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _describe_os_error(exc: OSError) -> str:
+    """One line for an `OSError`; a full disk also says where, how much is free, what to do."""
+    from frugal.disk import disk_full_error, is_disk_full
+
+    if not is_disk_full(exc) or not exc.filename:
+        return str(exc)
+    path = Path(exc.filename)
+    return str(disk_full_error(exc, path, what=f"writing {path.name}", fix=_DISK_FULL_FIX))
+
+
+_DISK_FULL_FIX = (
+    "files written before it are whole (each is written to a temporary name, then renamed); "
+    "free space there or give --out a folder on a larger disk, then run the command again"
+)
 
 
 class Terminated(KeyboardInterrupt):

@@ -231,3 +231,25 @@ def output_file(value: str, flag: str = "--out") -> Path:
         raise ConfigError(f"{flag} {path} is a folder; give a file name")
     output_folder(str(path.parent) if str(path.parent) else ".", flag=f"{flag} folder")
     return path
+
+
+def add_overwrite_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """Add `--overwrite`: replace `what` of an earlier run in `--out` (refused without it)."""
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help=f"replace {what} of an earlier run in --out (refused without it)",
+    )
+
+
+def refuse_earlier_output(path: Path, args: argparse.Namespace, flag: str = "--out") -> None:
+    """Refuse, before any work, to replace `path` (an earlier run's output) without --overwrite.
+
+    Raises:
+        ConfigError: If `path` exists and `args.overwrite` is not set.
+    """
+    if path.exists() and not getattr(args, "overwrite", False):
+        raise ConfigError(
+            f"{flag}: {path} holds an earlier run's output; pass --overwrite to replace it, "
+            f"or choose another {flag}"
+        )

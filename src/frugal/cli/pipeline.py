@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 from frugal.cli.bench import BenchEntry, add_bench
 from frugal.cli.options import (
     add_config_arguments,
+    add_overwrite_argument,
     output_folder,
     overlay_flags,
+    refuse_earlier_output,
     with_config,
 )
 from frugal.config import ConfigError
@@ -100,6 +102,7 @@ def add_actions(children: Any) -> None:
         "--dp-bits", type=int, default=None, metavar="K", help="bits of ef-kbit / qadam (8)"
     )
     train.add_argument("--out", default="reports/pipeline-train", metavar="DIR", help="folder")
+    add_overwrite_argument(train, "train.json")
     add_config_arguments(train)
     train.set_defaults(handler=_train)
     add_bench(
@@ -206,6 +209,7 @@ def _train(args: argparse.Namespace, config: PipelineTrainConfig) -> int:
 
     job = check_training(config, num_stages=args.stages)
     out = output_folder(args.out)
+    refuse_earlier_output(out / "train.json", args)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

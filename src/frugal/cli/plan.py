@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING
 from frugal.cli.bench import BenchEntry, add_bench
 from frugal.cli.options import (
     add_config_arguments,
+    add_overwrite_argument,
     config_from_args,
     output_file,
     print_config,
+    refuse_earlier_output,
 )
 from frugal.config import ConfigError
 
@@ -38,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", metavar="FILE", default=None, help="write the plan as JSON (and a PNG beside it)"
     )
+    add_overwrite_argument(parser, "the plan file")
     add_config_arguments(parser)
     parser.set_defaults(handler=_plan)
     children = parser.add_subparsers(dest="plan_command", metavar="[ACTION]")
@@ -81,6 +84,7 @@ def _plan(args: argparse.Namespace) -> int:
         output_file(args.out)
         if out.suffix == ".png":
             raise ConfigError(f"--out {out}: give the .json path; the .png is written beside it")
+        refuse_earlier_output(out, args)
     topology: Topology | None
     if args.cluster:
         topology, settings = load_cluster(args.cluster)

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 from frugal.cli.bench import BenchEntry, add_bench
 from frugal.cli.options import (
     add_config_arguments,
+    add_overwrite_argument,
     output_file,
     output_folder,
     overlay_flags,
+    refuse_earlier_output,
     with_config,
 )
 from frugal.config import ConfigError
@@ -38,6 +40,7 @@ def add_actions(children: Any) -> None:
     train.add_argument(
         "--out", default="reports/recsys-train", metavar="DIR", help="folder for result.json"
     )
+    add_overwrite_argument(train, "result.json")
     add_config_arguments(train)
     train.set_defaults(handler=_train)
     export = children.add_parser(
@@ -49,6 +52,7 @@ def add_actions(children: Any) -> None:
         help="checkpoint_dir or one of its step-S folders (S = samples trained)",
     )
     export.add_argument("--out", required=True, metavar="FILE", help="the .npz file to write")
+    add_overwrite_argument(export, "the .npz file")
     export.set_defaults(handler=_export)
     add_bench(
         children,
@@ -94,6 +98,7 @@ def _train(args: argparse.Namespace, config: RecsysTrainConfig) -> int:
     from frugal.recsys.launch import launch_training
 
     out = output_folder(args.out)
+    refuse_earlier_output(out / "result.json", args)
     cores = os.cpu_count() or 1
     print(
         f"starting {config.nproc} trainer process(es) on {cores} CPU core(s)"
@@ -117,7 +122,9 @@ def _train(args: argparse.Namespace, config: RecsysTrainConfig) -> int:
 def _export(args: argparse.Namespace) -> int:
     from frugal.recsys.checkpoint import export_tables
 
-    counts = export_tables(Path(args.checkpoint), output_file(args.out))
+    out = output_file(args.out)
+    refuse_earlier_output(out, args)
+    counts = export_tables(Path(args.checkpoint), out)
     print(json.dumps(counts, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

@@ -51,6 +51,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from frugal.config import config_from_dict, config_to_dict
+from frugal.disk import DiskFullError, check_free_space, disk_full_error, is_disk_full
 from frugal.recsys.batch import KJTBatch, RecsysData
 from frugal.recsys.checkpoint import (
     commit_checkpoint,
@@ -77,6 +78,9 @@ from frugal.recsys.ps import (
 from frugal.recsys.transport import Handle, RpcTransport, ShardServer
 
 __all__ = ["Mode", "RecsysTrainConfig", "staleness_bound", "train_rank"]
+
+
+_DISK_FULL_FIX = "free space there or set checkpoint_dir to a folder on a larger disk"
 
 
 @dataclass(slots=True)
@@ -284,29 +288,62 @@ class _Trainer:
         directory = Path(self.config.checkpoint_dir)
         tmp = directory / f"step-{samples}.tmp"
         if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+            for stale in directory.glob("step-*.tmp"):  # an earlier run's unfinished one
+                shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        export_shard_rows(self.shard, tmp / f"shard{self.rank}.npz")
-        if self.rank == 0:
-            torch.save(
-                {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
-                tmp / "dense.pt",
-            )
-        dist.barrier()
-        if self.rank == 0:
-            commit_checkpoint(
+        what = f"recsys checkpoint {tmp.name.removesuffix('.tmp')} (rank {self.rank})"
+        latest = directory / "LATEST"
+        previous = directory / latest.read_text().strip() if latest.is_file() else None
+        kept = (
+            f"the last checkpoint {previous.name} is intact (resume=true continues from it)"
+            if previous is not None
+            else "no earlier checkpoint was written"
+        )
+        # The new checkpoint is at least as large as the last one (updated rows only grow).
+        needed = (
+            sum(f.stat().st_size for f in previous.iterdir())
+            if previous is not None and previous.is_dir()
+            else 0
+        )
+        try:
+            check_free_space(directory, needed, what=what, kept=kept, fix=_DISK_FULL_FIX)
+            export_shard_rows(self.shard, tmp / f"shard{self.rank}.npz")
+            if self.rank == 0:
+                torch.save(
+                    {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
+                    tmp / "dense.pt",
+                )
+            dist.barrier()
+            if self.rank == 0:
+                commit_checkpoint(
+                    directory,
+                    tmp,
+                    {
+                        "samples_done": samples,
+                        "total_samples": self.source.total_samples,
+                        "world_size": self.world_size,
+                        "num_virtual_shards": NUM_VIRTUAL_SHARDS,
+                        "owners": default_owners(self.world_size).tolist(),
+                        "compat": self._compat(),
+                    },
+                )
+        except (OSError, DiskFullError) as exc:
+            if isinstance(exc, OSError) and not is_disk_full(exc):
+                raise
+            (tmp / f"shard{self.rank}.npz.part").unlink(missing_ok=True)
+            if self.rank == 0:  # the unfinished folder goes; LATEST still names the last one
+                shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, DiskFullError):
+                raise
+            raise disk_full_error(
+                exc,
                 directory,
-                tmp,
-                {
-                    "samples_done": samples,
-                    "total_samples": self.source.total_samples,
-                    "world_size": self.world_size,
-                    "num_virtual_shards": NUM_VIRTUAL_SHARDS,
-                    "owners": default_owners(self.world_size).tolist(),
-                    "compat": self._compat(),
-                },
-            )
+                what=what,
+                needed_bytes=needed or None,
+                kept=kept,
+                fix=_DISK_FULL_FIX,
+            ) from exc
         dist.barrier()
         self.checkpoints_written += 1
 

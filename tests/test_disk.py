@@ -1,0 +1,82 @@
+"""A full disk as one clear error: the path, the space needed and free, what to do."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from frugal.cli.main import main
+from frugal.disk import (
+    DiskFullError,
+    check_free_space,
+    disk_full_error,
+    free_bytes,
+    human_bytes,
+    is_disk_full,
+)
+
+
+def test_human_bytes_uses_binary_units() -> None:
+    assert human_bytes(0) == "0 B"
+    assert human_bytes(1023) == "1023 B"
+    assert human_bytes(1024) == "1 KiB"
+    assert human_bytes(157 * 1024 + 512) == "158 KiB"  # 157.5 to 3 significant digits
+    assert human_bytes(5 * 1024**3) == "5 GiB"
+
+
+def test_free_bytes_measures_the_nearest_existing_parent(tmp_path: Path) -> None:
+    missing = tmp_path / "not" / "yet" / "here"
+    assert free_bytes(missing) == free_bytes(tmp_path) > 0
+
+
+def test_check_free_space_refuses_a_write_that_cannot_fit(tmp_path: Path) -> None:
+    check_free_space(tmp_path, 1, what="a tiny file")  # fits: nothing raised
+    too_much = free_bytes(tmp_path) + (1 << 40)
+    with pytest.raises(DiskFullError) as info:
+        check_free_space(tmp_path / "ck", too_much, what="checkpoint step-8", kept="step-4 intact")
+    error = info.value
+    assert error.path == tmp_path / "ck"
+    assert error.needed_bytes == too_much
+    message = str(error)
+    assert message.startswith(f"checkpoint step-8: the disk holding {tmp_path / 'ck'} is full")
+    assert f"about {human_bytes(too_much)} needed" in message
+    assert "step-4 intact" in message
+    assert message.endswith("choose a folder on a larger disk")
+
+
+@pytest.mark.parametrize(
+    ("code", "full"),
+    [(errno.ENOSPC, True), (errno.EDQUOT, True), (errno.EFBIG, True), (errno.EACCES, False)],
+)
+def test_is_disk_full_knows_the_errnos_of_a_full_disk(code: int, full: bool) -> None:
+    assert is_disk_full(OSError(code, "x")) is full
+    assert is_disk_full(ValueError("no")) is False
+
+
+def test_disk_full_error_names_the_file_and_a_file_size_limit(tmp_path: Path) -> None:
+    exc = OSError(errno.EFBIG, "File too large", str(tmp_path / "a.npz"))
+    error = disk_full_error(exc, tmp_path, what="writing a.npz", needed_bytes=2048)
+    assert "about 2 KiB needed" in str(error)
+    assert "ulimit -f" in str(error)
+    assert str(error).endswith(
+        f"[File too large (a file-size limit, see `ulimit -f`): {exc.filename}]"
+    )
+
+
+def test_the_command_line_turns_a_full_disk_into_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "plan.json"
+
+    def full(self: Path, *args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", full)  # the disk fills as the plan is written
+    code = main(["plan", "--scenario", "world", "--out", str(target)])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err.startswith(f"frugal: writing plan.json: the disk holding {target} is full (")
+    assert "free space there or give --out a folder on a larger disk" in err
+    assert "Traceback" not in err
