@@ -70,13 +70,15 @@ def test_the_command_line_turns_a_full_disk_into_one_line(
 ) -> None:
     target = tmp_path / "plan.json"
 
-    def full(self: Path, *args: object, **kwargs: object) -> int:
+    def full(self: Path, *args: object, **kwargs: object) -> int:  # the disk fills up
         raise OSError(errno.ENOSPC, "No space left on device", str(self))
 
-    monkeypatch.setattr(Path, "write_text", full)  # the disk fills as the plan is written
+    monkeypatch.setattr(Path, "write_bytes", full)  # the disk fills as the plan is written
     code = main(["plan", "--scenario", "world", "--out", str(target)])
     err = capsys.readouterr().err.strip()
     assert code == 1
     assert err.startswith(f"frugal: writing plan.json: the disk holding {target} is full (")
-    assert "free space there or give --out a folder on a larger disk" in err
+    assert "free space there or choose a folder on a larger disk" in err
+    assert err.endswith(".tmp]")  # the temporary file it was writing, removed again
+    assert list(tmp_path.iterdir()) == []
     assert "Traceback" not in err

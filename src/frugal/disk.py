@@ -9,8 +9,11 @@ failed anyway into a `DiskFullError` that says what is intact and what to do.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import re
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from frugal import FrugalError
@@ -20,11 +23,14 @@ __all__ = [
     "check_free_space",
     "disk_full_error",
     "free_bytes",
+    "guard_write",
     "human_bytes",
     "is_disk_full",
 ]
 
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_NUMPY_SHORT_WRITE = re.compile(r"Not enough free space to write|\d+ requested and \d+ written")
+_FIX = "free space there or choose a folder on a larger disk"
 
 
 class DiskFullError(FrugalError):
@@ -46,8 +52,16 @@ class DiskFullError(FrugalError):
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    """True for an `OSError` of a full disk, an exhausted quota or a file-size limit."""
-    return isinstance(exc, OSError) and exc.errno in _DISK_FULL_ERRNOS
+    """True for an `OSError` of a full disk, an exhausted quota or a file-size limit.
+
+    numpy's `save`/`tofile` report a full disk without an errno ("Not enough free space to
+    write N bytes", "N requested and M written"); those count too.
+    """
+    if not isinstance(exc, OSError):
+        return False
+    if exc.errno is None:
+        return _NUMPY_SHORT_WRITE.search(str(exc)) is not None
+    return exc.errno in _DISK_FULL_ERRNOS
 
 
 def free_bytes(path: Path) -> int:
@@ -87,7 +101,7 @@ def check_free_space(
     *,
     what: str,
     kept: str = "",
-    fix: str = "free space there or choose a folder on a larger disk",
+    fix: str = _FIX,
 ) -> None:
     """Raise `DiskFullError` before writing `needed_bytes` under `path` if they cannot fit.
 
@@ -118,7 +132,7 @@ def disk_full_error(
     what: str,
     needed_bytes: int | None = None,
     kept: str = "",
-    fix: str = "free space there or choose a folder on a larger disk",
+    fix: str = _FIX,
 ) -> DiskFullError:
     """The `DiskFullError` for `exc`, a write under `path` that failed on a full disk.
 
@@ -144,3 +158,48 @@ def disk_full_error(
         needed_bytes=needed_bytes,
         free_bytes=free,
     )
+
+
+@contextlib.contextmanager
+def guard_write(
+    path: Path,
+    *,
+    what: str,
+    needed_bytes: int | None = None,
+    kept: str = "",
+    fix: str = _FIX,
+    partial: Iterable[Path] = (),
+) -> Iterator[None]:
+    """Around a write under `path`: refuse it up front if it cannot fit, explain it if it fails.
+
+    Args:
+        path: The file or folder written.
+        what: What is written, for the message.
+        needed_bytes: Bytes the write takes, if known: checked against the free space first.
+        kept: What stays intact, for the message.
+        fix: What to do.
+        partial: Files or folders the write may leave half-written; removed if it fails on a
+            full disk, so the space they took is given back.
+
+    Raises:
+        DiskFullError: If the space is known to be too small, or the write fails with a full
+            disk (the `OSError` is its cause). Any other `OSError` propagates unchanged.
+    """
+    leftovers = list(partial)
+    try:
+        if needed_bytes is not None:
+            check_free_space(path, needed_bytes, what=what, kept=kept, fix=fix)
+        yield
+    except (OSError, DiskFullError) as exc:
+        if isinstance(exc, OSError) and not is_disk_full(exc):
+            raise
+        for leftover in leftovers:
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+        if isinstance(exc, DiskFullError):
+            raise
+        raise disk_full_error(
+            exc, path, what=what, needed_bytes=needed_bytes, kept=kept, fix=fix
+        ) from exc

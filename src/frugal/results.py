@@ -15,6 +15,7 @@ from typing import Any
 
 import frugal
 from frugal.config import config_to_dict, config_to_json
+from frugal.disk import guard_write
 
 __all__ = [
     "BenchJournal",
@@ -116,13 +117,16 @@ def write_text_atomically(path: Path, text: str) -> None:
     once (benches sharing an output folder) do not take each other's temporary file.
 
     Raises:
+        DiskFullError: If the disk holding `path` is full (the old file is left as it was).
         OSError: If the file cannot be written.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    data = text.encode()
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        with guard_write(path, what=f"writing {path.name}", needed_bytes=len(data)):
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # only left when the write or the rename failed
 
@@ -200,11 +204,13 @@ class BenchJournal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         entry = {"config": self.key, "cell": cell, "value": clean_json(value)}
         line = (json.dumps(entry, default=_plain) + "\n").encode()
-        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            written = 0
-            while written < len(line):  # a regular file takes it in one call; be safe
-                written += os.write(descriptor, line[written:])
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        # A line cut by a full disk is skipped on reopening, like one cut by a crash.
+        with guard_write(self.path, what=f"the bench journal {self.path}", needed_bytes=len(line)):
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                written = 0
+                while written < len(line):  # a regular file takes it in one call; be safe
+                    written += os.write(descriptor, line[written:])
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)

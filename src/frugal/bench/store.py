@@ -47,6 +47,7 @@ from frugal.bench.harness import (
     write_bench_results,
 )
 from frugal.config import check_types
+from frugal.disk import check_free_space, guard_write
 from frugal.registry import Registry
 from frugal.store.lookahead import Batch, LookaheadLoader
 from frugal.store.rows import OptimizerConfig, RowSpec, splitmix64
@@ -255,6 +256,22 @@ class _Run:
 # --- traces --------------------------------------------------------------------------------
 
 
+_DISK_FULL_FIX = "free space there or give --out a folder on a larger disk (its tables go there)"
+
+
+def _save_trace(
+    trace_path: Path, ids: npt.NDArray[Any], labels_path: Path, labels: npt.NDArray[Any]
+) -> None:
+    """Write a workload's id trace and labels (.npy), or raise `DiskFullError` naming them."""
+    with guard_write(
+        trace_path.parent, what=f"the store bench's {trace_path.stem} files",
+        needed_bytes=int(ids.nbytes + labels.nbytes), fix=_DISK_FULL_FIX,
+        partial=[trace_path, labels_path],
+    ):  # fmt: skip
+        np.save(trace_path, ids)
+        np.save(labels_path, labels)
+
+
 def _teacher_labels(ids_BF: npt.NDArray[np.int64], seed: int) -> npt.NDArray[np.float32]:
     """Planted teacher: y = 1[sum_f w*(id_f) > 0], w* = +-1 from splitmix64(seed, id)."""
     keys = ids_BF.astype(np.uint64) ^ np.uint64(seed * 0x9E3779B97F4A7C15 % (1 << 64))
@@ -272,8 +289,7 @@ def _criteo_workload(config: StoreBenchConfig, folder: Path) -> _Workload:
     ids = stream.ids(0, config.num_batches * config.batch_size)
     labels = _teacher_labels(ids, config.seed).reshape(config.num_batches, config.batch_size)
     trace_path, labels_path = folder / "criteo_trace.npy", folder / "criteo_labels.npy"
-    np.save(trace_path, ids.reshape(config.num_batches, -1))
-    np.save(labels_path, labels)
+    _save_trace(trace_path, ids.reshape(config.num_batches, -1), labels_path, labels)
     spec = RowSpec(
         embedding_dim=config.embedding_dim, optimizer=OptimizerConfig(kind="adam", lr=1e-3)
     )
@@ -306,8 +322,9 @@ def _events_workload(name: WorkloadName, folder: Path, events_per_batch: int = 6
         labels = (ids[:, 0] % 2).astype(np.float32)
         spec = RowSpec(embedding_dim=172, optimizer=OptimizerConfig(kind="sgd", lr=1.0))
     trace_path, labels_path = folder / f"{name}_trace.npy", folder / f"{name}_labels.npy"
-    np.save(trace_path, ids.reshape(num_batches, -1))
-    np.save(labels_path, labels.reshape(num_batches, events_per_batch))
+    _save_trace(
+        trace_path, ids.reshape(num_batches, -1), labels_path, labels.reshape(num_batches, -1)
+    )
     return _Workload(name, events.num_nodes, spec, str(trace_path), str(labels_path), 2)
 
 
@@ -652,6 +669,14 @@ def run_store_bench(
             if (earlier := journal.get(cell)) is not None:  # an interrupted invocation's
                 row = earlier | {"resumed": True}
             else:
+                # A store on a full disk would fail in the cell's child: stop the bench now,
+                # with its journal whole, instead of filling the table with failed cells.
+                # File and RocksDB backends take up to twice the table (padding, compaction).
+                check_free_space(
+                    scratch, 2 * run.workload.num_rows * run.workload.spec.row_bytes,
+                    what=f"the store bench cell {cell}", fix=_DISK_FULL_FIX,
+                    kept=f"finished cells are journaled in {journal.path}; a rerun resumes",
+                )  # fmt: skip
                 repeats = []
                 for _ in range(config.repeats):
                     Path(run.work_dir).mkdir(parents=True, exist_ok=True)

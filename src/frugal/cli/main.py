@@ -185,8 +185,10 @@ def _describe_os_error(exc: OSError) -> str:
     """One line for an `OSError`; a full disk also says where, how much is free, what to do."""
     from frugal.disk import disk_full_error, is_disk_full
 
-    if not is_disk_full(exc) or not exc.filename:
+    if not is_disk_full(exc):
         return str(exc)
+    if not exc.filename:
+        return f"the disk is full ({exc}); {_DISK_FULL_FIX}"
     path = Path(exc.filename)
     return str(disk_full_error(exc, path, what=f"writing {path.name}", fix=_DISK_FULL_FIX))
 

@@ -102,7 +102,9 @@ def _plan(args: argparse.Namespace) -> int:
     print(plan.table())
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(plan.to_json() + "\n")
+        from frugal.results import write_text_atomically
+
+        write_text_atomically(out, plan.to_json() + "\n")
         from frugal.planner.figure import draw_plan
 
         draw_plan(plan, out.with_suffix(".png"))

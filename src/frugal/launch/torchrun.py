@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from frugal._libc import die_with_parent
+from frugal.disk import free_bytes, human_bytes, is_disk_full
 from frugal.launch.process import (
     EXCEPTION_LINE,
     check_process_count,
@@ -101,6 +102,10 @@ class TorchrunJob:
                 f"nnodes={self.nnodes} needs rdzv_endpoint='host:port' reachable by every node "
                 "(the default 127.0.0.1 rendezvous serves one machine)"
             )
+
+
+_LOW_DISK_BYTES = 64 << 10
+"""Free space under which a failed job's missing rank output is put down to a full disk."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +195,14 @@ class LaunchResult:
         if not parts:
             tail = [line for line in self.launcher_output.splitlines() if line.strip()][-4:]
             parts = [f"last output: {' | '.join(tail)}"] if tail else []
+        if not any(failure.raised for failure in self.failures):
+            free = free_bytes(self.log_dir)
+            if free < _LOW_DISK_BYTES:  # the ranks could not even write why they failed
+                parts.append(
+                    f"the disk holding {self.log_dir} is full ({human_bytes(free)} free), so "
+                    "the ranks' output and results could not be written; free space there or "
+                    "give --out a folder on a larger disk"
+                )
         return "; ".join([head, *parts]) + f" (rank logs: {self.log_dir})"
 
     def format(self) -> str:
@@ -358,7 +371,13 @@ def run_torchrun(
                 process.wait(10)
         kill_launch(env)  # workers live in their own sessions: killpg misses them
     launcher_output = "".join(launcher)
-    (log_dir / "launcher.log").write_text(launcher_output)
+    try:
+        (log_dir / "launcher.log").write_text(launcher_output)
+    except OSError as exc:  # a full disk: the output is still in the result; say so, go on
+        if not is_disk_full(exc):
+            raise
+        (log_dir / "launcher.log").unlink(missing_ok=True)
+        launcher_output += f"\n(launcher.log not written: the disk holding {log_dir} is full)\n"
     rank_output = _read_rank_logs(log_dir)
     failures = _failures(launcher_output, rank_output) if code != 0 else ()
     return LaunchResult(code, launcher_output, rank_output, failures, log_dir, job.timeout_s)

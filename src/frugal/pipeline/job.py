@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from frugal.comm.gradcomp import DP_METHODS
 from frugal.config import ConfigError
+from frugal.disk import guard_write
 from frugal.pipeline.train import Layout, PipelineTrainConfig, RunSpec, launch_torchrun, make_layout
+from frugal.results import write_text_atomically
 
 if TYPE_CHECKING:
     from frugal.parallel.plan import Plan
@@ -240,8 +242,10 @@ def run_training(
         dp_bytes_last_step_per_rank=tuple((r["runs"][0]["dp_bytes"] or [0])[-1] for r in ranks),
     )
     document = {"summary": asdict(summary), "losses": last["losses"]}
-    (out_dir / "train.json").write_text(json.dumps(document))
-    _plot_losses(last["losses"], config.codec, out_dir / "loss_curve.png")
+    write_text_atomically(out_dir / "train.json", json.dumps(document))
+    curve = out_dir / "loss_curve.png"
+    with guard_write(curve, what="writing loss_curve.png", partial=[curve]):
+        _plot_losses(last["losses"], config.codec, curve)
     return summary
 
 

@@ -49,6 +49,7 @@ from frugal.pipeline.zoo import (
     load_model_windows,
     model_context,
 )
+from frugal.results import write_text_atomically
 
 __all__ = ["SCHEDULES", "launch_torch_pipelining", "main", "run_torch_worker", "summarize"]
 
@@ -122,7 +123,7 @@ def run_torch_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_d
             )
             dist.barrier()
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
+        write_text_atomically(out_dir / f"rank{rank}.json", json.dumps(results))
     finally:
         dist.destroy_process_group()
 

@@ -60,6 +60,7 @@ from frugal.pipeline.zoo import (
     mean_token_loss,
     model_num_layers,
 )
+from frugal.results import write_text_atomically
 
 __all__ = [
     "Layout",
@@ -729,7 +730,7 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
             results["runs"].append(out)
             _barrier(config.comm_timeout_s)
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
+        write_text_atomically(out_dir / f"rank{rank}.json", json.dumps(results))
     finally:
         dist.destroy_process_group()
 

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from frugal.config import config_from_dict, config_to_dict
-from frugal.disk import DiskFullError, check_free_space, disk_full_error, is_disk_full
+from frugal.disk import guard_write
 from frugal.recsys.batch import KJTBatch, RecsysData
 from frugal.recsys.checkpoint import (
     commit_checkpoint,
@@ -306,8 +306,12 @@ class _Trainer:
             if previous is not None and previous.is_dir()
             else 0
         )
-        try:
-            check_free_space(directory, needed, what=what, kept=kept, fix=_DISK_FULL_FIX)
+        # The unfinished folder goes if the disk fills; LATEST still names the last one.
+        partial = [tmp / f"shard{self.rank}.npz.part", *([tmp] if self.rank == 0 else [])]
+        with guard_write(
+            directory, what=what, needed_bytes=needed, kept=kept, fix=_DISK_FULL_FIX,
+            partial=partial,
+        ):  # fmt: skip
             export_shard_rows(self.shard, tmp / f"shard{self.rank}.npz")
             if self.rank == 0:
                 torch.save(
@@ -328,22 +332,6 @@ class _Trainer:
                         "compat": self._compat(),
                     },
                 )
-        except (OSError, DiskFullError) as exc:
-            if isinstance(exc, OSError) and not is_disk_full(exc):
-                raise
-            (tmp / f"shard{self.rank}.npz.part").unlink(missing_ok=True)
-            if self.rank == 0:  # the unfinished folder goes; LATEST still names the last one
-                shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(exc, DiskFullError):
-                raise
-            raise disk_full_error(
-                exc,
-                directory,
-                what=what,
-                needed_bytes=needed or None,
-                kept=kept,
-                fix=_DISK_FULL_FIX,
-            ) from exc
         dist.barrier()
         self.checkpoints_written += 1
 

@@ -40,6 +40,7 @@ from frugal import FrugalError
 from frugal._typing import I64, Bool
 from frugal.config import check_types
 from frugal.data import TemporalEvents
+from frugal.disk import guard_write
 from frugal.registry import Registry
 from frugal.results import write_text_atomically
 
@@ -681,9 +682,16 @@ def build_protocol(
             # digest lands first, so a reader that finds the .npz also finds its .sha256.
             tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
             arrays: dict[str, Any] = {key.replace("/", "__"): v for key, v in negatives.items()}
-            np.savez(tmp, **arrays)
-            write_text_atomically(path.with_suffix(".sha256"), _arrays_sha256(negatives) + "\n")
-            tmp.replace(path)
+            with guard_write(
+                path,
+                what=f"the negatives cache of {dataset}",
+                needed_bytes=sum(int(v.nbytes) for v in arrays.values()),
+                fix="free space there or give --out a folder on a larger disk",
+                partial=[tmp],
+            ):
+                np.savez(tmp, **arrays)
+                write_text_atomically(path.with_suffix(".sha256"), _arrays_sha256(negatives) + "\n")
+                tmp.replace(path)
     negative_sha256 = _arrays_sha256(negatives)
     protocol_hash = hashlib.sha256(
         json.dumps({**setup, "negatives": negative_sha256}, sort_keys=True).encode()
