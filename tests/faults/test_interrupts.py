@@ -131,7 +131,8 @@ def test_ctrl_c_while_the_child_still_imports_prints_no_traceback(tmp_path: Path
     script.write_text(_CELL_SCRIPT.replace('print("cell running", flush=True)', "pass"))
     process = _start([sys.executable, str(script)], tmp_path)
     deadline = time.monotonic() + _WAIT_S
-    while len(_group_members(process.pid)) < 2 and time.monotonic() < deadline:
+    # Members: the command, multiprocessing's resource tracker, then the spawned cell child.
+    while len(_group_members(process.pid)) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)  # the spawned child exists: it is importing
     os.killpg(process.pid, signal.SIGINT)
     stderr = _finish(process)
@@ -163,3 +164,40 @@ def test_tgraph_bench_ends_with_one_line_on_a_signal(
     assert stderr.strip().splitlines()[-1] == line
     target = "the group" if signum == signal.SIGINT else "the command pid"
     record("tgraph bench", f"{signal.Signals(signum).name} to {target}", f"exit {code}, one line")
+
+
+def test_sigint_stays_blocked_while_the_first_cell_child_of_a_process_starts(
+    tmp_path: Path,
+) -> None:
+    # multiprocessing's resource tracker, started by the first spawn of a process, unblocks
+    # SIGINT (SIG_UNBLOCK) after its own start; inside `_sigint_blocked` that undid the block
+    # and the first cell child started with SIGINT deliverable (CI: a Ctrl-C during its site
+    # imports printed a traceback). Checked in a fresh interpreter: no tracker running yet.
+    script = tmp_path / "mask.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import multiprocessing, signal
+            from frugal.bench import harness
+
+            def child_mask():  # exit 0: the child started with SIGINT blocked
+                blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+                raise SystemExit(0 if blocked else 3)
+
+            if __name__ == "__main__":
+                context = multiprocessing.get_context("spawn")
+                for _ in range(2):
+                    with harness._sigint_blocked():
+                        process = context.Process(target=child_mask)
+                        process.start()
+                        still = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+                    process.join(30)
+                    print(still, process.exitcode == 0, flush=True)
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"] * 4, done.stdout

@@ -33,6 +33,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar, get_args
 
@@ -482,10 +483,15 @@ def _sigint_blocked() -> Iterator[None]:
     `_child_main` unblocks it inside its `try` (reported as the cell's error, no traceback),
     and in the parent until this block ends, where it raises as usual. Nothing is lost (an
     ignored signal would be). Where `pthread_sigmask` is missing nothing changes.
+
+    multiprocessing's resource tracker is started first: its own start blocks SIGINT and then
+    *unblocks* it (`SIG_UNBLOCK`, not a restore), so started inside this block it would undo
+    the block and the first cell child of a process would start with SIGINT deliverable.
     """
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
+    resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
