@@ -11,10 +11,12 @@ from frugal.cli.main import main
 from frugal.disk import (
     DiskFullError,
     check_free_space,
+    disk_filled_error,
     disk_full_error,
     free_bytes,
     human_bytes,
     is_disk_full,
+    mentions_disk_full,
 )
 
 
@@ -53,6 +55,33 @@ def test_check_free_space_refuses_a_write_that_cannot_fit(tmp_path: Path) -> Non
 def test_is_disk_full_knows_the_errnos_of_a_full_disk(code: int, full: bool) -> None:
     assert is_disk_full(OSError(code, "x")) is full
     assert is_disk_full(ValueError("no")) is False
+
+
+@pytest.mark.parametrize(
+    ("text", "full"),
+    [
+        ("Exception: IO error: No space left on device: While pwrite to file", True),  # RocksDB
+        ("StoreError: a background write-back failed: [Errno 28] No space left on device", True),
+        ("OSError: [Errno 122] Disk quota exceeded", True),
+        ("OSError: [Errno 27] File too large", True),
+        ("OSError: Not enough free space to write 4096 bytes", True),  # numpy
+        ("OSError: [Errno 13] Permission denied", False),
+        ("ValueError: space must be > 0", False),
+    ],
+)
+def test_mentions_disk_full_reads_an_error_text(text: str, full: bool) -> None:
+    assert mentions_disk_full(text) is full
+
+
+def test_disk_filled_error_gives_what_was_written_as_a_lower_bound(tmp_path: Path) -> None:
+    error = disk_filled_error(
+        tmp_path, what="the cell c", written_bytes=3 * 1024**2, detail="IO error: x",
+        kept="journal whole",
+    )  # fmt: skip
+    assert error.needed_bytes == 3 * 1024**2 and error.path == tmp_path
+    message = str(error)
+    assert message.startswith(f"the cell c: the disk holding {tmp_path} is full (more than 3 MiB")
+    assert "; journal whole; " in message and message.endswith("[IO error: x]")
 
 
 def test_disk_full_error_names_the_file_and_a_file_size_limit(tmp_path: Path) -> None:

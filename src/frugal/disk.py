@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import re
 import shutil
 from collections.abc import Iterable, Iterator
@@ -21,15 +22,21 @@ from frugal import FrugalError
 __all__ = [
     "DiskFullError",
     "check_free_space",
+    "disk_filled_error",
     "disk_full_error",
     "free_bytes",
     "guard_write",
     "human_bytes",
     "is_disk_full",
+    "mentions_disk_full",
 ]
 
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 _NUMPY_SHORT_WRITE = re.compile(r"Not enough free space to write|\d+ requested and \d+ written")
+_DISK_FULL_TEXT = re.compile(
+    "|".join(re.escape(os.strerror(code)) for code in sorted(_DISK_FULL_ERRNOS))
+    + f"|{_NUMPY_SHORT_WRITE.pattern}"
+)
 _FIX = "free space there or choose a folder on a larger disk"
 
 
@@ -38,7 +45,8 @@ class DiskFullError(FrugalError):
 
     Attributes:
         path: What was being written (a file or folder).
-        needed_bytes: Bytes the write needed (an estimate; None when unknown).
+        needed_bytes: Bytes the write needed (an estimate, a lower bound from
+            `disk_filled_error`, or None when unknown).
         free_bytes: Bytes free on the path's file system when the error was raised.
     """
 
@@ -62,6 +70,17 @@ def is_disk_full(exc: BaseException) -> bool:
     if exc.errno is None:
         return _NUMPY_SHORT_WRITE.search(str(exc)) is not None
     return exc.errno in _DISK_FULL_ERRNOS
+
+
+def mentions_disk_full(text: str) -> bool:
+    """True if an error's text reports a full disk, a quota or a file-size limit.
+
+    For errors that reach us as text: a child process's failure, or an engine's own exception
+    that wraps the OS error (RocksDB's `IO error: No space left on device`, the store's
+    background write-back error). Matches the C library's message of ENOSPC, EDQUOT and EFBIG
+    and numpy's short-write messages.
+    """
+    return _DISK_FULL_TEXT.search(text) is not None
 
 
 def free_bytes(path: Path) -> int:
@@ -89,8 +108,10 @@ def human_bytes(count: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _message(what: str, path: Path, needed: int | None, free: int, kept: str, fix: str) -> str:
-    need = f"about {human_bytes(needed)} needed, " if needed is not None else ""
+def _message(
+    what: str, path: Path, needed: int | None, free: int, kept: str, fix: str, bound: str = "about"
+) -> str:
+    need = f"{bound} {human_bytes(needed)} needed, " if needed is not None else ""
     tail = f"; {kept}" if kept else ""
     return f"{what}: the disk holding {path} is full ({need}{human_bytes(free)} free){tail}; {fix}"
 
@@ -157,6 +178,40 @@ def disk_full_error(
         path=path,
         needed_bytes=needed_bytes,
         free_bytes=free,
+    )
+
+
+def disk_filled_error(
+    path: Path,
+    *,
+    what: str,
+    written_bytes: int,
+    detail: str,
+    kept: str = "",
+    fix: str = _FIX,
+) -> DiskFullError:
+    """The `DiskFullError` of a write that filled the disk after `written_bytes` (as text).
+
+    For a failure known only by its text (see `mentions_disk_full`), e.g. in a child process:
+    the space it needed is unknown, but more than what it had written when the disk filled up,
+    and the message says so ("more than 7.4 MiB needed"). Call it after removing what the
+    failed write left, so the free space it reports is what a rerun finds.
+
+    Args:
+        path: Where the write went.
+        what: What was written, for the message.
+        written_bytes: Bytes it had written when it failed (>= 0): a lower bound of the need.
+        detail: The failure's own text, appended in brackets.
+        kept: What stays intact, for the message.
+        fix: What to do.
+
+    Returns:
+        The error to raise.
+    """
+    free = free_bytes(path)
+    message = _message(what, path, written_bytes, free, kept, fix, bound="more than")
+    return DiskFullError(
+        f"{message} [{detail}]", path=path, needed_bytes=written_bytes, free_bytes=free
     )
 
 

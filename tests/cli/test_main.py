@@ -78,6 +78,7 @@ PINNED_SURFACE = {
     "recsys train": [
         "--config",
         "--dataset",
+        "--force",
         "--help",
         "--mode",
         "--nproc",
@@ -125,6 +126,7 @@ PINNED_SURFACE = {
         "--config",
         "--dp-bits",
         "--dp-compress",
+        "--force",
         "--fw-bits",
         "--help",
         "--model",

@@ -109,6 +109,6 @@ def test_run_torchrun_refuses_an_oversubscribed_job_before_starting_it(tmp_path:
         target=["frugal.no_such_worker"], nproc=1000 * usable_cores(), timeout_s=5,
         log_dir=tmp_path / "logs",
     )  # fmt: skip
-    with pytest.raises(ConfigError, match="set FRUGAL_FORCE_OVERSUBSCRIBE=1"):
+    with pytest.raises(ConfigError, match=r"pass --force \(or set FRUGAL_FORCE=1\)"):
         run_torchrun(job)
     assert not (tmp_path / "logs").exists()  # nothing was started or written

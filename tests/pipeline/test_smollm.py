@@ -163,3 +163,9 @@ def test_untied_head_starts_as_the_embedding(smollm: tuple[Llama, object]) -> No
     tokens = torch.tensor([[504, 3575, 282, 4649, 314]])
     with torch.no_grad():
         torch.testing.assert_close(untied(tokens), smollm[0](tokens), rtol=0, atol=0)
+
+
+def test_the_config_counts_the_loaded_models_parameters(smollm: tuple[Llama, object]) -> None:
+    model, _ = smollm
+    # The tied head shares the embedding's tensor: parameters() lists it once.
+    assert sum(p.numel() for p in model.parameters()) == SMOLLM2_135M.num_params == 134_515_008

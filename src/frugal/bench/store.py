@@ -47,7 +47,7 @@ from frugal.bench.harness import (
     write_bench_results,
 )
 from frugal.config import check_types
-from frugal.disk import check_free_space, guard_write
+from frugal.disk import disk_filled_error, guard_write, mentions_disk_full
 from frugal.registry import Registry
 from frugal.store.lookahead import Batch, LookaheadLoader
 from frugal.store.rows import OptimizerConfig, RowSpec, splitmix64
@@ -669,18 +669,11 @@ def run_store_bench(
             if (earlier := journal.get(cell)) is not None:  # an interrupted invocation's
                 row = earlier | {"resumed": True}
             else:
-                # A store on a full disk would fail in the cell's child: stop the bench now,
-                # with its journal whole, instead of filling the table with failed cells.
-                # File and RocksDB backends take up to twice the table (padding, compaction).
-                check_free_space(
-                    scratch, 2 * run.workload.num_rows * run.workload.spec.row_bytes,
-                    what=f"the store bench cell {cell}", fix=_DISK_FULL_FIX,
-                    kept=f"finished cells are journaled in {journal.path}; a rerun resumes",
-                )  # fmt: skip
                 repeats = []
                 for _ in range(config.repeats):
                     Path(run.work_dir).mkdir(parents=True, exist_ok=True)
                     repeats.append(_run_in_child(run, config.run_timeout_s))
+                    _stop_if_the_disk_filled(repeats[-1], run, cell, journal.path)
                     shutil.rmtree(run.work_dir, ignore_errors=True)
                 ok = [r for r in repeats if r.get("status") == "ok"]
                 row = dict(repeats[0])
@@ -756,6 +749,28 @@ def _run_in_child(run: _Run, timeout_s: float) -> dict[str, Any]:
     if outcome.value is not None:  # answered, then exited non-zero
         return outcome.value | {"status": outcome.status}
     return _failed(run, outcome.status, outcome.error or "")
+
+
+def _stop_if_the_disk_filled(row: dict[str, Any], run: _Run, cell: str, journal: Path) -> None:
+    """Raise `DiskFullError` if this cell failed on a full disk (its work folder is removed).
+
+    Every later cell would fail the same way, so the bench stops with its journal whole
+    instead of filling its table with failed cells; the cell is not journaled and a rerun on
+    a larger disk resumes from it. A cell's disk use cannot be known before it runs (the
+    log-structured tables grow with write-backs until compaction), so the message gives what
+    it had written when the disk filled up as a lower bound of the space it needs.
+    """
+    error = str(row.get("error", ""))
+    if row.get("status") == "ok" or not mentions_disk_full(error):
+        return
+    work_dir = Path(run.work_dir)
+    written = sum(p.stat().st_blocks * 512 for p in work_dir.rglob("*") if p.is_file())
+    shutil.rmtree(work_dir, ignore_errors=True)
+    raise disk_filled_error(
+        journal.parent, what=f"the store bench cell {cell}", written_bytes=written,
+        detail=error.splitlines()[0] if error else "", fix=_DISK_FULL_FIX,
+        kept=f"finished cells are journaled in {journal}; a rerun resumes",
+    )  # fmt: skip
 
 
 def _failed(run: _Run, status: str, error: str) -> dict[str, Any]:

@@ -242,6 +242,16 @@ def add_overwrite_argument(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def add_force_argument(parser: argparse.ArgumentParser) -> None:
+    """Add `--force`: start a job the resource guards refuse (`frugal.launch.guards`)."""
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="start even if the job needs more processes per core or more memory than this "
+        "machine has (refused without it; same as FRUGAL_FORCE=1)",
+    )
+
+
 def refuse_earlier_output(path: Path, args: argparse.Namespace, flag: str = "--out") -> None:
     """Refuse, before any work, to replace `path` (an earlier run's output) without --overwrite.
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from frugal.cli.bench import BenchEntry, add_bench
 from frugal.cli.options import (
     add_config_arguments,
+    add_force_argument,
     add_overwrite_argument,
     output_folder,
     overlay_flags,
@@ -103,6 +104,7 @@ def add_actions(children: Any) -> None:
     )
     train.add_argument("--out", default="reports/pipeline-train", metavar="DIR", help="folder")
     add_overwrite_argument(train, "train.json")
+    add_force_argument(train)
     add_config_arguments(train)
     train.set_defaults(handler=_train)
     add_bench(
@@ -205,11 +207,12 @@ def _train(args: argparse.Namespace, config: PipelineTrainConfig) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from frugal.pipeline.job import check_training, run_training
+    from frugal.pipeline.job import check_resources, check_training, run_training
 
     job = check_training(config, num_stages=args.stages)
     out = output_folder(args.out)
     refuse_earlier_output(out / "train.json", args)
+    check_resources(job, force=args.force)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -223,7 +226,7 @@ def _train(args: argparse.Namespace, config: PipelineTrainConfig) -> int:
         def on_step(step: int, loss: float) -> None:
             bar.update(task, completed=step + 1, loss=f"{loss:.4f}")
 
-        summary = run_training(job, out, on_step=on_step)
+        summary = run_training(job, out, on_step=on_step, force=args.force)
     print(json.dumps(asdict(summary), indent=1))
     print(f"wrote {out / 'train.json'} and {out / 'loss_curve.png'}", file=sys.stderr)
     return 0

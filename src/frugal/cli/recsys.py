@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from frugal.cli.bench import BenchEntry, add_bench
 from frugal.cli.options import (
     add_config_arguments,
+    add_force_argument,
     add_overwrite_argument,
     output_file,
     output_folder,
@@ -41,6 +42,7 @@ def add_actions(children: Any) -> None:
         "--out", default="reports/recsys-train", metavar="DIR", help="folder for result.json"
     )
     add_overwrite_argument(train, "result.json")
+    add_force_argument(train)
     add_config_arguments(train)
     train.set_defaults(handler=_train)
     export = children.add_parser(
@@ -111,7 +113,7 @@ def _train(args: argparse.Namespace, config: RecsysTrainConfig) -> int:
         file=sys.stderr,
         flush=True,
     )
-    result = launch_training(config, out, timeout_s=config.job_timeout_s)
+    result = launch_training(config, out, timeout_s=config.job_timeout_s, force=args.force)
     keys = ("mode", "dataset", "staleness", "test_auc", "test_logloss", "samples_per_s",
             "max_staleness_seen", "staleness_bound")  # fmt: skip
     print(json.dumps({k: result[k] for k in keys}, indent=1))

@@ -31,9 +31,9 @@ from pathlib import Path
 
 from frugal._libc import die_with_parent
 from frugal.disk import free_bytes, human_bytes, is_disk_full
+from frugal.launch.guards import MemoryEstimate, check_memory, check_process_count
 from frugal.launch.process import (
     EXCEPTION_LINE,
-    check_process_count,
     free_port,
     kill_launch,
     launch_marker,
@@ -43,6 +43,7 @@ __all__ = [
     "LaunchResult",
     "RankFailure",
     "TorchrunJob",
+    "check_resources",
     "run_torchrun",
     "torchrun_command",
 ]
@@ -73,6 +74,10 @@ class TorchrunJob:
         rdzv_endpoint: `host:port` of the c10d rendezvous all nodes share; None = 127.0.0.1
             with a free port (one node only).
         rdzv_id: Name of the rendezvous; nodes of one job use the same id.
+        memory_estimate: What this node's processes together need, checked against the
+            machine's memory before starting (`frugal.launch.guards.check_memory`); None
+            skips the check.
+        force: Start the job even where a resource guard would refuse it (`--force`).
     """
 
     target: Sequence[str]
@@ -85,6 +90,8 @@ class TorchrunJob:
     nnodes: int = 1
     rdzv_endpoint: str | None = None
     rdzv_id: str = "frugal"
+    memory_estimate: MemoryEstimate | None = None
+    force: bool = False
 
     def __post_init__(self) -> None:
         if not self.target:
@@ -281,6 +288,24 @@ def _failures(launcher_output: str, rank_output: dict[int, str]) -> tuple[RankFa
     return tuple(unique.values())
 
 
+def check_resources(job: TorchrunJob) -> None:
+    """Apply the resource guards `run_torchrun` applies first (process count, memory).
+
+    Callers that write files before launching call it earlier, so a refused job leaves
+    nothing behind.
+
+    Warns:
+        OversubscriptionWarning: If `job.nproc` is several times the usable cores.
+        MemoryWarning: If `job.memory_estimate` exceeds the memory free now.
+
+    Raises:
+        ConfigError: If a guard refuses the job and `job.force` is not set.
+    """
+    check_process_count(job.nproc, force=job.force)
+    if job.memory_estimate is not None:
+        check_memory(job.memory_estimate, what=f"the {job.nproc}-process job", force=job.force)
+
+
 def run_torchrun(
     job: TorchrunJob, *, on_line: Callable[[int, str], None] | None = None
 ) -> LaunchResult:
@@ -297,13 +322,15 @@ def run_torchrun(
 
     Warns:
         OversubscriptionWarning: If `job.nproc` is several times the usable cores.
+        MemoryWarning: If `job.memory_estimate` exceeds the memory free now.
 
     Raises:
         ConfigError: If `job.nproc` exceeds `OVERSUBSCRIBE_REFUSE_FACTOR` x the usable cores
-            (see `check_process_count`); nothing is started.
+            (see `check_process_count`) or `job.memory_estimate` the machine's memory (see
+            `check_memory`), and `job.force` is not set; nothing is started.
         OSError: If torchrun cannot be started.
     """
-    check_process_count(job.nproc)
+    check_resources(job)
     log_dir = (
         job.log_dir if job.log_dir is not None else Path(tempfile.mkdtemp(prefix="frugal-run-"))
     )

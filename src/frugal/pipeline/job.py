@@ -18,13 +18,23 @@ from typing import TYPE_CHECKING, Any
 from frugal.comm.gradcomp import DP_METHODS
 from frugal.config import ConfigError
 from frugal.disk import guard_write
+from frugal.launch.guards import MemoryEstimate
 from frugal.pipeline.train import Layout, PipelineTrainConfig, RunSpec, launch_torchrun, make_layout
 from frugal.results import write_text_atomically
 
 if TYPE_CHECKING:
     from frugal.parallel.plan import Plan
 
-__all__ = ["TrainingJob", "TrainingSummary", "check_training", "load_plan", "run_training"]
+__all__ = [
+    "RANK_BASELINE_BYTES",
+    "TrainingJob",
+    "TrainingSummary",
+    "check_resources",
+    "check_training",
+    "load_plan",
+    "memory_estimate",
+    "run_training",
+]
 
 StepProgress = Callable[[int, float], None]
 
@@ -39,6 +49,8 @@ class TrainingJob:
     """Stages, replicas and their ranks: from the plan file, or linear."""
     world_size: int
     """Processes launched: the plan's world size, or one per stage."""
+    memory: MemoryEstimate
+    """What the job's processes together need (`memory_estimate`), checked at launch."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -141,7 +153,86 @@ def check_training(config: PipelineTrainConfig, *, num_stages: int | None = None
         from frugal.pipeline.zoo import build_model
 
         build_model(config)
-    return TrainingJob(config=config, layout=layout, world_size=world_size)
+    memory = memory_estimate(config, layout, world_size)
+    return TrainingJob(config=config, layout=layout, world_size=world_size, memory=memory)
+
+
+def check_resources(job: TrainingJob, *, force: bool = False) -> None:
+    """The launch's resource guards for `job` (process count, `job.memory`), before starting.
+
+    `run_training` applies them too; a caller with a progress display checks first.
+
+    Warns:
+        OversubscriptionWarning: If the job starts several processes per usable core.
+        MemoryWarning: If `job.memory` exceeds the memory free now.
+
+    Raises:
+        ConfigError: If a guard refuses the job and `force` is False.
+    """
+    from frugal.launch import check_memory, check_process_count
+
+    check_process_count(job.world_size, force=force)
+    check_memory(job.memory, what=f"the {job.world_size}-process job", force=force)
+
+
+RANK_BASELINE_BYTES = 410 << 20
+"""A rank's memory besides the model and buffers: Python, torch, gloo, the corpus windows.
+Measured: the peak RSS of `frugal pipeline train --steps 8` (tiny GPT, 4 stages, fp32) is
+1.61 GiB over 4 ranks, of which 6 MiB a rank is the model's."""
+
+_TRAINED_BYTES_PER_PARAM = 12
+"""A trained parameter's gradient and AdamW's two moments, float32."""
+
+
+def memory_estimate(config: PipelineTrainConfig, layout: Layout, world_size: int) -> MemoryEstimate:
+    """What a job's `world_size` processes together hold in RAM, by part.
+
+    - every process: `RANK_BASELINE_BYTES` (Python, torch, gloo, the corpus) plus the whole model's
+      float32 weights, since each rank builds the whole model before keeping its stage;
+    - every replica: a gradient and two AdamW moments per parameter (12 B; its stages
+      together hold one model);
+    - AQ-SGD with the `memory` buffer backend: each link's sender and receiver keep a float32
+      boundary activation (T x H) per training window; the other backends keep at most
+      `buffer_budget_mib` per side in RAM.
+
+    Activations in flight and allocator slack are left out (small next to these at the sizes
+    frugal runs on CPU), and frozen parameters are counted as trained: an estimate of the
+    steady state, not a bound.
+
+    Args:
+        config: The job's settings.
+        layout: Its stages and replicas (`make_layout`).
+        world_size: Processes launched.
+
+    Returns:
+        The estimate, term by term.
+    """
+    from frugal.parallel.codec import CodecSpec
+    from frugal.pipeline.zoo import boundary_shape, model_num_params
+
+    params = model_num_params(config)
+    links = (layout.num_stages - 1) * layout.num_replicas
+    _, context, hidden = boundary_shape(config)
+    terms = [
+        (f"{world_size} ranks x {RANK_BASELINE_BYTES >> 20} MiB", world_size * RANK_BASELINE_BYTES),
+        (f"{world_size} whole-model copies of {params:,} float32 weights", world_size * 4 * params),
+        (
+            f"gradients and AdamW moments of {layout.num_replicas} replica(s)",
+            layout.num_replicas * _TRAINED_BYTES_PER_PARAM * params,
+        ),
+    ]
+    if CodecSpec.parse(config.codec).method == "aqsgd" and links:
+        if config.buffer_backend == "memory":
+            per_side = config.num_train * context * hidden * 4
+            what = f"AQ-SGD buffers: {links} links x 2 sides x {config.num_train} windows"
+        else:
+            per_side = config.buffer_budget_mib << 20
+            what = f"AQ-SGD buffers: {links} links x 2 sides x buffer_budget_mib"
+        terms.append((what, 2 * links * per_side))
+    fix = ""
+    if any(what.startswith("AQ-SGD") for what, _ in terms) and config.buffer_backend == "memory":
+        fix = "keep the AQ-SGD buffers on disk (--set buffer_backend=store)"
+    return MemoryEstimate(tuple(terms), fix=fix)
 
 
 def _check_link(config: PipelineTrainConfig, layout: Layout) -> None:
@@ -181,7 +272,11 @@ def _check_link(config: PipelineTrainConfig, layout: Layout) -> None:
 
 
 def run_training(
-    job: TrainingJob, out_dir: Path, *, on_step: StepProgress | None = None
+    job: TrainingJob,
+    out_dir: Path,
+    *,
+    on_step: StepProgress | None = None,
+    force: bool = False,
 ) -> TrainingSummary:
     """Train `job` with one torchrun process per rank; write `train.json` and `loss_curve.png`.
 
@@ -190,6 +285,7 @@ def run_training(
         out_dir: An existing folder; an earlier run's `train.json` and curve are removed first,
             so a failed run leaves no stale results.
         on_step: Called with (step, train loss) after each step, or None.
+        force: Start even where a resource guard (process count, `job.memory`) refuses.
 
     Returns:
         The run's summary; `out_dir / "train.json"` holds it with the loss of every step.
@@ -222,6 +318,8 @@ def run_training(
         nproc=job.world_size,
         timeout_s=max(600.0, 30.0 * config.steps),
         on_progress=on_progress,
+        memory_estimate=job.memory,
+        force=force,
     )
     last = next(r for r in ranks if r["runs"][0]["eval_loss"] is not None)["runs"][0]
     summary = TrainingSummary(

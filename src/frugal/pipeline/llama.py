@@ -64,6 +64,18 @@ class LlamaConfig:
     tie_embeddings: bool = True
     """The head reuses the token embedding matrix."""
 
+    @property
+    def num_params(self) -> int:
+        """Parameters of the whole model (SmolLM2-135M: 134,515,008).
+
+        The embedding, the blocks (attention with K kv heads, SwiGLU MLP, two RMSNorms), the
+        final norm, and the head unless tied.
+        """
+        h, kv = self.hidden, self.num_kv_heads * (self.hidden // self.num_heads)
+        block = 2 * h * h + 2 * h * kv + 3 * h * self.intermediate + 2 * h
+        head = 0 if self.tie_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_layers * block + h + head
+
     def __post_init__(self) -> None:
         check_types(self)
         if min(self.vocab_size, self.intermediate, self.num_layers, self.max_context) < 1:

@@ -35,7 +35,7 @@ from frugal.comm.collectives import COLLECTIVES, bottleneck_link
 from frugal.comm.gradcomp import DP_METHODS
 from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
 from frugal.config import ConfigError, check_types, config_from_dict, config_to_dict
-from frugal.launch import TorchrunJob, run_torchrun
+from frugal.launch import MemoryEstimate, TorchrunJob, check_resources, run_torchrun
 from frugal.parallel.codec import CodecSpec
 from frugal.parallel.schedule import SCHEDULES, build_schedule
 from frugal.pipeline.buffers import BUFFER_BACKENDS, BufferSet
@@ -876,10 +876,13 @@ def launch_torchrun(
     timeout_s: float,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     module: str = "frugal.pipeline.worker",
+    memory_estimate: MemoryEstimate | None = None,
+    force: bool = False,
 ) -> list[dict[str, Any]]:
     """Start `nproc` workers with torchrun on 127.0.0.1; return each rank's results.
 
-    `module` is the worker's entry point (`python -m module JOB.json OUT_DIR`).
+    `module` is the worker's entry point (`python -m module JOB.json OUT_DIR`);
+    `memory_estimate` and `force` go to the launch's resource guards (`TorchrunJob`).
 
     Raises:
         PipelineError: If a worker fails (its last output lines are in the message) or the
@@ -887,8 +890,17 @@ def launch_torchrun(
     """
     if config.plan:  # a plan that does not fit this job fails here, before any process starts
         make_layout(config, nproc, runs)
-    out_dir.mkdir(parents=True, exist_ok=True)
     job = out_dir / "job.json"
+    launch = TorchrunJob(
+        target=[module, str(job), str(out_dir)],
+        nproc=nproc,
+        timeout_s=timeout_s,
+        log_dir=out_dir / "logs",
+        memory_estimate=memory_estimate,
+        force=force,
+    )
+    check_resources(launch)  # a refused job writes nothing
+    out_dir.mkdir(parents=True, exist_ok=True)
     job.write_text(
         json.dumps({"config": config_to_dict(config), "runs": [asdict(r) for r in runs]})
     )
@@ -899,15 +911,7 @@ def launch_torchrun(
         if on_progress is not None and line.startswith(PROGRESS_PREFIX):
             on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
 
-    result = run_torchrun(
-        TorchrunJob(
-            target=[module, str(job), str(out_dir)],
-            nproc=nproc,
-            timeout_s=timeout_s,
-            log_dir=out_dir / "logs",
-        ),
-        on_line=on_line,
-    )
+    result = run_torchrun(launch, on_line=on_line)
     if not result.ok:
         raise PipelineError(f"pipeline launch failed: {result.failure_message()}")
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]

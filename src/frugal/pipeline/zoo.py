@@ -96,6 +96,8 @@ class ModelSpec:
             splits them evenly (`split_layers`).
         train_config: The preset `--model NAME` starts from on the command line; None keeps
             `PipelineTrainConfig`'s defaults.
+        num_params: Parameters of the whole model, without building it (the launch's memory
+            estimate); None estimates 12 x H^2 per block (a GPT block with a 4H MLP).
     """
 
     name: str
@@ -110,6 +112,7 @@ class ModelSpec:
     load_windows: Callable[[PipelineTrainConfig], TextWindows]
     default_layers: Callable[[PipelineTrainConfig, int], tuple[int, ...]] | None = None
     train_config: Callable[[], PipelineTrainConfig] | None = None
+    num_params: Callable[[PipelineTrainConfig], int] | None = None
 
 
 MODELS: Registry[ModelSpec] = Registry("pipeline model", field="model")
@@ -203,6 +206,18 @@ def model_num_layers(config: PipelineTrainConfig) -> int:
         ValueError: If `config.model` is not registered.
     """
     return model_spec(config).num_layers(config)
+
+
+def model_num_params(config: PipelineTrainConfig) -> int:
+    """Parameters of the configured model: the spec's `num_params`, else 12 H^2 per block.
+
+    Raises:
+        ValueError: If `config.model` is not registered.
+    """
+    spec = model_spec(config)
+    if spec.num_params is not None:
+        return spec.num_params(config)
+    return 12 * spec.num_layers(config) * spec.hidden(config) ** 2
 
 
 def model_context(config: PipelineTrainConfig) -> int:
@@ -435,6 +450,11 @@ def _build_tiny_gpt(config: PipelineTrainConfig) -> nn.Module:
     return TinyGPT(config.gpt, seed=config.seed)
 
 
+def _tiny_gpt_num_params(config: PipelineTrainConfig) -> int:
+    with torch.device("meta"):  # shapes only: no memory, no initialisation work
+        return sum(p.numel() for p in TinyGPT(config.gpt, seed=config.seed).parameters())
+
+
 def _build_tiny_gpt_stages(
     config: PipelineTrainConfig, model: nn.Module, layers: tuple[int, ...]
 ) -> list[PipelineStage]:
@@ -465,6 +485,7 @@ register_model(
         build=_build_tiny_gpt,
         build_stages=_build_tiny_gpt_stages,
         load_windows=lambda config: byte_windows(config, config.gpt.context),
+        num_params=_tiny_gpt_num_params,
     )
 )
 register_model(
@@ -482,5 +503,6 @@ register_model(
             SMOLLM2_135M.num_layers, num_stages, config.smollm.head_cost_blocks
         ),
         train_config=smollm2_train_config,
+        num_params=lambda config: SMOLLM2_135M.num_params,
     )
 )

@@ -130,6 +130,12 @@ class RecsysData:
         """Number of dense features D."""
         return int(self.dense.shape[1])
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its arrays (ids, offsets, dense features, labels)."""
+        ids = sum(int(v.nbytes) for v in self.values) + sum(int(o.nbytes) for o in self.offsets)
+        return ids + int(self.dense.nbytes) + int(self.labels.nbytes)
+
     @classmethod
     def from_columns(
         cls,

@@ -44,6 +44,7 @@ __all__ = [
     "EmbeddingShard",
     "default_owners",
     "shard_capacity",
+    "shard_memory_bytes",
     "table_keys",
     "virtual_shard",
 ]
@@ -102,6 +103,16 @@ def _budget_for_all_rows(num_rows: int, row_bytes: int) -> int:
     """
     needed = 4 * num_rows + num_rows * (row_bytes + 1) + (num_rows + 64) * (row_bytes + 30)
     return max(needed * 8 // 7 + (1 << 20), 1 << 20)
+
+
+def shard_memory_bytes(capacity_rows: int, row_bytes: int) -> int:
+    """RAM an `EmbeddingShard` of `capacity_rows` rows holds, bytes.
+
+    Its store's memory budget (sized to cache every row, see `_budget_for_all_rows`) and that
+    store's key map, plus the shard's version clocks (8 B a row) and their own key map.
+    """
+    keys = HashedKeys.memory_bytes_for(capacity_rows)
+    return _budget_for_all_rows(capacity_rows, row_bytes) + 2 * keys + 8 * capacity_rows
 
 
 def default_owners(num_shards: int) -> I64:

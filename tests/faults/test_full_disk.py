@@ -1,0 +1,195 @@
+"""A disk that fills up: one clear line naming the path and the space, the last good state intact.
+
+Each test runs a real command with its output (or checkpoints) on a small tmpfs, so the disk
+really fills (ENOSPC from the kernel, not a mock). It checks the exit code, that stderr ends
+in one `frugal:` line naming the full disk and the space needed, with no traceback, that
+nothing half-written is left, then grows the disk and runs the command again: the result
+equals an uninterrupted run's. Mounting a tmpfs needs root (CAP_SYS_ADMIN); elsewhere the
+tests are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from frugal.recsys.checkpoint import read_latest
+from tests.faults._harness import frugal, record, run
+from tests.faults.test_kill_resume import (
+    _bench_rows,
+    _recsys_result,
+    _store,
+    _store_rows,
+    _tgraph,
+)
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
+
+
+class SmallDisk:
+    """A tmpfs of a given size mounted at `path`, which `resize` grows or shrinks."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def mount(self, size: str) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(self.path)],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+
+    def resize(self, size: str) -> None:
+        subprocess.run(
+            ["mount", "-o", f"remount,size={size}", str(self.path)], check=True, timeout=30
+        )
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    small = SmallDisk(tmp_path / "small-disk")
+    try:
+        yield small
+    finally:
+        small.unmount()
+
+
+def _one_line(stderr: str, *needles: str) -> str:
+    """The last stderr line: a `frugal:` line holding every needle, and no traceback."""
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("frugal: "), last
+    for needle in needles:
+        assert needle in last, f"{needle!r} not in {last!r}"
+    return last
+
+
+def _no_temporaries(folder: Path) -> None:
+    left = [p for p in folder.rglob("*") if ".tmp" in p.name or p.name.endswith(".part")]
+    assert left == [], f"half-written files left after the full disk: {left}"
+
+
+def _recsys(out: Path, checkpoints: Path) -> list[str]:
+    return frugal(
+        "recsys", "train", "--mode", "sync", "--nproc", "2", "--out", str(out),
+        "--set", f"checkpoint_dir='{checkpoints}'", "--set", "checkpoint_every_steps=40",
+        "--set", "resume=true", "--set", "store_backend='file'",
+    )  # fmt: skip
+
+
+def test_recsys_checkpoint_on_a_full_disk_keeps_the_last_one_and_resumes(
+    tmp_path: Path, disk: SmallDisk
+) -> None:
+    reference = run(_recsys(tmp_path / "reference", tmp_path / "reference-ck"), tmp_path)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = _recsys_result(tmp_path / "reference")
+    disk.mount("300k")  # the first checkpoint (about 90 KiB) fits, the second does not
+    checkpoints = disk.path / "ck"
+    failed = run(_recsys(tmp_path / "out", checkpoints), tmp_path)
+    assert failed.returncode == 1
+    line = _one_line(failed.stderr, "DiskFullError", f"the disk holding {checkpoints} is full")
+    assert "needed" in line and "is intact (resume=true continues from it)" in line
+    _no_temporaries(checkpoints)
+    found = read_latest(checkpoints)  # verifies every file's sha256
+    assert found is not None, "no checkpoint survived"
+    disk.resize("8m")
+    resumed = run(_recsys(tmp_path / "out", checkpoints), tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _recsys_result(tmp_path / "out") == expected
+    record(
+        "recsys train",
+        "checkpoint_dir on a 300 KiB tmpfs (full at the 2nd checkpoint)",
+        f"exit 1, one line naming the path and space; {found[0].name} intact; resumed equal",
+    )
+
+
+def test_tgraph_bench_on_a_full_disk_keeps_its_journal_and_resumes(
+    tmp_path: Path, disk: SmallDisk
+) -> None:
+    reference = run(_tgraph(tmp_path / "reference"), tmp_path)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = _bench_rows(tmp_path / "reference")
+    disk.mount("400k")  # negatives and the journal fit, results.json does not
+    out = disk.path / "bench"
+    failed = run(_tgraph(out), tmp_path)
+    assert failed.returncode == 1
+    _one_line(failed.stderr, f"the disk holding {out}", "is full (about", "needed")
+    _no_temporaries(out)
+    lines = (out / "runs.jsonl").read_text().splitlines()
+    assert lines and all(json.loads(line)["value"] for line in lines)  # every line whole
+    disk.resize("8m")
+    resumed = run(_tgraph(out), tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _bench_rows(out) == expected
+    record(
+        "tgraph bench",
+        "--out on a 400 KiB tmpfs (full at results.json)",
+        f"exit 1, one line naming the path and space; {len(lines)} journal lines whole; "
+        "resumed equal",
+    )
+
+
+def test_store_bench_refuses_a_cell_that_cannot_fit_and_resumes(
+    tmp_path: Path, disk: SmallDisk
+) -> None:
+    reference = run(_store(tmp_path / "reference"), tmp_path)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = _store_rows(tmp_path / "reference")
+    disk.mount("24m")  # the 16.6 MiB traces fit; the frugal cell's table (about 75 MiB) does not
+    out = disk.path / "bench"
+    failed = run(_store(out), tmp_path)
+    assert failed.returncode == 1
+    line = _one_line(failed.stderr, "the store bench cell", "is full (more than", "a rerun resumes")
+    assert "No space left on device" in line  # the engine's own words, in brackets
+    _no_temporaries(out)
+    assert [p.name for p in out.iterdir()] in ([], ["runs.jsonl"])  # scratch removed
+    disk.resize("160m")  # the largest cell's peak is about 96 MiB with the traces
+    resumed = run(_store(out), tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _store_rows(out) == expected
+    record(
+        "store bench",
+        "--out on a 24 MiB tmpfs (full in the frugal cell's child)",
+        "exit 1, one line naming the cell, path and space; cell not journaled; resumed equal",
+    )
+
+
+def _pipeline(out: Path, *extra: str) -> list[str]:
+    return frugal("pipeline", "train", "--steps", "8", "--out", str(out), *extra)
+
+
+def _losses(out: Path) -> list[Any]:
+    return list(json.loads((out / "train.json").read_text())["losses"])
+
+
+def test_pipeline_train_on_a_full_disk_writes_nothing_half_and_reruns(
+    tmp_path: Path, disk: SmallDisk
+) -> None:
+    reference = run(_pipeline(tmp_path / "reference"), tmp_path)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    disk.mount("24k")  # the rank files fit, train.json does not
+    out = disk.path / "train"
+    failed = run(_pipeline(out), tmp_path)
+    assert failed.returncode == 1
+    _one_line(failed.stderr, "writing train.json", f"the disk holding {out / 'train.json'}")
+    assert not (out / "train.json").exists()
+    _no_temporaries(out)
+    disk.resize("4m")
+    rerun = run(_pipeline(out), tmp_path)  # no train.json was written: no --overwrite needed
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert _losses(out) == _losses(tmp_path / "reference")
+    record(
+        "pipeline train",
+        "--out on a 24 KiB tmpfs (full at train.json)",
+        "exit 1, one line naming the path and space; no train.json; rerun equal (bit-exact)",
+    )

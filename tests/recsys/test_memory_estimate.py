@@ -1,0 +1,55 @@
+"""The recsys job's memory estimate: each part by hand, and a shard's part against a real one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from frugal.recsys.batch import RecsysData
+from frugal.recsys.config import RecsysTrainConfig
+from frugal.recsys.datasets import load_recsys_data
+from frugal.recsys.launch import TRAINER_BASELINE_BYTES, memory_estimate
+from frugal.recsys.ps import EmbeddingShard, shard_capacity, shard_memory_bytes
+from frugal.store.keys import HashedKeys
+
+
+def test_a_shards_estimate_is_its_store_budget_keys_and_version_clocks(tmp_path: Path) -> None:
+    config = EmbeddingShard.Config(embedding_dim=8)
+    shard = EmbeddingShard(tmp_path / "shard", (1000, 500), config, capacity_rows=900)
+    try:
+        row_bytes = 4 * shard.row_width
+        held = (
+            shard.store.config.memory_budget_bytes  # the store's budget and its key map
+            + HashedKeys.memory_bytes_for(900)  # the version clocks' key map
+            + shard._versions.nbytes
+        )
+        assert shard_memory_bytes(900, row_bytes) == held
+    finally:
+        shard.close()
+
+
+def test_a_splits_bytes_count_every_array() -> None:
+    data = RecsysData(
+        keys=("a", "b"),
+        num_embeddings=(10, 20),
+        values=(np.arange(3, dtype=np.int64), np.arange(5, dtype=np.int64)),
+        offsets=(np.array([0, 1, 3], dtype=np.int64), np.array([0, 2, 5], dtype=np.int64)),
+        dense=np.zeros((2, 4), dtype=np.float32),
+        labels=np.zeros(2, dtype=np.float32),
+    )
+    assert data.nbytes == (3 + 5 + 3 + 3) * 8 + (2 * 4 + 2) * 4
+
+
+def test_the_job_estimate_has_each_part_by_hand() -> None:
+    config = RecsysTrainConfig(nproc=3, embedding_dim=8)
+    train, test = load_recsys_data(config.data)
+    data_bytes = train.nbytes + test.nbytes
+    capacity = shard_capacity(train.num_embeddings, 3)
+    row_bytes = 4 * (8 + 1)  # rowwise Adagrad keeps one state value per row
+    assert dict(memory_estimate(config).terms) == {
+        "3 trainers x 580 MiB": 3 * TRAINER_BASELINE_BYTES,
+        "3 copies of the movielens100k data": 3 * data_bytes,
+        f"3 PS shards of {capacity:,} rows x {row_bytes} B": 3
+        * shard_memory_bytes(capacity, row_bytes),
+    }
