@@ -11,6 +11,7 @@ tests are skipped.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,4 +193,56 @@ def test_pipeline_train_on_a_full_disk_writes_nothing_half_and_reruns(
         "pipeline train",
         "--out on a 24 KiB tmpfs (full at train.json)",
         "exit 1, one line naming the path and space; no train.json; rerun equal (bit-exact)",
+    )
+
+
+def _fill(folder: Path, leave_bytes: int) -> Path:
+    """Write a file that leaves about `leave_bytes` free on the disk holding `folder`."""
+    from frugal.disk import free_bytes
+
+    junk = folder / "junk"
+    with open(junk, "wb") as handle:
+        handle.truncate(0)
+        size = max(0, free_bytes(folder) - leave_bytes)
+        handle.write(b"\1" * size)  # written, not sparse: tmpfs counts it
+    return junk
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "lmdb"])
+def test_store_recovery_on_a_full_disk_is_a_clear_error_and_the_checkpoint_survives(
+    disk: SmallDisk, backend: str
+) -> None:
+    import numpy as np
+
+    from frugal.disk import DiskFullError
+    from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
+
+    disk.mount("16m")
+    spec = RowSpec(embedding_dim=64, optimizer=OptimizerConfig(kind="sgd"))
+    config = EmbeddingStore.Config(backend=backend, memory_budget_bytes=4 << 20)
+    directory = disk.path / "store"
+    with EmbeddingStore.create(directory, num_rows=20_000, spec=spec, config=config) as store:
+        store.put(np.arange(5000), np.full((5000, 64), 7.0, np.float32))  # 2.4 MiB, checkpointed
+    # A recovery cut short (the live folder is gone), then another program fills the disk:
+    # recovering must not need a second copy of the tables.
+    shutil.rmtree(directory / backend)
+    junk = _fill(disk.path, leave_bytes=256 << 10)
+    if backend == "rocksdb":  # before: shutil.Error (copytree of the whole checkpoint)
+        with EmbeddingStore.open(directory, config) as store:
+            assert np.all(store.peek(np.arange(5000), cols="emb") == 7.0)
+        outcome = "reopened: tables hard-linked from the checkpoint, rows equal"
+    else:  # LMDB changes data.mdb in place: a copy is needed, and refused with the numbers
+        with pytest.raises(DiskFullError) as info:
+            EmbeddingStore.open(directory, config)
+        message = str(info.value)
+        assert f"recovering {directory / 'lmdb'} from checkpoint" in message
+        assert "is full (about" in message and "needed" in message
+        assert "lmdb.ckpt." in message and "is intact" in message
+        assert not (directory / "lmdb").exists()  # no half copy left
+        junk.unlink()
+        with EmbeddingStore.open(directory, config) as store:
+            assert np.all(store.peek(np.arange(5000), cols="emb") == 7.0)
+        outcome = "DiskFullError naming the path and space; after freeing space, rows equal"
+    record(
+        f"store open ({backend})", "live folder lost, disk full at recovery (256 KiB free)", outcome
     )

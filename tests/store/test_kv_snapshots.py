@@ -26,6 +26,22 @@ def test_restore_copies_the_snapshot_over_the_live_folder(tmp_path: Path) -> Non
     assert (folders.folder(3) / "data.mdb").read_text() == "at the checkpoint"  # kept
 
 
+def test_restore_links_immutable_files_and_copies_the_rest(tmp_path: Path) -> None:
+    folders = _SnapshotFolders(tmp_path, "rocksdb", (".sst",))
+    snapshot = folders.folder(1)
+    (snapshot / "sub").mkdir(parents=True)
+    (snapshot / "000012.sst").write_text("table")
+    (snapshot / "sub" / "000013.sst").write_text("nested table")
+    (snapshot / "MANIFEST-000009").write_text("manifest")
+    folders.restore(1)
+    for name in ("000012.sst", "sub/000013.sst"):  # the same file: no space taken
+        assert (folders.live / name).stat().st_ino == (snapshot / name).stat().st_ino
+    manifest = folders.live / "MANIFEST-000009"
+    assert manifest.stat().st_ino != (snapshot / "MANIFEST-000009").stat().st_ino  # a copy
+    manifest.write_text("changed by the live engine")
+    assert (snapshot / "MANIFEST-000009").read_text() == "manifest"  # the checkpoint is not
+
+
 def test_restore_refuses_a_missing_or_incomplete_snapshot(tmp_path: Path) -> None:
     folders = _SnapshotFolders(tmp_path, "rocksdb")
     with pytest.raises(StoreCorruptionError, match=r"rocksdb\.ckpt\.2: checkpoint 2 is missing"):
@@ -66,3 +82,28 @@ def test_id_items_and_rows_from_values_round_trip_float16_rows() -> None:
     assert out.tolist() == [[1.0, -2.0], [7.0, 7.0], [0.5, 65504.0]]  # the gap is untouched
     with pytest.raises(StoreCorruptionError, match="here: a stored value is not 8 bytes"):
         rows_from_values(values, out, 8, "here", np.dtype(np.float32))
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "lmdb"])
+def test_a_reopened_store_is_its_checkpoint_whatever_was_written_after(
+    tmp_path: Path, backend: str
+) -> None:
+    from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
+
+    spec = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="sgd"))
+    config = EmbeddingStore.Config(backend=backend, memory_budget_bytes=1 << 20)
+    directory = tmp_path / "store"
+    with EmbeddingStore.create(directory, num_rows=3000, spec=spec, config=config) as store:
+        store.put(np.arange(2000), np.full((2000, 4), 7.0, np.float32))  # checkpointed on close
+    store = EmbeddingStore.open(directory, config)
+    store.put(np.arange(1000, 3000), np.full((2000, 4), 9.0, np.float32), step=1)
+    store.flush()
+    store.close(checkpoint=False)  # as if killed: the live folder is past its checkpoint
+    with EmbeddingStore.open(directory, config) as reopened:
+        rows = reopened.peek(np.arange(2000), cols="emb")
+        assert np.all(rows == 7.0)
+        if backend == "rocksdb":  # its tables were linked back from the checkpoint, not copied
+            (checkpoint,) = directory.glob("rocksdb.ckpt.*")
+            linked = {t.stat().st_ino for t in checkpoint.glob("*.sst")}
+            live = {t.stat().st_ino for t in (directory / "rocksdb").glob("*.sst")}
+            assert linked & live  # (a compaction may have replaced some since)

@@ -7,6 +7,8 @@ float32 row bytes. These are real engines: the same ones the KV-offload baseline
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from frugal._typing import F32, I64, Bool
+from frugal.disk import guard_write
 from frugal.store.backends.registry import BackendArgs, register_backend
 from frugal.store.errors import StoreCorruptionError
 
@@ -72,19 +75,29 @@ class _SnapshotFolders:
     The live engine works in `directory / name`; checkpoint e is a complete copy of it in
     `directory / "<name>.ckpt.<e>"`, made by the engine itself. Recovery replaces the live
     folder with that copy, since the live one may hold writes made after the checkpoint.
+
+    Args:
+        directory: The store folder.
+        name: The live folder's name ("rocksdb", "lmdb").
+        immutable_suffixes: Files the engine never changes once written (RocksDB's `.sst`
+            and `.blob`): recovery hard-links them instead of copying, so it needs free space
+            only for the small mutable files, as RocksDB's own checkpoints do.
     """
 
-    def __init__(self, directory: Path, name: str) -> None:
+    def __init__(
+        self, directory: Path, name: str, immutable_suffixes: tuple[str, ...] = ()
+    ) -> None:
         self.directory = directory
         self.name = name
         self.live = directory / name
+        self.immutable_suffixes = immutable_suffixes
 
     def folder(self, epoch: int) -> Path:
         """The folder of checkpoint `epoch`."""
         return self.directory / f"{self.name}.ckpt.{epoch}"
 
     def restore(self, epoch: int, marker: str = "") -> None:
-        """Replace the live folder by checkpoint `epoch`'s copy.
+        """Replace the live folder by checkpoint `epoch`'s copy (the checkpoint is untouched).
 
         Args:
             epoch: The checkpoint to recover.
@@ -92,12 +105,30 @@ class _SnapshotFolders:
 
         Raises:
             StoreCorruptionError: If the copy (or its marker file) is missing.
+            DiskFullError: If the copy does not fit on the disk (checked after the live folder
+                is removed, and raised if the copy fails on a full disk anyway); the
+                checkpoint stays whole and opening again with more space recovers.
         """
         snapshot = self.folder(epoch)
         if not ((snapshot / marker).is_file() if marker else snapshot.is_dir()):
             raise StoreCorruptionError(f"{snapshot}: checkpoint {epoch} is missing")
         shutil.rmtree(self.live, ignore_errors=True)
-        shutil.copytree(snapshot, self.live)
+        files = [p for p in sorted(snapshot.rglob("*")) if p.is_file()]
+        copied = {p for p in files if p.suffix not in self.immutable_suffixes}
+        with guard_write(
+            self.live,
+            what=f"recovering {self.live} from checkpoint {epoch}",
+            needed_bytes=sum(p.stat().st_size for p in copied),
+            kept=f"the checkpoint {snapshot} is intact",
+            fix="free space there, then open the store again",
+            partial=[self.live],
+        ):
+            self.live.mkdir()
+            for source in files:
+                target = self.live / source.relative_to(snapshot)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if source in copied or not _hard_link(source, target):
+                    shutil.copy2(source, target)
 
     def fresh(self, epoch: int) -> Path:
         """Return checkpoint `epoch`'s folder, removing a partial one left by a crash."""
@@ -110,6 +141,17 @@ class _SnapshotFolders:
         for path in self.directory.glob(f"{self.name}.ckpt.*"):
             if path != self.folder(epoch):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def _hard_link(source: Path, target: Path) -> bool:
+    """Hard-link `target` to `source`; False where the file system cannot (then copy)."""
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            return False
+        raise
+    return True
 
 
 def rocksdb_options(budget_bytes: int, *, use_direct_io: bool = True, use_wal: bool = True) -> Any:
@@ -162,7 +204,7 @@ class RocksDbBackend:
         self.dtype = np.dtype(dtype)
         self.row_bytes = self.dtype.itemsize * width
         self.budget_bytes = budget_bytes
-        self.snapshots = _SnapshotFolders(directory, "rocksdb")
+        self.snapshots = _SnapshotFolders(directory, "rocksdb", (".sst", ".blob"))
         if epoch is not None:
             self.snapshots.restore(epoch)
         self.db = rocksdict.Rdict(str(self.snapshots.live), rocksdb_options(budget_bytes))
