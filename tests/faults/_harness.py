@@ -19,8 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 KILLS_ENV = "FRUGAL_FAULTS_KILLS"
 """Kills per command: 1 by default (CI), 5 in `make faults`."""
+
+FULL_ENV = "FRUGAL_FAULTS_FULL"
+"""Set to 1 (`make faults`) to run the whole tier; CI runs the part not marked `full_tier`."""
+
+full_tier = pytest.mark.skipif(
+    os.environ.get(FULL_ENV) != "1", reason=f"the full faults tier only ({FULL_ENV}=1, make faults)"
+)
+"""Marks a fault test that `make faults` runs and CI leaves out (minutes of CPU each)."""
 
 REPORT_ENV = "FRUGAL_FAULTS_REPORT"
 """A JSONL file each survived fault is appended to (`make faults` renders it as RESULTS.md)."""
@@ -112,6 +122,45 @@ def kill_after(argv: Sequence[str], cwd: Path, delay_s: float, *, whole_group: b
         else:
             process.kill()
         stdout, stderr = process.communicate(timeout=60)
+    _assert_no_orphans(tag)
+    return Run(process.returncode, stdout, stderr, time.monotonic() - start)
+
+
+def signal_when(
+    argv: Sequence[str], cwd: Path, signum: int, *, ready_processes: int, settle_s: float = 1.0,
+    whole_group: bool, timeout_s: float = 120.0,
+) -> Run:  # fmt: skip
+    """Start `argv`; once its tree has `ready_processes` processes (plus `settle_s`), signal it.
+
+    Ctrl-C is SIGINT to the whole foreground group (`whole_group`); a supervisor signals the
+    command's own pid. Returns how it ended; fails the test if the command does not end
+    within `timeout_s` of the signal, never gets that many processes, or leaves a process.
+    """
+    tag = uuid.uuid4().hex
+    start = time.monotonic()
+    process = subprocess.Popen(
+        list(argv), cwd=cwd, env=_environment(tag), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(tagged_processes(tag)) < ready_processes:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"never had {ready_processes} processes: {process.returncode} "
+                    f"{process.stderr.read()[-2000:] if process.stderr else ''}"
+                )
+            time.sleep(0.05)
+        time.sleep(settle_s)
+        if whole_group:
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate(timeout=30)
     _assert_no_orphans(tag)
     return Run(process.returncode, stdout, stderr, time.monotonic() - start)
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from frugal.recsys.checkpoint import read_latest
-from tests.faults._harness import frugal, record, run
+from tests.faults._harness import frugal, full_tier, record, run
 from tests.faults.test_kill_resume import (
     _bench_rows,
     _recsys_result,
@@ -114,6 +114,7 @@ def test_recsys_checkpoint_on_a_full_disk_keeps_the_last_one_and_resumes(
     )
 
 
+@full_tier
 def test_tgraph_bench_on_a_full_disk_keeps_its_journal_and_resumes(
     tmp_path: Path, disk: SmallDisk
 ) -> None:
@@ -140,6 +141,7 @@ def test_tgraph_bench_on_a_full_disk_keeps_its_journal_and_resumes(
     )
 
 
+@full_tier
 def test_store_bench_refuses_a_cell_that_cannot_fit_and_resumes(
     tmp_path: Path, disk: SmallDisk
 ) -> None:
@@ -173,6 +175,7 @@ def _losses(out: Path) -> list[Any]:
     return list(json.loads((out / "train.json").read_text())["losses"])
 
 
+@full_tier
 def test_pipeline_train_on_a_full_disk_writes_nothing_half_and_reruns(
     tmp_path: Path, disk: SmallDisk
 ) -> None:

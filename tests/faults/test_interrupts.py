@@ -15,11 +15,12 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.faults._harness import record
+from tests.faults._harness import assert_json_files_whole, frugal, record, run, signal_when
 
 pytestmark = pytest.mark.faults
 
@@ -201,3 +202,78 @@ def test_sigint_stays_blocked_while_the_first_cell_child_of_a_process_starts(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True"] * 4, done.stdout
+
+
+def _store_bench(out: Path) -> list[str]:
+    return frugal(
+        "store", "bench", "--quick", "--out", str(out), "--set", "systems=['ram', 'frugal']",
+        "--set", "num_batches=400", "--set", "memory_ratios=[0.1]", "--set", "lookaheads=[4]",
+        "--set", "stream_memory_ratios=[0.1]", "--set", "stream_lookaheads=[4]",
+        "--set", "staleness_bounds=[0]",
+    )  # fmt: skip
+
+
+# (command, argv builder, processes once it is at work: the command, its launcher's agent or
+# multiprocessing's tracker, and its workers or cell child).
+_LONG_COMMANDS: dict[str, tuple[Callable[[Path], list[str]], int]] = {
+    "recsys train": (
+        lambda out: frugal("recsys", "train", "--nproc", "2", "--out", str(out)),
+        4,  # frugal, torchrun's agent, 2 trainers
+    ),
+    "pipeline train": (
+        lambda out: frugal("pipeline", "train", "--steps", "400", "--out", str(out)),
+        6,  # frugal, torchrun's agent, 4 ranks
+    ),
+    "store bench": (_store_bench, 3),  # frugal, the resource tracker, the cell child
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", sorted(_LONG_COMMANDS))
+@pytest.mark.parametrize(
+    ("signum", "code", "line"),
+    [(signal.SIGINT, 130, "frugal: interrupted"), (signal.SIGTERM, 143, "frugal: terminated")],
+    ids=["sigint", "sigterm"],
+)
+def test_a_long_command_ends_with_one_line_and_no_process_on_a_signal(
+    tmp_path: Path, command: str, signum: int, code: int, line: str
+) -> None:
+    argv, ready = _LONG_COMMANDS[command]
+    out = tmp_path / "out"
+    whole_group = signum == signal.SIGINT  # Ctrl-C: the whole group; a supervisor: the pid
+    ended = signal_when(argv(out), tmp_path, signum, ready_processes=ready, whole_group=whole_group)
+    assert ended.returncode == code, ended.stderr[-3000:]
+    assert "Traceback" not in ended.stderr, ended.stderr[-3000:]
+    assert ended.stderr.strip().splitlines()[-1] == line
+    if out.exists():
+        assert_json_files_whole(out)
+    target = "the group" if whole_group else "the command pid"
+    record(
+        command,
+        f"{signal.Signals(signum).name} to {target} mid-run",
+        f"exit {code}, one line, no process left",
+    )
+
+
+@pytest.mark.slow
+def test_reproduce_interrupted_keeps_its_finished_parts_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    argv = frugal("reproduce", "--smoke", "--only", "planner,store", "--out", str(out))
+    first = run(frugal("reproduce", "--smoke", "--only", "planner", "--out", str(out)), tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p: p.read_bytes() for p in (out / "parts").rglob("*") if p.is_file()}
+    # store runs next: its cell child (with the command and the tracker) is at work.
+    ended = signal_when(argv, tmp_path, signal.SIGINT, ready_processes=3, whole_group=True)
+    assert ended.returncode == 130, ended.stderr[-3000:]
+    assert "Traceback" not in ended.stderr and ended.stderr.strip().endswith("frugal: interrupted")
+    for path, data in before.items():  # the planner part, finished earlier, is untouched
+        assert path.read_bytes() == data, f"{path} changed"
+    assert_json_files_whole(out)
+    resumed = run(argv, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "[planner] ok" in resumed.stdout + resumed.stderr and "(resumed)" in resumed.stderr
+    record(
+        "reproduce --smoke",
+        "SIGINT to the group in the store part, planner part done",
+        "exit 130, one line; finished part untouched; rerun resumes it",
+    )
