@@ -24,6 +24,7 @@ from tests.faults._harness import frugal, full_tier, record, run
 from tests.faults.test_kill_resume import (
     _bench_rows,
     _recsys_result,
+    _reproduce_rows,
     _store,
     _store_rows,
     _tgraph,
@@ -248,4 +249,32 @@ def test_store_recovery_on_a_full_disk_is_a_clear_error_and_the_checkpoint_survi
         outcome = "DiskFullError naming the path and space; after freeing space, rows equal"
     record(
         f"store open ({backend})", "live folder lost, disk full at recovery (256 KiB free)", outcome
+    )
+
+
+@full_tier
+def test_reproduce_on_a_full_disk_stops_with_one_line_and_resumes(
+    tmp_path: Path, disk: SmallDisk
+) -> None:
+    def command(out: Path) -> list[str]:
+        return frugal("reproduce", "--smoke", "--only", "planner,store", "--out", str(out))
+
+    reference = run(command(tmp_path / "reference"), tmp_path)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    disk.mount("3m")  # the planner part fits, the store part's tables do not
+    out = disk.path / "report"
+    failed = run(command(out), tmp_path)
+    assert failed.returncode == 1
+    _one_line(failed.stderr, "reproduce part store:", "is full (more than", "rerun resumes")
+    _no_temporaries(out)
+    assert (out / "parts" / "planner" / "part.json").is_file()  # the finished part is kept
+    disk.resize("96m")
+    resumed = run(command(out), tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "[planner] ok" in resumed.stderr and "(resumed)" in resumed.stderr
+    assert _reproduce_rows(out) == _reproduce_rows(tmp_path / "reference")
+    record(
+        "reproduce --smoke",
+        "--out on a 3 MiB tmpfs (full in the store part)",
+        "exit 1, one line naming the part, path and space; finished part kept; resumed equal",
     )

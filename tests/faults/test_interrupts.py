@@ -256,24 +256,33 @@ def test_a_long_command_ends_with_one_line_and_no_process_on_a_signal(
 
 
 @pytest.mark.slow
-def test_reproduce_interrupted_keeps_its_finished_parts_and_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "code", "line"),
+    [(signal.SIGINT, 130, "frugal: interrupted"), (signal.SIGTERM, 143, "frugal: terminated")],
+    ids=["sigint", "sigterm"],
+)
+def test_reproduce_interrupted_keeps_its_finished_parts_and_resumes(
+    tmp_path: Path, signum: int, code: int, line: str
+) -> None:
     out = tmp_path / "report"
     argv = frugal("reproduce", "--smoke", "--only", "planner,store", "--out", str(out))
     first = run(frugal("reproduce", "--smoke", "--only", "planner", "--out", str(out)), tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     before = {p: p.read_bytes() for p in (out / "parts").rglob("*") if p.is_file()}
     # store runs next: its cell child (with the command and the tracker) is at work.
-    ended = signal_when(argv, tmp_path, signal.SIGINT, ready_processes=3, whole_group=True)
-    assert ended.returncode == 130, ended.stderr[-3000:]
-    assert "Traceback" not in ended.stderr and ended.stderr.strip().endswith("frugal: interrupted")
+    whole_group = signum == signal.SIGINT  # Ctrl-C: the whole group; a supervisor: the pid
+    ended = signal_when(argv, tmp_path, signum, ready_processes=3, whole_group=whole_group)
+    assert ended.returncode == code, ended.stderr[-3000:]
+    assert "Traceback" not in ended.stderr and ended.stderr.strip().endswith(line)
     for path, data in before.items():  # the planner part, finished earlier, is untouched
         assert path.read_bytes() == data, f"{path} changed"
     assert_json_files_whole(out)
     resumed = run(argv, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "[planner] ok" in resumed.stdout + resumed.stderr and "(resumed)" in resumed.stderr
+    target = "the group" if whole_group else "the command pid"
     record(
         "reproduce --smoke",
-        "SIGINT to the group in the store part, planner part done",
-        "exit 130, one line; finished part untouched; rerun resumes it",
+        f"{signal.Signals(signum).name} to {target} in the store part, planner part done",
+        f"exit {code}, one line; finished part untouched; rerun resumes it",
     )

@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 
 from frugal.bench.harness import BenchResult, load_bench_result
 from frugal.config import check_types
+from frugal.disk import DiskFullError
 from frugal.reproduce.parts import PART_NAMES, Mode, Part, Verdict, get_part
 
 __all__ = ["MODES", "Mode", "PartOutcome", "ReproduceConfig", "run_reproduce"]
@@ -191,6 +192,8 @@ def run_reproduce(
 
     Raises:
         OSError: If `out_dir` cannot be written.
+        DiskFullError: If a part fills the disk (the run stops; finished parts are kept and a
+            rerun resumes from them).
     """
     from frugal.reproduce.report import write_report
     from frugal.results import git_commit, results_document, write_results
@@ -233,6 +236,14 @@ def run_reproduce(
                               "wall_s": wall_s}  # fmt: skip
                     (folder / _MARKER).write_text(json.dumps(marker) + "\n")
                 verdicts = tuple(part.verdicts(result))
+            except DiskFullError as exc:  # every later part would fail the same way: stop
+                raise DiskFullError(
+                    f"reproduce part {part.name}: {exc}; parts finished earlier in {out_dir} "
+                    "are kept and a rerun resumes from them",
+                    path=exc.path,
+                    needed_bytes=exc.needed_bytes,
+                    free_bytes=exc.free_bytes,
+                ) from exc
             except Exception as exc:  # one part's failure must not stop the others
                 error = f"{type(exc).__name__}: {exc}"
                 progress(f"[{part.name}] FAILED: {error}")
