@@ -102,18 +102,23 @@ def run(argv: Sequence[str], cwd: Path, *, timeout_s: float = 600.0) -> Run:
     return Run(done.returncode, done.stdout, done.stderr, time.monotonic() - start)
 
 
+def _start(argv: Sequence[str], cwd: Path) -> tuple[str, float, subprocess.Popen[str]]:
+    """Start `argv` in its own session with a fresh tag; return (tag, start time, process)."""
+    tag = uuid.uuid4().hex
+    process = subprocess.Popen(
+        list(argv), cwd=cwd, env=_environment(tag), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    return tag, time.monotonic(), process
+
+
 def kill_after(argv: Sequence[str], cwd: Path, delay_s: float, *, whole_group: bool) -> Run:
     """Start `argv`, SIGKILL it after `delay_s`: its process group, or only its own pid.
 
     Returns how it ended (a run that finished first returns its real exit code). Fails the test
     if any process of its tree outlives the kill by more than a few seconds.
     """
-    tag = uuid.uuid4().hex
-    start = time.monotonic()
-    process = subprocess.Popen(
-        list(argv), cwd=cwd, env=_environment(tag), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+    tag, start, process = _start(argv, cwd)
     try:
         stdout, stderr = process.communicate(timeout=delay_s)
     except subprocess.TimeoutExpired:
@@ -136,12 +141,7 @@ def signal_when(
     command's own pid. Returns how it ended; fails the test if the command does not end
     within `timeout_s` of the signal, never gets that many processes, or leaves a process.
     """
-    tag = uuid.uuid4().hex
-    start = time.monotonic()
-    process = subprocess.Popen(
-        list(argv), cwd=cwd, env=_environment(tag), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+    tag, start, process = _start(argv, cwd)
     try:
         deadline = time.monotonic() + timeout_s
         while len(tagged_processes(tag)) < ready_processes:
