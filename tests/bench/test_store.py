@@ -112,7 +112,7 @@ def test_real_streams_follow_their_own_grid(tmp_path: Path) -> None:
         staleness_bounds=(0,),
     )
     spec = RowSpec(embedding_dim=4)
-    criteo = _Workload("criteo_zipf", 100, spec, "t.npy", "l.npy", 26)
+    criteo = _Workload("criteo_zipf", 100, spec, "t.npy", "l.npy", 26, main_grid=True)
     stream = _Workload("movielens100k", 50, spec, "t.npy", "l.npy", 2)
     runs = _plan(config, [criteo, stream], tmp_path)
     cells = {(r.workload.name, r.system, r.memory_ratio, r.lookahead) for r in runs}

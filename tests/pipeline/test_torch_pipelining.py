@@ -9,8 +9,20 @@ import torch
 import torch.nn.functional as F
 
 from frugal.pipeline.models import TinyGPT, TinyGPTConfig
-from frugal.pipeline.torch_pipelining import launch_torch_pipelining, summarize
+from frugal.pipeline.torch_pipelining import (
+    SCHEDULES,
+    _schedule_classes,
+    launch_torch_pipelining,
+    summarize,
+)
 from frugal.pipeline.train import PipelineTrainConfig, load_windows
+
+
+def test_each_schedule_name_is_torchs_class_of_that_name() -> None:
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    assert _schedule_classes() == {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+    assert tuple(_schedule_classes()) == SCHEDULES
 
 
 @pytest.mark.slow

@@ -75,7 +75,7 @@ def test_datasets_are_a_registry_and_unknown_names_list_the_choices() -> None:
 
 def test_a_registered_dataset_loads_through_load_recsys_data() -> None:
     from frugal.recsys.batch import RecsysData
-    from frugal.recsys.datasets import RECSYS_DATASETS
+    from frugal.recsys.datasets import RECSYS_DATASETS, RECSYS_TEACHERS
 
     def tiny(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
         ids = np.arange(10, dtype=np.int64)[:, None] % 3  # 10 samples, one feature of 3 ids
@@ -95,5 +95,10 @@ def test_a_registered_dataset_loads_through_load_recsys_data() -> None:
         assert train.labels.tolist() == [1.0, 0.0, 0.0, 1.0]  # ids 0 1 2 0, label id == seed 0
         with pytest.raises(ValueError, match="'tiny' is already registered"):
             RECSYS_DATASETS.register("tiny", tiny)
+        assert teacher_auc(RecsysDataConfig(dataset="tiny")) is None  # no teacher registered
+        RECSYS_TEACHERS.register("tiny", lambda config: 0.5 + config.seed / 10)
+        assert teacher_auc(RecsysDataConfig(dataset="tiny", seed=2)) == 0.7
     finally:
         RECSYS_DATASETS.unregister("tiny")
+        if "tiny" in RECSYS_TEACHERS:
+            RECSYS_TEACHERS.unregister("tiny")

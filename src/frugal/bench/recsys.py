@@ -39,7 +39,7 @@ from frugal.bench.harness import (
 )
 from frugal.config import check_types
 from frugal.recsys.config import Mode, RecsysTrainConfig
-from frugal.recsys.datasets import DatasetName, RecsysDataConfig, teacher_auc
+from frugal.recsys.datasets import RECSYS_TEACHERS, DatasetName, RecsysDataConfig, teacher_auc
 from frugal.recsys.launch import launch_runs
 from frugal.recsys.models import ModelName
 
@@ -376,7 +376,7 @@ def run_recsys_bench(
     teacher: dict[str, float | None] = {
         dataset: teacher_auc(config.train_config("sync", dataset, 1, 0.0, config.seeds[0]).data)
         for dataset in config.datasets
-        if dataset == "criteo_zipf"
+        if dataset in RECSYS_TEACHERS
     }
     summary = _summary(config, rows, teacher)
     result = write_bench_results("recsys", config, rows, summary, out_dir / "results.json")

@@ -236,6 +236,21 @@ class _Workload:
     trace_path: str  # (num_batches, ids_per_batch) int64 .npy
     labels_path: str  # (num_batches, samples_per_batch) float32 .npy
     fields: int  # ids per sample
+    main_grid: bool = False
+    """Runs on the main grid (memory_ratios, lookaheads, warmup_batches) and carries the
+    staleness study; else on the stream_* grid."""
+
+    def ratios(self, config: StoreBenchConfig) -> tuple[float, ...]:
+        """The memory:data ratios this workload runs at."""
+        return config.memory_ratios if self.main_grid else config.stream_memory_ratios
+
+    def lookaheads(self, config: StoreBenchConfig) -> tuple[int, ...]:
+        """The lookahead windows W its lookahead systems run with."""
+        return config.lookaheads if self.main_grid else config.stream_lookaheads
+
+    def warmup_batches(self, config: StoreBenchConfig) -> int:
+        """Batches before the timed ones."""
+        return config.warmup_batches if self.main_grid else config.stream_warmup_batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,8 +309,9 @@ def _criteo_workload(config: StoreBenchConfig, folder: Path) -> _Workload:
         embedding_dim=config.embedding_dim, optimizer=OptimizerConfig(kind="adam", lr=1e-3)
     )
     return _Workload(
-        "criteo_zipf", stream.num_embeddings, spec, str(trace_path), str(labels_path), 26
-    )
+        "criteo_zipf", stream.num_embeddings, spec, str(trace_path), str(labels_path), 26,
+        main_grid=True,
+    )  # fmt: skip
 
 
 def _events_workload(name: WorkloadName, folder: Path, events_per_batch: int = 64) -> _Workload:
@@ -326,6 +342,30 @@ def _events_workload(name: WorkloadName, folder: Path, events_per_batch: int = 6
         trace_path, ids.reshape(num_batches, -1), labels_path, labels.reshape(num_batches, -1)
     )
     return _Workload(name, events.num_nodes, spec, str(trace_path), str(labels_path), 2)
+
+
+HEADLINE_WORKLOAD = "criteo_zipf"
+"""The workload the summary's speed-ups are measured on (MLKV's DLRM case)."""
+
+_WORKLOADS: Registry[Callable[[StoreBenchConfig, Path], _Workload]] = Registry(
+    "store bench workload", field="workloads"
+)
+"""How the bench builds each workload `StoreBenchConfig.workloads` names: its trace and labels
+written into the given folder."""
+
+
+def _stream_workload(name: WorkloadName) -> Callable[[StoreBenchConfig, Path], _Workload]:
+    """The builder of the bundled event stream `name` (`_events_workload`)."""
+
+    def build(config: StoreBenchConfig, folder: Path) -> _Workload:
+        return _events_workload(name, folder, config.stream_events_per_batch)
+
+    return build
+
+
+_WORKLOADS.register("criteo_zipf", _criteo_workload)
+_WORKLOADS.register("movielens100k", _stream_workload("movielens100k"))
+_WORKLOADS.register("collegemsg", _stream_workload("collegemsg"))
 
 
 # --- one run (in a child process) --------------------------------------------------------------
@@ -596,19 +636,16 @@ def _reader_thread(
 def _plan(config: StoreBenchConfig, workloads: list[_Workload], work_dir: Path) -> list[_Run]:
     runs: list[_Run] = []
     for workload in workloads:
-        criteo = workload.name == "criteo_zipf"
-        ratios = config.memory_ratios if criteo else config.stream_memory_ratios
-        for ratio in ratios:
+        for ratio in workload.ratios(config):
             for system in config.systems:
-                grid = config.lookaheads if criteo else config.stream_lookaheads
+                grid = workload.lookaheads(config)
                 windows = grid if _SYSTEMS.get(system).uses_lookahead else (0,)
                 for window in windows:
                     runs.append(
                         _Run(system, workload, ratio, window, 0, config.compute_ms,
-                             config.warmup_batches if criteo else config.stream_warmup_batches,
-                             config.seed, "")
+                             workload.warmup_batches(config), config.seed, "")
                     )  # fmt: skip
-        if workload.name == "criteo_zipf" and "frugal" in config.systems:
+        if workload.main_grid and "frugal" in config.systems:
             ratio = 0.10 if 0.10 in config.memory_ratios else min(config.memory_ratios)
             study_window = 4 if 4 in config.lookaheads else max(config.lookaheads)
             for bound in config.staleness_bounds:
@@ -653,12 +690,7 @@ def run_store_bench(
     try:
         traces = scratch / "traces"
         traces.mkdir()
-        workloads = []
-        for name in config.workloads:
-            if name == "criteo_zipf":
-                workloads.append(_criteo_workload(config, traces))
-            else:
-                workloads.append(_events_workload(name, traces, config.stream_events_per_batch))
+        workloads = [_WORKLOADS.get(name)(config, traces) for name in config.workloads]
         runs = _plan(config, workloads, scratch)
         rows: list[dict[str, Any]] = []
         # Keyed on the store's code too: a journal kept across sessions (benchmarks/store/)
@@ -713,8 +745,7 @@ def _reference_hit_ratios(
     for w in workloads:
         trace = np.load(w.trace_path, mmap_mode="r")
         batches = [np.unique(np.asarray(trace[t])) for t in range(len(trace))]
-        ratios = config.memory_ratios if w.name == "criteo_zipf" else config.stream_memory_ratios
-        for ratio in ratios:
+        for ratio in w.ratios(config):
             capacity = max(1, int(ratio * w.num_rows * w.spec.row_bytes) // w.spec.row_bytes)
             cell = {
                 "capacity_rows": float(capacity),
@@ -831,9 +862,11 @@ def _summary(
         "speedup_vs_mlkv": {},
         "fraction_of_ram": {},
     }
-    ratios = sorted({r["memory_ratio"] for r in ok if r["workload"] == "criteo_zipf"}, reverse=True)
+    ratios = sorted(
+        {r["memory_ratio"] for r in ok if r["workload"] == HEADLINE_WORKLOAD}, reverse=True
+    )
     for ratio in ratios:
-        ours = pick("frugal", "criteo_zipf", ratio, window)
+        ours = pick("frugal", HEADLINE_WORKLOAD, ratio, window)
         if ours is None:
             continue
         for key, system, other_window in (
@@ -841,7 +874,7 @@ def _summary(
             ("speedup_vs_mlkv", "mlkv", window),
             ("fraction_of_ram", "ram", 0),
         ):
-            other = pick(system, "criteo_zipf", ratio, other_window)
+            other = pick(system, HEADLINE_WORKLOAD, ratio, other_window)
             if other is not None:
                 ratio_maps[key][str(ratio)] = ours["samples_per_s"] / other["samples_per_s"]
     # Per workload: True when every finished staleness-0 run of at least two systems ended
@@ -864,7 +897,7 @@ def _summary(
         )
         for r in ok
         if r["system"] == "frugal"
-        and r["workload"] == "criteo_zipf"
+        and r["workload"] == HEADLINE_WORKLOAD
         and r["lookahead"] == 4
         and r["memory_ratio"]
         == (0.10 if any(x["memory_ratio"] == 0.10 for x in ok) else r["memory_ratio"])

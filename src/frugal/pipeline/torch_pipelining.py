@@ -54,6 +54,14 @@ from frugal.results import write_text_atomically
 __all__ = ["SCHEDULES", "launch_torch_pipelining", "main", "run_torch_worker", "summarize"]
 
 SCHEDULES = ("gpipe", "1f1b")
+"""The schedules a run's label may name: the keys of `_schedule_classes()`."""
+
+
+def _schedule_classes() -> dict[str, Any]:
+    """torch.distributed.pipelining's class of each schedule name in `SCHEDULES`."""
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
 def run_torch_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Path) -> None:
@@ -66,7 +74,7 @@ def run_torch_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_d
         ValueError: If a run's label is not a schedule name, or world size != num_stages.
         RuntimeError: From torch on a peer timeout (bounded by comm_timeout_s).
     """
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
@@ -98,8 +106,8 @@ def run_torch_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_d
             def loss_fn(logits: Tensor, target: Tensor) -> Tensor:
                 return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
-            schedule_cls = ScheduleGPipe if run.label == "gpipe" else Schedule1F1B
-            schedule = schedule_cls(stage, n_microbatches=m, loss_fn=loss_fn)
+            schedule_class = _schedule_classes()[run.label]
+            schedule = schedule_class(stage, n_microbatches=m, loss_fn=loss_fn)
             params = [p for p in module.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
             step_s, losses = [], []

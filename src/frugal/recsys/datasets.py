@@ -17,6 +17,7 @@ Shape legend: S samples, F features.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,6 +33,7 @@ from frugal.store.rows import splitmix64
 
 __all__ = [
     "RECSYS_DATASETS",
+    "RECSYS_TEACHERS",
     "DatasetName",
     "RecsysDataConfig",
     "RecsysDatasetLoader",
@@ -283,11 +285,28 @@ def load_recsys_data(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
     return train, test
 
 
-def teacher_auc(config: RecsysDataConfig) -> float | None:
-    """AUC of the planted teacher on criteo_zipf's test split (the ceiling); None otherwise."""
-    if config.dataset != "criteo_zipf":
-        return None
+RECSYS_TEACHERS: Registry[Callable[[RecsysDataConfig], float]] = Registry(
+    "recsys dataset with a planted teacher", field="dataset"
+)
+"""The synthetic datasets whose labels come from a known model: each entry returns that
+model's test AUC (the ceiling a trained model approaches). Real datasets have none."""
+
+
+def _zipf_teacher_auc(config: RecsysDataConfig) -> float:
     from frugal.recsys.metrics import roc_auc
 
     _, test, logits = _zipf(config)
     return roc_auc(test.labels, logits)
+
+
+RECSYS_TEACHERS.register("criteo_zipf", _zipf_teacher_auc)
+
+
+def teacher_auc(config: RecsysDataConfig) -> float | None:
+    """AUC of the planted teacher on the test split (the ceiling), or None for real data.
+
+    A dataset has a teacher if it is registered in `RECSYS_TEACHERS` (built in: criteo_zipf).
+    """
+    if config.dataset not in RECSYS_TEACHERS:
+        return None
+    return RECSYS_TEACHERS.get(config.dataset)(config)
