@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from tests.faults._harness import (
     outcome,
     record,
     run,
+    signal_when,
 )
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1200)]
@@ -167,3 +170,40 @@ def _reproduce_rows(out: Path) -> list[dict[str, Any]]:
 @full_tier
 def test_reproduce_resumes_to_the_uninterrupted_rows(tmp_path: Path) -> None:
     _kill_and_resume("reproduce --smoke", tmp_path, _reproduce, _reproduce_rows, seed=5)
+
+
+_ORPHAN_SCRIPT = """
+import sys, time
+from frugal.bench.harness import process_pool, run_cell
+
+def slow(seconds):
+    print("child running", flush=True)
+    time.sleep(seconds)
+    return seconds
+
+if __name__ == "__main__":
+    if sys.argv[1] == "cell":
+        run_cell(slow, 120.0, timeout_s=300)
+    else:
+        with process_pool(2) as pool:
+            list(pool.map(slow, [120.0, 120.0]))
+"""
+
+
+@pytest.mark.parametrize("kind", ["cell", "pool"])
+def test_a_killed_bench_takes_its_cell_and_pool_children_with_it(tmp_path: Path, kind: str) -> None:
+    # Before: a pool worker waited on its dead parent's call queue forever, holding its output
+    # pipes open (a killed `reproduce` never ended for its caller); a cell ran on to its end.
+    script = tmp_path / "bench.py"
+    script.write_text(_ORPHAN_SCRIPT)
+    argv = [sys.executable, str(script), kind]
+    ready = 3 if kind == "cell" else 4  # the command, the tracker, 1 cell child or 2 workers
+    ended = signal_when(
+        argv, tmp_path, signal.SIGKILL, ready_processes=ready, whole_group=False, timeout_s=60
+    )  # no process of the tree is left (checked inside), and the pipes closed: it returned
+    assert ended.returncode == -9
+    record(
+        f"bench {'cell (run_cell)' if kind == 'cell' else 'process pool'}",
+        "SIGKILL to the command pid while its children work",
+        "children die with it (parent-death signal); nothing left",
+    )

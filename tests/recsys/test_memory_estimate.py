@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from frugal.recsys.batch import RecsysData
 from frugal.recsys.config import RecsysTrainConfig
@@ -53,3 +54,17 @@ def test_the_job_estimate_has_each_part_by_hand() -> None:
         f"3 PS shards of {capacity:,} rows x {row_bytes} B": 3
         * shard_memory_bytes(capacity, row_bytes),
     }
+
+
+def test_recsys_train_refuses_tables_over_the_machines_memory_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from frugal.cli.main import main
+
+    out = tmp_path / "out"
+    # MovieLens's 3,056 ids with 2M-wide rows: about 22 GiB a shard, two shards.
+    argv = ["recsys", "train", "--out", str(out), "--set", "embedding_dim=2000000"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "PS shards of" in error and "pass --force (or set FRUGAL_FORCE=1)" in error
+    assert not (out / "job.json").exists() and not (out / "logs").exists()  # nothing started

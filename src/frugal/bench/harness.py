@@ -22,10 +22,12 @@ The resumable journal of finished cells is `frugal.results.BenchJournal`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
 import multiprocessing
+import os
 import signal
 import statistics
 import traceback
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar, get_args
 
 from frugal import FrugalError
+from frugal._libc import die_with_parent
 
 __all__ = [
     "PRESETS",
@@ -55,6 +58,7 @@ __all__ = [
     "median",
     "median_after_warmup",
     "median_item",
+    "process_pool",
     "run_cell",
     "write_bench_results",
 ]
@@ -442,8 +446,15 @@ _GRACE_S = 10.0  # an interrupted cell's time to unwind before SIGKILL
 
 
 def _child_main(
-    target: Callable[[Any], Any], arg: Any, setup: Callable[[], object] | None, connection: Any
+    target: Callable[[Any], Any],
+    arg: Any,
+    setup: Callable[[], object] | None,
+    connection: Any,
+    parent_pid: int,
 ) -> None:
+    # A cell never outlives its bench: kill -9 of the bench kills it (and, through their own
+    # parent-death signals, the launchers it runs and their workers).
+    die_with_parent(signal.SIGKILL, parent_pid)
     # Started with SIGINT blocked (see `_sigint_blocked`); from here on Ctrl-C and SIGTERM
     # unwind the cell as KeyboardInterrupt, so the launchers it runs stop their workers.
     signal.signal(signal.SIGINT, _raise_interrupt)
@@ -499,6 +510,26 @@ def _sigint_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def process_pool(max_workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    """A pool of `max_workers` fresh (spawned) processes that die with this one.
+
+    A plain pool's workers outlive a `kill -9` of their parent: they wait on its call queue
+    forever (and hold its output pipes open). These are killed by the kernel when the process
+    that created them exits (Linux parent-death signal; elsewhere a plain pool).
+
+    Raises:
+        ValueError: If `max_workers` < 1.
+    """
+    if max_workers < 1:
+        raise ValueError(f"max_workers={max_workers} must be >= 1")
+    return concurrent.futures.ProcessPoolExecutor(
+        max_workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=die_with_parent,
+        initargs=(signal.SIGKILL, os.getpid()),
+    )
+
+
 def run_cell(
     target: Callable[[A], T],
     arg: A,
@@ -527,7 +558,9 @@ def run_cell(
         raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds")
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_child_main, args=(target, arg, setup, sender), daemon=True)
+    process = context.Process(
+        target=_child_main, args=(target, arg, setup, sender, os.getpid()), daemon=True
+    )
     answered = False
     status: CellStatus = "error"
     value: Any = None

@@ -53,7 +53,6 @@ import functools
 import itertools
 import json
 import math
-import multiprocessing
 import os
 import statistics
 import tempfile
@@ -70,6 +69,7 @@ from frugal.bench.harness import (
     Progress,
     Summary,
     median,
+    process_pool,
     write_bench_results,
 )
 from frugal.bench.pipeline_dp import DPBenchConfig, run_dp_section
@@ -308,8 +308,7 @@ def _quality_runs(
     }
     say(f"quality: {len(jobs)} methods x {quality_steps} steps (one process each)")
     quality: dict[str, LocalResult] = {}
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(config.quality_workers, mp_context=context) as ex:
+    with process_pool(config.quality_workers) as ex:
         futures = {ex.submit(_quality_job, job): m for m, job in jobs.items()}
         for future in concurrent.futures.as_completed(futures):
             method = futures[future]
