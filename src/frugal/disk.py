@@ -36,6 +36,7 @@ _NUMPY_SHORT_WRITE = re.compile(r"Not enough free space to write|\d+ requested a
 _DISK_FULL_TEXT = re.compile(
     "|".join(re.escape(os.strerror(code)) for code in sorted(_DISK_FULL_ERRNOS))
     + f"|{_NUMPY_SHORT_WRITE.pattern}"
+    + r"|the disk holding .+ is full"  # frugal's own words (DiskFullError, the store)
 )
 _FIX = "free space there or choose a folder on a larger disk"
 
@@ -193,14 +194,15 @@ def disk_filled_error(
     """The `DiskFullError` of a write that filled the disk after `written_bytes` (as text).
 
     For a failure known only by its text (see `mentions_disk_full`), e.g. in a child process:
-    the space it needed is unknown, but more than what it had written when the disk filled up,
-    and the message says so ("more than 7.4 MiB needed"). Call it after removing what the
-    failed write left, so the free space it reports is what a rerun finds.
+    the space it needed is unknown, but more than it had: more than what it had written when
+    the disk filled up, and more than is free once what it left is removed (it had all of
+    that). The message says so ("more than 7.4 MiB needed, 7.4 MiB free"). Call it after
+    removing what the failed write left, so the free space it reports is what a rerun finds.
 
     Args:
         path: Where the write went.
         what: What was written, for the message.
-        written_bytes: Bytes it had written when it failed (>= 0): a lower bound of the need.
+        written_bytes: Bytes it had written when it failed (>= 0).
         detail: The failure's own text, appended in brackets.
         kept: What stays intact, for the message.
         fix: What to do.
@@ -209,10 +211,9 @@ def disk_filled_error(
         The error to raise.
     """
     free = free_bytes(path)
-    message = _message(what, path, written_bytes, free, kept, fix, bound="more than")
-    return DiskFullError(
-        f"{message} [{detail}]", path=path, needed_bytes=written_bytes, free_bytes=free
-    )
+    needed = max(written_bytes, free)
+    message = _message(what, path, needed, free, kept, fix, bound="more than")
+    return DiskFullError(f"{message} [{detail}]", path=path, needed_bytes=needed, free_bytes=free)
 
 
 @contextlib.contextmanager

@@ -202,3 +202,21 @@ def test_every_system_name_has_a_registered_system() -> None:
     # lmdb lives in the OS page cache and ram holds everything: their budget does not bind
     unbound = [n for n in _SYSTEMS.names() if not _SYSTEMS.get(n).budget_enforced]
     assert unbound == ["ram", "lmdb_offload"]
+
+
+def test_a_killed_benchs_scratch_folder_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from frugal.bench.store import _remove_stale_scratch
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    stale = tmp_path / f"frugal-store-bench-{dead.stdout.strip()}-abc"
+    live = tmp_path / f"frugal-store-bench-{os.getpid()}-def"
+    unknown = tmp_path / "frugal-store-bench-xyz"  # an older frugal's name: not ours to judge
+    for folder in (stale, live, unknown):
+        (folder / "run1").mkdir(parents=True)
+    _remove_stale_scratch(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, unknown.name])

@@ -258,3 +258,18 @@ def test_a_bad_output_path_is_refused_before_any_work(
     assert main(filled) == 2
     assert message in capsys.readouterr().err
     assert afile.read_text() == "keep me"
+
+
+def test_frugals_own_warnings_print_as_one_line_others_as_python_shows_them() -> None:
+    import io
+
+    import frugal.cli.main as cli_main
+
+    seen: list[str] = []
+    show = cli_main._one_line_warning(lambda message, *args: seen.append(str(message)))
+    inside = str(Path(cli_main.__file__).parent.parent / "launch" / "guards.py")
+    out = io.StringIO()
+    show(UserWarning("starting 9 processes"), UserWarning, inside, 99, out, "code line")
+    assert out.getvalue() == "frugal: warning: starting 9 processes\n"  # no location, no code
+    show(UserWarning("from numpy"), UserWarning, "/elsewhere/numpy/core.py", 5, out)
+    assert seen == ["from numpy"] and out.getvalue().count("\n") == 1

@@ -182,12 +182,12 @@ def test_pipeline_train_on_a_full_disk_writes_nothing_half_and_reruns(
 ) -> None:
     reference = run(_pipeline(tmp_path / "reference"), tmp_path)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    disk.mount("24k")  # the rank files fit, train.json does not
+    disk.mount("24k")  # the rank files fit, the loss curve (written before train.json) does not
     out = disk.path / "train"
     failed = run(_pipeline(out), tmp_path)
     assert failed.returncode == 1
-    _one_line(failed.stderr, "writing train.json", f"the disk holding {out / 'train.json'}")
-    assert not (out / "train.json").exists()
+    _one_line(failed.stderr, "writing loss_curve.png", f"the disk holding {out}")
+    assert not (out / "train.json").exists() and not (out / "loss_curve.png").exists()
     _no_temporaries(out)
     disk.resize("4m")
     rerun = run(_pipeline(out), tmp_path)  # no train.json was written: no --overwrite needed
@@ -195,8 +195,8 @@ def test_pipeline_train_on_a_full_disk_writes_nothing_half_and_reruns(
     assert _losses(out) == _losses(tmp_path / "reference")
     record(
         "pipeline train",
-        "--out on a 24 KiB tmpfs (full at train.json)",
-        "exit 1, one line naming the path and space; no train.json; rerun equal (bit-exact)",
+        "--out on a 24 KiB tmpfs (full at the loss curve)",
+        "exit 1, one line naming the path and space; no train.json, no curve; rerun equal",
     )
 
 
@@ -277,4 +277,52 @@ def test_reproduce_on_a_full_disk_stops_with_one_line_and_resumes(
         "reproduce --smoke",
         "--out on a 3 MiB tmpfs (full in the store part)",
         "exit 1, one line naming the part, path and space; finished part kept; resumed equal",
+    )
+
+
+def test_an_lmdb_store_on_a_full_disk_raises_instead_of_dying_of_sigbus(disk: SmallDisk) -> None:
+    import numpy as np
+
+    from frugal.disk import DiskFullError
+    from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
+    from frugal.store.errors import StoreError
+
+    disk.mount("8m")
+    spec = RowSpec(embedding_dim=32, optimizer=OptimizerConfig(kind="sgd"))
+    config = EmbeddingStore.Config(backend="lmdb", memory_budget_bytes=4 << 20)
+    directory = disk.path / "store"
+    with EmbeddingStore.create(directory, num_rows=50_000, spec=spec, config=config) as store:
+        store.put(np.arange(2000), np.full((2000, 32), 7.0, np.float32))  # checkpointed
+    # 1. Closing (a checkpoint) with too little space: refused up front, nothing half-copied.
+    store = EmbeddingStore.open(directory, config)
+    store.put(np.arange(2000, 3000), np.full((1000, 32), 8.0, np.float32), step=1)
+    store.flush()  # the rows are in LMDB: only the checkpoint's copy is left to write
+    junk = _fill(disk.path, leave_bytes=64 << 10)
+    with pytest.raises(DiskFullError, match=r"LMDB checkpoint 2 of .* is full \(about .* needed"):
+        store.close()
+    assert not (directory / "lmdb.ckpt.2").exists()
+    junk.unlink()
+    # 2. Writes that fill the disk: a StoreError naming the full disk (before: SIGBUS, exit 135).
+    store = EmbeddingStore.open(directory, config)
+    assert np.all(store.peek(np.arange(2000), cols="emb") == 7.0)  # checkpoint 1 was intact
+
+    def write_until_full() -> None:
+        for step in range(2, 200):
+            ids = np.arange(step * 250, (step + 1) * 250) % 50_000
+            store.put(ids, np.full((len(ids), 32), 9.0, np.float32), step=step)
+            store.flush()
+
+    junk = _fill(disk.path, leave_bytes=1 << 20)  # room for a third of the table
+    with pytest.raises(StoreError, match=r"the disk holding .* is full"):
+        write_until_full()
+    junk.unlink()
+    store.close(checkpoint=False)
+    disk.resize("64m")
+    with EmbeddingStore.open(directory, config) as store:
+        assert np.all(store.peek(np.arange(2000), cols="emb") == 7.0)
+    record(
+        "store (lmdb)",
+        "disk full at a checkpoint, then during writes (8 MiB tmpfs)",
+        "DiskFullError, no partial checkpoint; StoreError naming the disk (was SIGBUS); "
+        "reopened equal",
     )

@@ -18,6 +18,7 @@ from frugal.launch import (
     machine_memory_bytes,
     run_torchrun,
 )
+from frugal.launch.guards import forced
 
 _GIB = 1 << 30
 
@@ -52,9 +53,9 @@ def test_more_than_the_machine_has_is_refused_unless_forced() -> None:
     assert message.startswith("the job would need about 10 GiB (buffers: 10 GiB) but this")
     assert "has 8 GiB of memory; keep them on disk (--set x=y), use fewer processes" in message
     assert message.endswith("pass --force (or set FRUGAL_FORCE=1) to start it anyway")
-    for forced in ({"force": True, "env": {}}, {"env": {FORCE_ENV: "1"}}):  # both are accepted
+    for override in ({"force": True, "env": {}}, {"env": {FORCE_ENV: "1"}}):  # both accepted
         with pytest.warns(MemoryWarning):  # it starts, with the warning
-            check_memory(estimate, total_bytes=8 * _GIB, available_bytes=8 * _GIB, **forced)
+            check_memory(estimate, total_bytes=8 * _GIB, available_bytes=8 * _GIB, **override)
 
 
 def test_force_also_lifts_the_process_count_limit() -> None:
@@ -84,3 +85,21 @@ def test_run_torchrun_refuses_a_job_over_the_machines_memory_before_starting(
     with pytest.raises(ConfigError, match=r"would need about .* \(tables: "):
         run_torchrun(job)
     assert not (tmp_path / "logs").exists()  # nothing was started or written
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("1", True), ("yes", True), ("TRUE", True), ("on", True), ("0", False), ("", False),
+     ("no", False), ("False", False)],
+)  # fmt: skip
+def test_the_force_variable_is_a_yes_no_value(value: str, expected: bool) -> None:
+    assert forced(env={FORCE_ENV: value}) is expected
+    assert forced(force=True, env={FORCE_ENV: value}) is True
+
+
+def test_a_force_value_that_is_not_yes_or_no_is_an_error_whose_fix_works() -> None:
+    with pytest.raises(
+        ConfigError, match=r"FRUGAL_FORCE='maybe' is not a yes/no value; set it to 1"
+    ):
+        forced(env={FORCE_ENV: "maybe"})
+    assert forced(env={FORCE_ENV: "1"})  # the value the message suggests

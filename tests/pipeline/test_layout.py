@@ -144,3 +144,16 @@ def test_run_job_file_parses_runs_and_reports_failures(
     assert "frugal: rank 3: ValueError: stage 1 is gone" in capsys.readouterr().err
     with pytest.raises(RuntimeError):  # not among `errors`: a bug, with its traceback
         run_job_file([str(job), str(tmp_path)], module="m", body=crashing)
+
+
+def test_progress_lines_parse_even_when_torchruns_tail_joins_another_ranks_output() -> None:
+    from frugal.pipeline.train import progress_event
+
+    event = '{"run": "fp32", "step": 3, "loss": 5.25, "step_s": 0.1}'
+    expected = {"run": "fp32", "step": 3, "loss": 5.25, "step_s": 0.1}
+    assert progress_event(f"FRUGAL_PROGRESS {event}") == expected
+    # print() wrote text and newline apart: the tail joined the next rank's prefix to the line
+    assert progress_event(f"FRUGAL_PROGRESS {event}[default1]:") == expected
+    assert progress_event('FRUGAL_PROGRESS {"run": "fp32", "st') is None  # cut short
+    assert progress_event("FRUGAL_PROGRESS [1, 2]") is None  # not an event
+    assert progress_event("step 3 done") is None

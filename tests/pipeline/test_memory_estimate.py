@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from frugal.config import ConfigError
-from frugal.launch import MemoryWarning, machine_memory_bytes
+from frugal.launch import MemoryWarning
 from frugal.pipeline.job import RANK_BASELINE_BYTES, check_resources, check_training
 from frugal.pipeline.models import TinyGPT, TinyGPTConfig
 from frugal.pipeline.train import PipelineTrainConfig
@@ -49,13 +49,22 @@ def test_buffers_on_disk_count_their_budget_and_fp32_has_none() -> None:
     )
 
 
-def test_a_job_over_the_machines_memory_is_refused_and_its_fix_accepted() -> None:
-    total, _ = machine_memory_bytes()
-    windows = total // (3 * 2 * 64 * 128 * 4) + 1  # AQ-SGD buffers alone exceed the machine
-    config = PipelineTrainConfig(codec="aqsgd:fw2,bw4", num_train=int(windows))
+def test_a_job_over_the_machines_memory_is_refused_and_its_fix_accepted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import frugal.launch.guards as guards
+
+    total = 8 << 30  # an 8 GiB machine
+    monkeypatch.setattr(guards, "machine_memory_bytes", lambda: (total, total))
+    config = PipelineTrainConfig(
+        codec="aqsgd:fw2,bw4", gpt=TinyGPTConfig(hidden=2048), num_train=512
+    )  # 201 M parameters, and 1.5 GiB of AQ-SGD buffers in RAM
     job = check_training(config)
+    assert job.memory.total_bytes > total
     with pytest.raises(ConfigError, match=r"--set buffer_backend=store\), use fewer"):
         check_resources(job, force=False)
     with pytest.warns(MemoryWarning):
         check_resources(job, force=True)  # forced: it would start
-    check_resources(check_training(replace(config, buffer_backend="store")))  # the fix fits
+    fixed = check_training(replace(config, buffer_backend="store"))  # the suggested fix
+    assert fixed.memory.total_bytes <= total
+    check_resources(fixed)

@@ -107,3 +107,31 @@ def test_a_reopened_store_is_its_checkpoint_whatever_was_written_after(
             linked = {t.stat().st_ino for t in checkpoint.glob("*.sst")}
             live = {t.stat().st_ino for t in (directory / "rocksdb").glob("*.sst")}
             assert linked & live  # (a compaction may have replaced some since)
+
+
+@pytest.mark.parametrize("kind", ["json", "npy"])
+def test_an_atomic_write_that_fails_leaves_the_old_file_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    import errno
+    import os
+
+    from frugal.store.backends.base import save_array_atomic, write_json_atomic
+
+    path = tmp_path / f"index.{kind}"
+    write = (
+        (lambda value: write_json_atomic(path, {"v": value}))
+        if kind == "json"
+        else (lambda value: save_array_atomic(path, np.array([value])))
+    )
+    write(1)
+    before = path.read_bytes()
+
+    def full(fd: int) -> None:  # the disk fills up as the new file is synced
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        write(2)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no .tmp holds the space

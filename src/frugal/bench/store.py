@@ -686,7 +686,8 @@ def run_store_bench(
     from frugal.results import BenchJournal
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="frugal-store-bench-", dir=out_dir))
+    _remove_stale_scratch(out_dir)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-", dir=out_dir))
     try:
         traces = scratch / "traces"
         traces.mkdir()
@@ -728,6 +729,33 @@ def run_store_bench(
         return write_bench_results("store", config, rows, summary, out_dir / "results.json")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+_SCRATCH_PREFIX = "frugal-store-bench-"
+
+
+def _remove_stale_scratch(out_dir: Path) -> None:
+    """Delete the scratch folders (tables, traces) that killed benches left in `out_dir`.
+
+    A scratch folder is `frugal-store-bench-<pid>-<random>`; it is stale when no process
+    with that pid is alive (a bench that was `kill -9`ed or lost power). A live pid's folder
+    may be another bench sharing the folder and is kept.
+    """
+    for folder in out_dir.glob(f"{_SCRATCH_PREFIX}*"):
+        pid_text = folder.name[len(_SCRATCH_PREFIX) :].split("-", 1)[0]
+        if not (folder.is_dir() and pid_text.isdigit()) or _alive(int(pid_text)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def _reference_hit_ratios(

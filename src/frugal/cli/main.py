@@ -8,9 +8,10 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import frugal
 from frugal import FrugalError
@@ -155,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM (timeout, kill) unwinds like Ctrl-C, so launchers' cleanup stops their workers.
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
+    show_warning = warnings.showwarning
+    warnings.showwarning = _one_line_warning(show_warning)
     try:
         return handler(args)
     except BrokenPipeError:  # e.g. `frugal data list --json | head`: the reader left
@@ -177,8 +180,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("frugal: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
+        warnings.showwarning = show_warning
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _one_line_warning(fallback: Callable[..., None]) -> Callable[..., None]:
+    """A `warnings.showwarning` that prints frugal's own warnings as one line.
+
+    `frugal: warning: ...`, without the source location and code Python adds; warnings of
+    other packages are shown by `fallback`, as Python shows them.
+    """
+
+    def show(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int,
+        file: Any = None, line: str | None = None,
+    ) -> None:  # fmt: skip
+        if os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep):
+            print(f"frugal: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            fallback(message, category, filename, lineno, file, line)
+
+    return show
 
 
 def _describe_os_error(exc: OSError) -> str:

@@ -86,13 +86,19 @@ def add_area(commands: Any, name: str, *, help: str, description: str) -> Any:
     return children
 
 
-def add_print_config_argument(parser: argparse.ArgumentParser) -> None:
-    """Add `--print-config`: print the resolved settings as TOML and exit without running."""
+def add_print_config_argument(
+    parser: argparse.ArgumentParser, *, takes_config: bool = True
+) -> None:
+    """Add `--print-config`: print the resolved settings as TOML and exit without running.
+
+    `takes_config`: whether the command also has `--config FILE` (the help then says the
+    printed TOML can be passed back).
+    """
+    back = "; save it, edit it and pass it back with --config FILE" if takes_config else ""
     parser.add_argument(
         "--print-config",
         action="store_true",
-        help="print the resolved settings as TOML (each with its meaning) and exit; save it, "
-        "edit it and pass it back with --config FILE",
+        help=f"print the resolved settings as TOML (each with its meaning) and exit{back}",
     )
 
 

@@ -97,10 +97,11 @@ def train_config(args: argparse.Namespace) -> RecsysTrainConfig:
 
 @with_config(train_config)
 def _train(args: argparse.Namespace, config: RecsysTrainConfig) -> int:
-    from frugal.recsys.launch import launch_training
+    from frugal.recsys.launch import check_resources, launch_training
 
     out = output_folder(args.out)
     refuse_earlier_output(out / "result.json", args)
+    check_resources(config, force=args.force)  # refused or warned before anything is printed
     cores = os.cpu_count() or 1
     print(
         f"starting {config.nproc} trainer process(es) on {cores} CPU core(s)"

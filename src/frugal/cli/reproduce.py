@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", default="reports/latest", metavar="DIR", help="output folder (default %(default)s)"
     )
-    add_print_config_argument(parser)
+    add_print_config_argument(parser, takes_config=False)
     parser.set_defaults(handler=_reproduce)
 
 

@@ -119,11 +119,12 @@ def _bench() -> BenchEntry:
 @contextlib.contextmanager
 def _spinner() -> Iterator[Callable[[str], None]]:
     """A rich spinner showing the latest progress line; finished runs stay printed."""
+    from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-        transient=False, console=None,
+        transient=False, console=Console(stderr=True),  # stdout holds only the results
     ) as progress:  # fmt: skip
         task = progress.add_task("tgraph bench", total=None)
 

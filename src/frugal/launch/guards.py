@@ -52,10 +52,27 @@ class MemoryWarning(UserWarning):
     """A job's estimated memory exceeds what the machine has free now."""
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
 def forced(force: bool = False, env: Mapping[str, str] | None = None) -> bool:
-    """Whether the guards are overridden: `force` (a command's `--force`) or `FORCE_ENV=1`."""
+    """Whether the guards are overridden: `force` (a command's `--force`) or `FORCE_ENV`.
+
+    `FORCE_ENV` is read as a boolean: 1, true, yes or on (any case) force; unset, empty, 0,
+    false, no or off do not.
+
+    Raises:
+        ConfigError: If `FORCE_ENV` holds another value.
+    """
     env = os.environ if env is None else env
-    return force or env.get(FORCE_ENV) == "1"
+    value = env.get(FORCE_ENV, "").strip().lower()
+    if value not in _TRUE + _FALSE:
+        raise ConfigError(
+            f"{FORCE_ENV}={env.get(FORCE_ENV)!r} is not a yes/no value; set it to 1 to force "
+            "a job the resource guards refuse, or unset it"
+        )
+    return force or value in _TRUE
 
 
 def usable_cores() -> int:

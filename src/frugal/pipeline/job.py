@@ -117,8 +117,9 @@ def check_training(config: PipelineTrainConfig, *, num_stages: int | None = None
         The job with its layout and world size.
 
     Raises:
-        ConfigError: If the plan does not fit the model or `num_stages`, one step needs more
-            windows than `num_train`, data-parallel compression has no replicas, the link is
+        ConfigError: If the plan does not fit the model or `num_stages`, the corpus has
+            fewer windows than `num_train` or `num_eval`, one step needs more windows than
+            `num_train`, data-parallel compression has no replicas, the link is
             too slow for `comm_timeout_s`, or `init_weights` does not fit the model.
         PlanMismatchError: If the plan was priced for another codec, schedule or micro-batch
             size, or `dp_compression` cannot run a stage's planned collective (a
@@ -134,6 +135,12 @@ def check_training(config: PipelineTrainConfig, *, num_stages: int | None = None
             )
         world_size = plan.world_size
     layout = make_layout(config, world_size)  # a plan that does not fit fails here
+    from frugal.pipeline.zoo import load_model_windows
+
+    try:  # a corpus too small for num_train / num_eval fails here, not in every rank
+        load_model_windows(config)
+    except ValueError as exc:
+        raise ConfigError(f"dataset {config.dataset!r}: {exc}") from exc
     per_step = sum(layout.num_microbatches) * config.micro_batch_size
     if per_step > config.num_train:
         raise ConfigError(
@@ -339,11 +346,13 @@ def run_training(
         dp_compression=config.dp_compression,
         dp_bytes_last_step_per_rank=tuple((r["runs"][0]["dp_bytes"] or [0])[-1] for r in ranks),
     )
-    document = {"summary": asdict(summary), "losses": last["losses"]}
-    write_text_atomically(out_dir / "train.json", json.dumps(document))
     curve = out_dir / "loss_curve.png"
     with guard_write(curve, what="writing loss_curve.png", partial=[curve]):
         _plot_losses(last["losses"], config.codec, curve)
+    # train.json last: it marks a finished run (a rerun refuses it without --overwrite), so a
+    # disk that fills at the curve leaves nothing that blocks the rerun.
+    document = {"summary": asdict(summary), "losses": last["losses"]}
+    write_text_atomically(out_dir / "train.json", json.dumps(document))
     return summary
 
 

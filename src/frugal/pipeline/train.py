@@ -19,6 +19,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -806,18 +807,12 @@ def _run_one(
             loss = runner.end_step()
             runner.stats.step_s.append(time.perf_counter() - t0)
             if reporter and loss is not None:
-                print(
-                    PROGRESS_PREFIX
-                    + json.dumps(
-                        {
-                            "run": run.label,
-                            "step": step,
-                            "loss": loss,
-                            "step_s": runner.stats.step_s[-1],
-                        }
-                    ),
-                    flush=True,
-                )
+                event = {"run": run.label, "step": step, "loss": loss}
+                event["step_s"] = runner.stats.step_s[-1]
+                # One write of the whole line: print() writes the text and the newline apart,
+                # and torchrun's log tail can split the line between them.
+                sys.stdout.write(PROGRESS_PREFIX + json.dumps(event) + "\n")
+                sys.stdout.flush()
         buffer_bytes = sum(
             c.delta.buffer_bytes for c in (runner.act_in, runner.act_out) if c.delta is not None
         )
@@ -908,13 +903,29 @@ def launch_torchrun(
         old.unlink()
 
     def on_line(local_rank: int, line: str) -> None:
-        if on_progress is not None and line.startswith(PROGRESS_PREFIX):
-            on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
+        if on_progress is not None and (event := progress_event(line)) is not None:
+            on_progress(event)
 
     result = run_torchrun(launch, on_line=on_line)
     if not result.ok:
         raise PipelineError(f"pipeline launch failed: {result.failure_message()}")
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def progress_event(line: str) -> dict[str, Any] | None:
+    """The progress event a rank's output line carries, or None.
+
+    A line is `FRUGAL_PROGRESS {json}`; what follows the JSON object (another rank's output
+    that torchrun's log tail joined to the line) is ignored, and a cut or garbled line gives
+    None: progress is for display, it never stops a job.
+    """
+    if not line.startswith(PROGRESS_PREFIX):
+        return None
+    try:
+        event, _ = json.JSONDecoder().raw_decode(line, len(PROGRESS_PREFIX))
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
 
 
 def config_from_job(path: Path) -> tuple[PipelineTrainConfig, list[RunSpec]]:

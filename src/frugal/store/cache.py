@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -72,6 +73,10 @@ _SLOT_RECORD = np.dtype(
 def slot_overhead_bytes() -> int:
     """Memory per cache slot besides its row: the slot record (48) and free-stack entry (4)."""
     return _SLOT_RECORD.itemsize + 4
+
+
+_NEARLY_FULL_BYTES = 1 << 20
+"""Less free space than this (a few pages of any engine) counts as a full disk."""
 
 
 @dataclass
@@ -184,10 +189,26 @@ class RowCache:
         if self.error is not None:
             error, self.error = self.error, None
             raise StoreError(
-                f"a background read or write-back failed: {error}. Rows since the last "
-                "checkpoint may be lost; the checkpoint itself is intact (fix the cause, e.g. "
-                "free disk space, then reopen the store)"
+                f"a background read or write-back failed: {error}{self._full_disk()}. Rows "
+                "since the last checkpoint may be lost; the checkpoint itself is intact (fix "
+                "the cause, e.g. free disk space, then reopen the store)"
             ) from error
+
+    def _full_disk(self) -> str:
+        """`; the disk holding D is full (F free)` when the backend's disk is (nearly) full.
+
+        Some engines report a full disk in their own words (LMDB: an I/O error on a short
+        write); the free space says what happened.
+        """
+        directory = getattr(self.backend, "directory", None)
+        if directory is None:
+            return ""
+        from frugal.disk import free_bytes, human_bytes
+
+        free = free_bytes(Path(directory))
+        if free >= _NEARLY_FULL_BYTES:
+            return ""
+        return f"; the disk holding {directory} is full ({human_bytes(free)} free)"
 
     def _wait(self, deadline: float, what: str) -> None:
         remaining = deadline - time.monotonic()

@@ -84,17 +84,22 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON to `path` through a temporary file, fsync and rename, then fsync the folder.
 
     Raises:
-        OSError: If the write fails; `path` keeps its previous content.
+        OSError: If the write fails; `path` keeps its previous content and no temporary file
+            is left.
     """
     import json
     import os
 
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: give its space back, leave nothing half-written
+        tmp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -121,13 +126,18 @@ def save_array_atomic(path: Path, array: npt.NDArray[Any]) -> None:
     """Save a numpy array to `path` (.npy) through a temporary file, fsync and rename.
 
     Raises:
-        OSError: If the write fails; `path` keeps its previous content.
+        OSError: If the write fails; `path` keeps its previous content and no temporary file
+            is left.
     """
     import os
 
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as fh:
-        np.save(fh, array)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as fh:
+            np.save(fh, array)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: give its space back, leave nothing half-written
+        tmp.unlink(missing_ok=True)
+        raise

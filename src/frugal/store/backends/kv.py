@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from frugal._typing import F32, I64, Bool
-from frugal.disk import guard_write
+from frugal.disk import guard_write, mentions_disk_full
 from frugal.store.backends.registry import BackendArgs, register_backend
 from frugal.store.errors import StoreCorruptionError
 
@@ -275,9 +275,14 @@ class LmdbBackend:
         if epoch is not None:
             self.snapshots.restore(epoch, marker="data.mdb")
         self.snapshots.live.mkdir(exist_ok=True)
-        # Room for every row twice over plus B+tree overhead; the map is sparse on disk.
+        # Room for every row twice over plus B+tree overhead; the map is sparse on disk. Pages
+        # are written with write(2), not through a writable map (writemap): on a full disk a
+        # store through the map is a SIGBUS that kills the process without a word, a write
+        # is an error the store reports.
         map_size = max(1 << 24, 3 * num_rows * (self.row_bytes + 64))
-        self.env = lmdb.open(str(self.snapshots.live), map_size=map_size, writemap=True, sync=False)
+        self.env = lmdb.open(
+            str(self.snapshots.live), map_size=map_size, writemap=False, sync=False
+        )
 
     def read_rows(self, ids: I64, out: F32) -> Bool:
         """`getmulti` in one read transaction; see `StoreBackend.read_rows`."""
@@ -299,10 +304,31 @@ class LmdbBackend:
         self.env.sync(True)
 
     def checkpoint(self, epoch: int) -> dict[str, Any]:
-        """Copy the environment to `lmdb.ckpt.<epoch>` (`env.copy`, a consistent snapshot)."""
+        """Copy the environment to `lmdb.ckpt.<epoch>` (`env.copy`, a consistent snapshot).
+
+        Raises:
+            DiskFullError: If the copy (its used pages) does not fit; nothing of it is left
+                and the previous checkpoint is intact.
+        """
+        import lmdb
+
         target = self.snapshots.fresh(epoch)
-        target.mkdir()
-        self.env.copy(str(target))
+        needed = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        with guard_write(
+            target,
+            what=f"LMDB checkpoint {epoch} of {self.directory}",
+            needed_bytes=needed,
+            kept="the previous checkpoint is intact",
+            fix="free space there, then close or checkpoint the store again",
+            partial=[target],
+        ):
+            target.mkdir()
+            try:
+                self.env.copy(str(target))
+            except lmdb.Error as exc:  # LMDB's own error type wraps the OS error's text
+                if not mentions_disk_full(str(exc)):
+                    raise
+                raise OSError(errno.ENOSPC, str(exc), str(target)) from exc
         return {}
 
     def finish_checkpoint(self, epoch: int) -> None:
