@@ -55,3 +55,25 @@ def test_recsys_export_refuses_an_existing_file(
     assert main(["recsys", "export", str(tmp_path / "ck"), "--out", str(out)]) == 2
     assert "rows.npz holds an earlier run's output" in capsys.readouterr().err
     assert out.read_bytes() == b"earlier"
+
+
+def test_recsys_train_resuming_its_checkpoints_rewrites_its_own_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `resume=true` continues the run whose result.json is there (a kill may land after it
+    # was written): not an earlier run's output to protect.
+    import frugal.recsys.launch
+
+    class LaunchedError(Exception):
+        pass
+
+    def launch(*args: object, **kwargs: object) -> None:
+        raise LaunchedError
+
+    monkeypatch.setattr(frugal.recsys.launch, "launch_training", launch)
+    (tmp_path / "result.json").write_text('{"earlier": true}')
+    checkpoints = f"checkpoint_dir='{tmp_path / 'checkpoints'}'"
+    argv = ["recsys", "train", "--nproc", "1", "--out", str(tmp_path), "--set", checkpoints]
+    with pytest.raises(LaunchedError):
+        main([*argv, "--set", "resume=true"])
+    assert main(argv) == 2  # without resume it is an earlier run's output again

@@ -100,7 +100,8 @@ def _train(args: argparse.Namespace, config: RecsysTrainConfig) -> int:
     from frugal.recsys.launch import check_resources, launch_training
 
     out = output_folder(args.out)
-    refuse_earlier_output(out / "result.json", args)
+    if not (config.resume and config.checkpoint_dir):  # resuming rewrites its own result
+        refuse_earlier_output(out / "result.json", args)
     check_resources(config, force=args.force)  # refused or warned before anything is printed
     cores = os.cpu_count() or 1
     print(
