@@ -132,7 +132,9 @@ def test_store_bench_resumes_to_the_uninterrupted_tables(tmp_path: Path) -> None
 
 
 def _pipeline(out: Path) -> list[str]:
-    return frugal("pipeline", "train", "--steps", "24", "--out", str(out))
+    # --overwrite: a kill that lands after train.json was written leaves a finished run, which
+    # a plain rerun refuses (restarting it is then the user's explicit choice).
+    return frugal("pipeline", "train", "--steps", "24", "--out", str(out), "--overwrite")
 
 
 def _pipeline_losses(out: Path) -> list[float]:
