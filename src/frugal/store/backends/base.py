@@ -8,8 +8,9 @@ the same table without writing it first. Shape legend: N rows in a call, W row w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -80,6 +81,22 @@ class StoreBackend(Protocol):
         ...
 
 
+def _replace_atomically(path: Path, mode: str, write: Callable[[IO[Any]], object]) -> None:
+    """Write `path` through `path.tmp`: `write(file)`, fsync, rename; on failure remove it."""
+    import os
+
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open(mode) as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: give its space back, leave nothing half-written
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON to `path` through a temporary file, fsync and rename, then fsync the folder.
 
@@ -90,16 +107,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     import json
     import os
 
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with tmp.open("w") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk: give its space back, leave nothing half-written
-        tmp.unlink(missing_ok=True)
-        raise
+    _replace_atomically(path, "w", lambda fh: json.dump(data, fh, indent=1, sort_keys=True))
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -129,15 +137,4 @@ def save_array_atomic(path: Path, array: npt.NDArray[Any]) -> None:
         OSError: If the write fails; `path` keeps its previous content and no temporary file
             is left.
     """
-    import os
-
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with tmp.open("wb") as fh:
-            np.save(fh, array)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk: give its space back, leave nothing half-written
-        tmp.unlink(missing_ok=True)
-        raise
+    _replace_atomically(path, "wb", lambda fh: np.save(fh, array))
