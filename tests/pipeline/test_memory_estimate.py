@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from frugal.config import ConfigError
-from frugal.launch import MemoryWarning
-from frugal.pipeline.job import RANK_BASELINE_BYTES, check_resources, check_training
+from frugal.launch import MemoryWarning, check_job
+from frugal.pipeline.job import RANK_BASELINE_BYTES, check_training
 from frugal.pipeline.models import TinyGPT, TinyGPTConfig
 from frugal.pipeline.train import PipelineTrainConfig
 from frugal.pipeline.zoo import model_num_params
@@ -62,9 +62,9 @@ def test_a_job_over_the_machines_memory_is_refused_and_its_fix_accepted(
     job = check_training(config)
     assert job.memory.total_bytes > total
     with pytest.raises(ConfigError, match=r"--set buffer_backend=store\), use fewer"):
-        check_resources(job, force=False)
+        check_job(job.world_size, job.memory, force=False)
     with pytest.warns(MemoryWarning):
-        check_resources(job, force=True)  # forced: it would start
+        check_job(job.world_size, job.memory, force=True)  # forced: it would start
     fixed = check_training(replace(config, buffer_backend="store"))  # the suggested fix
     assert fixed.memory.total_bytes <= total
-    check_resources(fixed)
+    check_job(fixed.world_size, fixed.memory)

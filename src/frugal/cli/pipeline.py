@@ -207,12 +207,13 @@ def _train(args: argparse.Namespace, config: PipelineTrainConfig) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from frugal.pipeline.job import check_resources, check_training, run_training
+    from frugal.launch import check_job
+    from frugal.pipeline.job import check_training, run_training
 
     job = check_training(config, num_stages=args.stages)
     out = output_folder(args.out)
     refuse_earlier_output(out / "train.json", args)
-    check_resources(job, force=args.force)
+    check_job(job.world_size, job.memory, force=args.force)  # before the progress bar
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

@@ -25,6 +25,7 @@ __all__ = [
     "MemoryEstimate",
     "MemoryWarning",
     "OversubscriptionWarning",
+    "check_job",
     "check_memory",
     "check_process_count",
     "forced",
@@ -227,3 +228,21 @@ def check_memory(
             MemoryWarning,
             stacklevel=2,
         )
+
+
+def check_job(nproc: int, memory: MemoryEstimate | None, *, force: bool = False) -> None:
+    """Every guard for a job of `nproc` processes on this machine (and its memory estimate).
+
+    The launcher (`run_torchrun`) applies it; commands that print or write before launching
+    call it first, so a refused job leaves nothing behind.
+
+    Warns:
+        OversubscriptionWarning: If `nproc` is several times the usable cores.
+        MemoryWarning: If `memory` exceeds the memory free now.
+
+    Raises:
+        ConfigError: If a guard refuses the job and it is not forced.
+    """
+    check_process_count(nproc, force=force)
+    if memory is not None:
+        check_memory(memory, what=f"the {nproc}-process job", force=force)

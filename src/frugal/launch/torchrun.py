@@ -31,7 +31,7 @@ from pathlib import Path
 
 from frugal._libc import die_with_parent
 from frugal.disk import free_bytes, human_bytes, is_disk_full
-from frugal.launch.guards import MemoryEstimate, check_memory, check_process_count
+from frugal.launch.guards import MemoryEstimate, check_job
 from frugal.launch.process import (
     EXCEPTION_LINE,
     free_port,
@@ -43,7 +43,6 @@ __all__ = [
     "LaunchResult",
     "RankFailure",
     "TorchrunJob",
-    "check_resources",
     "run_torchrun",
     "torchrun_command",
 ]
@@ -288,24 +287,6 @@ def _failures(launcher_output: str, rank_output: dict[int, str]) -> tuple[RankFa
     return tuple(unique.values())
 
 
-def check_resources(job: TorchrunJob) -> None:
-    """Apply the resource guards `run_torchrun` applies first (process count, memory).
-
-    Callers that write files before launching call it earlier, so a refused job leaves
-    nothing behind.
-
-    Warns:
-        OversubscriptionWarning: If `job.nproc` is several times the usable cores.
-        MemoryWarning: If `job.memory_estimate` exceeds the memory free now.
-
-    Raises:
-        ConfigError: If a guard refuses the job and `job.force` is not set.
-    """
-    check_process_count(job.nproc, force=job.force)
-    if job.memory_estimate is not None:
-        check_memory(job.memory_estimate, what=f"the {job.nproc}-process job", force=job.force)
-
-
 def run_torchrun(
     job: TorchrunJob, *, on_line: Callable[[int, str], None] | None = None
 ) -> LaunchResult:
@@ -330,7 +311,7 @@ def run_torchrun(
             `check_memory`), and `job.force` is not set; nothing is started.
         OSError: If torchrun cannot be started.
     """
-    check_resources(job)
+    check_job(job.nproc, job.memory_estimate, force=job.force)
     log_dir = (
         job.log_dir if job.log_dir is not None else Path(tempfile.mkdtemp(prefix="frugal-run-"))
     )

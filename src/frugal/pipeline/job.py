@@ -29,7 +29,6 @@ __all__ = [
     "RANK_BASELINE_BYTES",
     "TrainingJob",
     "TrainingSummary",
-    "check_resources",
     "check_training",
     "load_plan",
     "memory_estimate",
@@ -162,24 +161,6 @@ def check_training(config: PipelineTrainConfig, *, num_stages: int | None = None
         build_model(config)
     memory = memory_estimate(config, layout, world_size)
     return TrainingJob(config=config, layout=layout, world_size=world_size, memory=memory)
-
-
-def check_resources(job: TrainingJob, *, force: bool = False) -> None:
-    """The launch's resource guards for `job` (process count, `job.memory`), before starting.
-
-    `run_training` applies them too; a caller with a progress display checks first.
-
-    Warns:
-        OversubscriptionWarning: If the job starts several processes per usable core.
-        MemoryWarning: If `job.memory` exceeds the memory free now.
-
-    Raises:
-        ConfigError: If a guard refuses the job and `force` is False.
-    """
-    from frugal.launch import check_memory, check_process_count
-
-    check_process_count(job.world_size, force=force)
-    check_memory(job.memory, what=f"the {job.world_size}-process job", force=force)
 
 
 RANK_BASELINE_BYTES = 410 << 20

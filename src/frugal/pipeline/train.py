@@ -36,7 +36,7 @@ from frugal.comm.collectives import COLLECTIVES, bottleneck_link
 from frugal.comm.gradcomp import DP_METHODS
 from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
 from frugal.config import ConfigError, check_types, config_from_dict, config_to_dict
-from frugal.launch import MemoryEstimate, TorchrunJob, check_resources, run_torchrun
+from frugal.launch import MemoryEstimate, TorchrunJob, check_job, run_torchrun
 from frugal.parallel.codec import CodecSpec
 from frugal.parallel.schedule import SCHEDULES, build_schedule
 from frugal.pipeline.buffers import BUFFER_BACKENDS, BufferSet
@@ -894,7 +894,7 @@ def launch_torchrun(
         memory_estimate=memory_estimate,
         force=force,
     )
-    check_resources(launch)  # a refused job writes nothing
+    check_job(nproc, memory_estimate, force=force)  # a refused job writes nothing
     out_dir.mkdir(parents=True, exist_ok=True)
     job.write_text(
         json.dumps({"config": config_to_dict(config), "runs": [asdict(r) for r in runs]})

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from frugal.config import ConfigError, config_to_dict
-from frugal.launch import MemoryEstimate, TorchrunJob, run_torchrun
-from frugal.launch import check_resources as check_launch
+from frugal.launch import MemoryEstimate, TorchrunJob, check_job, run_torchrun
 from frugal.recsys.config import RecsysTrainConfig
 from frugal.recsys.datasets import load_recsys_data
 from frugal.recsys.errors import RecsysError
@@ -21,7 +20,6 @@ from frugal.store.rows import RowSpec
 
 __all__ = [
     "TRAINER_BASELINE_BYTES",
-    "check_resources",
     "launch_runs",
     "launch_training",
     "memory_estimate",
@@ -73,24 +71,6 @@ def _check_features(config: RecsysTrainConfig) -> None:
             f"features={list(config.features)} do not match {config.data.dataset}'s features "
             f"{list(train.keys)}; fix the config's features list"
         )
-
-
-def check_resources(config: RecsysTrainConfig, *, force: bool = False) -> None:
-    """The launch's resource guards for `config` (process count, `memory_estimate`).
-
-    `launch_training` applies them too; the command line checks first, before it prints.
-
-    Warns:
-        OversubscriptionWarning: If the job starts several processes per usable core.
-        MemoryWarning: If its estimate exceeds the memory free now.
-
-    Raises:
-        ConfigError: If a guard refuses the job and `force` is False.
-    """
-    from frugal.launch import check_memory, check_process_count
-
-    check_process_count(config.nproc, force=force)
-    check_memory(memory_estimate(config), what=f"the {config.nproc}-process job", force=force)
 
 
 def launch_training(
@@ -159,7 +139,7 @@ def launch_runs(
         memory_estimate=max(estimates, key=lambda estimate: estimate.total_bytes),
         force=force,
     )
-    check_launch(launch)  # a refused job writes nothing
+    check_job(launch.nproc, launch.memory_estimate, force=force)  # a refused job writes nothing
     job_dir.mkdir(parents=True, exist_ok=True)
     for _, out_dir in runs:
         out_dir.mkdir(parents=True, exist_ok=True)
