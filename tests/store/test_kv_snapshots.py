@@ -135,3 +135,27 @@ def test_an_atomic_write_that_fails_leaves_the_old_file_and_no_temporary(
         write(2)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no .tmp holds the space
+
+
+@pytest.mark.parametrize(("free", "named"), [(0, True), (64 << 20, False)])
+def test_a_background_failure_names_a_full_disk_only_when_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, free: int, named: bool
+) -> None:
+    # LMDB reports a short write on a full disk as an I/O error: the free space says why.
+    import frugal.disk
+    from frugal.store.backends.memory import MemoryBackend
+    from frugal.store.cache import RowCache
+    from frugal.store.errors import StoreError
+
+    backend = MemoryBackend(tmp_path, 10, 2, None)  # it has a directory (its checkpoints)
+    cache = RowCache(
+        backend, num_rows=10, width=2, capacity=4, initializer=lambda ids: np.zeros((len(ids), 2)),
+        staleness_bound=0,
+    )  # fmt: skip
+    monkeypatch.setattr(frugal.disk, "free_bytes", lambda path: free)
+    cache.error = OSError("mdb_txn_commit: Input/output error")
+    with pytest.raises(StoreError) as info, cache.cond:
+        cache._check()
+    message = str(info.value)
+    assert "mdb_txn_commit: Input/output error" in message
+    assert (f"the disk holding {tmp_path} is full (0 B free)" in message) is named
