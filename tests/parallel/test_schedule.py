@@ -54,7 +54,7 @@ def test_a_registered_schedule_runs_everywhere_and_is_checked() -> None:
         with pytest.raises(ValueError, match="forward once, before its backward"):
             build_schedule("bad", 2, 0, 3)
         assert build_schedule("rev", 2, 1, 3)[:3] == [("F", 2), ("F", 1), ("F", 0)]
-        from frugal.pipeline.sim import simulate_step
+        from frugal.planner.sim import simulate_step
 
         # The pipeline's step simulator replays the registered order: 2 stages, f = 1, g = 2.
         step = simulate_step(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import math
 import threading
 
 import pytest
@@ -16,7 +14,6 @@ from frugal.comm.link import (
     link_table,
     transfer_time_s,
 )
-from frugal.pipeline.sim import simulate_step
 
 
 def test_bandwidth_from_rho_matches_the_brief() -> None:
@@ -86,48 +83,3 @@ def test_shaper_sleeps_until_release_then_sends_in_order() -> None:
         assert clock.sleeps == [1.0, 3.0]
     finally:
         shaper.close()
-
-
-def test_simulator_by_hand() -> None:
-    # 2 stages, 2 micro-batches, GPipe; F = 1 s, B = 2 s; 1,000-byte messages at 8 kbit/s
-    # (1 s each). Stage 0: F0 [0,1], F1 [1,2]; link 0->1: act0 [1,2], act1 [2,3].
-    # Stage 1: F0 [2,3], F1 [3,4], B0 [4,6], B1 [6,8]; grads back: g0 [6,7], g1 [8,9].
-    # Stage 0: B0 [7,9], B1 [9,11] -> step 11 s.
-    result = simulate_step(
-        schedule="gpipe",
-        num_microbatches=2,
-        forward_s=[1.0, 1.0],
-        backward_s=[2.0, 2.0],
-        activation_bytes=[[1_000, 1_000]],
-        gradient_bytes=[[1_000, 1_000]],
-        bandwidth_bits_per_s=8_000.0,
-    )
-    assert result.step_time_s == pytest.approx(11.0)
-    unshaped = simulate_step(
-        schedule="1f1b",
-        num_microbatches=4,
-        forward_s=[1.0] * 4,
-        backward_s=[2.0] * 4,
-        activation_bytes=[[1] * 4] * 3,
-        gradient_bytes=[[1] * 4] * 3,
-        bandwidth_bits_per_s=math.inf,
-    )
-    assert unshaped.step_time_s == pytest.approx((4 + 4 - 1) * 3.0)  # (m + p - 1)(F + B)
-
-
-def test_simulator_shares_cores_between_co_located_stages() -> None:
-    # 2 stages, m = 2, GPipe, F = 1 s, B = 2 s, free links. Two cores: s0 F0 [0,1], F1 [1,2];
-    # s1 F0 [1,2], F1 [2,3], B0 [3,5], B1 [5,7]; s0 B0 [5,7], B1 [7,9] -> 9 s. One core runs
-    # the 12 s of compute back to back (it is never idle) -> 12 s.
-    sim = functools.partial(
-        simulate_step, schedule="gpipe", num_microbatches=2, forward_s=[1.0, 1.0],
-        backward_s=[2.0, 2.0], activation_bytes=[[0, 0]], gradient_bytes=[[0, 0]],
-        bandwidth_bits_per_s=math.inf,
-    )  # fmt: skip
-    assert sim().step_time_s == pytest.approx(9.0)
-    assert sim(num_cores=1).step_time_s == pytest.approx(12.0)
-    assert sim(num_cores=2).step_time_s == pytest.approx(9.0)
-    # 1.25 cores: a quarter of the way from one core (12 s) to two (9 s).
-    assert sim(num_cores=1.25).step_time_s == pytest.approx(11.25)
-    with pytest.raises(ValueError, match=r"num_cores=0.5 must be >= 1"):
-        sim(num_cores=0.5)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from frugal.parallel.schedule import SCHEDULES, register_schedule
 from frugal.planner.iteration import WorkloadConfig, iteration_cost
 from frugal.planner.plan import PlannerConfig, build_plan
 from frugal.planner.scenarios import build_scenario
-from frugal.planner.sim import simulate_iteration, simulate_pipelines
+from frugal.planner.sim import simulate_iteration, simulate_pipelines, simulate_step
 from frugal.planner.topology import Device, Topology
 
 
@@ -131,3 +133,82 @@ def test_message_delay_overlaps_the_next_transfer_as_in_the_link_shaper(
         latency_holds_link=holds,
     )
     assert end.tolist() == pytest.approx([expected_s])
+
+
+def test_step_simulator_by_hand() -> None:
+    # 2 stages, 2 micro-batches, GPipe; F = 1 s, B = 2 s; 1,000-byte messages at 8 kbit/s
+    # (1 s each). Stage 0: F0 [0,1], F1 [1,2]; link 0->1: act0 [1,2], act1 [2,3].
+    # Stage 1: F0 [2,3], F1 [3,4], B0 [4,6], B1 [6,8]; grads back: g0 [6,7], g1 [8,9].
+    # Stage 0: B0 [7,9], B1 [9,11] -> step 11 s.
+    result = simulate_step(
+        schedule="gpipe",
+        num_microbatches=2,
+        forward_s=[1.0, 1.0],
+        backward_s=[2.0, 2.0],
+        activation_bytes=[[1_000, 1_000]],
+        gradient_bytes=[[1_000, 1_000]],
+        bandwidth_bits_per_s=8_000.0,
+    )
+    assert result.step_time_s == pytest.approx(11.0)
+    unshaped = simulate_step(
+        schedule="1f1b",
+        num_microbatches=4,
+        forward_s=[1.0] * 4,
+        backward_s=[2.0] * 4,
+        activation_bytes=[[1] * 4] * 3,
+        gradient_bytes=[[1] * 4] * 3,
+        bandwidth_bits_per_s=math.inf,
+    )
+    assert unshaped.step_time_s == pytest.approx((4 + 4 - 1) * 3.0)  # (m + p - 1)(F + B)
+
+
+def test_step_simulator_shares_cores_between_co_located_stages() -> None:
+    # 2 stages, m = 2, GPipe, F = 1 s, B = 2 s, free links. Two cores: s0 F0 [0,1], F1 [1,2];
+    # s1 F0 [1,2], F1 [2,3], B0 [3,5], B1 [5,7]; s0 B0 [5,7], B1 [7,9] -> 9 s. One core runs
+    # the 12 s of compute back to back (it is never idle) -> 12 s.
+    sim = functools.partial(
+        simulate_step, schedule="gpipe", num_microbatches=2, forward_s=[1.0, 1.0],
+        backward_s=[2.0, 2.0], activation_bytes=[[0, 0]], gradient_bytes=[[0, 0]],
+        bandwidth_bits_per_s=math.inf,
+    )  # fmt: skip
+    assert sim().step_time_s == pytest.approx(9.0)
+    assert sim(num_cores=1).step_time_s == pytest.approx(12.0)
+    assert sim(num_cores=2).step_time_s == pytest.approx(9.0)
+    # 1.25 cores: a quarter of the way from one core (12 s) to two (9 s).
+    assert sim(num_cores=1.25).step_time_s == pytest.approx(11.25)
+    with pytest.raises(ValueError, match=r"num_cores=0.5 must be >= 1"):
+        sim(num_cores=0.5)
+
+
+def test_step_simulator_adds_latency_and_the_optimizer_after_the_last_send() -> None:
+    # 2 stages, m = 1, GPipe, F = 1 s, B = 2 s, 1,000-byte messages at 8 kbit/s (1 s) landing
+    # 0.5 s later. s0 F0 [0,1]; act lands 2.5; s1 F0 [2.5,3.5], B0 [3.5,5.5]; grad lands 7;
+    # s0 B0 [7,9]. Optimizer: s0 steps at 9 for 1 s -> 10; s1 after its send landed (7) for
+    # 4 s -> 11. The busiest link transferred 1 s.
+    step = simulate_step(
+        schedule="gpipe", num_microbatches=1, forward_s=[1.0, 1.0], backward_s=[2.0, 2.0],
+        activation_bytes=[[1_000]], gradient_bytes=[[1_000]], bandwidth_bits_per_s=8_000.0,
+        latency_s=0.5, optimizer_s=[1.0, 4.0],
+    )  # fmt: skip
+    assert step.step_time_s == pytest.approx(11.0)
+    assert step.stage_busy_s == (3.0, 3.0)
+    assert step.link_busy_s == pytest.approx(1.0)
+
+
+def test_a_schedule_that_deadlocks_is_refused_by_name() -> None:
+    # Stage 0 waits for B0's gradient before it sends F1; stage 1 wants F1 first.
+    def crossed(num_stages: int, stage: int, m: int) -> list[tuple[str, int]]:
+        if stage == 0:
+            return [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
+        return [("F", 1), ("F", 0), ("B", 0), ("B", 1)]
+
+    register_schedule("crossed", crossed)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(ValueError, match=r"schedule 'crossed' deadlocks at"):
+            simulate_step(
+                schedule="crossed", num_microbatches=2, forward_s=[1.0, 1.0],
+                backward_s=[1.0, 1.0], activation_bytes=[[0, 0]], gradient_bytes=[[0, 0]],
+                bandwidth_bits_per_s=math.inf,
+            )  # fmt: skip
+    finally:
+        SCHEDULES.unregister("crossed")

@@ -25,7 +25,7 @@ Three parts, one results.json:
    round's steps after its first (max over ranks);
    `tokens_per_s_by_round` keeps each round's, and the summary's `speedup_range_by_link` the
    spread of the per-round speed-ups.
-3. Simulation: `frugal.pipeline.sim` replays the same schedule from each round's median
+3. Simulation: `frugal.planner.sim.simulate_step` replays the same schedule from each round's median
    per-stage forward/backward seconds, its link speed and the exact wire bytes
    (`simulated_tokens_per_s_by_round`); `simulated_tokens_per_s` is the median step over the
    rounds. The summary's `sim_speedup_free_codec_at_slowest` replays FP32's compute with
@@ -77,7 +77,6 @@ from frugal.bench.pipeline_llm import LLMBenchConfig, interleaved_runs, run_llm_
 from frugal.comm.link import RHO_POINTS
 from frugal.config import check_types
 from frugal.parallel.codec import CodecSpec, message_wire_bytes
-from frugal.pipeline.sim import simulate_step
 from frugal.pipeline.train import (
     LocalResult,
     PipelineTrainConfig,
@@ -89,6 +88,7 @@ from frugal.pipeline.train import (
     rho_label,
     train_local,
 )
+from frugal.planner.sim import simulate_step
 
 __all__ = [
     "PIPELINE_BENCH",

@@ -1,7 +1,8 @@
 """Pipeline schedules as per-stage action lists, one implementation for all their users.
 
-The runtime (`frugal.pipeline`) executes them; its step simulator (`frugal.pipeline.sim`) and
-the planner's (`frugal.planner.sim`) replay them.
+The runtime (`frugal.pipeline`) executes them; the one discrete-event simulator
+(`frugal.planner.sim`: `simulate_pipelines` for plans, `simulate_step` for the pipeline bench's
+measured runs) replays them.
 
 An action is ("F", j) or ("B", j): forward or backward of micro-batch j on that stage. The
 communication follows from it: F(j) on stage s > 0 receives j's activation from s - 1 and, on

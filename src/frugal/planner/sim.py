@@ -1,4 +1,8 @@
-"""A deterministic discrete-event simulator of pipeline x data-parallel training iterations.
+"""frugal's one deterministic discrete-event simulator of pipelined training.
+
+One event engine serves two callers: `simulate_iteration` / `simulate_pipelines` score a
+planner's pipeline x data-parallel placement, and `simulate_step` replays one pipeline whose
+ranks share a machine's cores (how `frugal pipeline bench` predicts its measured runs).
 
 The analytic `iteration` objective (`frugal.planner.iteration`) scores candidates inside the
 search; this simulator scores a final plan op by op. Each device runs its stage's operations in
@@ -28,6 +32,8 @@ References:
 from __future__ import annotations
 
 import heapq
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +43,13 @@ from frugal.parallel.schedule import build_schedule
 from frugal.planner.iteration import WorkloadConfig, accumulation_steps, stage_collective
 from frugal.planner.topology import Topology
 
-__all__ = ["SimResult", "simulate_iteration", "simulate_pipelines"]
+__all__ = [
+    "SimResult",
+    "SimulatedStep",
+    "simulate_iteration",
+    "simulate_pipelines",
+    "simulate_step",
+]
 
 
 _BITS_PER_BYTE = 8.0
@@ -100,6 +112,65 @@ def simulate_pipelines(
     Raises:
         ValueError: If shapes disagree, a time is negative, or a pipeline has no micro-batch.
     """
+    bwd_bytes = message_bytes if backward_message_bytes is None else backward_message_bytes
+    timeline = _simulate(
+        forward_s_JI,
+        backward_s_JI,
+        mesh_JI,
+        forward_bytes=lambda j, i, m: message_bytes,
+        backward_bytes=lambda j, i, m: bwd_bytes,
+        delay_s_NN=delay_s_NN,
+        bandwidth_bytes_per_s_NN=bandwidth_bytes_per_s_NN,
+        host_N=host_N,
+        nic_bytes_per_s_N=nic_bytes_per_s_N,
+        microbatches_J=microbatches_J,
+        schedule=schedule,
+        latency_holds_link=latency_holds_link,
+    )
+    return timeline.end, timeline.last_backward
+
+
+@dataclass(frozen=True, slots=True)
+class _Timeline:
+    """Raw outcome of one `_simulate` run (seconds from the step's start)."""
+
+    end: F64
+    """[j]: end of pipeline j's last backward."""
+    last_backward: F64
+    """[j, i]: end of stage i's last backward in pipeline j."""
+    last_op: F64
+    """[j, i]: end of stage i's last operation in pipeline j."""
+    landed: F64
+    """[j, i]: arrival of the last message stage i of pipeline j sent (0 if none)."""
+    link_busy_s: float
+    """Transfer seconds of the busiest directed link."""
+
+
+def _simulate(
+    forward_s_JI: F64,
+    backward_s_JI: F64,
+    mesh_JI: I64,
+    *,
+    forward_bytes: Callable[[int, int, int], float],
+    backward_bytes: Callable[[int, int, int], float],
+    delay_s_NN: F64,
+    bandwidth_bytes_per_s_NN: F64,
+    host_N: I64,
+    nic_bytes_per_s_N: F64,
+    microbatches_J: I64,
+    schedule: str,
+    latency_holds_link: bool,
+    cores_H: I64 | None = None,
+) -> _Timeline:
+    """The one event engine behind `simulate_pipelines` and `simulate_step`.
+
+    `forward_bytes(j, i, m)` is the wire size of micro-batch m's activation from stage i to
+    i + 1 of pipeline j, `backward_bytes(j, i, m)` of its gradient from i to i - 1. With
+    `cores_H`, host h runs at most `cores_H[h]` operations at once: an operation whose input
+    and device are ready waits for a free core, and a core that frees goes to the waiting
+    operation that was ready first (lowest pipeline, then stage, on ties): list scheduling.
+    Without it every device has its own processor.
+    """
     num_replicas, num_stages = mesh_JI.shape
     for label, array in (("forward_s_JI", forward_s_JI), ("backward_s_JI", backward_s_JI)):
         if array.shape != mesh_JI.shape:
@@ -108,7 +179,6 @@ def simulate_pipelines(
             raise ValueError(f"{label} must be finite and >= 0")
     if microbatches_J.shape != (num_replicas,) or (microbatches_J < 1).any():
         raise ValueError(f"microbatches_J={microbatches_J} must hold {num_replicas} counts >= 1")
-    bwd_bytes = message_bytes if backward_message_bytes is None else backward_message_bytes
     orders = [
         [
             [
@@ -125,16 +195,21 @@ def simulate_pipelines(
     arrived: dict[tuple[int, int, int, int], float] = {}
     fwd_done: dict[tuple[int, int, int], float] = {}
     link_free: dict[tuple[int, int], float] = {}
+    link_busy: dict[tuple[int, int], float] = {}
     nic_out_free: dict[int, float] = {}
     nic_in_free: dict[int, float] = {}
     last_bwd = np.zeros((num_replicas, num_stages))
+    last_op = np.zeros((num_replicas, num_stages))
+    landed = np.zeros((num_replicas, num_stages))
     end = np.zeros(num_replicas)
+    free_cores = None if cores_H is None else [int(c) for c in cores_H]
+    host_JI = host_N[mesh_JI]
     events: list[tuple[float, int, int, int, int, int, int]] = []
     sequence = 0
 
     def ready_time(j: int, i: int) -> float | None:
         """When the next op of (j, i) may start, or None while an input is missing."""
-        if position[j, i] >= len(orders[j][i]):
+        if position[j, i] >= len(orders[j][i]) or device_free[j, i] < 0:  # < 0: op running
             return None
         kind, m = orders[j][i][position[j, i]]
         if kind == _FWD:
@@ -147,46 +222,70 @@ def simulate_pipelines(
             t = fwd_done[(j, i, m)] if i == num_stages - 1 else arrived.get((j, i, _BWD, m))
         return None if t is None else max(t, float(device_free[j, i]))
 
-    def try_start(j: int, i: int) -> None:
+    def start(j: int, i: int, at: float) -> None:
         nonlocal sequence
-        start = ready_time(j, i)
-        if start is None or device_free[j, i] < 0:  # < 0: an op is running
-            return
         kind, m = orders[j][i][position[j, i]]
         duration = forward_s_JI[j, i] if kind == _FWD else backward_s_JI[j, i]
         device_free[j, i] = -1.0
-        heapq.heappush(events, (start + duration, sequence, 0, j, i, kind, m))
+        if free_cores is not None:
+            free_cores[host_JI[j, i]] -= 1
+        heapq.heappush(events, (at + duration, sequence, 0, j, i, kind, m))
         sequence += 1
+
+    def dispatch(now: float) -> None:
+        """At time `now`, give each free core to the waiting op that was ready first."""
+        assert free_cores is not None
+        waiting = sorted(
+            (t, j, i)
+            for j in range(num_replicas)
+            for i in range(num_stages)
+            if free_cores[host_JI[j, i]] > 0 and (t := ready_time(j, i)) is not None
+        )
+        for t, j, i in waiting:
+            if free_cores[host_JI[j, i]] > 0:
+                start(j, i, max(t, now))
 
     def send(t: float, j: int, src_stage: int, dst_stage: int, kind: int, m: int) -> None:
         nonlocal sequence
         a, b = int(mesh_JI[j, src_stage]), int(mesh_JI[j, dst_stage])
-        size = message_bytes if kind == _FWD else bwd_bytes
+        size = (forward_bytes if kind == _FWD else backward_bytes)(j, src_stage, m)
         rate = float(bandwidth_bytes_per_s_NN[a, b])
         cross_host = host_N[a] != host_N[b]
-        start = max(t, link_free.get((a, b), 0.0))
+        begin = max(t, link_free.get((a, b), 0.0))
         if cross_host:
-            start = max(start, nic_out_free.get(int(host_N[a]), 0.0))
-            start = max(start, nic_in_free.get(int(host_N[b]), 0.0))
-        arrival = start + size / rate + float(delay_s_NN[a, b])
+            begin = max(begin, nic_out_free.get(int(host_N[a]), 0.0))
+            begin = max(begin, nic_in_free.get(int(host_N[b]), 0.0))
+        arrival = begin + size / rate + float(delay_s_NN[a, b])
         # The link is busy for the transfer; the delay is propagation, which the next message's
         # transfer overlaps (the link shaper's and tc netem's semantics), unless the transport
         # is stop-and-wait. Each NIC is busy only for its own share.
-        link_free[(a, b)] = arrival if latency_holds_link else start + size / rate
+        link_free[(a, b)] = arrival if latency_holds_link else begin + size / rate
+        link_busy[(a, b)] = link_busy.get((a, b), 0.0) + size / rate
         if cross_host:
             host_a, host_b = int(host_N[a]), int(host_N[b])
-            nic_out_free[host_a] = start + size / float(nic_bytes_per_s_N[a])
-            nic_in_free[host_b] = start + size / float(nic_bytes_per_s_N[b])
+            nic_out_free[host_a] = begin + size / float(nic_bytes_per_s_N[a])
+            nic_in_free[host_b] = begin + size / float(nic_bytes_per_s_N[b])
+        landed[j, src_stage] = max(landed[j, src_stage], arrival)
         heapq.heappush(events, (arrival, sequence, 1, j, dst_stage, kind, m))
         sequence += 1
 
-    for j in range(num_replicas):
-        try_start(j, 0)
+    def try_start(j: int, i: int) -> None:
+        if free_cores is None and (at := ready_time(j, i)) is not None:
+            start(j, i, at)
+
+    if free_cores is None:
+        for j in range(num_replicas):
+            try_start(j, 0)
+    else:
+        dispatch(0.0)
     while events:
         t, _, event, j, i, kind, m = heapq.heappop(events)
         if event == 0:  # an op finished on (j, i)
             device_free[j, i] = t
+            last_op[j, i] = t
             position[j, i] += 1
+            if free_cores is not None:
+                free_cores[host_JI[j, i]] += 1
             if kind == _FWD:
                 fwd_done[(j, i, m)] = t
                 if i + 1 < num_stages:
@@ -196,17 +295,22 @@ def simulate_pipelines(
                 end[j] = max(end[j], t)
                 if i > 0:
                     send(t, j, i, i - 1, _BWD, m)
-            try_start(j, i)
         else:  # a message arrived at (j, i)
             arrived[(j, i, kind, m)] = t
+        if free_cores is None:
             try_start(j, i)
+        elif not events or events[0][0] > t:  # every event at t is in: hand out the cores
+            dispatch(t)
     unfinished = [
         (j, i) for j in range(num_replicas) for i in range(num_stages)
         if position[j, i] < len(orders[j][i])
     ]  # fmt: skip
-    if unfinished:  # pragma: no cover - the schedules above are deadlock-free
-        raise RuntimeError(f"simulation deadlocked at (pipeline, stage) {unfinished[:4]}")
-    return end, last_bwd
+    if unfinished:
+        raise ValueError(
+            f"schedule {schedule!r} deadlocks at (pipeline, stage) {unfinished[:4]}: an action "
+            "waits for a message its schedule never sends; fix the registered schedule"
+        )
+    return _Timeline(end, last_bwd, last_op, landed, max(link_busy.values(), default=0.0))
 
 
 def simulate_iteration(
@@ -283,4 +387,111 @@ def simulate_iteration(
         dp_exposed_s=total - float(pipeline_J.max()),
         busy_fraction=tuple(float(x) for x in (busy / pipeline_J.max()).mean(axis=0)),
         collective=tuple(choices),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedStep:
+    """Outcome of one simulated pipeline step (`simulate_step`)."""
+
+    step_time_s: float
+    """From the first action to the last completion or arrival (optimizer steps included)."""
+    stage_busy_s: tuple[float, ...]
+    """Compute seconds of each stage."""
+    link_busy_s: float
+    """Seconds the busiest directed link transferred."""
+
+
+def simulate_step(
+    *,
+    schedule: str,
+    num_microbatches: int,
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    activation_bytes: Sequence[Sequence[int]],
+    gradient_bytes: Sequence[Sequence[int]],
+    bandwidth_bits_per_s: float,
+    latency_s: float = 0.0,
+    optimizer_s: Sequence[float] | None = None,
+    num_cores: float | None = None,
+) -> SimulatedStep:
+    """Simulate one step of one p-stage pipeline whose ranks may share a machine's cores.
+
+    The same event engine as `simulate_pipelines` (one pipeline, one host): a stage runs its
+    actions in schedule order, F(j) waits for j's activation and B(j) for its gradient, every
+    action for a free core (list scheduling); a send holds its directed link for 8 L / B
+    seconds and lands `latency_s` later; compute overlaps sends. The step ends when the last
+    action finished and the last message landed, plus each stage's optimizer step after its
+    last action and its last send. A fractional core count c (ranks time-sharing a machine
+    whose other jobs hold part of it) is the linear interpolation between floor(c) and
+    ceil(c) cores. This is how `frugal pipeline bench` replays its measured runs.
+
+    Args:
+        schedule: A registered schedule: "gpipe" or "1f1b".
+        num_microbatches: m.
+        forward_s: Per stage, seconds of one micro-batch's forward (p entries).
+        backward_s: Per stage, seconds of one micro-batch's backward.
+        activation_bytes: `[s][j]`: wire bytes of micro-batch j's activation from s to s + 1
+            (p - 1 rows).
+        gradient_bytes: `[s][j]`: wire bytes of j's gradient from s + 1 back to s.
+        bandwidth_bits_per_s: Every link's bandwidth (inf = instantaneous).
+        latency_s: Every link's one-way latency.
+        optimizer_s: Per stage, seconds of the optimizer step after the stage's last action
+            and its last send (None = 0).
+        num_cores: Processors shared by all stages (co-located ranks), >= 1; None = one per
+            stage.
+
+    Returns:
+        The step time and busy times.
+
+    Raises:
+        ValueError: If the lengths disagree, num_cores < 1, or the schedule deadlocks.
+
+    References:
+        Fine-tuning Language Models over Slow Networks using Activation Compression with
+        Guarantees, NeurIPS 2022, arXiv 2206.01299 (the pipelined setting it speeds up).
+    """
+    p = len(forward_s)
+    if len(backward_s) != p or len(activation_bytes) != p - 1 or len(gradient_bytes) != p - 1:
+        raise ValueError(
+            f"{p} stages need {p} backward times and {p - 1} rows of activation and gradient bytes"
+        )
+    if num_cores is not None and not num_cores >= 1:
+        raise ValueError(f"num_cores={num_cores} must be >= 1 (or None for one per stage)")
+
+    def run(cores: int) -> SimulatedStep:
+        timeline = _simulate(
+            np.array([forward_s], dtype=np.float64),
+            np.array([backward_s], dtype=np.float64),
+            np.arange(p, dtype=np.int64)[None, :],
+            forward_bytes=lambda j, i, m: activation_bytes[i][m],
+            backward_bytes=lambda j, i, m: gradient_bytes[i - 1][m],
+            delay_s_NN=np.full((p, p), latency_s),
+            bandwidth_bytes_per_s_NN=np.full((p, p), bandwidth_bits_per_s / _BITS_PER_BYTE),
+            host_N=np.zeros(p, dtype=np.int64),
+            nic_bytes_per_s_N=np.full(p, math.inf),
+            microbatches_J=np.array([num_microbatches], dtype=np.int64),
+            schedule=schedule,
+            latency_holds_link=False,
+            cores_H=np.array([cores], dtype=np.int64),
+        )
+        end = max(float(timeline.last_op.max()), float(timeline.landed.max()))
+        if optimizer_s is not None:
+            # A stage steps its optimizer once its sends have landed (the runtime waits on them).
+            sent = np.maximum(timeline.last_op[0], timeline.landed[0])
+            end = max(end, float((sent + np.asarray(optimizer_s, dtype=np.float64)).max()))
+        busy = tuple(num_microbatches * (forward_s[s] + backward_s[s]) for s in range(p))
+        return SimulatedStep(end, busy, timeline.link_busy_s)
+
+    if num_cores is None:
+        return run(p)
+    low = run(math.floor(num_cores))
+    weight = num_cores - math.floor(num_cores)
+    if weight == 0:
+        return low
+    high = run(math.ceil(num_cores))
+    return SimulatedStep(
+        (1 - weight) * low.step_time_s + weight * high.step_time_s,
+        low.stage_busy_s,
+        low.link_busy_s,
     )
