@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from frugal.cli.main import main
+from frugal.config import ConfigError
 from frugal.disk import (
     DiskFullError,
     check_free_space,
@@ -16,6 +17,7 @@ from frugal.disk import (
     free_bytes,
     human_bytes,
     is_disk_full,
+    make_folder,
     mentions_disk_full,
 )
 
@@ -114,3 +116,16 @@ def test_the_command_line_turns_a_full_disk_into_one_line(
     assert err.endswith(".tmp]")  # the temporary file it was writing, removed again
     assert list(tmp_path.iterdir()) == []
     assert "Traceback" not in err
+
+
+def test_make_folder_creates_parents_and_names_a_file_in_the_way(tmp_path: Path) -> None:
+    made = make_folder(tmp_path / "a" / "b", what="--out")
+    assert made.is_dir() and made == tmp_path / "a" / "b"
+    assert make_folder(made, what="--out") == made  # an existing folder is fine
+    afile = tmp_path / "f"
+    afile.write_text("keep")
+    with pytest.raises(ConfigError, match=r"^--out .*f is a file; give a folder"):
+        make_folder(afile, what="--out", error=ConfigError)
+    with pytest.raises(ValueError, match=r"^x .*/sub: cannot create the folder \(Not a dir"):
+        make_folder(afile / "sub", what="x")
+    assert afile.read_text() == "keep"

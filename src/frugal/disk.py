@@ -28,6 +28,7 @@ __all__ = [
     "guard_write",
     "human_bytes",
     "is_disk_full",
+    "make_folder",
     "mentions_disk_full",
 ]
 
@@ -82,6 +83,31 @@ def mentions_disk_full(text: str) -> bool:
     and numpy's short-write messages.
     """
     return _DISK_FULL_TEXT.search(text) is not None
+
+
+def make_folder(path: Path, *, what: str, error: type[ValueError] = ValueError) -> Path:
+    """Create the folder `path` (with its parents) or say in one line why it cannot be.
+
+    Args:
+        path: The folder; an existing folder is fine.
+        what: How the error names the path, e.g. "--out" or "the store folder".
+        error: The error class raised (a `ConfigError` for a command's flag).
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: (`error`) If `path` is an existing file or the folder cannot be created.
+    """
+    if path.exists() and not path.is_dir():
+        raise error(f"{what} {path} is a file; give a folder (it is created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise error(
+            f"{what} {path}: cannot create the folder ({exc.strerror}); choose a writable path"
+        ) from exc
+    return path
 
 
 def free_bytes(path: Path) -> int:

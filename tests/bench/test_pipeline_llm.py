@@ -8,7 +8,7 @@ import pytest
 
 from frugal.bench.pipeline import PipelineBenchConfig
 from frugal.bench.pipeline_llm import LLMBenchConfig, run_llm_section
-from frugal.comm.message import CodecSpec, message_wire_bytes
+from frugal.parallel.codec import CodecSpec, message_wire_bytes
 
 
 def test_quick_preset_skips_the_llm_section_and_the_full_one_runs_smollm2() -> None:

@@ -61,3 +61,16 @@ def test_bad_bench_config() -> None:
         PlanBenchConfig(scenarios=("mars",))
     with pytest.raises(ValueError, match="methods is empty"):
         PlanBenchConfig(methods=())
+
+
+def test_every_compared_method_is_an_arm_of_a_registered_planner_method() -> None:
+    from typing import get_args
+
+    from frugal.bench.planner import _ARMS, Method
+    from frugal.planner.methods import method_names
+
+    assert set(_ARMS) == set(get_args(Method))
+    assert {arm.method for arm in _ARMS.values()} <= set(method_names())
+    # DeepSpeed's engine places as Megatron does; ours_grid is ours searching the shape too.
+    assert _ARMS["deepspeed_pp"].method == "megatron_default" and _ARMS["deepspeed_pp"].deepspeed
+    assert _ARMS["ours_grid"].method == "ours" and _ARMS["ours_grid"].search_shape

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from frugal.comm.codecs import ChannelQuantizeCodec, DeltaCodec
-from frugal.comm.message import (
+from frugal.comm.message import LinkCodec
+from frugal.parallel.codec import (
     HEADER_BYTES,
     KIND_ACTIVATION,
     KIND_GRADIENT,
     CodecSpec,
-    LinkCodec,
     message_wire_bytes,
 )
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from frugal.comm.buffers import MemmapBuffer
-from frugal.comm.message import BufferDriftError, CodecSpec
+from frugal.comm.message import BufferDriftError
+from frugal.parallel.codec import CodecSpec
 from frugal.parallel.schedule import build_schedule
 from frugal.pipeline.buffers import BufferSet, StoreBuffer
 from frugal.pipeline.models import TextWindows, TinyGPT, TinyGPTConfig, build_stages

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from frugal.comm.message import CodecSpec, message_wire_bytes
+from frugal.parallel.codec import CodecSpec, message_wire_bytes
 from frugal.pipeline.train import (
     PipelineTrainConfig,
     RunSpec,

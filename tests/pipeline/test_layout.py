@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from frugal.comm.message import CodecSpec
+from frugal.parallel.codec import CodecSpec
 from frugal.parallel.schedule import build_schedule
 from frugal.pipeline.models import split_layers
 from frugal.pipeline.train import PipelineTrainConfig, make_layout

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import pre_tokenizers
 
-from frugal.comm.message import CodecSpec
+from frugal.parallel.codec import CodecSpec
 from frugal.parallel.schedule import build_schedule
 from frugal.pipeline.gguf_loader import (
     GGUFFormatError,

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from frugal.comm.message import CodecSpec, message_wire_bytes
+from frugal.parallel.codec import CodecSpec, message_wire_bytes
 from frugal.parallel.schedule import build_schedule
 from frugal.pipeline.models import TextWindows, TinyGPT, TinyGPTConfig, build_stages
 from frugal.pipeline.runtime import (

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from frugal.cli.main import main
-from frugal.comm.message import CodecSpec
+from frugal.parallel.codec import CodecSpec
 from frugal.parallel.schedule import build_schedule
 from frugal.pipeline.llama import Llama, build_llama_stages
 from frugal.pipeline.models import TextWindows

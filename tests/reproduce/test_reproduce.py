@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -148,12 +150,10 @@ def test_verdict_table_has_one_row_per_verdict_and_names_the_baseline() -> None:
 def test_a_resumed_part_whose_summary_lacks_a_field_fails_instead_of_not_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def never(mode: str, out: Path, progress: Any) -> BenchResult[Any]:
+    def never(part: Any, mode: str, out: Path, progress: Any) -> BenchResult[Any]:
         raise AssertionError("a finished part is read back, not run again")
 
-    monkeypatch.setitem(
-        parts_module._PARTS, "store", replace(parts_module._PARTS["store"], run=never)
-    )
+    monkeypatch.setattr(parts_module.Part, "run", never)
     folder = tmp_path / "parts" / "store"
     rows = [_store_row("frugal", 0.10, 4, 900.0), _store_row("rocksdb_offload", 0.10, 0, 200.0)]
     config = ReproduceConfig(mode="smoke", only=("store",))
@@ -176,6 +176,21 @@ def test_a_resumed_part_whose_summary_lacks_a_field_fails_instead_of_not_measure
     assert report["summary"]["parts_failed"] == ["store"]
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class _ScriptedPart(parts_module.Part):
+    """A part whose run is a test's function instead of its bench."""
+
+    script: Callable[[str, Path, Any], Any]
+
+    def run(self, mode: Any, out: Path, progress: Any) -> Any:
+        return self.script(mode, out, progress)
+
+
+def _scripted(part: parts_module.Part, script: Callable[[str, Path, Any], Any]) -> _ScriptedPart:
+    fields = {f.name: getattr(part, f.name) for f in dataclasses.fields(parts_module.Part)}
+    return _ScriptedPart(**fields, script=script)
+
+
 @pytest.mark.slow
 def test_a_failing_part_is_reported_and_the_others_still_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -184,7 +199,7 @@ def test_a_failing_part_is_reported_and_the_others_still_run(
         raise FrugalError("disk on fire")
 
     monkeypatch.setitem(
-        parts_module._PARTS, "store", replace(parts_module._PARTS["store"], run=broken)
+        parts_module._PARTS, "store", _scripted(parts_module._PARTS["store"], broken)
     )
     config = ReproduceConfig(mode="smoke", only=("store", "planner"))
     document, outcomes = run_reproduce(config, tmp_path, show_progress=False)
@@ -207,7 +222,7 @@ def test_a_failing_part_is_reported_and_the_others_still_run(
 
     for name in ("store", "planner"):
         monkeypatch.setitem(
-            parts_module._PARTS, name, replace(parts_module._PARTS[name], run=record(name))
+            parts_module._PARTS, name, _scripted(parts_module._PARTS[name], record(name))
         )
     document2, outcomes2 = run_reproduce(config, tmp_path, show_progress=False)
     assert calls == ["store"]  # planner came back from its results.json

@@ -298,8 +298,11 @@ def test_create_names_impossible_sizes_paths_and_config_types(tmp_path: Path) ->
         EmbeddingStore.create(tmp_path / "s", num_rows=2**62, spec=SPEC)
     afile = tmp_path / "afile"
     afile.write_text("keep")
-    with pytest.raises(ValueError, match=r"cannot create the store folder .*; choose a writable"):
+    with pytest.raises(ValueError, match=r"store folder .*: cannot create the folder"):
         EmbeddingStore.create(afile / "s", num_rows=10, spec=SPEC)
+    with pytest.raises(ValueError, match=r"the store folder .*afile is a file; give a folder"):
+        EmbeddingStore.create(afile, num_rows=10, spec=SPEC)
+    assert afile.read_text() == "keep"
     with pytest.raises(TypeError, match=r"config must be an EmbeddingStore.Config, got dict"):
         EmbeddingStore.create(
             tmp_path / "t",

@@ -71,6 +71,34 @@ Method = Literal[
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class _Arm:
+    """One compared system: a registered planner method and how the bench runs it."""
+
+    method: str
+    """The registered planner method (`frugal.planner.methods`) that places the devices."""
+    search_shape: bool = False
+    """The method also chooses D_pp x D_dp (num_stages = num_replicas = 0)."""
+    deepspeed: bool = False
+    """DeepSpeed's pipeline engine: uniform layers, priced by its 1F1B simulation."""
+    every_random_seed: bool = False
+    """One row per `random_seeds` entry instead of one at `seed`."""
+    ablation: bool = False
+    """Runs in `ablation_scenarios` only."""
+
+
+_ARMS: dict[Method, _Arm] = {
+    "ours": _Arm(method="ours"),
+    "swap": _Arm(method="swap", ablation=True),
+    "ours_grid": _Arm(method="ours", search_shape=True, ablation=True),
+    "megatron_default": _Arm(method="megatron_default"),
+    "megatron_random": _Arm(method="megatron_random", every_random_seed=True),
+    "deepspeed_pp": _Arm(method="megatron_default", deepspeed=True),
+    "random": _Arm(method="random"),
+    "dtfm_ga": _Arm(method="dtfm_ga", ablation=True),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PlanBenchConfig(BenchConfig):
     """What `frugal plan bench` runs; `quick()` is the small preset."""
 
@@ -236,36 +264,26 @@ def run_plan_bench(
                 base = PlannerConfig(num_stages=8, num_replicas=8, workload=workload,
                                      budget=config.budget, seed=config.seed)  # fmt: skip
                 for method in config.methods:
-                    if (
-                        method in ("swap", "ours_grid", "dtfm_ga")
-                        and scenario not in config.ablation_scenarios
-                    ):
+                    arm = _ARMS[method]
+                    if arm.ablation and scenario not in config.ablation_scenarios:
                         continue
-                    seeds = config.random_seeds if method == "megatron_random" else (config.seed,)
+                    seeds = config.random_seeds if arm.every_random_seed else (config.seed,)
                     for seed in seeds:
                         start = time.perf_counter()
-                        # DeepSpeed's pipeline engine: Megatron's layout, 1F1B, uniform layers.
-                        plan_config = replace(base, seed=seed)
-                        if method == "deepspeed_pp":
-                            plan_config = replace(plan_config, method="megatron_default")
-                        elif method == "ours_grid":
-                            plan_config = replace(plan_config, method="ours", num_stages=0,
-                                                  num_replicas=0)  # fmt: skip
-                        else:
-                            plan_config = replace(plan_config, method=method)
+                        plan_config = replace(base, seed=seed, method=arm.method)
+                        if arm.search_shape:
+                            plan_config = replace(plan_config, num_stages=0, num_replicas=0)
                         plan = build_plan(topology, plan_config)
                         search_s = time.perf_counter() - start
                         mesh = np.array(plan.mesh, dtype=np.int64)
                         layers_per_stage = plan.num_layers_per_stage
-                        if method == "deepspeed_pp":
+                        if arm.deepspeed:
                             layers_per_stage = split_layers(layers, plan.num_stages)
                         sim_gpipe = simulate_iteration(topology, mesh, layers_per_stage, workload,
                                                        schedule="gpipe")  # fmt: skip
                         sim_1f1b = simulate_iteration(topology, mesh, layers_per_stage, workload,
                                                       schedule="1f1b")  # fmt: skip
-                        predicted = (
-                            sim_1f1b.total_s if method == "deepspeed_pp" else plan.predicted_cost_s
-                        )
+                        predicted = sim_1f1b.total_s if arm.deepspeed else plan.predicted_cost_s
                         paper = (
                             paper_cost(topology, np.ascontiguousarray(mesh.T)).total_s
                             if topology.is_symmetric()

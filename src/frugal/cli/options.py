@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from frugal.config import ConfigError, config_to_commented_toml, config_to_dict, load_config
+from frugal.disk import make_folder
 
 __all__ = [
     "Command",
@@ -207,15 +208,7 @@ def output_folder(value: str, flag: str = "--out") -> Path:
         ConfigError: If the path is an existing file, or the folder cannot be created or
             written.
     """
-    path = Path(value)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag} {path} is a file; give a folder (it is created if missing)")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(
-            f"{flag} {path}: cannot create the folder ({exc.strerror}); choose a writable path"
-        ) from exc
+    path = make_folder(Path(value), what=flag, error=ConfigError)
     try:
         with tempfile.TemporaryFile(dir=path):
             pass

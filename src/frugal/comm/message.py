@@ -1,6 +1,6 @@
 """Pipeline messages: a 128-byte header and a uint8 payload, sent as one buffer.
 
-A `CodecSpec` (`frugal.parallel.codec`, re-exported here) names what a pipeline link does in
+A `CodecSpec` (`frugal.parallel.codec`) names what a pipeline link does in
 each direction (`fp32`, `fp16`, `bf16`, `directq:fw2,bw4`, `aqsgd:fw2,bw4`); a `LinkCodec` is
 one side (sender or receiver) of one link in one direction. `LinkCodec.encode` returns the
 header and payload that travel; the exact bytes on the wire are `HEADER_BYTES + payload`,
@@ -38,28 +38,17 @@ from frugal.comm.codecs import (
     IdentityCodec,
     QuantizeCodec,
 )
-from frugal.parallel.codec import (
-    HEADER_BYTES,
-    KIND_ACTIVATION,
-    KIND_GRADIENT,
-    CodecSpec,
-    message_wire_bytes,
-)
-from frugal.parallel.codec import payload_bytes as codec_payload_bytes
+from frugal.parallel import codec as wire
+from frugal.parallel.codec import HEADER_BYTES, KIND_ACTIVATION, KIND_GRADIENT, CodecSpec
 
 __all__ = [
-    "HEADER_BYTES",
     "HEADER_WORDS",
-    "KIND_ACTIVATION",
-    "KIND_GRADIENT",
     "BufferDriftError",
-    "CodecSpec",
     "LinkCodec",
     "NonFiniteMessageError",
     "ProtocolError",
     "all_finite",
     "delta_codec_for",
-    "message_wire_bytes",
     "parse_header",
     "quantizer_for",
 ]
@@ -206,7 +195,7 @@ class LinkCodec:
         """
         num_new = self.delta.num_new(example_ids) if self.delta is not None else 0
         warmup = step < self.warmup_steps
-        return codec_payload_bytes(self.spec, self.kind, shape, num_new, warmup)
+        return wire.payload_bytes(self.spec, self.kind, shape, num_new, warmup)
 
     def encode(
         self, x: Tensor, example_ids: Tensor, step: int, mb: int, check_crc: bool = False

@@ -227,7 +227,7 @@ def _check_link(config: PipelineTrainConfig, layout: Layout) -> None:
     """Refuse a link on which one step's first messages cannot arrive within the timeout."""
     if not (config.bandwidth_mbps > 0 or config.latency_ms > 0):
         return
-    from frugal.comm.message import CodecSpec, message_wire_bytes
+    from frugal.parallel.codec import CodecSpec, message_wire_bytes
     from frugal.pipeline.zoo import boundary_shape
 
     shape = boundary_shape(config)

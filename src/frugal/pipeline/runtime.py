@@ -34,17 +34,14 @@ from frugal.comm.collectives import COLLECTIVES
 from frugal.comm.gradcomp import DP_METHODS, DPSyncError, GradientSync
 from frugal.comm.link import LinkError, LinkShaper, LinkSpec, SendHandle
 from frugal.comm.message import (
-    HEADER_BYTES,
-    KIND_ACTIVATION,
-    KIND_GRADIENT,
     BufferDriftError,
-    CodecSpec,
     LinkCodec,
     NonFiniteMessageError,
     ProtocolError,
     all_finite,
     parse_header,
 )
+from frugal.parallel.codec import HEADER_BYTES, KIND_ACTIVATION, KIND_GRADIENT, CodecSpec
 from frugal.parallel.schedule import Action
 from frugal.pipeline.models import PipelineStage
 

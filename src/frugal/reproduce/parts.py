@@ -78,40 +78,34 @@ class Part:
     """Title, venue and arXiv id of the published system."""
     published: str
     """The paper's headline claim, in its words."""
-    summary_type: Callable[[], type[Summary]]
-    """The bench's Summary class (imported when called): reads a finished part back."""
-    run: Callable[[Mode, Path, Progress], Result]
-    """Run the subsystem's bench with the mode's preset; write results.json into the folder."""
+    bench: str
+    """`module:NAME` of the subsystem's `Bench` (imported only when the part runs or is read)."""
+    extend: Callable[[Mode, Path, Progress, Result], Result] | None = None
+    """Work after the bench, folded into its results (the planner's validation runs)."""
     verdicts: Callable[[Result], list[Verdict]]
     figure: Callable[[Result, Path], None]
     estimate_s: Mapping[str, float]
     """Expected wall-clock per mode on 2 cores (for the ETA only)."""
 
+    def load_bench(self) -> Bench[Any, Summary]:
+        """The part's `Bench`, imported now."""
+        module, name = self.bench.split(":")
+        bench: Bench[Any, Summary] = getattr(importlib.import_module(module), name)
+        return bench
+
+    def summary_type(self) -> type[Summary]:
+        """The bench's Summary class: reads a finished part back."""
+        return self.load_bench().summary_type
+
+    def run(self, mode: Mode, out: Path, progress: Progress) -> Result:
+        """Run the bench with the mode's preset (then `extend`); write results.json in `out`."""
+        bench = self.load_bench()
+        result = bench.run(bench.preset(mode), out, progress=progress)
+        return result if self.extend is None else self.extend(mode, out, progress, result)
+
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def _summary_type(module: str, name: str) -> Callable[[], type[Summary]]:
-    """The Summary class `name` of `module`, imported only when a part is read back."""
-
-    def load() -> type[Summary]:
-        cls = getattr(importlib.import_module(module), name)
-        if not (isinstance(cls, type) and issubclass(cls, Summary)):
-            raise TypeError(f"{module}.{name} is not a Summary class")
-        return cls
-
-    return load
-
-
-def _bench_run(module: str, name: str) -> Callable[[Mode, Path, Progress], Result]:
-    """Runs the Bench `name` of `module` (imported when called) at the mode's preset."""
-
-    def run(mode: Mode, out: Path, progress: Progress) -> Result:
-        bench: Bench[Any, Summary] = getattr(importlib.import_module(module), name)
-        return bench.run(bench.preset(mode), out, progress=progress)
-
-    return run
 
 
 def _rows(result: Result) -> list[dict[str, Any]]:
@@ -262,10 +256,8 @@ def _store_figure(result: BenchResult[StoreSummary], path: Path) -> None:
 # planner (DT-FM scheduler)
 
 
-def _planner_run(mode: Mode, out: Path, progress: Progress) -> BenchResult[PlannerSummary]:
-    from frugal.bench.planner import PLAN_BENCH
-
-    result = PLAN_BENCH.run(PLAN_BENCH.preset(mode), out, progress=progress)
+def _planner_validation(mode: Mode, out: Path, progress: Progress, result: Result) -> Result:
+    """The plan bench's result with the emulated validation runs of its plans folded in."""
     if mode == "smoke":
         return result  # the emulated validation runs take minutes
     # Validation: the cost model's predictions against emulated pipeline runs of each plan.
@@ -278,6 +270,8 @@ def _planner_run(mode: Mode, out: Path, progress: Progress) -> BenchResult[Plann
         plan_validation.preset(mode), out / "validation", progress=progress
     )
     rows = result.rows + [{"validation": True} | row for row in validation.rows]
+    if not isinstance(result.summary, PlannerSummary):
+        raise TypeError(f"the plan bench returned a {type(result.summary).__name__}")
     summary = replace(
         result.summary,
         validation=validation.summary,
@@ -735,8 +729,7 @@ _PARTS: dict[str, Part] = {
             "Key-Value Storage (He et al., ICDE 2025, arXiv 2504.01506)"
         ),
         published="1.6-12.6x the throughput of offloading to a KV store, close to all-in-RAM",
-        summary_type=_summary_type("frugal.bench.store", "StoreSummary"),
-        run=_bench_run("frugal.bench.store", "STORE_BENCH"),
+        bench="frugal.bench.store:STORE_BENCH",
         verdicts=_store_verdicts,
         figure=_store_figure,
         estimate_s={"smoke": 20.0, "quick": 150.0, "full": 10800.0},
@@ -749,8 +742,7 @@ _PARTS: dict[str, Part] = {
             "(Huang et al., ICDE 2024, arXiv 2308.16385)"
         ),
         published="one protocol for every TGNN; effectiveness and efficiency side by side",
-        summary_type=_summary_type("frugal.bench.tgraph", "TgraphSummary"),
-        run=_bench_run("frugal.bench.tgraph", "TGRAPH_BENCH"),
+        bench="frugal.bench.tgraph:TGRAPH_BENCH",
         verdicts=_tgraph_verdicts,
         figure=_tgraph_figure,
         estimate_s={"smoke": 15.0, "quick": 60.0, "full": 7200.0},
@@ -763,8 +755,7 @@ _PARTS: dict[str, Part] = {
             "100 Trillion Parameters (Lian et al., KDD 2022, arXiv 2111.05897)"
         ),
         published="synchronous training's AUC at close to asynchronous training's speed",
-        summary_type=_summary_type("frugal.bench.recsys", "RecsysSummary"),
-        run=_bench_run("frugal.bench.recsys", "RECSYS_BENCH"),
+        bench="frugal.bench.recsys:RECSYS_BENCH",
         verdicts=_recsys_verdicts,
         figure=_recsys_figure,
         estimate_s={"smoke": 30.0, "quick": 90.0, "full": 7200.0},
@@ -777,8 +768,7 @@ _PARTS: dict[str, Part] = {
             "Guarantees (Wang et al., NeurIPS 2022, arXiv 2206.01299)"
         ),
         published="2-4 bit activation deltas keep FP32 quality; up to 4.3x faster on slow links",
-        summary_type=_summary_type("frugal.bench.pipeline", "PipelineSummary"),
-        run=_bench_run("frugal.bench.pipeline", "PIPELINE_BENCH"),
+        bench="frugal.bench.pipeline:PIPELINE_BENCH",
         verdicts=_pipeline_verdicts,
         figure=_pipeline_figure,
         estimate_s={"smoke": 30.0, "quick": 240.0, "full": 7200.0},
@@ -791,8 +781,8 @@ _PARTS: dict[str, Part] = {
             "(Yuan et al., NeurIPS 2022, arXiv 2206.01288)"
         ),
         published="up to 4.8x faster than Megatron/DeepSpeed-style placement across the world",
-        summary_type=_summary_type("frugal.bench.planner", "PlannerSummary"),
-        run=_planner_run,
+        bench="frugal.bench.planner:PLAN_BENCH",
+        extend=_planner_validation,
         verdicts=_planner_verdicts,
         figure=_planner_figure,
         estimate_s={"smoke": 10.0, "quick": 270.0, "full": 1800.0},

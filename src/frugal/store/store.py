@@ -31,6 +31,7 @@ import frugal
 from frugal._libc import physical_memory_bytes
 from frugal._typing import F32, I64
 from frugal.config import check_types, config_from_dict, config_to_dict
+from frugal.disk import make_folder
 from frugal.store.backends import BACKENDS, BackendArgs
 from frugal.store.backends.base import (
     StoreBackend,
@@ -405,15 +406,7 @@ class EmbeddingStore:
             raise TypeError(f"spec must be a RowSpec, got {type(spec).__name__}")
         if key_space not in ("dense", "hashed"):
             raise ValueError(f"key_space={key_space!r}; choose 'dense' or 'hashed'")
-        path = Path(directory)
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"{path} is a file; give a folder for the store")
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ValueError(
-                f"cannot create the store folder {path} ({exc.strerror}); choose a writable path"
-            ) from exc
+        path = make_folder(Path(directory), what="the store folder")
         if any(p.name != "LOCK" for p in path.iterdir()):
             raise ValueError(
                 f"{path} is not empty; create a store in a new folder, or EmbeddingStore.open it"
