@@ -112,3 +112,31 @@ def test_a_bad_plan_file_is_named_with_the_fix(
     assert "write a plan with `frugal plan --out FILE`" in err
     assert main(["pipeline", "train", "--codec", "aqsgd:fw2,bw4:col"]) == 2
     assert "optionally followed by :row" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+def test_your_hugging_face_model_fine_tunes_on_your_jsonl_from_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.pipeline.test_hf_loader import _nontrivial, write_hf_folder
+    from tests.pipeline.test_llama import TINY
+
+    folder = write_hf_folder(tmp_path / "my-model", _nontrivial(TINY))
+    corpus = tmp_path / "notes.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"the cat {i} sat"}) + "\n" for i in range(300)))
+    out = tmp_path / "run"
+    base = ["pipeline", "train", "--model", "hf", "--set", f"dataset={corpus}", "--set",
+            "hf.context=16", "--set", "num_train=64", "--stages", "2", "--steps", "4",
+            "--out", str(out)]  # fmt: skip
+    # Without the folder: one line that names the setting, before any launch.
+    assert main(base) == 2
+    assert "model='hf' needs hf.path" in capsys.readouterr().err
+    assert main([*base, "--set", f"hf.path={tmp_path / 'nothing'}"]) == 1  # a FrugalError
+    assert "no such model folder" in capsys.readouterr().err
+    assert main([*base, "--set", f"hf.path={folder}", "--codec", "aqsgd", "--fw-bits", "4",
+                 "--bw-bits", "8", "--set", "learning_rate=3e-3"]) == 0  # fmt: skip
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["codec"] == "aqsgd:fw4,bw8" and summary["world_size"] == 2
+    saved = json.loads((out / "train.json").read_text())
+    assert len(saved["losses"]) == 4 and saved["losses"][-1] < saved["losses"][0]
+    assert saved["summary"]["eval_loss"] < saved["summary"]["initial_eval_loss"]

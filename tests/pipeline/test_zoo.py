@@ -86,7 +86,7 @@ def _byte_mlp_spec(weights: Path) -> ModelSpec:
         build=build,
         build_stages=build_stages,
         load_windows=lambda config: byte_windows(config, CONTEXT),
-        train_config=lambda: PipelineTrainConfig(model="byte-mlp", num_stages=2, steps=3),
+        preset=lambda: {"model": "byte-mlp", "num_stages": 2, "steps": 3},
     )
 
 

@@ -119,11 +119,10 @@ class LLMBenchConfig:
         """
         from frugal.pipeline.zoo import MODELS
 
-        make_preset = MODELS.get(self.model).train_config
-        preset = make_preset() if make_preset is not None else PipelineTrainConfig()
+        make_preset = MODELS.get(self.model).preset
+        preset = make_preset() if make_preset is not None else {}
         return replace(
-            preset,
-            model=self.model,
+            PipelineTrainConfig(**(preset | {"model": self.model})),
             schedule=schedule,
             dataset=self.dataset,
             micro_batch_size=self.micro_batch_size,

@@ -165,7 +165,7 @@ def train_config(args: argparse.Namespace) -> PipelineTrainConfig:
     Raises:
         ConfigError: On an invalid setting or flags that contradict each other.
     """
-    from frugal.config import config_to_dict, load_config
+    from frugal.config import load_config
     from frugal.pipeline.train import PipelineTrainConfig
 
     flags = {
@@ -183,8 +183,8 @@ def train_config(args: argparse.Namespace) -> PipelineTrainConfig:
     if args.model is not None:
         from frugal.pipeline.zoo import MODELS
 
-        make_preset = MODELS.get(args.model).train_config
-        preset = config_to_dict(make_preset()) if make_preset is not None else None
+        make_preset = MODELS.get(args.model).preset
+        preset = make_preset() if make_preset is not None else None
     config = overlay_flags(
         load_config(PipelineTrainConfig, args.config, args.overrides, base=preset), flags
     )

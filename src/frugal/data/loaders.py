@@ -29,6 +29,7 @@ from frugal.data.errors import DatasetStatsError
 from frugal.data.events import TemporalEvents, factorize_nodes
 from frugal.data.records import DatasetInfo, DatasetStats, FileFormat, get_dataset_info
 from frugal.data.source import LocatedFile, locate_files, verify_files
+from frugal.data.text_files import is_text_file, read_text_documents
 
 __all__ = [
     "DataConfig",
@@ -425,18 +426,22 @@ def load_documents(dataset: str | DatasetInfo, config: DataConfig | None = None)
     """Load a text corpus as documents (pydoc topics sorted by name; fortune entries by file).
 
     Args:
-        dataset: A dataset id or its record.
+        dataset: A dataset id or its record, or the path of your own `.txt` or `.jsonl` file
+            (`frugal.data.text_files`: paragraphs, or one `{"text": ...}` per line).
         config: Cache and verification settings.
 
     Returns:
         The documents, in a fixed order.
 
     Raises:
-        ConfigError: If the name is unknown or the dataset is not text.
+        ConfigError: If the name is unknown, the dataset is not text, or your file cannot be
+            read as text documents.
         DatasetMissingError: If its package is not installed (an optional one names apt-get).
         DatasetChecksumError: If the files do not match the pinned SHA-256.
         DatasetStatsError: If the document or character count differs from the record.
     """
+    if isinstance(dataset, str) and is_text_file(dataset):
+        return read_text_documents(Path(dataset))
     info = _info(dataset)
     _require_loader(info, "documents")
 

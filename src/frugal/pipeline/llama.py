@@ -63,16 +63,19 @@ class LlamaConfig:
     """Longest sequence the RoPE tables cover, >= 1."""
     tie_embeddings: bool = True
     """The head reuses the token embedding matrix."""
+    attention_bias: bool = False
+    """q, k and v projections carry a bias (Qwen2's attention; Llama's has none)."""
 
     @property
     def num_params(self) -> int:
         """Parameters of the whole model (SmolLM2-135M: 134,515,008).
 
-        The embedding, the blocks (attention with K kv heads, SwiGLU MLP, two RMSNorms), the
-        final norm, and the head unless tied.
+        The embedding, the blocks (attention with K kv heads and the q/k/v biases if any,
+        SwiGLU MLP, two RMSNorms), the final norm, and the head unless tied.
         """
         h, kv = self.hidden, self.num_kv_heads * (self.hidden // self.num_heads)
         block = 2 * h * h + 2 * h * kv + 3 * h * self.intermediate + 2 * h
+        block += (h + 2 * kv) if self.attention_bias else 0
         head = 0 if self.tie_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_layers * block + h + head
 
@@ -149,9 +152,10 @@ class LlamaBlock(nn.Module):
             d,
         )
         self.attn_norm = RMSNorm(h, config.rms_norm_eps)
-        self.q_proj = nn.Linear(h, config.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(h, config.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=bias)
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
         self.mlp_norm = RMSNorm(h, config.rms_norm_eps)
         self.gate_proj = nn.Linear(h, config.intermediate, bias=False)
@@ -185,8 +189,8 @@ class Llama(nn.Module):
     """The whole (unpartitioned) decoder; `build_llama_stages` splits it.
 
     Parameter names: `tok.weight`, `blocks.{i}.{attn_norm,q_proj,k_proj,v_proj,o_proj,
-    mlp_norm,gate_proj,up_proj,down_proj}.weight`, `norm.weight`, and `head.weight` when the
-    embeddings are not tied.
+    mlp_norm,gate_proj,up_proj,down_proj}.weight` (and `blocks.{i}.{q,k,v}_proj.bias` with
+    `attention_bias`), `norm.weight`, and `head.weight` when the embeddings are not tied.
 
     Args:
         config: Model shape.
@@ -208,9 +212,11 @@ class Llama(nn.Module):
         if seed is not None:
             gen = torch.Generator().manual_seed(seed)
             with torch.no_grad():
-                for p in self.parameters():
+                for name, p in self.named_parameters():
                     if p.dim() >= 2:
                         p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+                    elif name.endswith("_proj.bias"):
+                        p.zero_()  # not nn.Linear's draw from the global generator
         self._rope: tuple[Tensor, Tensor] | None = None
 
     @classmethod

@@ -52,6 +52,7 @@ from frugal.pipeline.runtime import (
 )
 from frugal.pipeline.zoo import (
     MODELS,
+    HFModelConfig,
     SmolLMConfig,
     boundary_shape,
     build_model,
@@ -88,13 +89,18 @@ class PipelineTrainConfig:
 
     model: str = "tiny-gpt"
     """A name in `frugal.pipeline.zoo.MODELS` (tiny-gpt: byte-level GPT; smollm2-135m:
-    SmolLM2 from its bundled GGUF; or one added by `register_model`)."""
+    SmolLM2 from its bundled GGUF; hf: your Hugging Face folder, `hf.path`; or one added by
+    `register_model`)."""
     gpt: TinyGPTConfig = field(default_factory=TinyGPTConfig)
     """Shape of the tiny GPT."""
     smollm: SmolLMConfig = field(default_factory=SmolLMConfig)
     """SmolLM2-135M settings (context, embeddings, partition)."""
+    hf: HFModelConfig = field(default_factory=HFModelConfig)
+    """Settings of `model = "hf"`: your Hugging Face model folder (path), context,
+    embeddings, partition."""
     dataset: str = "pydoc_topics"
-    """Text corpus from frugal.data."""
+    """Text corpus: a bundled one from frugal.data, or the path of your own .txt (paragraphs)
+    or .jsonl (one {"text": ...} per line) file."""
     num_train: int = 512
     """Train windows (examples), >= micro_batch_size x num_microbatches."""
     num_eval: int = 64
@@ -170,13 +176,21 @@ class PipelineTrainConfig:
             if value < 1:
                 raise ValueError(f"{name}={value} must be >= 1")
         from frugal.data.records import DATASETS, get_dataset_info
+        from frugal.data.text_files import TEXT_FILE_SUFFIXES, is_text_file
 
         texts = ", ".join(d.name for d in DATASETS if d.kind == "text")
-        if self.dataset not in {d.name for d in DATASETS}:
+        if is_text_file(self.dataset):
+            if not Path(self.dataset).is_file():
+                raise ValueError(
+                    f"dataset={self.dataset!r}: no such file; give the path of your "
+                    f"{' or '.join(TEXT_FILE_SUFFIXES)} corpus, or one of: {texts}"
+                )
+        elif self.dataset not in {d.name for d in DATASETS}:
             raise ValueError(
-                f"unknown dataset {self.dataset!r}; the pipeline trains on one of: {texts}"
+                f"unknown dataset {self.dataset!r}; the pipeline trains on one of: {texts}, or "
+                f"your own {' or '.join(TEXT_FILE_SUFFIXES)} file"
             )
-        if get_dataset_info(self.dataset).kind != "text":
+        elif get_dataset_info(self.dataset).kind != "text":
             raise ValueError(
                 f"dataset={self.dataset!r} is not a text corpus; the pipeline trains a language "
                 f"model on one of: {texts}"

