@@ -17,8 +17,9 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from frugal.pipeline.gguf_loader import load_gguf_llama
-from frugal.pipeline.hf_loader import HFModelError, load_hf_llama, read_hf_config, read_hf_llama
+from frugal.pipeline.hf_loader import HFModelError, load_hf_model, read_hf_config, read_hf_model
 from frugal.pipeline.llama import Llama, LlamaConfig
+from frugal.pipeline.models import TinyGPT, TinyGPTConfig, build_stages
 from frugal.pipeline.zoo import HFModelConfig, build_model, default_layers, load_model_windows
 from tests.pipeline.test_llama import MERGES, SPECIAL, TINY, TOKENS, _write_gguf
 
@@ -128,7 +129,7 @@ def test_hf_folder_and_gguf_of_the_same_weights_give_the_same_model(tmp_path: Pa
     model = _nontrivial(TINY)
     hf = write_hf_folder(tmp_path / "hf", model)
     _write_gguf(tmp_path / "tiny.gguf", model, embd_q8=False)
-    from_hf, hf_tokenizer = load_hf_llama(hf)
+    from_hf, hf_tokenizer = load_hf_model(hf)
     from_gguf, gguf_tokenizer = load_gguf_llama(tmp_path / "tiny.gguf")
     assert from_hf.config == from_gguf.config == TINY
     for name, value in from_gguf.state_dict().items():
@@ -145,7 +146,7 @@ def test_hf_folder_and_gguf_of_the_same_weights_give_the_same_model(tmp_path: Pa
 def test_bf16_weights_and_shards_load_as_float32_of_the_stored_values(tmp_path: Path) -> None:
     model = _nontrivial(replace(TINY, tie_embeddings=False))
     folder = write_hf_folder(tmp_path / "hf", model, dtype=torch.bfloat16, shards=3)
-    loaded = read_hf_llama(folder)
+    loaded = read_hf_model(folder)
     assert len(list(folder.glob("*.safetensors"))) == 3
     assert not loaded.config.tie_embeddings and "head.weight" in loaded.state_dict
     assert set(loaded.stored_dtypes.values()) == {"torch.bfloat16"}
@@ -161,7 +162,7 @@ def test_qwen2_loads_its_qkv_biases_and_they_change_the_output(tmp_path: Path) -
     assert model.blocks[0].q_proj.bias is not None
     assert shape.num_params == sum(p.numel() for p in model.parameters())
     folder = write_hf_folder(tmp_path / "qwen", model, architecture="Qwen2ForCausalLM")
-    loaded, _ = load_hf_llama(folder)
+    loaded, _ = load_hf_model(folder)
     assert loaded.config == shape
     tokens = torch.tensor([[5, 9, 200, 7, 3, 1]])
     with torch.no_grad():
@@ -189,12 +190,12 @@ def _edit_config(folder: Path, **changes: Any) -> None:
 def test_bad_folders_get_errors_that_name_the_file_and_the_fix(tmp_path: Path) -> None:
     model = _nontrivial(TINY)
     with pytest.raises(HFModelError, match=r"no such model folder; give the folder save_pretr"):
-        read_hf_llama(tmp_path / "nothing")
+        read_hf_model(tmp_path / "nothing")
     folder = write_hf_folder(tmp_path / "hf", model)
     cases: list[tuple[dict[str, Any], str]] = [
         ({"architectures": ["GPTNeoXForCausalLM"]},
-         r"architectures=\['GPTNeoXForCausalLM'\] is not supported; supported: LlamaForCausalLM, "
-         r"Qwen2ForCausalLM"),
+         r"architectures=\['GPTNeoXForCausalLM'\] is not supported; supported: LlamaForCausalLM "
+         r"\(Llama 2/3.*; Qwen2ForCausalLM \(Qwen2/2.5\); GPT2LMHeadModel \(GPT-2"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, r"rope_scaling=.* not supp"),
         ({"hidden_act": "gelu"}, r"hidden_act='gelu'; only 'silu'"),
         ({"head_dim": 4}, r"head_dim=4 x num_attention_heads=4 != hidden_size=32"),
@@ -209,26 +210,26 @@ def test_bad_folders_get_errors_that_name_the_file_and_the_fix(tmp_path: Path) -
     for changes, message in cases:
         _edit_config(folder, **changes)
         with pytest.raises(HFModelError, match=message):
-            read_hf_llama(folder)
+            read_hf_model(folder)
         (folder / "config.json").write_text(original)
-    read_hf_llama(folder)  # restored: loads again
+    read_hf_model(folder)  # restored: loads again
     # The tokenizer of another, larger model.
     big = write_hf_folder(tmp_path / "big", _nontrivial(replace(TINY, vocab_size=300)))
     (folder / "tokenizer.json").unlink()
     with pytest.raises(HFModelError, match=r"no tokenizer.json; save the fast tokenizer"):
-        read_hf_llama(folder)
+        read_hf_model(folder)
     _edit_config(big, vocab_size=300)
     small = write_hf_folder(tmp_path / "small", _nontrivial(replace(TINY, vocab_size=200)))
     (small / "tokenizer.json").write_bytes((big / "tokenizer.json").read_bytes())
     with pytest.raises(HFModelError, match=r"tokenizer has 264 tokens but .* vocab_size=200 rows"):
-        read_hf_llama(small)
+        read_hf_model(small)
     # Weights only as pytorch_model.bin, and a broken safetensors file.
     (small / "model.safetensors").rename(small / "pytorch_model.bin")
     with pytest.raises(HFModelError, match=r"no \*.safetensors weights \(found pytorch_model.bin"):
-        read_hf_llama(small)
+        read_hf_model(small)
     (small / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(HFModelError, match=r"model.safetensors: not a readable safetensors file"):
-        read_hf_llama(small)
+        read_hf_model(small)
     (small / "config.json").write_text("[1, 2]")
     with pytest.raises(HFModelError, match=r"config.json: holds a list, not a JSON object"):
         read_hf_config(small)
@@ -258,3 +259,111 @@ def test_the_hf_model_trains_on_your_own_jsonl_from_the_zoo(tmp_path: Path) -> N
         PipelineTrainConfig(model="hf", dataset=str(corpus))
     with pytest.raises(ValueError, match=r"context=100 exceeds the model's max_context=64"):
         build_model(replace(config, hf=HFModelConfig(path=str(folder), context=100)))
+
+
+GPT2 = TinyGPTConfig(
+    context=32, hidden=32, num_heads=4, num_layers=3, vocab_size=len(TOKENS),
+    activation="gelu_tanh", tie_embeddings=True, head_bias=False,
+)  # fmt: skip
+
+
+def write_gpt2_folder(folder: Path, model: TinyGPT, *, prefix: str = "transformer.") -> Path:
+    """`model` as a GPT-2 `save_pretrained` folder: Conv1D (in, out) weights, GPT-2 names."""
+    folder.mkdir(parents=True, exist_ok=True)
+    c = model.config
+    config = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": c.vocab_size,
+        "n_positions": c.context, "n_embd": c.hidden, "n_layer": c.num_layers,
+        "n_head": c.num_heads, "n_inner": None, "activation_function": "gelu_new",
+        "layer_norm_epsilon": c.layer_norm_eps, "tie_word_embeddings": c.tie_embeddings,
+    }  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    blocks = {"ln1": "ln_1", "qkv": "attn.c_attn", "proj": "attn.c_proj", "ln2": "ln_2",
+              "fc": "mlp.c_fc", "out": "mlp.c_proj"}  # fmt: skip
+    state: dict[str, torch.Tensor] = {}
+    for name, value in model.state_dict().items():
+        value = value.detach().clone()
+        if name == "tok.weight":
+            state[prefix + "wte.weight"] = value
+        elif name == "pos":
+            state[prefix + "wpe.weight"] = value
+        elif name.startswith("ln_f."):
+            state[prefix + name] = value
+        elif name.startswith("head."):
+            state["lm_head." + name.split(".")[1]] = value
+        else:
+            _, i, module, kind = name.split(".")
+            if kind == "weight" and module in ("qkv", "proj", "fc", "out"):
+                value = value.t()  # Conv1D keeps (in, out)
+            state[f"{prefix}h.{i}.{blocks[module]}.{kind}"] = value.contiguous()
+    state[prefix + "h.0.attn.bias"] = torch.tril(torch.ones(1, 1, c.context, c.context))
+    save_file(state, str(folder / "model.safetensors"))
+    _tokenizer_json(folder / "tokenizer.json")
+    return folder
+
+
+def _nontrivial_gpt(config: TinyGPTConfig) -> TinyGPT:
+    model = TinyGPT(config, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # non-zero biases, norms away from 1: a swap or missed transpose shows
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                base = 1.0 if ".ln" in name or name.startswith("ln_f") else 0.0
+                p.copy_(base + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name == "pos":
+                p.copy_(0.02 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+@pytest.mark.parametrize("prefix", ["transformer.", ""])
+def test_gpt2_folder_loads_into_tiny_gpt_with_transposed_conv1d_weights(
+    tmp_path: Path, prefix: str
+) -> None:
+    model = _nontrivial_gpt(GPT2)
+    folder = write_gpt2_folder(tmp_path / "gpt2", model, prefix=prefix)
+    loaded, tokenizer = load_hf_model(folder)
+    assert isinstance(loaded, TinyGPT) and loaded.config == GPT2 and loaded.head is None
+    assert GPT2.num_params == sum(p.numel() for p in loaded.parameters())
+    tokens = torch.tensor([tokenizer.encode("the cat 2024 the").ids])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+        # Stages of the tied model: the last one projects with the embedding, no head bias.
+        first, last = build_stages(loaded, (2, 1))
+        torch.testing.assert_close(last(first(tokens)), model(tokens), rtol=0, atol=0)
+        assert last.tok is loaded.tok and last.head is None
+
+
+def test_gpt2_settings_it_cannot_run_are_refused(tmp_path: Path) -> None:
+    folder = write_gpt2_folder(tmp_path / "gpt2", _nontrivial_gpt(GPT2))
+    for changes, message in [
+        ({"activation_function": "relu"}, r"activation_function='relu'; supported: gelu_new"),
+        ({"n_inner": 64}, r"n_inner=64 is not supported \(only 128\)"),
+        ({"scale_attn_by_inverse_layer_idx": True}, r"scale_attn_by_inverse_layer_idx=True"),
+        ({"n_layer": 2}, r"unexpected tensors \['h.2."),
+    ]:
+        original = (folder / "config.json").read_text()
+        _edit_config(folder, **changes)
+        with pytest.raises(HFModelError, match=message):
+            read_hf_model(folder)
+        (folder / "config.json").write_text(original)
+
+
+def test_a_gpt2_trains_on_shorter_windows_than_its_positions(tmp_path: Path) -> None:
+    from frugal.pipeline.train import PipelineTrainConfig, train_local
+
+    model = _nontrivial_gpt(GPT2)
+    folder = write_gpt2_folder(tmp_path / "gpt2", model)
+    corpus = tmp_path / "notes.txt"
+    corpus.write_text("\n\n".join(f"the cat {i} sat on the mat" for i in range(120)))
+    config = PipelineTrainConfig(
+        model="hf", hf=HFModelConfig(path=str(folder), context=12, embeddings="untied"),
+        dataset=str(corpus), num_stages=3, num_train=24, num_eval=8, micro_batch_size=2,
+        num_microbatches=4, steps=6, learning_rate=3e-3, codec="aqsgd:fw4,bw8",
+    )  # fmt: skip
+    built = build_model(config)
+    assert isinstance(built, TinyGPT) and built.config.context == 12 and built.head is not None
+    torch.testing.assert_close(built.pos, model.pos[:12], rtol=0, atol=0)
+    torch.testing.assert_close(built.head.weight, model.tok.weight, rtol=0, atol=0)
+    assert built.tok.weight.requires_grad  # untied: the embedding trains too
+    result = train_local(config)
+    assert len(result.losses) == 6 and result.losses[-1] < result.losses[0]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -54,10 +54,33 @@ class TinyGPTConfig:
     num_layers: int = 4
     """Transformer blocks, >= 1 (one stage needs at least one)."""
     vocab_size: int = 256
-    """Bytes."""
+    """V: 256 bytes (a pre-trained GPT-2 loaded by `frugal.pipeline.hf_loader`: its BPE)."""
+    activation: Literal["gelu", "gelu_tanh"] = "gelu"
+    """The MLP's GELU: exact, or the tanh approximation GPT-2 was trained with."""
+    layer_norm_eps: float = 1e-5
+    """LayerNorm epsilon, > 0."""
+    tie_embeddings: bool = False
+    """The head reuses the token embedding matrix (GPT-2's)."""
+    head_bias: bool = True
+    """The head adds a bias (GPT-2's tied head has none)."""
+
+    @property
+    def max_context(self) -> int:
+        """Longest sequence the learned positions cover (= context)."""
+        return self.context
+
+    @property
+    def num_params(self) -> int:
+        """Parameters of the whole model (embeddings, positions, blocks, final norm, head)."""
+        h = self.hidden
+        block = 3 * h * h + 3 * h + h * h + h + 8 * h * h + 5 * h + 4 * h  # attn, MLP, 2 norms
+        head = 0 if self.tie_embeddings else self.vocab_size * (h + int(self.head_bias))
+        return self.vocab_size * h + self.context * h + self.num_layers * block + 2 * h + head
 
     def __post_init__(self) -> None:
         check_types(self)
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"layer_norm_eps={self.layer_norm_eps} must be > 0")
         if self.context < 2 or self.num_layers < 1 or self.num_heads < 1:
             raise ValueError(
                 f"context={self.context} must be >= 2, num_layers={self.num_layers} and "
@@ -96,10 +119,11 @@ class _Block(nn.Module):
         super().__init__()
         h = config.hidden
         self.num_heads = config.num_heads
-        self.ln1 = nn.LayerNorm(h)
+        self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
+        self.ln1 = nn.LayerNorm(h, eps=config.layer_norm_eps)
         self.qkv = nn.Linear(h, 3 * h)
         self.proj = nn.Linear(h, h)
-        self.ln2 = nn.LayerNorm(h)
+        self.ln2 = nn.LayerNorm(h, eps=config.layer_norm_eps)
         self.fc = nn.Linear(h, 4 * h)
         self.out = nn.Linear(4 * h, h)
 
@@ -109,27 +133,39 @@ class _Block(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (M, heads, T, H / heads)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x_MTH = x_MTH + self.proj(att.transpose(1, 2).reshape(m, t, h))
-        out: Tensor = x_MTH + self.out(F.gelu(self.fc(self.ln2(x_MTH))))
+        mlp = F.gelu(self.fc(self.ln2(x_MTH)), approximate=self.approximate)
+        out: Tensor = x_MTH + self.out(mlp)
         return out
 
 
 class TinyGPT(nn.Module):
     """The whole (unpartitioned) model; `build_stages` splits it.
 
+    Parameter names: `tok.weight`, `pos`, `blocks.{i}.{ln1,qkv,proj,ln2,fc,out}.{weight,bias}`,
+    `ln_f.{weight,bias}`, and `head.weight` (+ `head.bias`) unless the embeddings are tied.
+
     Args:
         config: Model shape.
-        seed: Seed of the initial weights (every rank builds the same model).
+        seed: Seed of the initial weights (every rank builds the same model); None skips the
+            init (the weights are loaded next: see `load_weights`).
     """
 
-    def __init__(self, config: TinyGPTConfig, seed: int = 0) -> None:
+    def __init__(self, config: TinyGPTConfig, seed: int | None = 0) -> None:
         super().__init__()
         self.config = config
-        gen = torch.Generator().manual_seed(seed)
-        self.tok = nn.Embedding(config.vocab_size, config.hidden)
-        self.pos = nn.Parameter(torch.zeros(config.context, config.hidden))
+        h = config.hidden
+        self.tok = nn.Embedding(config.vocab_size, h)
+        self.pos = nn.Parameter(torch.zeros(config.context, h))
         self.blocks = nn.ModuleList(_Block(config) for _ in range(config.num_layers))
-        self.ln_f = nn.LayerNorm(config.hidden)
-        self.head = nn.Linear(config.hidden, config.vocab_size)
+        self.ln_f = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.head = (
+            None
+            if config.tie_embeddings
+            else nn.Linear(h, config.vocab_size, bias=config.head_bias)
+        )
+        if seed is None:
+            return
+        gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if p.dim() >= 2:
@@ -137,6 +173,22 @@ class TinyGPT(nn.Module):
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
                 elif "ln" not in name:
                     p.zero_()
+
+    @classmethod
+    def load_weights(cls, config: TinyGPTConfig, state: dict[str, Tensor]) -> TinyGPT:
+        """A model holding copies of `state` (no random init: built on the meta device).
+
+        Raises:
+            RuntimeError: If `state` misses a parameter or has an unexpected one.
+        """
+        with torch.device("meta"):
+            model = cls(config, seed=None)
+        model.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)
+        return model
+
+    def head_weight(self) -> Tensor:
+        """The (V, H) output projection (the embedding matrix when tied)."""
+        return self.tok.weight if self.head is None else self.head.weight
 
     def forward(self, tokens_MT: Tensor) -> Tensor:
         """Logits of the next byte.
@@ -147,8 +199,8 @@ class TinyGPT(nn.Module):
         x = self.tok(tokens_MT) + self.pos[: tokens_MT.shape[1]]
         for block in self.blocks:
             x = block(x)
-        logits: Tensor = self.head(self.ln_f(x))
-        return logits
+        bias = None if self.head is None else self.head.bias
+        return F.linear(self.ln_f(x), self.head_weight(), bias)
 
 
 class StageBlocks(nn.Module):
@@ -207,7 +259,7 @@ class StageModule(StageBlocks):
         self, model: TinyGPT, stage: int, layers: tuple[int, ...], use_recompute: bool = False
     ) -> None:
         super().__init__(model.blocks, stage, layers, use_recompute)
-        self.tok = model.tok if self.is_first else None
+        self.tok = model.tok if self.is_first or (self.is_last and model.head is None) else None
         self.pos = model.pos if self.is_first else None
         self.ln_f = model.ln_f if self.is_last else None
         self.head = model.head if self.is_last else None
@@ -219,11 +271,17 @@ class StageModule(StageBlocks):
             x: (M, T) int64 on stage 0, else (M, T, H) float32 -> (M, T, H), or (M, T, V)
             on the last stage.
         """
-        if self.tok is not None and self.pos is not None:
+        if self.is_first:
+            assert self.tok is not None
+            assert self.pos is not None
             x = self.tok(x) + self.pos[: x.shape[1]]
         x = self.run_blocks(x)
-        if self.ln_f is not None and self.head is not None:
-            x = self.head(self.ln_f(x))
+        if self.is_last:
+            assert self.ln_f is not None
+            head = self.head if self.head is not None else self.tok
+            assert head is not None
+            bias = self.head.bias if self.head is not None else None
+            x = F.linear(self.ln_f(x), head.weight, bias)
         return x
 
 

@@ -33,7 +33,13 @@ from torch import Tensor, nn
 from frugal.config import ConfigError, check_types
 from frugal.parallel.partition import partition_layers
 from frugal.pipeline.gguf_loader import GGUFFormatError, GGUFModel, read_gguf_llama
-from frugal.pipeline.hf_loader import HFModel, read_hf_config, read_hf_llama
+from frugal.pipeline.hf_loader import (
+    HF_ARCHITECTURES,
+    HFModel,
+    ModelShape,
+    read_hf_config,
+    read_hf_model,
+)
 from frugal.pipeline.llama import Llama, LlamaConfig, build_llama_stages
 from frugal.pipeline.models import (
     PipelineStage,
@@ -358,13 +364,16 @@ def _first_sentence(exc: BaseException) -> str:
 
 def _build_smollm2(config: PipelineTrainConfig) -> nn.Module:
     model_file = load_smollm2()
-    return _pretrained_llama(model_file.config, model_file.state_dict, config.smollm)
+    return _pretrained(model_file.config, model_file.state_dict, config.smollm, Llama.load_weights)
 
 
-def _pretrained_llama(
-    shape: LlamaConfig, state: dict[str, Tensor], settings: CausalLMConfig
-) -> Llama:
-    """A `Llama` of pre-trained weights with `settings.embeddings` applied (see its doc)."""
+def _pretrained(
+    shape: ModelShape,
+    state: dict[str, Tensor],
+    settings: CausalLMConfig,
+    build: Callable[[Any, dict[str, Tensor]], nn.Module],
+) -> nn.Module:
+    """A pre-trained model (`Llama` or `TinyGPT`) with `settings.embeddings` applied."""
     if settings.context > shape.max_context:
         raise ConfigError(
             f"context={settings.context} exceeds the model's max_context={shape.max_context}; "
@@ -374,9 +383,9 @@ def _pretrained_llama(
     if settings.embeddings == "untied" and shape.tie_embeddings:
         shape = dataclasses.replace(shape, tie_embeddings=False)
         state["head.weight"] = state["tok.weight"].clone()
-    model = Llama.load_weights(shape, state)
+    model = build(shape, state)
     if settings.embeddings == "frozen":
-        model.tok.weight.requires_grad_(False)
+        model.get_submodule("tok").weight.requires_grad_(False)
     return model
 
 
@@ -397,6 +406,14 @@ def _build_llama_stages(
 ) -> list[PipelineStage]:
     llama = _model_of(Llama, model, config.model)
     return list(build_llama_stages(llama, layers, config.use_recompute))
+
+
+def _build_hf_stages(
+    config: PipelineTrainConfig, model: nn.Module, layers: tuple[int, ...]
+) -> list[PipelineStage]:
+    family = HF_ARCHITECTURES[_hf_config(_hf_path(config))[1]]
+    built = _model_of(family.model_class, model, f"hf ({_hf_config(_hf_path(config))[1]})")
+    return list(family.build_stages(built, layers, config.use_recompute))
 
 
 @functools.lru_cache(maxsize=4)
@@ -525,8 +542,12 @@ def _hf_path(config: PipelineTrainConfig) -> Path:
 
 
 @functools.lru_cache(maxsize=2)
-def _hf_shape(folder: Path) -> LlamaConfig:
-    return read_hf_config(folder)[0]
+def _hf_config(folder: Path) -> tuple[ModelShape, str]:
+    return read_hf_config(folder)
+
+
+def _hf_shape(folder: Path) -> ModelShape:
+    return _hf_config(folder)[0]
 
 
 @functools.lru_cache(maxsize=1)
@@ -534,14 +555,18 @@ def load_hf(folder: Path) -> HFModel:
     """A Hugging Face model folder's weights and tokenizer, read once per process.
 
     Raises:
-        HFModelError: As `frugal.pipeline.hf_loader.read_hf_llama`.
+        HFModelError: As `frugal.pipeline.hf_loader.read_hf_model`.
     """
-    return read_hf_llama(folder)
+    return read_hf_model(folder)
 
 
 def _build_hf(config: PipelineTrainConfig) -> nn.Module:
     model_file = load_hf(_hf_path(config))
-    return _pretrained_llama(model_file.config, model_file.state_dict, config.hf)
+    family = model_file.family
+    shape, state = model_file.config, model_file.state_dict
+    if config.hf.context <= shape.max_context:
+        shape, state = family.with_context(shape, state, config.hf.context)
+    return _pretrained(shape, state, config.hf, family.build)
 
 
 def _hf_windows(config: PipelineTrainConfig) -> TextWindows:
@@ -590,7 +615,7 @@ register_model(
         context=lambda config: config.hf.context,
         hidden=lambda config: _hf_shape(_hf_path(config)).hidden,
         build=_build_hf,
-        build_stages=_build_llama_stages,
+        build_stages=_build_hf_stages,
         load_windows=_hf_windows,
         default_layers=lambda config, num_stages: balanced_layers(
             _hf_shape(_hf_path(config)).num_layers, num_stages, config.hf.head_cost_blocks
