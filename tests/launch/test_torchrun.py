@@ -15,6 +15,7 @@ from frugal.launch import (
     run_torchrun,
     torchrun_command,
 )
+from frugal.launch.agent import shutdown_timeout_s
 from frugal.launch.torchrun import RANK_PREFIX, _failures
 
 TARGET = str(Path(__file__).with_name("rank_echo.py"))
@@ -61,11 +62,17 @@ def test_the_command_line_names_nodes_rendezvous_and_logs(tmp_path: Path) -> Non
                       rdzv_endpoint="10.0.0.1:29500", max_restarts=1)  # fmt: skip
     command = torchrun_command(job, log_dir=tmp_path, rdzv_endpoint="10.0.0.1:29500")
     flags = dict(zip(command[3::2], command[4::2], strict=False))
-    assert command[1:3] == ["-m", "torch.distributed.run"]
+    assert command[1:3] == ["-m", "frugal.launch.agent"]
     assert flags["--nnodes"] == "2" and flags["--nproc-per-node"] == "4"
     assert flags["--rdzv-endpoint"] == "10.0.0.1:29500" and flags["--max-restarts"] == "1"
-    assert flags["--log-dir"] == str(tmp_path)
+    assert flags["--log-dir"] == str(tmp_path) and flags["--shutdown-timeout"] == "30"
     assert command[-3:] == ["-m", "frugal.pipeline.worker", "job.json"]
+    # The agent reads the grace back from torchrun's own options, not the worker's.
+    assert shutdown_timeout_s(command[3:]) == 30
+    assert shutdown_timeout_s(["--shutdown_timeout=4", "-m", "w", "--shutdown-timeout", "9"]) == 4
+    assert shutdown_timeout_s(["--nnodes", "1", "w.py", "--shutdown-timeout", "9"]) == 30
+    with pytest.raises(ValueError, match=r"--shutdown-timeout '-1' must be an integer >= 0"):
+        shutdown_timeout_s(["--shutdown-timeout", "-1"])
 
 
 def test_the_summary_names_the_root_cause_rank_first() -> None:
@@ -76,6 +83,7 @@ def test_the_summary_names_the_root_cause_rank_first() -> None:
     )
     assert failures[0].describe() == "rank 1 died of SIGSEGV: RuntimeError: gloo lost"
     assert failures[1].describe() == "rank 0 exited with 1"
+    assert failures[1].describe("stage 0") == "rank 0 (stage 0) exited with 1"
 
 
 def test_the_tee_prefix_gives_the_local_rank() -> None:
@@ -150,3 +158,17 @@ def test_two_agents_form_one_job_over_a_shared_rendezvous(tmp_path: Path) -> Non
     assert all(results[n].ok for n in range(2)), [r.format() for r in results.values()]
     said = sorted(results[n].rank_output[0] for n in range(2))
     assert said == ["rank 0 of 2 says ['0']\n", "rank 1 of 2 says ['0']\n"]
+
+
+@pytest.mark.distributed
+@pytest.mark.faults
+def test_a_stopped_rank_is_killed_after_the_grace_not_torchs_30_s(tmp_path: Path) -> None:
+    # Rank 1 stops itself (SIGSTOP ignores SIGTERM); rank 0 exits 1. With torch's built-in
+    # 30 s grace the job would outlive its 25 s limit and be reported as timed out.
+    job = TorchrunJob([TARGET, "stop"], nproc=2, timeout_s=25, module=False, log_dir=tmp_path,
+                      shutdown_timeout_s=2, rank_roles={0: "stage 0", 1: "stage 1"})  # fmt: skip
+    result = run_torchrun(job)
+    assert not result.timed_out, result.format()
+    message = result.failure_message()
+    assert "rank 0 (stage 0) exited with 1" in message
+    assert "rank 1 (stage 1) died of SIGKILL" in message

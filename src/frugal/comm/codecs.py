@@ -664,6 +664,12 @@ class DeltaCodec:
         if self.buffer is not None:
             self.buffer.close()
 
+    def restore_buffer(self, row_shape: tuple[int, ...]) -> ActivationBuffer:
+        """A fresh, empty buffer for rows of `row_shape` (a checkpoint's rows go into it)."""
+        self.close()
+        self.buffer, self._row_shape, self._new_memo = self._factory(row_shape), row_shape, None
+        return self.buffer
+
     def _prepare(self, example_ids: Tensor, row_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
         ids, flat = _message_ids(example_ids)
         if self.buffer is None:
@@ -834,6 +840,12 @@ class ErrorFeedbackCodec:
         encoded, x_hat = self.quantizer.quantize(target)  # refuses NaN and inf
         self.residual.write(ids, target.sub_(x_hat), step)
         return encoded
+
+    def restore_buffer(self, row_shape: tuple[int, ...]) -> ActivationBuffer:
+        """A fresh, empty residual buffer for rows of `row_shape` (a checkpoint's rows)."""
+        self.close()
+        self.residual = self._factory(row_shape)
+        return self.residual
 
     def decode(self, encoded: Encoded) -> Tensor:
         """The plain quantizer's decode (the receiver keeps no state)."""

@@ -152,6 +152,8 @@ class DPMethodSpec:
         collectives: The plan collectives (`frugal.comm.collectives.COLLECTIVES` names) its
             exchange can run; None = any, because every exchange goes through
             `GradientSync.all_reduce`, which runs the stage's planned collective.
+        checkpointable: Whether `state_dict` / `load_state_dict` save and restore its whole
+            state (a pipeline job with checkpoints refuses a method that cannot).
     """
 
     description: str = ""
@@ -161,6 +163,14 @@ class DPMethodSpec:
     warmup_reason: str = ""
     requires_replicas: bool = True
     collectives: frozenset[str] | None = None
+    checkpointable: bool = True
+
+    def state_dict(self, sync: GradientSync) -> dict[str, Any]:
+        """The method's state for a checkpoint: tensors and numbers only ({} if stateless)."""
+        return {}
+
+    def load_state_dict(self, sync: GradientSync, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (into a freshly set-up `sync.state`)."""
 
     def check_collective(self, name: str, collective: str, *, stage: int | None = None) -> None:
         """Refuse a planned collective this method's exchange cannot run.
@@ -631,6 +641,8 @@ class PowerSGDMethod(TorchHookMethod):
             return _float32_bytes(shapes)
         return 4 * powersgd_numel(shapes, settings.powersgd_rank)
 
+    checkpointable = False  # PowerSGDState's error and warm-start matrices are torch's own
+
     def setup(self, sync: GradientSync) -> Any:
         """The group's `PowerSGDState` (seed 0)."""
         from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
@@ -680,6 +692,20 @@ class EFKbitMethod(NoCompressionMethod):
             timeout_s=sync.timeout_s,
         )
 
+    def state_dict(self, sync: GradientSync) -> dict[str, Any]:
+        """The exchange's error-feedback residuals (worker and server side)."""
+        exchange = _exchange(sync)
+        return {
+            "worker_residual": exchange.worker.residual.clone(),
+            "server_residual": exchange.server.residual.clone(),
+        }
+
+    def load_state_dict(self, sync: GradientSync, state: dict[str, Any]) -> None:
+        """Put the residuals back."""
+        exchange = _exchange(sync)
+        exchange.worker.residual.copy_(state["worker_residual"])
+        exchange.server.residual.copy_(state["server_residual"])
+
     def step(self, sync: GradientSync, flat: Tensor, step: int) -> int:
         """All-reduce in the warm-up, else the compressed mean x K as the gradients."""
         if step < sync.settings.warmup_steps:
@@ -688,6 +714,11 @@ class EFKbitMethod(NoCompressionMethod):
         mean, nbytes = exchange.mean(flat * sync.size, step)
         sync.set_grads(mean)
         return nbytes
+
+
+def _exchange(sync: GradientSync) -> ShardedExchange:
+    state = sync.state
+    return state.exchange if isinstance(state, _QAdamState) else state
 
 
 class _QAdamState:
@@ -725,6 +756,25 @@ class QAdamMethod(EFKbitMethod):
     def setup(self, sync: GradientSync) -> Any:
         """The exchange and zeroed moments."""
         return _QAdamState(super().setup(sync), sync.numel)
+
+    def state_dict(self, sync: GradientSync) -> dict[str, Any]:
+        """The residuals, Adam's moments and its step counters."""
+        state: _QAdamState = sync.state
+        return super().state_dict(sync) | {
+            "exp_avg": state.exp_avg.clone(),
+            "exp_avg_sq": state.exp_avg_sq.clone(),
+            "adam_steps": state.adam_steps,
+            "variance_steps": state.variance_steps,
+        }
+
+    def load_state_dict(self, sync: GradientSync, state: dict[str, Any]) -> None:
+        """Put the residuals, moments and counters back."""
+        super().load_state_dict(sync, state)
+        mine: _QAdamState = sync.state
+        mine.exp_avg = state["exp_avg"].clone()
+        mine.exp_avg_sq = state["exp_avg_sq"].clone()
+        mine.adam_steps = int(state["adam_steps"])
+        mine.variance_steps = int(state["variance_steps"])
 
     def step(self, sync: GradientSync, flat: Tensor, step: int) -> int:
         """Warm-up: exact gradient into m and v; then the compressed mean of the local m."""

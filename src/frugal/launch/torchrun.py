@@ -1,7 +1,7 @@
 """The one torchrun launcher: a job spec, per-rank logs, failure reported by rank, a timeout.
 
-`run_torchrun(job)` starts `python -m torch.distributed.run` for a `TorchrunJob` (the worker
-module and its arguments, processes per node, the rendezvous), tees every rank's stdout and
+`run_torchrun(job)` starts torchrun (`python -m frugal.launch.agent`) for a `TorchrunJob` (the
+worker module and its arguments, processes per node, the rendezvous), tees every rank's stdout and
 stderr into its own log file under `job.log_dir`, streams each output line to an optional
 callback, and kills the whole job (torchrun, its agent and every worker, found by a launch
 marker) when `job.timeout_s` passes. The `LaunchResult` names which rank failed, with what
@@ -77,6 +77,9 @@ class TorchrunJob:
             machine's memory before starting (`frugal.launch.guards.check_memory`); None
             skips the check.
         force: Start the job even where a resource guard would refuse it (`--force`).
+        rank_roles: What each global rank does ("stage 1"), named beside it in failures.
+        shutdown_timeout_s: Seconds torchrun waits after SIGTERM before it SIGKILLs the other
+            ranks of a failed group (`--shutdown-timeout`; a stopped rank ignores SIGTERM).
     """
 
     target: Sequence[str]
@@ -91,6 +94,8 @@ class TorchrunJob:
     rdzv_id: str = "frugal"
     memory_estimate: MemoryEstimate | None = None
     force: bool = False
+    rank_roles: Mapping[int, str] = field(default_factory=dict)
+    shutdown_timeout_s: int = 30
 
     def __post_init__(self) -> None:
         if not self.target:
@@ -138,14 +143,19 @@ class RankFailure:
         except ValueError:
             return f"signal {-self.exitcode}"
 
-    def describe(self) -> str:
-        """One line: `rank 2 exited with 1: ValueError: ...` or `rank 1 died of SIGSEGV`."""
+    def describe(self, role: str = "") -> str:
+        """One line: `rank 2 exited with 1: ValueError: ...` or `rank 1 (stage 1) died of SIGKILL`.
+
+        Args:
+            role: What the rank does, named in parentheses ("" = nothing).
+        """
         how = (
             f"died of {self.signal_name}"
             if self.signal_name is not None
             else f"exited with {self.exitcode}"
         )
-        return f"rank {self.rank} {how}" + (f": {' | '.join(self.raised)}" if self.raised else "")
+        who = f"rank {self.rank}" + (f" ({role})" if role else "")
+        return f"{who} {how}" + (f": {' | '.join(self.raised)}" if self.raised else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +169,7 @@ class LaunchResult:
         failures: The ranks torchrun reported as failed (root cause first).
         log_dir: Where the logs are.
         timeout_s: The job's limit (for the message).
+        rank_roles: What each rank does (`TorchrunJob.rank_roles`), for the message.
     """
 
     returncode: int | None
@@ -167,6 +178,7 @@ class LaunchResult:
     failures: tuple[RankFailure, ...]
     log_dir: Path
     timeout_s: float
+    rank_roles: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -190,7 +202,7 @@ class LaunchResult:
             head = f"the job exceeded its {self.timeout_s:g} s limit and was killed"
         else:
             head = f"torchrun exited with {self.returncode}"
-        parts = [failure.describe() for failure in self.failures]
+        parts = [f.describe(self.rank_roles.get(f.rank, "")) for f in self.failures]
         if not any(failure.raised for failure in self.failures):
             raised = {
                 rank: _exception_lines(text) for rank, text in sorted(self.rank_output.items())
@@ -225,7 +237,10 @@ def _exception_lines(text: str, limit: int = 4) -> list[str]:
 
 
 def torchrun_command(job: TorchrunJob, *, log_dir: Path, rdzv_endpoint: str) -> list[str]:
-    """The `python -m torch.distributed.run ...` command line of `job` (for each node).
+    """The torchrun command line of `job` (for each node): `python -m frugal.launch.agent ...`.
+
+    `frugal.launch.agent` is torch's `torch.distributed.run` with `--shutdown-timeout`
+    honoured when a failed group is stopped too (see that module).
 
     Args:
         job: The job.
@@ -233,13 +248,14 @@ def torchrun_command(job: TorchrunJob, *, log_dir: Path, rdzv_endpoint: str) -> 
         rdzv_endpoint: The resolved `host:port` of the rendezvous.
     """
     command = [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "frugal.launch.agent",
         "--nnodes", str(job.nnodes),
         "--nproc-per-node", str(job.nproc),
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", rdzv_endpoint,
         "--rdzv-id", job.rdzv_id,
         "--max-restarts", str(job.max_restarts),
+        "--shutdown-timeout", str(job.shutdown_timeout_s),
         "--log-dir", str(log_dir),
         "--redirects", "3",
         "--tee", "3",
@@ -388,4 +404,6 @@ def run_torchrun(
         launcher_output += f"\n(launcher.log not written: the disk holding {log_dir} is full)\n"
     rank_output = _read_rank_logs(log_dir)
     failures = _failures(launcher_output, rank_output) if code != 0 else ()
-    return LaunchResult(code, launcher_output, rank_output, failures, log_dir, job.timeout_s)
+    return LaunchResult(
+        code, launcher_output, rank_output, failures, log_dir, job.timeout_s, job.rank_roles
+    )

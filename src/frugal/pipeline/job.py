@@ -293,6 +293,7 @@ def run_training(
         latency_ms=config.latency_ms,
         dp_compression=config.dp_compression,
         dp_bits=config.dp_bits,
+        checkpoint=True,
     )
 
     def on_progress(event: dict[str, Any]) -> None:

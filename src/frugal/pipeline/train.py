@@ -40,6 +40,14 @@ from frugal.launch import MemoryEstimate, TorchrunJob, check_job, run_torchrun
 from frugal.parallel.codec import CodecSpec
 from frugal.parallel.schedule import SCHEDULES, build_schedule
 from frugal.pipeline.buffers import BUFFER_BACKENDS, BufferSet
+from frugal.pipeline.checkpoint import (
+    commit_checkpoint,
+    fingerprint,
+    latest_checkpoint,
+    load_stage,
+    remove_incomplete,
+    save_stage,
+)
 from frugal.pipeline.models import TextWindows, TinyGPTConfig, split_layers
 from frugal.pipeline.runtime import (
     ConfigMismatchError,
@@ -78,6 +86,9 @@ __all__ = [
 
 PROGRESS_PREFIX = "FRUGAL_PROGRESS "
 
+
+_SHUTDOWN_TIMEOUT_S = 5
+"""Seconds torchrun gives the other ranks of a failed job after SIGTERM before SIGKILL."""
 
 MAX_RHO = 100.0
 """Largest transfer/compute ratio a config accepts (30x the paper's slowest link)."""
@@ -161,6 +172,15 @@ class PipelineTrainConfig:
     """A `torch.save`d state_dict of the whole model to start from (fine-tuning), e.g. what
     `frugal.bench.pipeline.pretrain` writes; "" = the seeded initialisation (or SmolLM2's
     GGUF weights)."""
+    checkpoint_every: int = 0
+    """Steps between checkpoints of every rank's whole state (weights, optimizer, AQ-SGD
+    buffers, data cursor; `frugal.pipeline.checkpoint`), plus one at the end; 0 = none. A job
+    started with the same settings resumes from the newest complete checkpoint."""
+    checkpoint_dir: str = ""
+    """Folder of the checkpoints ("" = `checkpoints` in the job's output folder)."""
+    max_restarts: int = 0
+    """torchrun's --max-restarts: after a rank dies, restart every rank this many times, each
+    resuming from the last checkpoint, >= 0."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -255,6 +275,17 @@ class PipelineTrainConfig:
         DP_METHODS.get(self.dp_compression).check_warmup(
             self.dp_compression, self.warmup_steps, also=replicas
         )
+        if self.checkpoint_every < 0 or self.max_restarts < 0:
+            raise ValueError(
+                f"checkpoint_every={self.checkpoint_every} and max_restarts={self.max_restarts} "
+                "must be >= 0 (0 = off)"
+            )
+        if self.checkpoint_every > 0 and not DP_METHODS.get(self.dp_compression).checkpointable:
+            able = [m for m in DP_METHODS if DP_METHODS.get(m).checkpointable]
+            raise ValueError(
+                f"dp_compression={self.dp_compression!r} keeps state frugal cannot checkpoint; "
+                f"choose one of {', '.join(able)}, or checkpoint_every=0"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -296,6 +327,9 @@ class RunSpec:
     """Evaluate the whole model before and after the run (`initial_eval_loss`, `eval_loss`:
     the stages' trained weights are gathered on the last stage); False for speed-only runs,
     where both stay None (SmolLM2's blocks are ~430 MB to gather per run)."""
+    checkpoint: bool = False
+    """Checkpoint every `config.checkpoint_every` steps and resume from the newest complete
+    checkpoint (`pipeline train`'s run; the bench's runs do not)."""
 
     def __post_init__(self) -> None:
         DP_METHODS.check(self.dp_compression)
@@ -317,6 +351,11 @@ class Layout:
     def stage_collective(self, stage: int) -> str:
         """The collective the plan priced for stage `stage`'s DP group ("" = not recorded)."""
         return self.dp_collective[stage] if self.dp_collective else ""
+
+    def role(self, rank: int) -> str:
+        """What `rank` runs: "stage 1", or "stage 1, replica 0" with data parallelism."""
+        replica, stage = self.position(rank)
+        return f"stage {stage}" + (f", replica {replica}" if self.num_replicas > 1 else "")
 
     def position(self, rank: int) -> tuple[int, int]:
         """(replica, stage) of `rank`."""
@@ -713,7 +752,9 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
         )
 
         def calibrate() -> float:
-            out = _run_one(config, calib, layout, rank, replica, stage, dp_group, data, math.inf)
+            out = _run_one(
+                config, calib, layout, rank, replica, stage, dp_group, data, math.inf, out_dir
+            )
             # c = the pace of one stage per micro-batch as this machine runs it: an unshaped
             # flush step takes (m + p - 1) c, so c includes the CPU sharing of co-located
             # ranks (4 stages on 2 cores run at half speed each).
@@ -734,7 +775,9 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
             if run.calibrate:
                 compute_s = calibrate()
             bandwidth = _resolve_bandwidth(run, boundary, compute_s)
-            out = _run_one(config, run, layout, rank, replica, stage, dp_group, data, bandwidth)
+            out = _run_one(
+                config, run, layout, rank, replica, stage, dp_group, data, bandwidth, out_dir
+            )
             out.update(
                 label=run.label,
                 codec=run.codec,
@@ -750,6 +793,51 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
         dist.destroy_process_group()
 
 
+@dataclass(frozen=True, slots=True)
+class _Checkpoints:
+    """The checkpoints of one run: where they go, what they must match, when they are due."""
+
+    root: Path
+    every: int
+    expected: dict[str, str]
+    timeout_s: float
+
+    @classmethod
+    def of(
+        cls, config: PipelineTrainConfig, run: RunSpec, layout: Layout, out_dir: Path
+    ) -> _Checkpoints | None:
+        if not run.checkpoint or config.checkpoint_every <= 0:
+            return None
+        root = Path(config.checkpoint_dir) if config.checkpoint_dir else out_dir / "checkpoints"
+        return cls(
+            root,
+            config.checkpoint_every,
+            fingerprint(config, run.label, str(layout)),
+            config.comm_timeout_s,
+        )
+
+    def resume(self, rank: int, runner: StageRunner) -> tuple[int, dict[str, Any]]:
+        """Load the newest complete checkpoint, if any: (steps done, its extra values)."""
+        found = latest_checkpoint(self.root, self.expected)
+        step, extra = (0, {}) if found is None else load_stage(found[1], rank, runner)
+        _barrier(self.timeout_s)  # every rank has read before rank 0 tidies the folder
+        if rank == 0:
+            remove_incomplete(self.root, step)
+            if found is not None:
+                print(f"rank 0: resumed from {found[1]} (step {step})", file=sys.stderr)
+        return step, extra
+
+    def due(self, steps_done: int, total_steps: int) -> bool:
+        return steps_done % self.every == 0 or steps_done == total_steps
+
+    def save(self, rank: int, runner: StageRunner, steps_done: int, extra: dict[str, Any]) -> None:
+        """Every rank writes its state; once all have, rank 0 marks the checkpoint complete."""
+        save_stage(self.root / f"step-{steps_done:08d}", rank, runner, step=steps_done, extra=extra)
+        _barrier(self.timeout_s)
+        if rank == 0:
+            commit_checkpoint(self.root, steps_done, dist.get_world_size(), self.expected)
+
+
 def _run_one(
     config: PipelineTrainConfig,
     run: RunSpec,
@@ -760,6 +848,7 @@ def _run_one(
     dp_group: dist.ProcessGroup | None,
     data: TextWindows,
     bandwidth: float,
+    out_dir: Path,
 ) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     model = build_model(config)
@@ -801,11 +890,17 @@ def _run_one(
     offset = sum(layout.num_microbatches[:replica]) * config.micro_batch_size
     per_step = total_mbs * config.micro_batch_size
     reporter = stage == layout.num_stages - 1 and replica == 0
-    # The whole model's eval loss before training (SmolLM2: its perplexity as loaded).
-    initial_eval_loss = evaluate(model, data) if reporter and run.evaluate else None
+    checkpoints = _Checkpoints.of(config, run, layout, out_dir)
+    first_step, initial_eval_loss = 0, None
+    if checkpoints is not None:
+        first_step, saved = checkpoints.resume(rank, runner)
+        initial_eval_loss = saved.get("initial_eval_loss")
+    if first_step == 0 and reporter and run.evaluate:
+        # The whole model's eval loss before training (SmolLM2: its perplexity as loaded).
+        initial_eval_loss = evaluate(model, data)
     try:
         _barrier(config.comm_timeout_s)
-        for step in range(run.steps):
+        for step in range(first_step, run.steps):
             ids = _step_ids(data, config, step, per_step, run.repeat_examples)
             mine = ids[offset : offset + m * config.micro_batch_size]
             if step + 1 < run.steps:  # read the next step's rows ahead (sample order)
@@ -827,6 +922,8 @@ def _run_one(
                 # and torchrun's log tail can split the line between them.
                 sys.stdout.write(PROGRESS_PREFIX + json.dumps(event) + "\n")
                 sys.stdout.flush()
+            if checkpoints is not None and checkpoints.due(step + 1, run.steps):
+                checkpoints.save(rank, runner, step + 1, {"initial_eval_loss": initial_eval_loss})
         buffer_bytes = sum(
             c.delta.buffer_bytes for c in (runner.act_in, runner.act_out) if c.delta is not None
         )
@@ -897,13 +994,16 @@ def launch_torchrun(
         PipelineError: If a worker fails (its last output lines are in the message) or the
             launch exceeds `timeout_s`.
     """
-    if config.plan:  # a plan that does not fit this job fails here, before any process starts
-        make_layout(config, nproc, runs)
+    # A plan that does not fit this job fails here, before any process starts.
+    layout = make_layout(config, nproc, runs)
     job = out_dir / "job.json"
     launch = TorchrunJob(
         target=[module, str(job), str(out_dir)],
         nproc=nproc,
         timeout_s=timeout_s,
+        max_restarts=config.max_restarts,
+        rank_roles={rank: layout.role(rank) for rank in range(nproc)},
+        shutdown_timeout_s=_SHUTDOWN_TIMEOUT_S,
         log_dir=out_dir / "logs",
         memory_estimate=memory_estimate,
         force=force,

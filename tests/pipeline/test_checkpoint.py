@@ -1,0 +1,219 @@
+"""Pipeline checkpoints: a resumed run continues bit for bit; bad checkpoints are refused.
+
+The fast tests drive every stage in one process (LocalTransport, as `train_local`); the
+distributed test kills a real torchrun rank and lets torchrun restart the job.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from frugal.parallel.codec import CodecSpec
+from frugal.parallel.schedule import build_schedule
+from frugal.pipeline.checkpoint import (
+    CheckpointMismatchError,
+    commit_checkpoint,
+    fingerprint,
+    latest_checkpoint,
+    load_stage,
+    save_stage,
+)
+from frugal.pipeline.models import TinyGPTConfig
+from frugal.pipeline.runtime import LocalTransport, StageRunner, run_local_step
+from frugal.pipeline.train import (
+    PipelineTrainConfig,
+    _buffer_set,
+    _microbatches,
+    _step_ids,
+    load_windows,
+)
+from frugal.pipeline.zoo import boundary_shape, build_model, build_model_stages, default_layers
+
+CONFIG = PipelineTrainConfig(
+    gpt=TinyGPTConfig(context=16, hidden=32, num_heads=2, num_layers=3),
+    num_stages=3, codec="aqsgd:fw2,bw4:ef", schedule="1f1b", micro_batch_size=2,
+    num_microbatches=3, num_train=24, num_eval=8, steps=7, learning_rate=3e-3,
+)  # fmt: skip
+
+
+class _Job:
+    """Every stage of CONFIG in this process, from a fresh model (as `train_local` builds it)."""
+
+    def __init__(self, config: PipelineTrainConfig) -> None:
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.data = load_windows(config)
+        layers = default_layers(config, config.num_stages)
+        self.transport = LocalTransport()
+        self.buffers = _buffer_set(config, self.data)
+        m = config.num_microbatches
+        self.runners = [
+            StageRunner(
+                module,
+                CodecSpec.parse(config.codec),
+                self.transport,
+                learning_rate=config.learning_rate,
+                num_microbatches_total=m,
+                buffers=self.buffers.factory,
+                example_shape=boundary_shape(config)[1:],
+            )
+            for module in build_model_stages(config, build_model(config), layers)
+        ]
+        self.actions = [
+            build_schedule(config.schedule, len(layers), s, m) for s in range(len(layers))
+        ]
+
+    def train(self, steps: range) -> list[float]:
+        per_step = self.config.num_microbatches * self.config.micro_batch_size
+        losses = []
+        for step in steps:
+            ids = _step_ids(self.data, self.config, step, per_step, repeat=False)
+            mbs = _microbatches(self.data, ids, self.config.micro_batch_size)
+            losses.append(run_local_step(self.runners, self.transport, self.actions, step, mbs))
+        return losses
+
+    def save(self, root: Path, step: int, expected: dict[str, str]) -> None:
+        for rank, runner in enumerate(self.runners):
+            save_stage(root / f"step-{step:08d}", rank, runner, step=step, extra={"k": step})
+        commit_checkpoint(root, step, len(self.runners), expected)
+
+    def load(self, root: Path, expected: dict[str, str]) -> int:
+        found = latest_checkpoint(root, expected)
+        assert found is not None
+        steps = {load_stage(found[1], rank, r)[0] for rank, r in enumerate(self.runners)}
+        assert len(steps) == 1
+        return steps.pop()
+
+
+@pytest.mark.parametrize("backend", ["memory", "store"])
+def test_a_resumed_run_continues_bit_for_bit(tmp_path: Path, backend: str) -> None:
+    config = replace(CONFIG, buffer_backend=backend, buffer_dir=str(tmp_path / "buffers"))
+    expected = fingerprint(config, config.codec, "linear")
+    whole = _Job(config)
+    reference = whole.train(range(7))
+    first = _Job(config)
+    head = first.train(range(3))
+    first.save(tmp_path / "ckpt", 3, expected)
+    # Every per-example buffer was saved: AQ-SGD's on both sides of both links, and the
+    # senders' gradient error-feedback residuals (`:ef`).
+    files = sorted(p.name for p in (tmp_path / "ckpt" / "step-00000003").glob("*.ids.npy"))
+    assert files == [
+        "rank0.act_out.delta.ids.npy", "rank1.act_in.delta.ids.npy",
+        "rank1.act_out.delta.ids.npy", "rank1.grad_out.feedback.ids.npy",
+        "rank2.act_in.delta.ids.npy", "rank2.grad_out.feedback.ids.npy",
+    ]  # fmt: skip
+    resumed = _Job(config)
+    assert resumed.load(tmp_path / "ckpt", expected) == 3
+    tail = resumed.train(range(3, 7))
+    assert head + tail == reference  # exactly: weights, AdamW, buffers and data cursor
+    assert resumed.runners[-1].stats.losses == reference  # the whole curve is reported
+    for job in (whole, first, resumed):
+        job.buffers.close()
+
+
+def test_only_complete_checkpoints_are_read_and_older_ones_are_removed(tmp_path: Path) -> None:
+    expected = fingerprint(CONFIG, CONFIG.codec, "linear")
+    job = _Job(CONFIG)
+    job.train(range(2))
+    job.save(tmp_path, 2, expected)
+    job.train(range(2, 4))
+    job.save(tmp_path, 4, expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004"]  # step 2 pruned
+    # A crash while writing step 6: rank 0's file exists, COMPLETE does not.
+    save_stage(tmp_path / "step-00000006", 0, job.runners[0], step=6, extra={})
+    found = latest_checkpoint(tmp_path, expected)
+    assert found is not None and found[0] == 4
+    with pytest.raises(FileNotFoundError, match=r"ranks \[1, 2\] wrote no checkpoint"):
+        commit_checkpoint(tmp_path, 6, 3, expected)
+    assert not (tmp_path / "step-00000006" / "COMPLETE").exists()
+    job.buffers.close()
+
+
+def test_a_checkpoint_of_another_job_is_refused_by_name(tmp_path: Path) -> None:
+    expected = fingerprint(CONFIG, CONFIG.codec, "linear")
+    job = _Job(CONFIG)
+    job.train(range(1))
+    job.save(tmp_path, 1, expected)
+    # Training longer, other links or a new timeout may resume; another model or codec not.
+    longer = replace(CONFIG, steps=20, latency_ms=5.0, comm_timeout_s=30.0, max_restarts=2)
+    assert latest_checkpoint(tmp_path, fingerprint(longer, CONFIG.codec, "linear")) is not None
+    other = replace(CONFIG, learning_rate=1e-3, gpt=replace(CONFIG.gpt, hidden=64))
+    with pytest.raises(CheckpointMismatchError, match=r"other gpt, learning_rate; resume with"):
+        latest_checkpoint(tmp_path, fingerprint(other, CONFIG.codec, "linear"))
+    with pytest.raises(CheckpointMismatchError, match=r"other layout, run"):
+        latest_checkpoint(tmp_path, fingerprint(CONFIG, "fp32", "2x1"))
+    # A stage of another shape: its parameters are named.
+    wide = _Job(replace(CONFIG, gpt=replace(CONFIG.gpt, hidden=64)))
+    with pytest.raises(CheckpointMismatchError, match=r"does not fit this rank's stage"):
+        load_stage(tmp_path / "step-00000001", 0, wide.runners[0])
+    for j in (job, wide):
+        j.buffers.close()
+
+
+def test_settings_checkpoints_cannot_honour_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"checkpoint_every=-1 and max_restarts=0 must be >= 0"):
+        replace(CONFIG, checkpoint_every=-1)
+    with pytest.raises(ValueError, match=r"dp_compression='powersgd' keeps state frugal cannot"):
+        replace(CONFIG, checkpoint_every=2, dp_compression="powersgd", plan="x.json")
+
+
+def _worker_pids(rank: int) -> list[int]:
+    """Pids of live frugal pipeline workers whose RANK is `rank`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"frugal.pipeline.worker" in cmdline and f"RANK={rank}".encode() in environ:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.distributed
+def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_curve(tmp_path: Path) -> None:
+    import os
+    import signal
+    import threading
+
+    from frugal.pipeline.job import check_training, run_training
+
+    config = replace(
+        CONFIG, num_stages=2, steps=16, checkpoint_every=4, latency_ms=20.0, comm_timeout_s=20.0
+    )
+    plain = run_training(check_training(config), _folder(tmp_path / "plain"))
+    killed: list[int] = []
+
+    def kill_rank_1_after_step_6(step: int, loss: float) -> None:
+        if step == 6 and not killed:
+            for pid in _worker_pids(1):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    restarted = run_training(
+        check_training(replace(config, max_restarts=1)),
+        _folder(tmp_path / "restarted"),
+        on_step=lambda step, loss: threading.Thread(
+            target=kill_rank_1_after_step_6, args=(step, loss)
+        ).start(),
+    )
+    assert killed, "rank 1 was never killed"
+    saved: dict[str, Any] = json.loads((tmp_path / "restarted" / "train.json").read_text())
+    assert saved["losses"] == json.loads((tmp_path / "plain" / "train.json").read_text())["losses"]
+    assert restarted.eval_loss == plain.eval_loss and len(saved["losses"]) == 16
+    logs = "\n".join(p.read_text() for p in (tmp_path / "restarted" / "logs").rglob("*.log"))
+    assert ("resumed from" in logs and "(step 4)" in logs) or "(step 8)" in logs
+
+
+def _folder(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
