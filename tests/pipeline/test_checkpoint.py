@@ -117,11 +117,17 @@ def test_a_resumed_run_continues_bit_for_bit(tmp_path: Path, backend: str) -> No
         job.buffers.close()
 
 
-def test_only_complete_checkpoints_are_read_and_older_ones_are_removed(tmp_path: Path) -> None:
+def _saved(root: Path, steps: int) -> tuple[_Job, dict[str, str]]:
+    """A job of CONFIG trained `steps` steps and checkpointed under `root`."""
     expected = fingerprint(CONFIG, CONFIG.codec, "linear")
     job = _Job(CONFIG)
-    job.train(range(2))
-    job.save(tmp_path, 2, expected)
+    job.train(range(steps))
+    job.save(root, steps, expected)
+    return job, expected
+
+
+def test_only_complete_checkpoints_are_read_and_older_ones_are_removed(tmp_path: Path) -> None:
+    job, expected = _saved(tmp_path, 2)
     job.train(range(2, 4))
     job.save(tmp_path, 4, expected)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004"]  # step 2 pruned
@@ -136,10 +142,7 @@ def test_only_complete_checkpoints_are_read_and_older_ones_are_removed(tmp_path:
 
 
 def test_a_checkpoint_of_another_job_is_refused_by_name(tmp_path: Path) -> None:
-    expected = fingerprint(CONFIG, CONFIG.codec, "linear")
-    job = _Job(CONFIG)
-    job.train(range(1))
-    job.save(tmp_path, 1, expected)
+    job, _ = _saved(tmp_path, 1)
     # Training longer, other links or a new timeout may resume; another model or codec not.
     longer = replace(CONFIG, steps=20, latency_ms=5.0, comm_timeout_s=30.0, max_restarts=2)
     assert latest_checkpoint(tmp_path, fingerprint(longer, CONFIG.codec, "linear")) is not None

@@ -257,7 +257,7 @@ class HFFamily:
 
     def build(self, shape: ModelShape, state: dict[str, Tensor]) -> nn.Module:
         """A model of `shape` holding copies of `state`."""
-        return self.model_class.load_weights(shape, state)  # type: ignore[arg-type]
+        return self.model_class.load_weights(shape, state)
 
     def param_shapes(self, shape: ModelShape) -> dict[str, tuple[int, ...]]:
         """Parameter shapes of a model of `shape`, by name (built on the meta device)."""
@@ -266,23 +266,21 @@ class HFFamily:
         return {name: tuple(p.shape) for name, p in model.state_dict().items()}
 
 
+def _llama_family(examples: str, *, attention_bias: bool) -> HFFamily:
+    """A Llama-shaped architecture (RMSNorm, RoPE, GQA, SwiGLU) that loads into `Llama`."""
+    return HFFamily(
+        examples=examples,
+        read_shape=lambda config, path: _llama_shape(config, path, attention_bias=attention_bias),
+        weight_names=_llama_names,
+        model_class=Llama,
+        build_stages=build_llama_stages,
+        ignored_suffixes=(".rotary_emb.inv_freq",),
+    )
+
+
 HF_ARCHITECTURES: Mapping[str, HFFamily] = {
-    "LlamaForCausalLM": HFFamily(
-        examples="Llama 2/3, SmolLM2, TinyLlama",
-        read_shape=lambda config, path: _llama_shape(config, path, attention_bias=False),
-        weight_names=_llama_names,
-        model_class=Llama,
-        build_stages=build_llama_stages,
-        ignored_suffixes=(".rotary_emb.inv_freq",),
-    ),
-    "Qwen2ForCausalLM": HFFamily(
-        examples="Qwen2/2.5",
-        read_shape=lambda config, path: _llama_shape(config, path, attention_bias=True),
-        weight_names=_llama_names,
-        model_class=Llama,
-        build_stages=build_llama_stages,
-        ignored_suffixes=(".rotary_emb.inv_freq",),
-    ),
+    "LlamaForCausalLM": _llama_family("Llama 2/3, SmolLM2, TinyLlama", attention_bias=False),
+    "Qwen2ForCausalLM": _llama_family("Qwen2/2.5", attention_bias=True),
     "GPT2LMHeadModel": HFFamily(
         examples="GPT-2, DistilGPT2",
         read_shape=_gpt2_shape,

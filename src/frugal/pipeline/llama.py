@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from frugal.config import check_types
-from frugal.pipeline.models import StageBlocks, check_stage_layers
+from frugal.pipeline.models import CausalLM, StageBlocks, check_stage_layers
 
 __all__ = [
     "Llama",
@@ -185,7 +185,7 @@ class LlamaBlock(nn.Module):
         return out
 
 
-class Llama(nn.Module):
+class Llama(CausalLM):
     """The whole (unpartitioned) decoder; `build_llama_stages` splits it.
 
     Parameter names: `tok.weight`, `blocks.{i}.{attn_norm,q_proj,k_proj,v_proj,o_proj,
@@ -218,22 +218,6 @@ class Llama(nn.Module):
                     elif name.endswith("_proj.bias"):
                         p.zero_()  # not nn.Linear's draw from the global generator
         self._rope: tuple[Tensor, Tensor] | None = None
-
-    @classmethod
-    def load_weights(cls, config: LlamaConfig, state: dict[str, Tensor]) -> Llama:
-        """A model holding copies of `state` (no random init: built on the meta device).
-
-        Raises:
-            RuntimeError: If `state` misses a parameter or has an unexpected one.
-        """
-        with torch.device("meta"):
-            model = cls(config, seed=None)
-        model.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)
-        return model
-
-    def head_weight(self) -> Tensor:
-        """The (V, H) output projection (the embedding matrix when tied)."""
-        return self.tok.weight if self.head is None else self.head.weight
 
     def rope(self, length: int) -> tuple[Tensor, Tensor]:
         """RoPE tables for `length` positions (cached; not parameters, never trained).

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol, Self
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ from frugal.config import check_types
 from frugal.parallel.partition import split_layers
 
 __all__ = [
+    "CausalLM",
     "PipelineStage",
     "StageBlocks",
     "StageModule",
@@ -138,7 +139,34 @@ class _Block(nn.Module):
         return out
 
 
-class TinyGPT(nn.Module):
+class CausalLM(nn.Module):
+    """What the whole models (`TinyGPT`, `frugal.pipeline.llama.Llama`) share.
+
+    A token embedding `tok`, a `head` that is None when tied to it, and a constructor
+    `cls(config, seed)` that skips the random init for `seed=None`.
+    """
+
+    tok: nn.Embedding
+    head: nn.Linear | None
+
+    @classmethod
+    def load_weights(cls, config: Any, state: dict[str, Tensor]) -> Self:
+        """A model of `config` holding copies of `state` (no random init: built on meta).
+
+        Raises:
+            RuntimeError: If `state` misses a parameter or has an unexpected one.
+        """
+        with torch.device("meta"):
+            model = cls(config, seed=None)
+        model.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)
+        return model
+
+    def head_weight(self) -> Tensor:
+        """The (V, H) output projection (the embedding matrix when tied)."""
+        return self.tok.weight if self.head is None else self.head.weight
+
+
+class TinyGPT(CausalLM):
     """The whole (unpartitioned) model; `build_stages` splits it.
 
     Parameter names: `tok.weight`, `pos`, `blocks.{i}.{ln1,qkv,proj,ln2,fc,out}.{weight,bias}`,
@@ -173,22 +201,6 @@ class TinyGPT(nn.Module):
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
                 elif "ln" not in name:
                     p.zero_()
-
-    @classmethod
-    def load_weights(cls, config: TinyGPTConfig, state: dict[str, Tensor]) -> TinyGPT:
-        """A model holding copies of `state` (no random init: built on the meta device).
-
-        Raises:
-            RuntimeError: If `state` misses a parameter or has an unexpected one.
-        """
-        with torch.device("meta"):
-            model = cls(config, seed=None)
-        model.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)
-        return model
-
-    def head_weight(self) -> Tensor:
-        """The (V, H) output projection (the embedding matrix when tied)."""
-        return self.tok.weight if self.head is None else self.head.weight
 
     def forward(self, tokens_MT: Tensor) -> Tensor:
         """Logits of the next byte.
