@@ -112,6 +112,14 @@ def test_pipeline_verdicts_include_dp_and_torch_baseline_only_when_measured() ->
     assert [(v.value, v.met) for v in torch_verdict] == [(0.9, False)]  # the worst schedule
     assert "gpipe, 1f1b" in torch_verdict[0].claim
     assert [v.met for v in skipped if "pre-trained" in v.claim] == [None]  # not measured
+    # The end-to-end section: judged against what its warm-up epochs allow, and its loss.
+    e2e = replace(
+        summary, e2e_speedup_at_slowest=1.8, e2e_amdahl_ceiling=1.875, e2e_eval_loss_gap=0.02
+    )
+    rows = [v for v in part.verdicts(_result(e2e)) if v.claim.startswith("AQ-SGD end")]
+    assert [(v.value, v.met) for v in rows] == [(pytest.approx(0.96), True), (0.02, False)]
+    assert "1.80x" in rows[0].claim and "1.88x" in rows[0].claim and "4.3x" in rows[0].claim
+    assert not [v for v in base if v.claim.startswith("AQ-SGD end")]  # no section, no claim
 
 
 def test_planner_verdicts_average_the_random_seeds() -> None:

@@ -73,6 +73,7 @@ from frugal.bench.harness import (
     write_bench_results,
 )
 from frugal.bench.pipeline_dp import DPBenchConfig, run_dp_section
+from frugal.bench.pipeline_e2e import E2EBenchConfig, run_e2e_section
 from frugal.bench.pipeline_llm import LLMBenchConfig, interleaved_runs, run_llm_section
 from frugal.comm.link import RHO_POINTS
 from frugal.config import check_types
@@ -171,6 +172,9 @@ class PipelineBenchConfig(BenchConfig):
     """The data-parallel section (2 stages x 2 replicas, AQ-SGD + DP compression)."""
     llm: LLMBenchConfig = field(default_factory=LLMBenchConfig)
     """The LLM section: FP32 vs AQ-SGD on pre-trained SmolLM2-135M (`frugal.bench.pipeline_llm`)."""
+    e2e: E2EBenchConfig = field(default_factory=E2EBenchConfig)
+    """The end-to-end section: whole fine-tunes of FP32 and AQ-SGD timed on the slowest link,
+    warm-up included (`frugal.bench.pipeline_e2e`)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -229,6 +233,7 @@ class PipelineBenchConfig(BenchConfig):
         "speed_rounds": 2,
         "dp": DPBenchConfig.QUICK,
         "llm": {"enabled": False},
+        "e2e": E2EBenchConfig.QUICK,
     }
     """`--quick`: 5 methods, 1 pre-training epoch, 6 epochs, 2 x 3 speed steps."""
     PRESETS: ClassVar = {
@@ -242,6 +247,7 @@ class PipelineBenchConfig(BenchConfig):
             "speed_rounds": 1,
             "torch_pipelining": (),
             "dp": {"enabled": False},
+            "e2e": {"enabled": False},
         }
     }
     """`quick` is `quick()`; `smoke`: that with 64 training windows, FP32 and AQ-SGD fw2/bw4
@@ -341,10 +347,22 @@ def run_pipeline_bench(
     steps_per_epoch = train.num_train // (train.micro_batch_size * train.num_microbatches)
     quality_steps = config.epochs * steps_per_epoch
     warmup_steps = config.aqsgd_warmup_epochs * steps_per_epoch
+    e2e_rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="frugal-pretrained-") as weights_dir:
         quality, pretraining = _quality_runs(
             config, Path(weights_dir), quality_steps, warmup_steps, say
         )
+        if config.e2e.enabled:  # the same pre-trained start as the quality runs
+            fine_tune = (
+                replace(
+                    train,
+                    init_weights=str(Path(weights_dir) / "pretrained.pt"),
+                    learning_rate=config.finetune_learning_rate,
+                )
+                if pretraining
+                else train
+            )
+            e2e_rows, e2e_summary = run_e2e_section(config.e2e, fine_tune, say)
 
     cells = [(m, rho) for rho in config.rhos for m in config.methods]
     if config.torch_pipelining:  # our FP32 on the raw link, beside torch's pipelining
@@ -476,6 +494,9 @@ def run_pipeline_bench(
             llm_rows = []
             summary["llm_skipped"] = f"{type(exc).__name__}: {exc}"
         rows.extend(llm_rows)
+    if config.e2e.enabled:
+        rows.extend(e2e_rows)
+        summary.update(e2e_summary.to_dict())
     typed = PipelineSummary(**summary)  # a key no field names is a TypeError here
     out_dir.mkdir(parents=True, exist_ok=True)
     written = write_bench_results("pipeline", config, rows, typed, out_dir / "results.json")
@@ -824,6 +845,14 @@ class PipelineSummary(Summary):
     llm_layers: list[int] | None = None
     llm_skipped: str | None = None
     """Why the LLM section did not run (e.g. no model wheel); None otherwise."""
+    e2e_setup: str | None = None
+    e2e_speedup_at_slowest: float | None = None
+    """AQ-SGD's whole fine-tune (warm-up included) vs FP32's, wall time at the slowest link."""
+    e2e_steady_speedup: float | None = None
+    e2e_amdahl_ceiling: float | None = None
+    e2e_eval_loss_gap: float | None = None
+    e2e_fp32_s: float | None = None
+    e2e_compressed_s: float | None = None
 
 
 PIPELINE_BENCH: Bench[PipelineBenchConfig, PipelineSummary] = BenchSpec(
