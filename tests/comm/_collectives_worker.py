@@ -5,6 +5,9 @@
    lowest rank, the `central_ps` server, is not 0).
 2. `GradientSync` of a user-registered method ("fp32-copy", the plain float32 sum registered
    from outside the package) on each collective, against the built-in "none".
+3. The same sums as messages through emulated links (`ShapedGroup`, 80 Mbit/s and 1 ms on
+   every pair), with the bytes each member sent; and `GradientSync` of each DP method shaped
+   against unshaped.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import torch.distributed as dist
 
 from frugal.comm.collectives import COLLECTIVES
 from frugal.comm.gradcomp import GradientSync, NoCompressionMethod, register_dp_method
+from frugal.comm.link import LinkSpec, link_table
+from frugal.comm.shaped import ShapedGroup
 
 
 class Fp32Copy(NoCompressionMethod):
@@ -73,6 +78,49 @@ def main() -> None:
                 )
             syncs[f"{method}/{name}"] = rows
     result["syncs"] = syncs
+
+    # 3. Shaped: the same sums as messages, and each DP method shaped vs unshaped.
+    links = link_table(3, LinkSpec(bandwidth_bits_per_s=80e6, latency_s=0.001), {})
+    shaped_sums: dict[str, dict[str, object]] = {}
+    for label, group in groups.items():
+        if label == "upper" and rank == 0:
+            continue
+        shaped_sums[label] = {}
+        for name in COLLECTIVES:
+            shaped = ShapedGroup(group, links, timeout_s=30.0)
+            flat = x.clone()
+            COLLECTIVES.get(name).shaped_sum_(flat, shaped, what=name)
+            shaped_sums[label][name] = {
+                "sum": flat.tolist(),
+                "sent": sum(shaped.sent_bytes.values()),
+            }
+            shaped.close()
+    result["shaped_sums"] = shaped_sums
+    shaped_syncs: dict[str, object] = {}
+    for method in ("none", "fp16", "ef-kbit", "qadam", "powersgd"):
+        grads_by_mode = {}
+        for mode in ("plain", "shaped"):
+            torch.manual_seed(0)
+            model = torch.nn.Linear(5, 3)
+            shaped = ShapedGroup(groups["all"], links, timeout_s=30.0) if mode == "shaped" else None
+            sync = GradientSync(
+                method, list(model.parameters()), groups["all"], warmup_steps=1, shaped=shaped
+            )
+            data = torch.Generator().manual_seed(100 + rank)
+            rows = []
+            for step in range(3):
+                model.zero_grad()
+                model(torch.randn(4, 5, generator=data)).pow(2).mean().backward()
+                sync.step(step)
+                if sync.owns_optimizer:
+                    sync.apply()
+                # What the replicas agree on: the summed gradients, or qadam's weights.
+                agreed = [p if sync.owns_optimizer else p.grad for p in model.parameters()]
+                rows.append([v for t in agreed for v in t.detach().reshape(-1).tolist()])
+            grads_by_mode[mode] = rows
+            sync.close()
+        shaped_syncs[method] = grads_by_mode
+    result["shaped_syncs"] = shaped_syncs
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()

@@ -83,3 +83,24 @@ def test_three_gloo_ranks_sum_alike_by_every_collective(tmp_path: Path) -> None:
             ring = ranks[0]["syncs"]["none/ring"][step]["grads"]
             # Three summands in another order: equal up to float32 rounding.
             torch.testing.assert_close(torch.tensor(rows[0]["grads"]), torch.tensor(ring))
+
+    # Shaped: the same exact sums, and each member sent what its exchange sends (7 floats,
+    # K = 3: ring and seq_peer move 2 (K - 1) chunks of ceil(7 / 3) = 3 floats; central_ps's
+    # server sends the sum to the 2 others, each other sends it its vector once).
+    sent = {"ring": [48, 48, 48], "seq_peer": [48, 48, 48], "central_ps": [56, 28, 28]}
+    for r in ranks:
+        for name in COLLECTIVES:
+            assert r["shaped_sums"]["all"][name]["sum"] == [0.75 * v for v in values], name
+            assert r["shaped_sums"]["all"][name]["sent"] == sent[name][r["rank"]], name
+            if r["rank"] > 0:
+                assert r["shaped_sums"]["upper"][name]["sum"] == [0.625 * v for v in values]
+    # Every DP method agrees shaped and unshaped, up to float rounding (the warm-up step's
+    # float32 sum runs as a ring of messages against gloo's all-reduce: another order).
+    for r in ranks:
+        for method, modes in r["shaped_syncs"].items():
+            torch.testing.assert_close(
+                torch.tensor(modes["shaped"]), torch.tensor(modes["plain"]),
+                rtol=1e-3, atol=1e-4, msg=method,
+            )  # fmt: skip
+    for method, modes in ranks[0]["shaped_syncs"].items():  # the replicas agree exactly
+        assert all(r["shaped_syncs"][method]["shaped"] == modes["shaped"] for r in ranks), method

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -40,6 +40,9 @@ from torch import Tensor
 from frugal import FrugalError
 from frugal.comm.link import LinkSpec
 from frugal.registry import Registry
+
+if TYPE_CHECKING:
+    from frugal.comm.shaped import ShapedGroup
 
 __all__ = [
     "COLLECTIVES",
@@ -155,6 +158,14 @@ class DPCollectiveSpec:
         """
         raise NotImplementedError
 
+    def shaped_sum_(self, flat: Tensor, shaped: ShapedGroup, *, what: str) -> None:
+        """`sum_` as messages through the emulated links (`frugal.comm.shaped.ShapedGroup`).
+
+        Raises:
+            DPSyncError: If a message fails or a round times out.
+        """
+        raise NotImplementedError
+
 
 class RingCollective(DPCollectiveSpec):
     """`ring`: torch.distributed's all-reduce (a ring under gloo and NCCL)."""
@@ -174,6 +185,10 @@ class RingCollective(DPCollectiveSpec):
     def sum_(self, flat: Tensor, group: dist.ProcessGroup, *, what: str, timeout_s: float) -> None:
         """`dist.all_reduce` (sum)."""
         wait_work(dist.all_reduce(flat, group=group, async_op=True), what, timeout_s)
+
+    def shaped_sum_(self, flat: Tensor, shaped: ShapedGroup, *, what: str) -> None:
+        """Reduce-scatter then all-gather around the ring, 2 (K - 1) shaped rounds."""
+        shaped.ring_sum_(flat, what)
 
 
 class CentralPSCollective(DPCollectiveSpec):
@@ -205,6 +220,10 @@ class CentralPSCollective(DPCollectiveSpec):
         work = dist.broadcast(flat, src=server, group=group, async_op=True)
         wait_work(work, f"{what} (broadcast from rank {server})", timeout_s)
 
+    def shaped_sum_(self, flat: Tensor, shaped: ShapedGroup, *, what: str) -> None:
+        """Every vector to the lowest rank over its link, the sum back over each."""
+        shaped.reduce_broadcast_(flat, what)
+
 
 class SeqPeerCollective(DPCollectiveSpec):
     """`seq_peer`: each 1/K slice to its owner, summed there, then all-gathered."""
@@ -221,21 +240,43 @@ class SeqPeerCollective(DPCollectiveSpec):
 
     def sum_(self, flat: Tensor, group: dist.ProcessGroup, *, what: str, timeout_s: float) -> None:
         """All-to-all of the slices, the owner's sum in member order, all-gather of the sums."""
-        k, n = dist.get_world_size(group), flat.numel()
-        c = max(1, math.ceil(n / k))
-        padded = torch.zeros(k * c, dtype=flat.dtype)
-        padded[:n] = flat
-        incoming = torch.empty_like(padded)
-        work = dist.all_to_all_single(incoming, padded, group=group, async_op=True)
-        wait_work(work, f"{what} (slices to their owners)", timeout_s)
-        pieces = incoming.view(k, c)
-        total = pieces[0].clone()
-        for j in range(1, k):
-            total += pieces[j]
-        gathered = [torch.empty_like(total) for _ in range(k)]
-        work = dist.all_gather(gathered, total, group=group, async_op=True)
-        wait_work(work, f"{what} (all-gather of the sums)", timeout_s)
-        flat.copy_(torch.cat(gathered)[:n])
+
+        def all_to_all(incoming: Tensor, outgoing: Tensor, label: str) -> None:
+            work = dist.all_to_all_single(incoming, outgoing, group=group, async_op=True)
+            wait_work(work, label, timeout_s)
+
+        def all_gather(gathered: list[Tensor], total: Tensor, label: str) -> None:
+            wait_work(
+                dist.all_gather(gathered, total, group=group, async_op=True), label, timeout_s
+            )
+
+        _seq_peer(flat, dist.get_world_size(group), all_to_all, all_gather, what)
+
+    def shaped_sum_(self, flat: Tensor, shaped: ShapedGroup, *, what: str) -> None:
+        """The same exchange, every slice a message over its own link."""
+        _seq_peer(flat, shaped.size, shaped.all_to_all_single, shaped.all_gather, what)
+
+
+def _seq_peer(
+    flat: Tensor,
+    k: int,
+    all_to_all: Callable[[Tensor, Tensor, str], None],
+    all_gather: Callable[[list[Tensor], Tensor, str], None],
+    what: str,
+) -> None:
+    n = flat.numel()
+    c = max(1, math.ceil(n / k))
+    padded = torch.zeros(k * c, dtype=flat.dtype)
+    padded[:n] = flat
+    incoming = torch.empty_like(padded)
+    all_to_all(incoming, padded, f"{what} (slices to their owners)")
+    pieces = incoming.view(k, c)
+    total = pieces[0].clone()
+    for j in range(1, k):
+        total += pieces[j]
+    gathered = [torch.empty_like(total) for _ in range(k)]
+    all_gather(gathered, total, f"{what} (all-gather of the sums)")
+    flat.copy_(torch.cat(gathered)[:n])
 
 
 COLLECTIVES: Registry[DPCollectiveSpec] = Registry("DP collective", field="dp_collective")

@@ -56,6 +56,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from frugal.comm.collectives import COLLECTIVES, DPSyncError
+from frugal.comm.shaped import ShapedGroup
 from frugal.comm.sharded_ps import BucketQuantizer, ErrorFeedback, ShardedExchange, padded_length
 from frugal.parallel.plan import PlanMismatchError
 from frugal.registry import Registry
@@ -356,14 +357,38 @@ class _Bucket:
         self._flat.copy_(tensor)
 
 
+class _DoneWork:
+    """A finished `dist.Work` of a shaped all-reduce (what torch's hooks chain on)."""
+
+    def __init__(self, tensor: Tensor) -> None:
+        self._tensor = tensor
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future[list[Tensor]]:
+        future: torch.futures.Future[list[Tensor]] = torch.futures.Future()
+        future.set_result([self._tensor])
+        return future
+
+
 @contextlib.contextmanager
-def _counting_all_reduce(counts: list[int]) -> Iterator[None]:
-    """Count the bytes of every tensor torch.distributed.all_reduce gets while inside."""
+def _counting_all_reduce(counts: list[int], shaped: ShapedGroup | None = None) -> Iterator[None]:
+    """Count the bytes of every tensor torch.distributed.all_reduce gets while inside.
+
+    With `shaped`, the all-reduce itself runs as a shaped ring (`ShapedGroup.ring_sum_`).
+    """
     original = dist.all_reduce
 
     def counting(tensor: Tensor, *args: Any, **kwargs: Any) -> Any:
         counts.append(tensor.numel() * tensor.element_size())
-        return original(tensor, *args, **kwargs)
+        if shaped is None:
+            return original(tensor, *args, **kwargs)
+        shaped.ring_sum_(tensor, "a DDP comm hook's all-reduce")  # the hooks sum (the default)
+        return _DoneWork(tensor) if kwargs.get("async_op") else None
 
     setattr(dist, "all_reduce", counting)  # noqa: B010  (the hooks look it up at call time)
     try:
@@ -422,6 +447,9 @@ class GradientSync:
         timeout_s: Limit of every collective.
         collective: The stage's planned collective (`frugal.comm.collectives.COLLECTIVES`),
             which `all_reduce` runs; "" = not planned (a ring, and any method may run).
+        shaped: Run every exchange as messages through the emulated links of the group's
+            members (`frugal.comm.shaped.ShapedGroup`); None = torch.distributed's
+            collectives on the real transport.
 
     Raises:
         ValueError: If an argument is out of range or the method is not registered.
@@ -441,7 +469,9 @@ class GradientSync:
         learning_rate: float = 1e-3,
         timeout_s: float = 120.0,
         collective: str = "",
+        shaped: ShapedGroup | None = None,
     ) -> None:
+        self.shaped = shaped
         self.spec = DP_METHODS.get(method)
         self.collective = COLLECTIVES.get(collective or "ring")
         if collective:
@@ -505,7 +535,10 @@ class GradientSync:
             DPSyncError: If the collective fails or times out.
         """
         what = f"step {step}: gradient {self.collective.description}"
-        self.collective.sum_(flat, self.group, what=what, timeout_s=self.timeout_s)
+        if self.shaped is not None:
+            self.collective.shaped_sum_(flat, self.shaped, what=what)
+        else:
+            self.collective.sum_(flat, self.group, what=what, timeout_s=self.timeout_s)
         return flat.numel() * flat.element_size()
 
     def run_hook(
@@ -523,7 +556,7 @@ class GradientSync:
         """
         bucket = cast(Any, _Bucket(flat, self.params))  # duck-typed dist.GradBucket
         counts: list[int] = []
-        with _counting_all_reduce(counts):
+        with _counting_all_reduce(counts, self.shaped):
             future = hook(bucket)
             deadline = time.monotonic() + self.timeout_s
             while not future.done():
@@ -539,6 +572,11 @@ class GradientSync:
                     f"step {step}: the {self.method} hook failed: {str(exc).splitlines()[0]}"
                 ) from exc
         return mean * self.size, sum(counts)  # the hooks average; the runtime sums
+
+    def close(self) -> None:
+        """Stop the shaped links' threads (if any)."""
+        if self.shaped is not None:
+            self.shaped.close()
 
     def step(self, step: int) -> int:
         """Synchronise this step's gradients (qadam: momentum) across the replicas.
@@ -683,13 +721,14 @@ class EFKbitMethod(NoCompressionMethod):
         return _sharded_bytes(shapes, group_size, settings)
 
     def setup(self, sync: GradientSync) -> Any:
-        """The group's `ShardedExchange`."""
+        """The group's `ShardedExchange` (shaped when the sync is)."""
         return ShardedExchange(
             sync.numel,
             sync.group,
             bits=sync.settings.bits,
             bucket_size=sync.settings.bucket_size,
             timeout_s=sync.timeout_s,
+            shaped=sync.shaped,
         )
 
     def state_dict(self, sync: GradientSync) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from frugal.comm.codecs import ChannelQuantizeCodec
 from frugal.comm.collectives import wait_work
+from frugal.comm.shaped import ShapedGroup
 
 __all__ = ["BucketQuantizer", "ErrorFeedback", "ShardedExchange", "padded_length"]
 
@@ -140,6 +141,8 @@ class ShardedExchange:
         bucket_size: Values per scale.
         timeout_s: Limit of each collective.
         residual_dtype: Dtype of the worker and server residuals.
+        shaped: Send the chunks as messages through the emulated links
+            (`frugal.comm.shaped.ShapedGroup`); None = torch.distributed's collectives.
     """
 
     def __init__(
@@ -151,7 +154,9 @@ class ShardedExchange:
         bucket_size: int = 512,
         timeout_s: float = 120.0,
         residual_dtype: torch.dtype = torch.float16,
+        shaped: ShapedGroup | None = None,
     ) -> None:
+        self.shaped = shaped
         self.group = group
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -187,8 +192,12 @@ class ShardedExchange:
         self.worker.residual = (corrected - torch.cat(sent)).to(self.worker.residual.dtype)
         outgoing = torch.cat(parts)
         incoming = torch.empty_like(outgoing)
-        work = dist.all_to_all_single(incoming, outgoing, group=self.group, async_op=True)
-        wait_work(work, f"step {step}: all-to-all of the compressed chunks", self.timeout_s)
+        what = f"step {step}: all-to-all of the compressed chunks"
+        if self.shaped is not None:
+            self.shaped.all_to_all_single(incoming, outgoing, what)
+        else:
+            work = dist.all_to_all_single(incoming, outgoing, group=self.group, async_op=True)
+            wait_work(work, what, self.timeout_s)
         # Server: mean of the K decoded copies of my chunk, compressed again with its own EF.
         pieces = incoming.view(k, self.chunk_bytes)
         total = self.quantizer.decode(pieces[0], c)
@@ -196,8 +205,12 @@ class ShardedExchange:
             total += self.quantizer.decode(pieces[j], c)
         reduced, _ = self.server.compress(total / k)
         gathered = [torch.empty_like(reduced) for _ in range(k)]
-        work = dist.all_gather(gathered, reduced, group=self.group, async_op=True)
-        wait_work(work, f"step {step}: all-gather of the reduced chunks", self.timeout_s)
+        what = f"step {step}: all-gather of the reduced chunks"
+        if self.shaped is not None:
+            self.shaped.all_gather(gathered, reduced, what)
+        else:
+            work = dist.all_gather(gathered, reduced, group=self.group, async_op=True)
+            wait_work(work, what, self.timeout_s)
         out = torch.cat([self.quantizer.decode(g, c) for g in gathered])
         return out[: self.n], outgoing.numel()
 

@@ -19,7 +19,7 @@ import collections
 import datetime
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,6 +41,7 @@ from frugal.comm.message import (
     all_finite,
     parse_header,
 )
+from frugal.comm.shaped import ShapedGroup
 from frugal.parallel.codec import HEADER_BYTES, KIND_ACTIVATION, KIND_GRADIENT, CodecSpec
 from frugal.parallel.schedule import Action
 from frugal.pipeline.models import PipelineStage
@@ -459,10 +460,10 @@ class StageRunner:
         drift_check_every: Steps between AQ-SGD buffer CRC checks (0 = never).
         warmup_steps: Steps sent uncompressed (fp32) first.
         timeout_s: Limit of every wait.
-        dp_link: Emulated bottleneck link of the DP group's collective (None: the loopback
-            collective is not shaped). After the real exchange of S bytes over K replicas
-            completes, the rank sleeps the collective's network time on that link
-            (`DPCollectiveSpec.network_s`; a ring: 2 (K - 1) (S / K 8 / B + latency) seconds).
+        dp_links: LinkSpec of every directed pair of ranks for the DP group's traffic
+            (None: torch.distributed's collectives on the real transport, unshaped). With it,
+            every message of the DP exchange goes through its link's shaper
+            (`frugal.comm.shaped.ShapedGroup`), so the exchange takes what its messages take.
         dp_collective: The collective the plan priced for this stage's DP group
             (`frugal.comm.collectives.COLLECTIVES`); "" = not planned (a ring, any method).
         example_shape: Shape of one example's input activation, e.g. (T, H) (None: unknown).
@@ -483,7 +484,7 @@ class StageRunner:
         drift_check_every: int = 0,
         warmup_steps: int = 0,
         timeout_s: float = 120.0,
-        dp_link: LinkSpec | None = None,
+        dp_links: Mapping[tuple[int, int], LinkSpec] | None = None,
         dp_bits: int = 8,
         buffers: Callable[[str], BufferFactory] | None = None,
         example_shape: tuple[int, ...] | None = None,
@@ -491,7 +492,6 @@ class StageRunner:
     ) -> None:
         self.module = module
         self.example_shape = example_shape
-        self.dp_link = dp_link
         self.stage = module.stage
         self.spec = spec
         self.transport = transport
@@ -501,6 +501,11 @@ class StageRunner:
         self.dp_compression = dp_compression
         self.dp_sync: GradientSync | None = None
         if dp_group is not None:
+            shaped = (
+                ShapedGroup(dp_group, dp_links, timeout_s=timeout_s)
+                if dp_links is not None and any(spec.is_shaped for spec in dp_links.values())
+                else None
+            )
             self.dp_sync = GradientSync(
                 dp_compression,
                 [p for p in module.parameters() if p.requires_grad],  # frozen weights: no traffic
@@ -510,6 +515,7 @@ class StageRunner:
                 learning_rate=learning_rate,
                 timeout_s=timeout_s,
                 collective=dp_collective,
+                shaped=shaped,
             )
         else:
             DP_METHODS.check(dp_compression)
@@ -704,8 +710,6 @@ class StageRunner:
             except DPSyncError as exc:
                 raise PipelineError(f"stage {self.stage}: {exc}") from exc
             self.stats.dp_bytes.append(nbytes)
-            if self.dp_link is not None and self.dp_link.is_shaped:
-                time.sleep(self.dp_collective.network_s(nbytes, self.dp_sync.size, self.dp_link))
             grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         if grads and not all(all_finite(g) for g in grads):
             raise NonFiniteError(stage=self.stage, step=self._step, mb=-1, tensor="weight gradient")
@@ -719,6 +723,11 @@ class StageRunner:
             self.stats.losses.append(loss)
             return loss
         return None
+
+    def close(self) -> None:
+        """Stop the threads of the shaped DP links (if any)."""
+        if self.dp_sync is not None:
+            self.dp_sync.close()
 
 
 def run_local_step(

@@ -857,12 +857,8 @@ def _run_one(
     peers = {s: row[s] for s in (stage - 1, stage + 1) if 0 <= s < layout.num_stages}
     links = rank_links(run, dist.get_world_size(), bandwidth)
     collective = layout.stage_collective(stage)
-    members = [r[stage] for r in layout.mesh]
-    dp_link = (
-        bottleneck_link(COLLECTIVES.get(collective or "ring").edges(members), links)
-        if (run.links or run.shape_dp) and dp_group is not None
-        else None
-    )
+    # The DP exchange goes through the emulated links too (each message its pair's shaper).
+    dp_links = links if (run.links or run.shape_dp) and dp_group is not None else None
     transport = DistTransport(
         rank=rank, stage=stage, peer_ranks=peers, links=links, timeout_s=config.comm_timeout_s
     )
@@ -880,7 +876,7 @@ def _run_one(
         drift_check_every=config.drift_check_every,
         warmup_steps=config.warmup_steps,
         timeout_s=config.comm_timeout_s,
-        dp_link=dp_link,
+        dp_links=dp_links,
         buffers=buffers.factory,
         example_shape=boundary_shape(config)[1:],
         dp_collective=collective,
@@ -929,6 +925,7 @@ def _run_one(
         )
     finally:
         transport.close()
+        runner.close()
         buffers.close()
     # Eval on the whole model: replica 0's stages send their trained weights to the reporting
     # rank (a few MB for the tiny GPT, ~400 MB for SmolLM2's blocks; frozen weights are the

@@ -796,7 +796,7 @@ _PARTS: dict[str, Part] = {
         bench="frugal.bench.pipeline:PIPELINE_BENCH",
         verdicts=_pipeline_verdicts,
         figure=_pipeline_figure,
-        estimate_s={"smoke": 30.0, "quick": 240.0, "full": 7200.0},
+        estimate_s={"smoke": 30.0, "quick": 280.0, "full": 7200.0},
     ),
     "planner": Part(
         name="planner",
