@@ -9,10 +9,17 @@ alive 30 s after the rank that noticed had exited (measured: 52 s for a job whos
 `comm_timeout_s` was 20). This entry point makes `--shutdown-timeout` the default grace of
 those two calls too, then runs torch's own `torch.distributed.run.main` with the same
 arguments.
+
+It also sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (unless set): with the rendezvous store
+shared with the workers, torch's own default, a worker group restarted after a failure
+(`--max-restarts`) can read the previous attempt's addresses from the store and fail with
+"Gloo connectFullMesh failed ... Connection refused" (pytorch/pytorch#135712; it failed 3 of 3
+restarts here); a store per rendezvous round does not.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -50,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torch.distributed.run import main as torchrun_main
 
     args = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     grace = shutdown_timeout_s(args)
     LocalElasticAgent._shutdown.__defaults__ = (signal.SIGTERM, grace)
     PContext.close.__defaults__ = (None, grace)
