@@ -10,16 +10,12 @@ alive 30 s after the rank that noticed had exited (measured: 52 s for a job whos
 those two calls too, then runs torch's own `torch.distributed.run.main` with the same
 arguments.
 
-It also sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (unless set): with the rendezvous store
-shared with the workers, torch's own default, a worker group restarted after a failure
-(`--max-restarts`) can read the previous attempt's addresses from the store and fail with
-"Gloo connectFullMesh failed ... Connection refused" (pytorch/pytorch#135712; it failed 3 of 3
-restarts here); a store per rendezvous round does not.
+(A restarted worker group must also rendezvous under a prefix of its attempt, or it reads the
+last attempt's addresses: `frugal.launch.group.init_group`.)
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -57,7 +53,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torch.distributed.run import main as torchrun_main
 
     args = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     grace = shutdown_timeout_s(args)
     LocalElasticAgent._shutdown.__defaults__ = (signal.SIGTERM, grace)
     PContext.close.__defaults__ = (None, grace)

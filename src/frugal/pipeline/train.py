@@ -37,6 +37,7 @@ from frugal.comm.gradcomp import DP_METHODS
 from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
 from frugal.config import ConfigError, check_types, config_from_dict, config_to_dict
 from frugal.launch import MemoryEstimate, TorchrunJob, check_job, run_torchrun
+from frugal.launch.group import init_group
 from frugal.parallel.codec import CodecSpec
 from frugal.parallel.schedule import SCHEDULES, build_schedule
 from frugal.pipeline.buffers import BUFFER_BACKENDS, BufferSet
@@ -725,7 +726,7 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=config.comm_timeout_s)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    init_group(rank, world_size, config.comm_timeout_s)  # under this restart attempt's prefix
     try:
         layout = make_layout(config, world_size, runs)
         data = load_windows(config)

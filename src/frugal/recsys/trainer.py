@@ -52,6 +52,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from frugal.config import config_from_dict, config_to_dict
 from frugal.disk import guard_write
+from frugal.launch.group import init_group
 from frugal.recsys.batch import KJTBatch, RecsysData
 from frugal.recsys.checkpoint import (
     commit_checkpoint,
@@ -63,7 +64,6 @@ from frugal.recsys.client import EmbeddingClient, LookupResult, PendingLookup
 from frugal.recsys.config import Mode, RecsysTrainConfig, prefetch_depth, staleness_bound
 from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
 from frugal.recsys.errors import PSUnavailableError, RecsysError, StalenessBoundError
-from frugal.recsys.group import init_group
 from frugal.recsys.loader import BatchSource
 from frugal.recsys.metrics import log_loss, roc_auc
 from frugal.recsys.models import build_model

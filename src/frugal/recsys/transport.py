@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from frugal.launch.group import RENDEZVOUS_URL
 from frugal.recsys.errors import PSUnavailableError
-from frugal.recsys.group import RENDEZVOUS_URL
 from frugal.recsys.ps import DenseShard, EmbeddingShard
 
 __all__ = ["Handle", "LocalTransport", "RpcTransport", "ShardServer", "Transport"]

@@ -2,9 +2,11 @@
 
 When torchrun restarts a failed worker group (`--max-restarts`), its agent keeps the same
 c10d store, so the new processes would read the old attempt's addresses (gloo then dials a
-dead peer). Both the gloo group and torch.distributed.rpc therefore rendezvous through a
-`PrefixStore` named after `TORCHELASTIC_RESTART_COUNT`: the `frugal-attempt://` rendezvous
-handler registered here (torch's documented extension point).
+dead peer: "Gloo connectFullMesh failed ... Connection refused", pytorch/pytorch#135712; the
+pipeline's restart failed 3 times in 3 before it used this). Every frugal worker (pipeline,
+recsys) therefore starts its gloo group with `init_group`, and recsys's torch.distributed.rpc
+with the `frugal-attempt://` rendezvous handler registered here (torch's documented extension
+point): both through a `PrefixStore` named after `TORCHELASTIC_RESTART_COUNT`.
 """
 
 from __future__ import annotations
