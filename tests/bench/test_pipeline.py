@@ -12,6 +12,7 @@ import pytest
 
 from frugal.bench.pipeline import PipelineBenchConfig, run_pipeline_bench
 from frugal.bench.pipeline_dp import DPBenchConfig
+from frugal.bench.pipeline_e2e import E2EBenchConfig
 from frugal.bench.pipeline_llm import LLMBenchConfig
 from frugal.pipeline.train import PipelineTrainConfig
 
@@ -26,7 +27,7 @@ def test_smallest_bench_writes_rows_and_summary(tmp_path: Path) -> None:
         methods=("fp32", "aqsgd:fw2,bw4"), rhos=(3.3,), epochs=2, speed_steps=2,
         speed_rounds=2, pretrain_epochs=1, pretrain_windows=32,
         quality_workers=1, torch_pipelining=("gpipe",), dp=DPBenchConfig(enabled=False),
-        llm=LLMBenchConfig(enabled=False),
+        llm=LLMBenchConfig(enabled=False), e2e=E2EBenchConfig(enabled=False),
     )  # fmt: skip
     document = run_pipeline_bench(config, tmp_path).document
     saved = json.loads((tmp_path / "results.json").read_text())
