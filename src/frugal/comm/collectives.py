@@ -240,17 +240,10 @@ class SeqPeerCollective(DPCollectiveSpec):
 
     def sum_(self, flat: Tensor, group: dist.ProcessGroup, *, what: str, timeout_s: float) -> None:
         """All-to-all of the slices, the owner's sum in member order, all-gather of the sums."""
+        from frugal.comm.shaped import DirectGroup
 
-        def all_to_all(incoming: Tensor, outgoing: Tensor, label: str) -> None:
-            work = dist.all_to_all_single(incoming, outgoing, group=group, async_op=True)
-            wait_work(work, label, timeout_s)
-
-        def all_gather(gathered: list[Tensor], total: Tensor, label: str) -> None:
-            wait_work(
-                dist.all_gather(gathered, total, group=group, async_op=True), label, timeout_s
-            )
-
-        _seq_peer(flat, dist.get_world_size(group), all_to_all, all_gather, what)
+        direct = DirectGroup(group, timeout_s=timeout_s)
+        _seq_peer(flat, direct.size, direct.all_to_all_single, direct.all_gather, what)
 
     def shaped_sum_(self, flat: Tensor, shaped: ShapedGroup, *, what: str) -> None:
         """The same exchange, every slice a message over its own link."""
@@ -261,7 +254,7 @@ def _seq_peer(
     flat: Tensor,
     k: int,
     all_to_all: Callable[[Tensor, Tensor, str], None],
-    all_gather: Callable[[list[Tensor], Tensor, str], None],
+    all_gather: Callable[[Sequence[Tensor], Tensor, str], None],
     what: str,
 ) -> None:
     n = flat.numel()

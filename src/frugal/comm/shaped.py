@@ -36,7 +36,7 @@ from torch import Tensor
 
 from frugal.comm.link import LinkShaper, LinkSpec
 
-__all__ = ["ShapedGroup"]
+__all__ = ["DirectGroup", "ShapedGroup"]
 
 
 class ShapedGroup:
@@ -188,3 +188,31 @@ class ShapedGroup:
         """Stop the shaper threads."""
         for shaper in self._shapers.values():
             shaper.close()
+
+
+class DirectGroup:
+    """The exchanges of `ShapedGroup` by torch.distributed's collectives, unshaped.
+
+    Args:
+        group: The process group.
+        timeout_s: Limit of each collective.
+    """
+
+    def __init__(self, group: dist.ProcessGroup, *, timeout_s: float) -> None:
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.timeout_s = timeout_s
+
+    def all_to_all_single(self, incoming: Tensor, outgoing: Tensor, what: str) -> None:
+        """`dist.all_to_all_single` within the timeout."""
+        from frugal.comm.collectives import wait_work
+
+        work = dist.all_to_all_single(incoming, outgoing, group=self.group, async_op=True)
+        wait_work(work, what, self.timeout_s)
+
+    def all_gather(self, outputs: Sequence[Tensor], tensor: Tensor, what: str) -> None:
+        """`dist.all_gather` within the timeout."""
+        from frugal.comm.collectives import wait_work
+
+        work = dist.all_gather(list(outputs), tensor, group=self.group, async_op=True)
+        wait_work(work, what, self.timeout_s)

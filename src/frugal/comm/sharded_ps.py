@@ -29,8 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from frugal.comm.codecs import ChannelQuantizeCodec
-from frugal.comm.collectives import wait_work
-from frugal.comm.shaped import ShapedGroup
+from frugal.comm.shaped import DirectGroup, ShapedGroup
 
 __all__ = ["BucketQuantizer", "ErrorFeedback", "ShardedExchange", "padded_length"]
 
@@ -156,7 +155,7 @@ class ShardedExchange:
         residual_dtype: torch.dtype = torch.float16,
         shaped: ShapedGroup | None = None,
     ) -> None:
-        self.shaped = shaped
+        self.comm = shaped if shaped is not None else DirectGroup(group, timeout_s=timeout_s)
         self.group = group
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -192,12 +191,9 @@ class ShardedExchange:
         self.worker.residual = (corrected - torch.cat(sent)).to(self.worker.residual.dtype)
         outgoing = torch.cat(parts)
         incoming = torch.empty_like(outgoing)
-        what = f"step {step}: all-to-all of the compressed chunks"
-        if self.shaped is not None:
-            self.shaped.all_to_all_single(incoming, outgoing, what)
-        else:
-            work = dist.all_to_all_single(incoming, outgoing, group=self.group, async_op=True)
-            wait_work(work, what, self.timeout_s)
+        self.comm.all_to_all_single(
+            incoming, outgoing, f"step {step}: all-to-all of the compressed chunks"
+        )
         # Server: mean of the K decoded copies of my chunk, compressed again with its own EF.
         pieces = incoming.view(k, self.chunk_bytes)
         total = self.quantizer.decode(pieces[0], c)
@@ -205,12 +201,7 @@ class ShardedExchange:
             total += self.quantizer.decode(pieces[j], c)
         reduced, _ = self.server.compress(total / k)
         gathered = [torch.empty_like(reduced) for _ in range(k)]
-        what = f"step {step}: all-gather of the reduced chunks"
-        if self.shaped is not None:
-            self.shaped.all_gather(gathered, reduced, what)
-        else:
-            work = dist.all_gather(gathered, reduced, group=self.group, async_op=True)
-            wait_work(work, what, self.timeout_s)
+        self.comm.all_gather(gathered, reduced, f"step {step}: all-gather of the reduced chunks")
         out = torch.cat([self.quantizer.decode(g, c) for g in gathered])
         return out[: self.n], outgoing.numel()
 
