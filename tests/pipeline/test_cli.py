@@ -140,3 +140,59 @@ def test_your_hugging_face_model_fine_tunes_on_your_jsonl_from_the_cli(
     saved = json.loads((out / "train.json").read_text())
     assert len(saved["losses"]) == 4 and saved["losses"][-1] < saved["losses"][0]
     assert saved["summary"]["eval_loss"] < saved["summary"]["initial_eval_loss"]
+
+
+def test_machines_that_do_not_split_the_job_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ["pipeline", "train", "--stages", "2"]
+    assert main([*base, "--nnodes", "3", "--rdzv-endpoint", "127.0.0.1:1"]) == 2
+    assert "--nnodes 3 does not divide the job's 2 processes" in capsys.readouterr().err
+    assert main([*base, "--nnodes", "2"]) == 2
+    assert "--nnodes 2 needs --rdzv-endpoint HOST:PORT" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_machines_train_like_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Two `frugal pipeline train` commands on 127.0.0.1 stand for two machines (one rank each,
+    # one rendezvous): the losses equal one machine's run of the same job, and only global
+    # rank 0's machine writes train.json.
+    import subprocess
+    import sys
+
+    from frugal.launch import free_port
+
+    args = ["pipeline", "train", "--stages", "2", "--steps", "3", "--codec", "aqsgd",
+            "--fw-bits", "2", "--bw-bits", "4", "--set", "num_train=64"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "frugal",
+                *args,
+                "--nnodes",
+                "2",
+                "--rdzv-endpoint",
+                endpoint,
+                "--out",
+                str(tmp_path / f"node{n}"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(2)
+    ]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], [err[-2000:] for _, err in outputs]
+    written = [n for n in range(2) if (tmp_path / f"node{n}" / "train.json").exists()]
+    assert len(written) == 1
+    other = 1 - written[0]
+    assert "the machine of global rank 0 writes train.json" in outputs[other][1]
+    two = json.loads((tmp_path / f"node{written[0]}" / "train.json").read_text())
+    one = json.loads((tmp_path / "one" / "train.json").read_text())
+    assert two["losses"] == one["losses"] and two["summary"]["world_size"] == 2

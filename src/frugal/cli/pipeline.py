@@ -103,6 +103,19 @@ def add_actions(children: Any) -> None:
         "--dp-bits", type=int, default=None, metavar="K", help="bits of ef-kbit / qadam (8)"
     )
     train.add_argument("--out", default="reports/pipeline-train", metavar="DIR", help="folder")
+    train.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="machines in the job; run the same command on each, with the same --rdzv-endpoint",
+    )
+    train.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="rendezvous address every machine reaches (with --nnodes > 1)",
+    )
     add_overwrite_argument(train, "train.json")
     add_force_argument(train)
     add_config_arguments(train)
@@ -208,12 +221,19 @@ def _train(args: argparse.Namespace, config: PipelineTrainConfig) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from frugal.launch import check_job
-    from frugal.pipeline.job import check_training, run_training
+    from frugal.pipeline.job import check_nodes, check_training, run_training
 
     job = check_training(config, num_stages=args.stages)
+    nproc = check_nodes(job, args.nnodes)
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        raise ConfigError(
+            f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, an address every machine "
+            "reaches (the same on all of them)"
+        )
     out = output_folder(args.out)
     refuse_earlier_output(out / "train.json", args)
-    check_job(job.world_size, job.memory, force=args.force)  # before the progress bar
+    memory = job.memory.per_machine(args.nnodes)
+    check_job(nproc, memory, force=args.force)  # before the progress bar
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -227,7 +247,21 @@ def _train(args: argparse.Namespace, config: PipelineTrainConfig) -> int:
         def on_step(step: int, loss: float) -> None:
             bar.update(task, completed=step + 1, loss=f"{loss:.4f}")
 
-        summary = run_training(job, out, on_step=on_step, force=args.force)
+        summary = run_training(
+            job,
+            out,
+            on_step=on_step,
+            force=args.force,
+            nnodes=args.nnodes,
+            rdzv_endpoint=args.rdzv_endpoint,
+        )
+    if summary is None:
+        print(
+            f"this machine's {nproc} ranks finished; the machine of global rank 0 writes "
+            "train.json",
+            file=sys.stderr,
+        )
+        return 0
     print(json.dumps(asdict(summary), indent=1))
     print(f"wrote {out / 'train.json'} and {out / 'loss_curve.png'}", file=sys.stderr)
     return 0

@@ -146,6 +146,15 @@ class MemoryEstimate:
         """The sum of the terms, bytes."""
         return sum(count for _, count in self.terms)
 
+    def per_machine(self, nnodes: int) -> MemoryEstimate:
+        """The share of one of `nnodes` machines that split the job evenly (terms / nnodes)."""
+        if nnodes == 1:
+            return self
+        return MemoryEstimate(
+            tuple((f"{what} / {nnodes} machines", count // nnodes) for what, count in self.terms),
+            self.fix,
+        )
+
     def describe(self) -> str:
         """`about 2.3 GiB (a: 1 GiB, b: 1.3 GiB)`, the terms of more than 0 bytes."""
         parts = ", ".join(f"{what}: {human_bytes(count)}" for what, count in self.terms if count)

@@ -29,6 +29,7 @@ __all__ = [
     "RANK_BASELINE_BYTES",
     "TrainingJob",
     "TrainingSummary",
+    "check_nodes",
     "check_training",
     "load_plan",
     "memory_estimate",
@@ -102,6 +103,20 @@ def load_plan(path: str | Path) -> Plan:
         return Plan.from_json(Path(path).read_text())
     except ValueError as exc:  # Plan.from_json's "not a plan: ..." names what is wrong
         raise ConfigError(f"--plan {path}: {exc}") from exc
+
+
+def check_nodes(job: TrainingJob, nnodes: int) -> int:
+    """Processes per machine of `job` over `nnodes` machines.
+
+    Raises:
+        ConfigError: If nnodes < 1 or does not divide the world size.
+    """
+    if nnodes < 1 or job.world_size % nnodes:
+        raise ConfigError(
+            f"--nnodes {nnodes} does not divide the job's {job.world_size} processes; give a "
+            f"divisor of {job.world_size} (each machine runs world_size / nnodes of them)"
+        )
+    return job.world_size // nnodes
 
 
 def check_training(config: PipelineTrainConfig, *, num_stages: int | None = None) -> TrainingJob:
@@ -265,7 +280,9 @@ def run_training(
     *,
     on_step: StepProgress | None = None,
     force: bool = False,
-) -> TrainingSummary:
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+) -> TrainingSummary | None:
     """Train `job` with one torchrun process per rank; write `train.json` and `loss_curve.png`.
 
     Args:
@@ -274,13 +291,20 @@ def run_training(
             so a failed run leaves no stale results.
         on_step: Called with (step, train loss) after each step, or None.
         force: Start even where a resource guard (process count, `job.memory`) refuses.
+        nnodes: Machines in the job; each runs this same call with `job.world_size / nnodes`
+            processes and the same `rdzv_endpoint`.
+        rdzv_endpoint: `host:port` of the rendezvous every machine reaches (needed when
+            nnodes > 1).
 
     Returns:
         The run's summary; `out_dir / "train.json"` holds it with the loss of every step.
+        None on a machine other than global rank 0's (which writes the results).
 
     Raises:
+        ConfigError: If the world size does not split evenly over `nnodes` machines.
         PipelineError: If a rank fails or the launch exceeds its timeout.
     """
+    nproc = check_nodes(job, nnodes)
     config = job.config
     for stale in ("train.json", "loss_curve.png"):
         (out_dir / stale).unlink(missing_ok=True)
@@ -304,12 +328,16 @@ def run_training(
         config,
         [run],
         out_dir,
-        nproc=job.world_size,
+        nproc=nproc,
         timeout_s=max(600.0, 30.0 * config.steps),
         on_progress=on_progress,
-        memory_estimate=job.memory,
+        memory_estimate=job.memory.per_machine(nnodes),
         force=force,
+        nnodes=nnodes,
+        rdzv_endpoint=rdzv_endpoint,
     )
+    if not ranks:
+        return None  # global rank 0 is on another machine: it writes the results
     last = next(r for r in ranks if r["runs"][0]["eval_loss"] is not None)["runs"][0]
     summary = TrainingSummary(
         codec=config.codec,

@@ -790,8 +790,18 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
             _barrier(config.comm_timeout_s)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomically(out_dir / f"rank{rank}.json", json.dumps(results))
+        # Every rank's results to rank 0, whose node may not hold the others' files (several
+        # machines): it writes them all, in rank order.
+        everyone: list[Any] = [None] * world_size
+        dist.gather_object(results, everyone if rank == 0 else None, dst=0)
+        if rank == 0:
+            write_text_atomically(out_dir / RANKS_FILE, json.dumps(everyone))
     finally:
         dist.destroy_process_group()
+
+
+RANKS_FILE = "ranks.json"
+"""What global rank 0 writes into its node's output folder: every rank's results."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -982,8 +992,15 @@ def launch_torchrun(
     module: str = "frugal.pipeline.worker",
     memory_estimate: MemoryEstimate | None = None,
     force: bool = False,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Start `nproc` workers with torchrun on 127.0.0.1; return each rank's results.
+    """Start `nproc` workers per node with torchrun; return every rank's results.
+
+    On one node (the default) the rendezvous is on 127.0.0.1. With `nnodes` > 1 every machine
+    runs the same call with the same `rdzv_endpoint` (`host:port` all of them reach); global
+    rank 0 gathers every rank's results, so its node returns them all and every other node
+    returns [] (its ranks finished; the results are on rank 0's node).
 
     `module` is the worker's entry point (`python -m module JOB.json OUT_DIR`);
     `memory_estimate` and `force` go to the launch's resource guards (`TorchrunJob`).
@@ -993,14 +1010,18 @@ def launch_torchrun(
             launch exceeds `timeout_s`.
     """
     # A plan that does not fit this job fails here, before any process starts.
-    layout = make_layout(config, nproc, runs)
+    world_size = nproc * nnodes
+    layout = make_layout(config, world_size, runs)
     job = out_dir / "job.json"
     launch = TorchrunJob(
         target=[module, str(job), str(out_dir)],
         nproc=nproc,
+        nnodes=nnodes,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id="frugal-pipeline",
         timeout_s=timeout_s,
         max_restarts=config.max_restarts,
-        rank_roles={rank: layout.role(rank) for rank in range(nproc)},
+        rank_roles={rank: layout.role(rank) for rank in range(world_size)},
         shutdown_timeout_s=_SHUTDOWN_TIMEOUT_S,
         log_dir=out_dir / "logs",
         memory_estimate=memory_estimate,
@@ -1011,8 +1032,8 @@ def launch_torchrun(
     job.write_text(
         json.dumps({"config": config_to_dict(config), "runs": [asdict(r) for r in runs]})
     )
-    for old in out_dir.glob("rank*.json"):
-        old.unlink()
+    for old in [*out_dir.glob("rank*.json"), out_dir / RANKS_FILE]:
+        old.unlink(missing_ok=True)
 
     def on_line(local_rank: int, line: str) -> None:
         if on_progress is not None and (event := progress_event(line)) is not None:
@@ -1021,7 +1042,10 @@ def launch_torchrun(
     result = run_torchrun(launch, on_line=on_line)
     if not result.ok:
         raise PipelineError(f"pipeline launch failed: {result.failure_message()}")
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
+    if not (out_dir / RANKS_FILE).exists():
+        return []  # another node holds global rank 0 and the results
+    ranks: list[dict[str, Any]] = json.loads((out_dir / RANKS_FILE).read_text())
+    return ranks
 
 
 def progress_event(line: str) -> dict[str, Any] | None:
