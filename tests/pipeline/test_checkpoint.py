@@ -220,3 +220,18 @@ def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_curve(tmp_path:
 def _folder(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
+
+
+def test_pipeline_train_refuses_another_jobs_checkpoints_before_launching(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from frugal.cli.main import main
+
+    job, _ = _saved(tmp_path / "run" / "checkpoints", 1)
+    job.buffers.close()
+    code = main(["pipeline", "train", "--stages", "2", "--steps", "2", "--set", "num_train=64",
+                 "--set", "checkpoint_every=1", "--out", str(tmp_path / "run")])  # fmt: skip
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "was written by a job with other" in err and "codec" in err
+    assert not (tmp_path / "run" / "logs").exists()  # nothing was launched

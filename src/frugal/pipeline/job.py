@@ -19,6 +19,7 @@ from frugal.comm.gradcomp import DP_METHODS
 from frugal.config import ConfigError
 from frugal.disk import guard_write
 from frugal.launch.guards import MemoryEstimate
+from frugal.pipeline.checkpoint import fingerprint, latest_checkpoint
 from frugal.pipeline.train import Layout, PipelineTrainConfig, RunSpec, launch_torchrun, make_layout
 from frugal.results import write_text_atomically
 
@@ -303,6 +304,7 @@ def run_training(
     Raises:
         ConfigError: If the world size does not split evenly over `nnodes` machines.
         PipelineError: If a rank fails or the launch exceeds its timeout.
+        CheckpointMismatchError: If the checkpoint folder holds another job's checkpoint.
     """
     nproc = check_nodes(job, nnodes)
     config = job.config
@@ -319,6 +321,10 @@ def run_training(
         dp_bits=config.dp_bits,
         checkpoint=True,
     )
+
+    if config.checkpoint_every > 0:  # another job's checkpoints are refused before launching
+        root = Path(config.checkpoint_dir) if config.checkpoint_dir else out_dir / "checkpoints"
+        latest_checkpoint(root, fingerprint(config, run.label, str(job.layout)))
 
     def on_progress(event: dict[str, Any]) -> None:
         if on_step is not None and event["run"] == run.label:
