@@ -1042,10 +1042,13 @@ def launch_torchrun(
     result = run_torchrun(launch, on_line=on_line)
     if not result.ok:
         raise PipelineError(f"pipeline launch failed: {result.failure_message()}")
-    if not (out_dir / RANKS_FILE).exists():
+    if (out_dir / RANKS_FILE).exists():
+        ranks: list[dict[str, Any]] = json.loads((out_dir / RANKS_FILE).read_text())
+        return ranks
+    if nnodes > 1:
         return []  # another node holds global rank 0 and the results
-    ranks: list[dict[str, Any]] = json.loads((out_dir / RANKS_FILE).read_text())
-    return ranks
+    # One node, a worker that writes only its own file (torch.distributed.pipelining's).
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
 def progress_event(line: str) -> dict[str, Any] | None:
