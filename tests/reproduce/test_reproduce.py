@@ -20,7 +20,12 @@ from frugal.reproduce import PART_NAMES, ReproduceConfig, Verdict, get_part, run
 from frugal.reproduce import parts as parts_module
 from frugal.reproduce.report import verdict_table
 from frugal.results import git_commit
-from tests.bench._summaries import pipeline_summary, planner_summary, store_summary
+from tests.bench._summaries import (
+    pipeline_summary,
+    plan_validation_summary,
+    planner_summary,
+    store_summary,
+)
 
 
 def _result(summary: Summary, rows: list[dict[str, Any]] | None = None) -> BenchResult[Any]:
@@ -274,3 +279,29 @@ def test_versus_divides_throughputs_and_inverts_times() -> None:
     assert (timed.value, timed.met, timed.comparison) == (3.0, True, ">=")
     missing = versus("store", "c", ours=None, baseline_name="b", baseline=1.0, target=1, unit="")
     assert missing.value is None and missing.met is None
+
+
+def test_the_planner_part_folds_its_validation_into_the_bench_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from frugal.bench import plan_validation
+
+    validation = plan_validation_summary(sim_vs_measured_max_error=0.07)
+    runs: list[str] = []
+
+    def fake_validation(config: Any, out: Path, progress: Any = None) -> BenchResult[Any]:
+        runs.append(str(out))
+        return BenchResult(summary=validation, rows=[{"method": "ours"}], document={})
+
+    monkeypatch.setattr(plan_validation, "run_plan_validation", fake_validation)
+    bench = BenchResult(summary=planner_summary(), rows=[{"scenario": "world"}], document={})
+    part = get_part("planner")
+    assert part.extend is not None
+    assert part.extend("smoke", tmp_path, print, bench) is bench  # smoke skips the emulation
+    folded = part.extend("quick", tmp_path, print, bench)
+    assert runs == [str(tmp_path / "validation")]
+    assert folded.summary.validation == validation
+    assert folded.summary.sim_vs_measured_max_error == 0.07
+    assert folded.rows == [{"scenario": "world"}, {"validation": True, "method": "ours"}]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["summary"]["sim_vs_measured_max_error"] == 0.07  # a resumed part reads it back

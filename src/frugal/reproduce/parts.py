@@ -262,6 +262,7 @@ def _planner_validation(mode: Mode, out: Path, progress: Progress, result: Resul
         return result  # the emulated validation runs take minutes
     # Validation: the cost model's predictions against emulated pipeline runs of each plan.
     from frugal.bench import plan_validation
+    from frugal.bench.planner import PlannerSummary  # at run time: isinstance needs the class
     from frugal.results import clean_json, write_results
 
     # full: 8 ranks, 3 rounds of 8 steps per method; quick: 4 ranks, 2 rounds of 6 (one round
