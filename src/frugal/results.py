@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 import json
 import math
@@ -197,8 +198,10 @@ class BenchJournal:
     def record(self, cell: str, value: Any) -> None:
         """Append `cell`'s value (JSON data) and flush it to disk.
 
-        The line goes out in one `write` on a file opened with `O_APPEND`, so benches that
-        share an output folder (e.g. one seed each) append whole lines without interleaving.
+        The line goes out under an exclusive `flock` of the file, opened with `O_APPEND`, so
+        benches that share an output folder (e.g. one seed each) append whole lines without
+        interleaving, even where the kernel takes a long line in several `write` calls (seen
+        once in CI: two processes' 200 KB lines interleaved into 51 lines of 50).
         """
         self.finished[cell] = value
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,6 +211,7 @@ class BenchJournal:
         with guard_write(self.path, what=f"the bench journal {self.path}", needed_bytes=len(line)):
             descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX)  # released when the descriptor closes
                 written = 0
                 while written < len(line):  # a regular file takes it in one call; be safe
                     written += os.write(descriptor, line[written:])
