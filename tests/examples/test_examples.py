@@ -23,7 +23,10 @@ def load(name: str) -> ModuleType:
 
 
 def test_every_example_is_tested() -> None:
-    tested = {"store_training_loop", "tgraph_benchmark", "plan_my_cluster", "pipeline_tiny_gpt"}
+    tested = {
+        "store_training_loop", "tgraph_benchmark", "plan_my_cluster", "pipeline_tiny_gpt",
+        "pipeline_your_model",
+    }  # fmt: skip
     assert {p.stem for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -71,3 +74,17 @@ def test_pipeline_tiny_gpt_trains_and_compresses() -> None:
     # 2-bit deltas and 4-bit gradients after each example's first visit: fewer bytes.
     assert aqsgd["wire_bytes"] < 0.6 * fp32["wire_bytes"]
     assert abs(aqsgd["eval_loss"] - fp32["eval_loss"]) < 0.05 * fp32["eval_loss"]
+
+
+def test_pipeline_your_model_fine_tunes_a_folder_on_a_jsonl(tmp_path: Path) -> None:
+    from tests.pipeline.test_hf_loader import _nontrivial, write_hf_folder
+    from tests.pipeline.test_llama import TINY
+
+    folder = write_hf_folder(tmp_path / "my-model", _nontrivial(TINY))
+    data = tmp_path / "notes.jsonl"
+    data.write_text("".join(json.dumps({"text": f"the cat {i} sat"}) + "\n" for i in range(300)))
+    out = load("pipeline_your_model").main(
+        ["--model-dir", str(folder), "--data", str(data), "--context", "16", "--steps", "6"]
+    )
+    assert out["last_loss"] < out["first_loss"]  # fine-tuning on the file lowers the loss
+    assert 0 < out["eval_loss"] < 6.0  # below uniform over the 264 tokens: ln 264 = 5.58 + slack
