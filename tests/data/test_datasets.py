@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_names_are_unique_and_unknown_names_list_the_known_ones() -> None:
     names = [info.name for info in DATASETS]
-    assert len(names) == len(set(names)) == 10
+    assert len(names) == len(set(names)) == 13
     with pytest.raises(ValueError, match="unknown dataset 'nope'; known datasets: collegemsg"):
         get_dataset_info("nope")
 

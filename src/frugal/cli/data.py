@@ -67,6 +67,9 @@ def _counts(stats: DatasetStats) -> str:
         (stats.num_rows, "rows"),
         (stats.num_documents, "docs"),
         (stats.num_chars, "chars"),
+        (stats.num_entities, "entities"),
+        (stats.num_relations, "relations"),
+        (sum(stats.num_triples) if stats.num_triples else None, "triples"),
     ):
         if value is not None:
             parts.append(f"{value:,} {unit}")

@@ -1,7 +1,8 @@
 """Bundled real datasets, found in installed packages, verified, parsed and cached.
 
 Each dataset is a `DatasetInfo` record (`DATASETS`, `get_dataset_info`); loaders return
-standard containers: `load_events` -> `TemporalEvents`, `load_table` -> pandas DataFrame,
+standard containers: `load_events` -> `TemporalEvents`, `load_triples` -> `KnowledgeGraph`,
+`load_table` -> pandas DataFrame,
 `load_documents`/`load_text` -> text, `dataset_path` -> a verified model file. Synthetic
 generators for scale and tests live in `frugal.data.synthetic`; the `ml_NAME` files of
 Benchtemp/TGN are written and read by `frugal.data.ml_format`.
@@ -17,6 +18,7 @@ from frugal.data.loaders import (
     load_events,
     load_table,
     load_text,
+    load_triples,
     verify_dataset,
 )
 from frugal.data.records import (
@@ -28,6 +30,7 @@ from frugal.data.records import (
     data_wheel_requirements,
     get_dataset_info,
 )
+from frugal.data.triples import KnowledgeGraph
 
 __all__ = [
     "DATASETS",
@@ -38,6 +41,7 @@ __all__ = [
     "DatasetSource",
     "DatasetStats",
     "DatasetStatsError",
+    "KnowledgeGraph",
     "SourceFile",
     "TemporalEvents",
     "compute_stats",
@@ -49,5 +53,6 @@ __all__ = [
     "load_events",
     "load_table",
     "load_text",
+    "load_triples",
     "verify_dataset",
 ]

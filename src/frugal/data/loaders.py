@@ -1,6 +1,7 @@
 """Load bundled datasets: locate, verify the checksum, parse, cache, check the counts.
 
-Temporal graphs load as `TemporalEvents` (stably sorted by t, node ids dense), tables as
+Temporal graphs load as `TemporalEvents` (stably sorted by t, node ids dense), knowledge graphs
+as `KnowledgeGraph` (train/valid/test triples, ids in sorted name order), tables as
 pandas DataFrames, text as a tuple of documents, model files as a verified path. The parsed
 form is cached under `$FRUGAL_CACHE`, keyed by the source files' digests and the parser
 version, so a second load reads one `.npz`/`.parquet`/`.json` file.
@@ -30,6 +31,7 @@ from frugal.data.events import TemporalEvents, factorize_nodes
 from frugal.data.records import DatasetInfo, DatasetStats, FileFormat, get_dataset_info
 from frugal.data.source import LocatedFile, locate_files, verify_files
 from frugal.data.text_files import is_text_file, read_text_documents
+from frugal.data.triples import KnowledgeGraph, read_triples_tsv
 
 __all__ = [
     "DataConfig",
@@ -39,6 +41,7 @@ __all__ = [
     "load_events",
     "load_table",
     "load_text",
+    "load_triples",
     "verify_dataset",
 ]
 
@@ -336,6 +339,78 @@ def load_events(dataset: str | DatasetInfo, config: DataConfig | None = None) ->
     )
 
 
+# --- knowledge graphs ----------------------------------------------------------------------
+
+
+def _parse_kg_tsv(paths: list[Path], info: DatasetInfo) -> KnowledgeGraph:
+    by_split = {path.stem: path for path in paths}
+    missing = {"train", "valid", "test"} - set(by_split)
+    if missing:
+        raise ValueError(f"dataset {info.name!r} lists no {sorted(missing)} file")
+    return read_triples_tsv(by_split["train"], by_split["valid"], by_split["test"], name=info.name)
+
+
+def _save_triples(path: Path, graph: KnowledgeGraph) -> None:
+    def write(tmp: Path) -> None:
+        with tmp.open("wb") as fh:
+            np.savez(
+                fh,
+                train=graph.train,
+                valid=graph.valid,
+                test=graph.test,
+                entity_names=np.array(graph.entity_names, dtype=str),
+                relation_names=np.array(graph.relation_names, dtype=str),
+                name=np.array(graph.name),
+            )
+
+    atomic_write(path, write)
+
+
+def _read_triples(path: Path) -> KnowledgeGraph:
+    with np.load(path, allow_pickle=False) as npz:
+        return KnowledgeGraph(
+            train=npz["train"],
+            valid=npz["valid"],
+            test=npz["test"],
+            entity_names=tuple(str(n) for n in npz["entity_names"]),
+            relation_names=tuple(str(n) for n in npz["relation_names"]),
+            name=str(npz["name"]),
+        )
+
+
+def load_triples(dataset: str | DatasetInfo, config: DataConfig | None = None) -> KnowledgeGraph:
+    """Load a knowledge graph (Kinships, UMLS, Nations) as train/valid/test id triples.
+
+    Entities and relations are numbered in sorted name order over the three splits, as PyKEEN's
+    `TriplesFactory` numbers them. Your own graph: `frugal.data.triples.read_triples_tsv`.
+
+    Args:
+        dataset: A dataset id (e.g. "umls") or its record.
+        config: Cache and verification settings.
+
+    Returns:
+        The graph.
+
+    Raises:
+        ConfigError: If the name is unknown or the dataset is not a knowledge graph.
+        DatasetMissingError: If its package is not installed (names the pip line).
+        DatasetChecksumError: If a file does not match its pinned SHA-256.
+        DatasetStatsError: If the entity, relation or triple counts differ from the record.
+    """
+    info = _info(dataset)
+    _require_loader(info, "triples")
+    return _load_cached(
+        info,
+        config or DataConfig(),
+        ".npz",
+        parse=lambda paths: _parse_kg_tsv(paths, info),
+        read=_read_triples,
+        write=_save_triples,
+        stats=lambda graph: compute_stats(info, graph=graph),
+        names=_TRIPLE_STATS,
+    )
+
+
 # --- tables --------------------------------------------------------------------------------
 
 
@@ -505,6 +580,7 @@ _EVENT_STATS = (
     "class_counts",
 )
 _TABLE_STATS = ("num_rows", "num_columns")
+_TRIPLE_STATS = ("num_entities", "num_relations", "num_triples")
 _TEXT_STATS = ("num_documents", "num_chars")
 
 
@@ -514,6 +590,7 @@ def compute_stats(
     events: TemporalEvents | None = None,
     table: pd.DataFrame | None = None,
     documents: tuple[str, ...] | None = None,
+    graph: KnowledgeGraph | None = None,
 ) -> DatasetStats:
     """Count what was parsed, in the fields of `DatasetStats`.
 
@@ -522,6 +599,7 @@ def compute_stats(
         events: Parsed events, if any.
         table: Parsed table, if any.
         documents: Parsed documents, if any.
+        graph: A parsed knowledge graph, if any.
 
     Returns:
         The counts of every form given; other fields are None.
@@ -550,6 +628,12 @@ def compute_stats(
         values.update(num_rows=len(table), num_columns=len(table.columns))
     if documents is not None:
         values.update(num_documents=len(documents), num_chars=sum(len(d) for d in documents))
+    if graph is not None:
+        values.update(
+            num_entities=graph.num_entities,
+            num_relations=graph.num_relations,
+            num_triples=(len(graph.train), len(graph.valid), len(graph.test)),
+        )
     return DatasetStats(**values)
 
 
@@ -590,6 +674,8 @@ def verify_dataset(dataset: str | DatasetInfo, config: DataConfig | None = None)
     forms: dict[str, Any] = {}
     if "events" in info.loaders:
         forms["events"] = load_events(info, config)
+    if "triples" in info.loaders:
+        forms["graph"] = load_triples(info, config)
     if "table" in info.loaders:
         forms["table"] = load_table(info, config)
     if "documents" in info.loaders:

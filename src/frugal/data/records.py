@@ -27,7 +27,7 @@ __all__ = [
     "get_dataset_info",
 ]
 
-Kind = Literal["temporal_graph", "tabular", "text", "model"]
+Kind = Literal["temporal_graph", "knowledge_graph", "tabular", "text", "model"]
 Channel = Literal["pypi", "stdlib", "debian"]
 FileFormat = Literal[
     "snap_csv",  # Source,Target,Timestamp with %m/%d/%y %I:%M %p times (CollegeMsg)
@@ -38,8 +38,9 @@ FileFormat = Literal[
     "pydoc_topics",  # the stdlib module pydoc_data.topics
     "fortune_files",  # a directory of fortune(6) files, entries split by '%' lines
     "gguf",  # a model file, handed over as a path
+    "kg_tsv",  # train/valid/test files of head<TAB>relation<TAB>tail names (PyKEEN's datasets)
 ]
-LoaderName = Literal["events", "table", "documents", "path"]
+LoaderName = Literal["events", "triples", "table", "documents", "path"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,6 +105,12 @@ class DatasetStats:
     """Number of documents (text: topics, fortune entries)."""
     num_chars: int | None = None
     """Total characters over all documents (text)."""
+    num_entities: int | None = None
+    """Number of entities (knowledge graphs)."""
+    num_relations: int | None = None
+    """Number of relation types (knowledge graphs)."""
+    num_triples: tuple[int, int, int] | None = None
+    """Train, validation and test triples (knowledge graphs)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,8 +120,8 @@ class DatasetInfo:
     Attributes:
         name: Stable id, as used on the command line.
         kind: What the data is.
-        loaders: Which loaders can read it (`load_events`, `load_table`, `load_documents`,
-            `dataset_path`).
+        loaders: Which loaders can read it (`load_events`, `load_triples`, `load_table`,
+            `load_documents`, `dataset_path`).
         file_format: How the source files are parsed.
         source: The package that carries the files, pinned.
         description: One line for tables.
