@@ -11,7 +11,7 @@ from frugal.bench.pipeline_dp import DPSectionSummary
 from frugal.bench.pipeline_llm import LLMSectionSummary
 from frugal.bench.planner import PlannerSummary, PlanValidationSummary
 from frugal.bench.recsys import RecsysDatasetSummary, RecsysSummary
-from frugal.bench.store import StoreStalenessPoint, StoreSummary
+from frugal.bench.store import StoreStalenessPoint, StoreSummary, StoreWorkloadSummary
 from frugal.bench.tgraph import (
     TgraphDatasetSummary,
     TgraphModelSummary,
@@ -35,6 +35,16 @@ def store_summary(**changes: Any) -> StoreSummary:
         lookahead=4,
         median_note="samples_per_s = batch samples / median step time after warm-up",
         reference_hit_ratios={"criteo_zipf": {"0.1": {"capacity_rows": 10.0, "lru_demand": 0.5}}},
+        workloads={
+            "kge_freebase": StoreWorkloadSummary(
+                lookahead=4,
+                speedup_vs_rocksdb_offload={"0.1": 9.0},
+                speedup_vs_mlkv={"0.1": 1.2},
+                fraction_of_ram={},
+                quality_metric="sampled_mrr",
+                quality={"0.1": {"frugal": 0.2, "mlkv": 0.2}},
+            )
+        },
     )
     return replace(summary, **changes)
 

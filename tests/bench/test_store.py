@@ -220,3 +220,48 @@ def test_a_killed_benchs_scratch_folder_is_removed_and_a_live_ones_kept(tmp_path
         (folder / "run1").mkdir(parents=True)
     _remove_stale_scratch(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, unknown.name])
+
+
+@pytest.mark.slow
+def test_kge_workload_trains_every_system_to_one_table_and_one_mrr(tmp_path: Path) -> None:
+    from frugal.bench.store import StoreKGEConfig
+
+    config = StoreBenchConfig(
+        systems=("ram", "rocksdb_offload", "mlkv", "frugal"),
+        workloads=("kge_freebase",),
+        kge=StoreKGEConfig(
+            num_entities=20_000, num_relations=50, embedding_dim=8, batch_size=256,
+            neg_sample_size=32, num_steps=8, warmup_steps=2, memory_ratios=(0.5,),
+            lookaheads=(2,), eval_triples=32, eval_candidates=50,
+        ),
+    )  # fmt: skip
+    document = run_store_bench(config, tmp_path).document
+    rows = document["rows"]
+    assert [(r["system"], r["lookahead"]) for r in rows] == [
+        ("ram", 0), ("rocksdb_offload", 0), ("mlkv", 2), ("frugal", 2),
+    ]  # fmt: skip
+    assert all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
+    assert all(set(r) >= ROW_KEYS | {"quality", "quality_metric"} for r in rows)
+    assert rows[0]["row_bytes"] == (8 + 1) * 4  # vector + row-wise Adagrad accumulator
+    assert rows[0]["compute_ms"] == 0.0  # the forward and backward are real
+    summary = document["summary"]
+    assert summary["bit_identical_at_staleness_0"] == {"kge_freebase": True}
+    kge = summary["workloads"]["kge_freebase"]
+    assert kge["quality_metric"] == "sampled_mrr" and kge["lookahead"] == 2
+    mrr = kge["quality"]["0.5"]
+    assert set(mrr) == {"ram", "rocksdb_offload", "mlkv", "frugal"}
+    assert len(set(mrr.values())) == 1 and 0 < mrr["ram"] <= 1
+    assert set(kge["speedup_vs_rocksdb_offload"]) == {"0.5"}
+
+
+def test_workload_families_expand_and_unknown_names_list_both_kinds() -> None:
+    from frugal.bench.store import WORKLOAD_FAMILIES, select_workloads
+
+    assert select_workloads(["kge"]) == ("kge_freebase",)
+    assert select_workloads(["dlrm", "criteo_zipf"]) == WORKLOAD_FAMILIES["dlrm"]
+    with pytest.raises(ValueError, match=r"'gnm' is neither a family \(dlrm, kge"):
+        select_workloads(["gnm"])
+    from frugal.bench.store import StoreKGEConfig
+
+    with pytest.raises(ValueError, match="num_steps=5 must exceed warmup_steps=300"):
+        StoreKGEConfig(num_steps=5)

@@ -32,7 +32,16 @@ PINNED_SURFACE = {
         "NAME",
     ],
     "store": ["--help", "-h"],
-    "store bench": ["--config", "--help", "--out", "--print-config", "--quick", "--set", "-h"],
+    "store bench": [
+        "--config",
+        "--help",
+        "--out",
+        "--print-config",
+        "--quick",
+        "--set",
+        "--workload",
+        "-h",
+    ],
     "plan": [
         "--cluster",
         "--config",

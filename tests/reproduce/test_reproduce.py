@@ -55,10 +55,16 @@ def test_config_rejects_unknown_duplicate_and_empty_parts() -> None:
         ReproduceConfig(mode="fast")  # type: ignore[arg-type]
 
 
-def _store_row(system: str, ratio: float, lookahead: int, samples_per_s: float) -> dict[str, Any]:
+def _store_row(
+    system: str,
+    ratio: float,
+    lookahead: int,
+    samples_per_s: float,
+    workload: str = "criteo_zipf",
+) -> dict[str, Any]:
     return {
         "system": system,
-        "workload": "criteo_zipf",
+        "workload": workload,
         "memory_ratio": ratio,
         "lookahead": lookahead,
         "staleness_bound": 0,
@@ -75,12 +81,17 @@ def test_store_verdicts_divide_the_right_cells() -> None:
         _store_row("mlkv", 0.10, 4, 600.0),
         _store_row("frugal", 0.25, 4, 1000.0),
         _store_row("ram", 0.25, 0, 2500.0),
+        _store_row("frugal", 0.10, 4, 900.0, "kge_freebase"),
+        _store_row("rocksdb_offload", 0.10, 0, 100.0, "kge_freebase"),
+        _store_row("mlkv", 0.10, 4, 750.0, "kge_freebase"),
     ]
     summary = store_summary(lookahead=4, bit_identical_at_staleness_0={"criteo_zipf": True})
     verdicts = get_part("store").verdicts(_result(summary, rows))
     values = [v.value for v in verdicts]
-    assert values == pytest.approx([4.5, 1.5, 0.4, 1.0])
-    assert [v.met for v in verdicts] == [True, True, False, True]
+    # criteo: 900/200, 900/600, 1000/2500; KGE: 900/100, 900/750; bit-identical
+    assert values == pytest.approx([4.5, 1.5, 0.4, 9.0, 1.2, 1.0])
+    assert [v.met for v in verdicts] == [True, True, False, True, False, True]
+    assert "KGE" in verdicts[3].claim and "8.0x rocksdb_offload" in verdicts[3].claim
     assert verdicts[0].baseline == 200.0 and verdicts[0].ours == 900.0
 
 

@@ -6,6 +6,11 @@ gradient and optimizer code. Step: unique ids -> get -> planted-teacher logistic
 `apply_gradients` -> `compute_ms` of sleep (the dense model's compute, during which background
 I/O may run). Step times are medians after `warmup_batches`.
 
+The KGE workload (`kge_freebase`, `frugal.store.kge`) trains DistMult on a Freebase86m-shaped
+triple stream instead: entity rows (vector + row-wise Adagrad accumulator) in the compared
+system, relation rows in RAM, real forward and backward passes (no sleep), and a sampled MRR on
+held-out triples of the stream next to its triples/s. `--workload dlrm|kge` picks a family.
+
 Results follow ARCHITECTURE.md: `results.json` with `rows` and a `summary` of
 `speedup_vs_rocksdb_offload` and `fraction_of_ram` for `frugal` per memory ratio (lookahead 4,
 staleness 0), plus the checks (bit-identical tables at staleness 0).
@@ -28,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -54,15 +59,106 @@ from frugal.store.rows import OptimizerConfig, RowSpec, splitmix64
 
 __all__ = [
     "STORE_BENCH",
+    "WORKLOAD_FAMILIES",
     "StoreBenchConfig",
+    "StoreKGEConfig",
     "StoreStalenessPoint",
     "StoreSummary",
+    "StoreWorkloadSummary",
     "run_store_bench",
+    "select_workloads",
 ]
 
 SystemName = Literal["ram", "rocksdb_offload", "lmdb_offload", "hlog", "mlkv", "frugal"]
-WorkloadName = Literal["criteo_zipf", "movielens100k", "collegemsg"]
+WorkloadName = Literal["criteo_zipf", "movielens100k", "collegemsg", "kge_freebase"]
+WORKLOAD_FAMILIES: dict[str, tuple[WorkloadName, ...]] = {
+    "dlrm": ("criteo_zipf", "movielens100k", "collegemsg"),
+    "kge": ("kge_freebase",),
+}
+"""What `frugal store bench --workload FAMILY` runs: MLKV's workload families (the DLRM family
+also holds the two real embedding access streams)."""
+
+
+def select_workloads(names: list[str] | tuple[str, ...]) -> tuple[WorkloadName, ...]:
+    """The workloads of `names`, each a family of `WORKLOAD_FAMILIES` or a workload name.
+
+    Raises:
+        ConfigError: If a name is neither (the message lists both kinds).
+    """
+    from frugal.config import ConfigError
+
+    chosen: list[WorkloadName] = []
+    known = get_args(WorkloadName)
+    for name in names:
+        if name in WORKLOAD_FAMILIES:
+            chosen.extend(WORKLOAD_FAMILIES[name])
+        elif name in known:
+            chosen.append(name)  # type: ignore[arg-type]  # checked against the Literal
+        else:
+            raise ConfigError(
+                f"--workload {name!r} is neither a family ({', '.join(WORKLOAD_FAMILIES)}) nor "
+                f"a workload ({', '.join(known)})"
+            )
+    return tuple(dict.fromkeys(chosen))
+
+
 _MIB = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreKGEConfig:
+    """The KGE workload of `frugal store bench` (`kge_freebase`).
+
+    DGL-KE DistMult as MLKV runs it on Freebase86m (dimension 100), on a `FreebaseLikeStream`.
+    """
+
+    model: str = "distmult"
+    """Score function, a name in `frugal.store.kge.KGE_MODELS`."""
+    num_entities: int = 4_000_000
+    """Entities E of the stream (rows of the table), >= 1000; Freebase86m has 86,054,151."""
+    num_relations: int = 14_824
+    """Relations R (kept in RAM), >= 1; Freebase86m's count."""
+    embedding_dim: int = 100
+    """D; a row is D + 1 floats (row-wise Adagrad): 404 B at D = 100."""
+    batch_size: int = 1024
+    """Positive triples per step (DGL-KE and MLKV: 1024)."""
+    neg_sample_size: int = 256
+    """Negatives shared by each chunk of 256 positives (DGL-KE: 256)."""
+    lr: float = 0.1
+    """Row-wise Adagrad learning rate."""
+    num_steps: int = 1500
+    """Steps per run, warm-up included."""
+    warmup_steps: int = 300
+    """Steps left out of the step-time median."""
+    memory_ratios: tuple[float, ...] = (0.25, 0.10)
+    """Memory budgets as fractions of the entity table's bytes."""
+    lookaheads: tuple[int, ...] = (0, 4, 16)
+    """Lookahead windows W of mlkv and frugal (MLKV's KGE path runs 16 batches ahead)."""
+    eval_triples: int = 2000
+    """Held-out stream triples ranked after training (head and tail)."""
+    eval_candidates: int = 1000
+    """Entities each held-out triple is ranked against (sampled, unfiltered)."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.num_entities < 1000 or self.num_relations < 1:
+            raise ValueError(
+                f"num_entities={self.num_entities} must be >= 1000 and num_relations="
+                f"{self.num_relations} >= 1"
+            )
+        if self.num_steps <= self.warmup_steps:
+            raise ValueError(
+                f"num_steps={self.num_steps} must exceed warmup_steps={self.warmup_steps}"
+            )
+        if not self.memory_ratios or any(not 0 < r <= 1 for r in self.memory_ratios):
+            raise ValueError(f"memory_ratios={self.memory_ratios} must be values in (0, 1]")
+        if not self.lookaheads or any(w < 0 for w in self.lookaheads):
+            raise ValueError(f"lookaheads={self.lookaheads} must be values >= 0")
+        if not 1 <= self.eval_candidates < self.num_entities or self.eval_triples < 1:
+            raise ValueError(
+                f"eval_candidates={self.eval_candidates} must be in [1, num_entities) and "
+                f"eval_triples={self.eval_triples} >= 1"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,8 +174,14 @@ class StoreBenchConfig(BenchConfig):
         "frugal",
     )
     """Systems compared (see `frugal.store.baselines`)."""
-    workloads: tuple[WorkloadName, ...] = ("criteo_zipf", "movielens100k", "collegemsg")
-    """Access traces: the Criteo-shaped Zipf stream and two real streams."""
+    workloads: tuple[WorkloadName, ...] = (
+        "criteo_zipf",
+        "movielens100k",
+        "collegemsg",
+        "kge_freebase",
+    )
+    """Workloads: the Criteo-shaped Zipf stream and two real streams (DLRM family, see
+    `WORKLOAD_FAMILIES`) and the KGE workload."""
     scale: float = 0.25
     """Criteo cardinality scale (0.25 -> 8,441,945 rows; 0.02 -> 676,951), in (0, 1]."""
     alpha: float = 1.05
@@ -115,6 +217,8 @@ class StoreBenchConfig(BenchConfig):
     """Seed of the trace, the teacher and the initial table."""
     run_timeout_s: float = 1800.0
     """Wall-clock limit of one child run."""
+    kge: StoreKGEConfig = field(default_factory=StoreKGEConfig)
+    """The KGE workload's model, sizes and grid (`kge_freebase`)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -157,17 +261,26 @@ class StoreBenchConfig(BenchConfig):
 
     QUICK: ClassVar = {
         "systems": ("ram", "rocksdb_offload", "hlog", "mlkv", "frugal"),
-        "workloads": ("criteo_zipf",),
+        "workloads": ("criteo_zipf", "kge_freebase"),
         "scale": 0.02,
         "num_batches": 300,
         "warmup_batches": 50,
         "memory_ratios": (1.0, 0.10),
         "lookaheads": (0, 4),
         "staleness_bounds": (0, 4, -1),
+        "kge": {
+            "num_entities": 400_000,
+            "num_steps": 160,
+            "warmup_steps": 40,
+            "memory_ratios": (0.10,),
+            "lookaheads": (0, 4),
+            "eval_triples": 500,
+        },
     }
-    """`--quick`: Criteo at scale 0.02, 300 batches, ratios 1.0/0.10, W 0/4.
+    """`--quick`: Criteo at scale 0.02, 300 batches, ratios 1.0/0.10, W 0/4; KGE on 400k
+    entities (162 MB of rows), 160 steps at ratio 0.10.
 
-    16 runs, about 3 minutes on 2 cores; the real streams run in the full bench only."""
+    About 4 minutes on 2 cores; the real streams run in the full bench only."""
     PRESETS: ClassVar = {
         "quick": {
             "systems": ("ram", "rocksdb_offload", "mlkv", "frugal"),
@@ -175,6 +288,8 @@ class StoreBenchConfig(BenchConfig):
             "num_batches": 200,
             "warmup_batches": 40,
             "staleness_bounds": (0,),
+            "lookaheads": (4,),
+            "kge": {"num_steps": 100, "warmup_steps": 30, "lookaheads": (4,)},
         },
         "smoke": {
             "scale": 0.001,
@@ -183,10 +298,25 @@ class StoreBenchConfig(BenchConfig):
             "warmup_batches": 8,
             "memory_ratios": (0.10,),
             "compute_ms": 1.0,
+            "workloads": ("criteo_zipf", "kge_freebase"),
+            "kge": {
+                "num_entities": 20_000,
+                "num_relations": 100,
+                "embedding_dim": 16,
+                "batch_size": 256,
+                "neg_sample_size": 64,
+                "num_steps": 16,
+                "warmup_steps": 4,
+                "memory_ratios": (0.25,),
+                "lookaheads": (0, 4),
+                "eval_triples": 64,
+                "eval_candidates": 100,
+            },
         },
     }
     """`quick`: `quick()` on ram, rocksdb_offload, mlkv and frugal at ratios 0.25/0.10, 200
-    batches, staleness 0 only; `smoke`: that at scale 0.001, 24 batches of 64, ratio 0.10."""
+    batches, W = 4 only, staleness 0 only, KGE 100 steps; `smoke`: that at scale 0.001, 24
+    batches of 64, ratio 0.10, KGE on 20k entities."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -200,6 +330,24 @@ class StoreStalenessPoint(Summary):
     """Mean training loss over the last tenth of the batches."""
     staleness_max: int
     """The largest staleness the store saw, steps."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreWorkloadSummary(Summary):
+    """One workload's ratios (maps keyed by the memory ratio as a string, e.g. "0.1")."""
+
+    lookahead: int
+    """frugal's and mlkv's lookahead window W in the ratios (4, or the largest in the grid)."""
+    speedup_vs_rocksdb_offload: dict[str, float]
+    """frugal samples/s over rocksdb_offload's (W = 0)."""
+    speedup_vs_mlkv: dict[str, float]
+    """frugal over mlkv at the same W."""
+    fraction_of_ram: dict[str, float]
+    """frugal over the all-in-RAM table."""
+    quality_metric: str
+    """What `quality` holds: `final_loss` (DLRM traces) or `sampled_mrr` (KGE)."""
+    quality: dict[str, dict[str, float]]
+    """Per memory ratio, per system (at its summary W): the quality metric."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -226,6 +374,9 @@ class StoreSummary(Summary):
     median_note: str
     reference_hit_ratios: dict[str, dict[str, dict[str, float]]]
     """Per workload and memory ratio: offline LRU and Belady hit ratios beside frugal's."""
+    workloads: dict[str, StoreWorkloadSummary]
+    """Per workload (`criteo_zipf`, `kge_freebase`, ...): its speed-ups and quality; the
+    top-level maps above are `criteo_zipf`'s (MLKV's DLRM case)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,24 +384,42 @@ class _Workload:
     name: str
     num_rows: int
     spec: RowSpec
-    trace_path: str  # (num_batches, ids_per_batch) int64 .npy
-    labels_path: str  # (num_batches, samples_per_batch) float32 .npy
+    trace_path: str  # (num_batches, ids_per_batch) int64 .npy; "" for kge
+    labels_path: str  # (num_batches, samples_per_batch) float32 .npy; "" for kge
     fields: int  # ids per sample
     main_grid: bool = False
     """Runs on the main grid (memory_ratios, lookaheads, warmup_batches) and carries the
-    staleness study; else on the stream_* grid."""
+    staleness study; else on the stream_* grid (or the kge grid for a KGE workload)."""
+    kge: StoreKGEConfig | None = None
+    """Set for a KGE workload: the child trains `frugal.store.kge` instead of the trace."""
+    seed: int = 0
+    """The KGE stream's and sampler's seed."""
 
     def ratios(self, config: StoreBenchConfig) -> tuple[float, ...]:
         """The memory:data ratios this workload runs at."""
+        if self.kge is not None:
+            return self.kge.memory_ratios
         return config.memory_ratios if self.main_grid else config.stream_memory_ratios
 
     def lookaheads(self, config: StoreBenchConfig) -> tuple[int, ...]:
         """The lookahead windows W its lookahead systems run with."""
+        if self.kge is not None:
+            return self.kge.lookaheads
         return config.lookaheads if self.main_grid else config.stream_lookaheads
 
     def warmup_batches(self, config: StoreBenchConfig) -> int:
         """Batches before the timed ones."""
+        if self.kge is not None:
+            return self.kge.warmup_steps
         return config.warmup_batches if self.main_grid else config.stream_warmup_batches
+
+    def unique_batches(self) -> list[npt.NDArray[np.int64]]:
+        """Each batch's unique row ids, in step order (for the offline reference caches)."""
+        if self.kge is not None:
+            sampler = _kge_sampler(self.kge, self.seed)
+            return [sampler.batch(t).ids for t in range(self.kge.num_steps)]
+        trace = np.load(self.trace_path, mmap_mode="r")
+        return [np.unique(np.asarray(trace[t])) for t in range(len(trace))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +513,46 @@ def _events_workload(name: WorkloadName, folder: Path, events_per_batch: int = 6
     return _Workload(name, events.num_nodes, spec, str(trace_path), str(labels_path), 2)
 
 
+def _kge_config(kge: StoreKGEConfig, seed: int) -> Any:
+    from frugal.store.kge import KGEConfig
+
+    return KGEConfig(
+        model=kge.model, embedding_dim=kge.embedding_dim, batch_size=kge.batch_size,
+        neg_sample_size=kge.neg_sample_size, neg_chunk_size=min(256, kge.batch_size),
+        lr=kge.lr, seed=seed,
+    )  # fmt: skip
+
+
+def _kge_stream(kge: StoreKGEConfig, seed: int) -> Any:
+    from frugal.data.triples import FreebaseLikeStream
+
+    return FreebaseLikeStream(
+        FreebaseLikeStream.Config(
+            num_entities=kge.num_entities,
+            num_relations=kge.num_relations,
+            num_communities=min(1024, kge.num_entities),
+            seed=seed,
+        )
+    )
+
+
+def _kge_sampler(kge: StoreKGEConfig, seed: int) -> Any:
+    from frugal.store.kge import KGESampler
+
+    return KGESampler(_kge_stream(kge, seed), _kge_config(kge, seed))
+
+
+def _kge_workload(config: StoreBenchConfig, folder: Path) -> _Workload:
+    """DistMult on a Freebase-shaped stream; the entity table is the compared system's."""
+    from frugal.store.kge import kge_row_spec
+
+    spec = kge_row_spec(_kge_config(config.kge, config.seed))
+    return _Workload(
+        "kge_freebase", config.kge.num_entities, spec, "", "", 2, kge=config.kge,
+        seed=config.seed,
+    )  # fmt: skip
+
+
 HEADLINE_WORKLOAD = "criteo_zipf"
 """The workload the summary's speed-ups are measured on (MLKV's DLRM case)."""
 
@@ -366,6 +575,7 @@ def _stream_workload(name: WorkloadName) -> Callable[[StoreBenchConfig, Path], _
 _WORKLOADS.register("criteo_zipf", _criteo_workload)
 _WORKLOADS.register("movielens100k", _stream_workload("movielens100k"))
 _WORKLOADS.register("collegemsg", _stream_workload("collegemsg"))
+_WORKLOADS.register("kge_freebase", _kge_workload)
 
 
 # --- one run (in a child process) --------------------------------------------------------------
@@ -497,16 +707,10 @@ def _anon_rss_mib() -> float:
     return 0.0
 
 
-def _execute(run: _Run) -> dict[str, Any]:
-    """One measured run; executed in a fresh child process."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def _row_head(run: _Run, budget: int) -> dict[str, Any]:
+    """The knobs of a run's row."""
     w = run.workload
-    trace = np.load(w.trace_path, mmap_mode="r")
-    labels = np.load(w.labels_path, mmap_mode="r")
-    num_batches, samples = labels.shape
-    table_bytes = w.num_rows * w.spec.row_bytes
-    budget = int(run.memory_ratio * table_bytes)
-    row: dict[str, Any] = {
+    return {
         "system": run.system,
         "workload": w.name,
         "memory_ratio": run.memory_ratio,
@@ -518,6 +722,95 @@ def _execute(run: _Run) -> dict[str, Any]:
         "memory_budget_bytes": budget,
         "budget_enforced": _SYSTEMS.get(run.system).budget_enforced,
     }
+
+
+def _read_vectors(system: Any, embedding_dim: int) -> Callable[[npt.NDArray[np.int64]], Any]:
+    """Side-effect-free reads of vectors from a compared system (for evaluation)."""
+    if isinstance(system, _StoreAdapter):
+        return lambda ids: system.store.peek(ids, cols="emb")
+    if hasattr(system, "table"):  # RamTable
+        return lambda ids: system.table[ids, :embedding_dim]
+    return lambda ids: system._read(np.asarray(ids))[:, :embedding_dim]
+
+
+def _execute_kge(run: _Run) -> dict[str, Any]:
+    """One KGE run (`frugal.store.kge.train_kge`); executed in a fresh child process."""
+    import torch
+
+    from frugal.store.baselines import RamTable
+    from frugal.store.kge import KGE_MODELS, evaluate_kge, train_kge
+
+    torch.set_num_threads(1)
+    w = run.workload
+    assert w.kge is not None
+    kge = w.kge
+    budget = int(run.memory_ratio * w.num_rows * w.spec.row_bytes)
+    row = _row_head(run, budget)
+    anon_before = _anon_rss_mib()
+    try:
+        system = _SYSTEMS.get(run.system).build(run, budget)
+    except ValueError as exc:
+        return row | {"status": "infeasible", "error": str(exc)}
+    sampler = _kge_sampler(kge, run.seed)
+    relations = RamTable(kge.num_relations, w.spec, run.seed + 1)
+    wall_start = time.perf_counter()
+    result = train_kge(
+        sampler, system, relations, num_steps=kge.num_steps, lookahead=run.lookahead,
+        warmup_steps=kge.warmup_steps,
+    )  # fmt: skip
+    wall_s = time.perf_counter() - wall_start
+    anon_peak = _anon_rss_mib()
+    stats = system.stats()
+    held_out = sampler.source.triples(10**12, 10**12 + kge.eval_triples)
+    quality = evaluate_kge(
+        KGE_MODELS.get(kge.model)(sampler.config),
+        _read_vectors(system, kge.embedding_dim),
+        lambda ids: relations.table[ids, : kge.embedding_dim],
+        held_out, num_entities=kge.num_entities, num_relations=kge.num_relations,
+        num_candidates=kge.eval_candidates, seed=run.seed,
+    )  # fmt: skip
+    sha = system.table_sha256()
+    system.close()
+    step_s = np.array(result.step_s[kge.warmup_steps :])
+    anon_growth_mib = max(anon_peak, _anon_rss_mib()) - anon_before
+    tail = max(1, len(result.losses) // 10)
+    return row | {
+        "status": "ok",
+        "samples_per_s": result.triples_per_s,
+        "samples": "positive triples",
+        "stall_fraction": result.read_s / wall_s,
+        "hit_ratio": stats.get("hit_ratio", float("nan")),
+        "read_bytes_per_batch": stats.get("bytes_read", 0) / kge.num_steps,
+        "written_bytes_per_batch": stats.get("bytes_written", 0) / kge.num_steps,
+        "p50_step_ms": 1000 * float(np.median(step_s)),
+        "p99_step_ms": 1000 * float(np.percentile(step_s, 99)),
+        "peak_rss_mib": _rss_mib(),
+        "anon_rss_growth_mib": anon_growth_mib,
+        "budget_violated": bool(
+            row["budget_enforced"] and anon_growth_mib > 1.1 * budget / _MIB + 32.0
+        ),
+        "staleness_max": stats.get("staleness_max", 0),
+        "final_loss": float(np.mean(result.losses[-tail:])),
+        "quality_metric": "sampled_mrr",
+        "quality": quality["mrr"],
+        "hits_at_10": quality["hits@10"],
+        "table_sha256": sha,
+        "wall_s": wall_s,
+    }
+
+
+def _execute(run: _Run) -> dict[str, Any]:
+    """One measured run; executed in a fresh child process."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    w = run.workload
+    if w.kge is not None:
+        return _execute_kge(run)
+    trace = np.load(w.trace_path, mmap_mode="r")
+    labels = np.load(w.labels_path, mmap_mode="r")
+    num_batches, samples = labels.shape
+    table_bytes = w.num_rows * w.spec.row_bytes
+    budget = int(run.memory_ratio * table_bytes)
+    row = _row_head(run, budget)
     anon_before = anon_peak = _anon_rss_mib()
     try:
         system = _SYSTEMS.get(run.system).build(run, budget)
@@ -587,6 +880,8 @@ def _execute(run: _Run) -> dict[str, Any]:
         ),
         "staleness_max": stats.get("staleness_max", 0),
         "final_loss": float(np.mean(losses[-tail:])),
+        "quality_metric": "final_loss",
+        "quality": float(np.mean(losses[-tail:])),
         "table_sha256": sha,
         "wall_s": wall_s,
     }
@@ -641,8 +936,9 @@ def _plan(config: StoreBenchConfig, workloads: list[_Workload], work_dir: Path) 
                 grid = workload.lookaheads(config)
                 windows = grid if _SYSTEMS.get(system).uses_lookahead else (0,)
                 for window in windows:
+                    compute_ms = 0.0 if workload.kge is not None else config.compute_ms
                     runs.append(
-                        _Run(system, workload, ratio, window, 0, config.compute_ms,
+                        _Run(system, workload, ratio, window, 0, compute_ms,
                              workload.warmup_batches(config), config.seed, "")
                     )  # fmt: skip
         if workload.main_grid and "frugal" in config.systems:
@@ -771,8 +1067,7 @@ def _reference_hit_ratios(
 
     out: dict[str, dict[str, dict[str, float]]] = {}
     for w in workloads:
-        trace = np.load(w.trace_path, mmap_mode="r")
-        batches = [np.unique(np.asarray(trace[t])) for t in range(len(trace))]
+        batches = w.unique_batches()
         for ratio in w.ratios(config):
             capacity = max(1, int(ratio * w.num_rows * w.spec.row_bytes) // w.spec.row_bytes)
             cell = {
@@ -885,26 +1180,51 @@ def _summary(
                 return r
         return None
 
-    ratio_maps: dict[str, dict[str, float]] = {
-        "speedup_vs_rocksdb_offload": {},
-        "speedup_vs_mlkv": {},
-        "fraction_of_ram": {},
-    }
-    ratios = sorted(
-        {r["memory_ratio"] for r in ok if r["workload"] == HEADLINE_WORKLOAD}, reverse=True
-    )
-    for ratio in ratios:
-        ours = pick("frugal", HEADLINE_WORKLOAD, ratio, window)
-        if ours is None:
-            continue
-        for key, system, other_window in (
-            ("speedup_vs_rocksdb_offload", "rocksdb_offload", 0),
-            ("speedup_vs_mlkv", "mlkv", window),
-            ("fraction_of_ram", "ram", 0),
-        ):
-            other = pick(system, HEADLINE_WORKLOAD, ratio, other_window)
-            if other is not None:
-                ratio_maps[key][str(ratio)] = ours["samples_per_s"] / other["samples_per_s"]
+    def ratio_maps_of(workload: str, window: int) -> dict[str, dict[str, float]]:
+        maps: dict[str, dict[str, float]] = {
+            "speedup_vs_rocksdb_offload": {},
+            "speedup_vs_mlkv": {},
+            "fraction_of_ram": {},
+        }
+        ratios = sorted({r["memory_ratio"] for r in ok if r["workload"] == workload}, reverse=True)
+        for ratio in ratios:
+            ours = pick("frugal", workload, ratio, window)
+            if ours is None:
+                continue
+            for key, system, other_window in (
+                ("speedup_vs_rocksdb_offload", "rocksdb_offload", 0),
+                ("speedup_vs_mlkv", "mlkv", window),
+                ("fraction_of_ram", "ram", 0),
+            ):
+                other = pick(system, workload, ratio, other_window)
+                if other is not None:
+                    maps[key][str(ratio)] = ours["samples_per_s"] / other["samples_per_s"]
+        return maps
+
+    ratio_maps = ratio_maps_of(HEADLINE_WORKLOAD, window)
+    per_workload: dict[str, StoreWorkloadSummary] = {}
+    for name in dict.fromkeys(r["workload"] for r in ok):
+        windows = {r["lookahead"] for r in ok if r["workload"] == name}
+        w_window = 4 if 4 in windows else max(windows)
+        maps = ratio_maps_of(name, w_window)
+        quality: dict[str, dict[str, float]] = {}
+        metric = ""
+        for r in ok:
+            if r["workload"] != name or r["staleness_bound"] != 0 or "quality" not in r:
+                continue
+            uses_lookahead = _SYSTEMS.get(r["system"]).uses_lookahead
+            if r["lookahead"] != (w_window if uses_lookahead else 0):
+                continue
+            metric = r["quality_metric"]
+            quality.setdefault(str(r["memory_ratio"]), {})[r["system"]] = r["quality"]
+        per_workload[name] = StoreWorkloadSummary(
+            lookahead=w_window,
+            speedup_vs_rocksdb_offload=maps["speedup_vs_rocksdb_offload"],
+            speedup_vs_mlkv=maps["speedup_vs_mlkv"],
+            fraction_of_ram=maps["fraction_of_ram"],
+            quality_metric=metric,
+            quality=quality,
+        )
     # Per workload: True when every finished staleness-0 run of at least two systems ended
     # with one table hash, False on any difference, None (not measured) with fewer than two.
     hashes: dict[str, set[str]] = {}
@@ -946,6 +1266,7 @@ def _summary(
         lookahead=window,
         median_note="samples_per_s = batch samples / median step time after warm-up",
         reference_hit_ratios={} if reference_hit_ratios is None else reference_hit_ratios,
+        workloads=per_workload,
     )
 
 

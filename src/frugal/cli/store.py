@@ -1,7 +1,8 @@
-"""`frugal store bench [--quick] [--out DIR]`."""
+"""`frugal store bench [--quick] [--workload dlrm|kge] [--out DIR]`."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
@@ -12,7 +13,7 @@ __all__ = ["add_actions"]
 
 def add_actions(children: Any) -> None:
     """Add the actions of `frugal store` to its subparsers."""
-    add_bench(
+    parser = add_bench(
         children,
         _bench,
         help="compare ram, KV offloading, hybrid logs, MLKV and frugal side by side",
@@ -27,6 +28,13 @@ def add_actions(children: Any) -> None:
         out_help="folder for results.json (default %(default)s)",
         resumes=True,
     )
+    parser.add_argument(
+        "--workload",
+        action="append",
+        metavar="NAME",
+        help="a workload family (dlrm, kge) or one workload (criteo_zipf, kge_freebase, ...); "
+        "repeatable; default: every workload of the preset",
+    )
 
 
 def _bench() -> BenchEntry:
@@ -35,9 +43,24 @@ def _bench() -> BenchEntry:
     return BenchEntry(
         config_class=StoreBenchConfig,
         quick=StoreBenchConfig.quick,
+        resolve=_resolve,
         run=run_store_bench,
         exit_code=_failed_cells,
     )
+
+
+def _resolve(args: argparse.Namespace) -> Any:
+    """The preset, `--config` and `--set`, then `--workload` on top."""
+    from dataclasses import replace
+
+    from frugal.bench.store import StoreBenchConfig, select_workloads
+    from frugal.config import config_to_dict, load_config
+
+    preset = config_to_dict(StoreBenchConfig.quick()) if args.quick else None
+    config = load_config(StoreBenchConfig, args.config, args.overrides, base=preset)
+    if args.workload:
+        config = replace(config, workloads=select_workloads(args.workload))
+    return config
 
 
 def _failed_cells(document: dict[str, Any]) -> int:

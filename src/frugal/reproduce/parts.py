@@ -177,12 +177,16 @@ def _save(fig: Any, path: Path) -> None:
 
 
 def _store_pick(
-    result: BenchResult[StoreSummary], system: str, ratio: float, lookahead: int
+    result: BenchResult[StoreSummary],
+    system: str,
+    ratio: float,
+    lookahead: int,
+    workload: str = "criteo_zipf",
 ) -> dict[str, Any] | None:
     for r in _rows(result):
         if (
             r["system"] == system
-            and r["workload"] == "criteo_zipf"
+            and r["workload"] == workload
             and r["memory_ratio"] == ratio
             and r["lookahead"] == lookahead
             and r["staleness_bound"] == 0
@@ -213,6 +217,26 @@ def _store_verdicts(result: BenchResult[StoreSummary]) -> list[Verdict]:
                 baseline=other_v,
                 target=target,
                 unit="samples/s",
+            )
+        )
+    kge = result.summary.workloads.get("kge_freebase")
+    kge_window = window if kge is None else kge.lookahead
+    for baseline, target, baseline_window in (
+        ("rocksdb_offload", 8.0, 0),
+        ("mlkv", 1.3, kge_window),
+    ):
+        ours = _store_pick(result, "frugal", 0.10, kge_window, "kge_freebase")
+        other = _store_pick(result, baseline, 0.10, baseline_window, "kge_freebase")
+        out.append(
+            _versus(
+                "store",
+                f"KGE (DistMult, Freebase-shaped): frugal >= {target}x {baseline} triples/s "
+                "at memory:data 0.1",
+                ours=None if ours is None else float(ours["samples_per_s"]),
+                baseline_name=baseline,
+                baseline=None if other is None else float(other["samples_per_s"]),
+                target=target,
+                unit="triples/s",
             )
         )
     identical = result.summary.bit_identical_at_staleness_0
