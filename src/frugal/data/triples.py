@@ -264,6 +264,7 @@ class FreebaseLikeStream:
         # community c holds ids [ceil(c*E/K), ceil((c+1)*E/K)): c(e) = floor(e*K/E), never empty
         rng = np.random.default_rng([config.seed, 0xC0FFEE])
         self._shift = rng.integers(0, k, size=config.num_relations, dtype=np.int64)
+        self._last_chunk: tuple[int, I64] | None = None  # batches read a chunk in slices
 
     @property
     def num_entities(self) -> int:
@@ -280,6 +281,13 @@ class FreebaseLikeStream:
         return out
 
     def _chunk(self, chunk: int) -> I64:
+        if self._last_chunk is not None and self._last_chunk[0] == chunk:
+            return self._last_chunk[1]
+        block = self._make_chunk(chunk)
+        self._last_chunk = (chunk, block)
+        return block
+
+    def _make_chunk(self, chunk: int) -> I64:
         c = self.config
         rng = np.random.default_rng([c.seed, chunk])
         count = c.chunk_triples
