@@ -436,3 +436,27 @@ def test_cuda_input_gives_cuda_output_and_cpu_updates(tmp_path: Path) -> None:
         init = _init(spec, seed=0).numpy()
         expected_rows = init[[1, 3, 4]] - 0.5 * np.array([[0.5], [0.5 + 2 / 3], [1 / 3]])
         np.testing.assert_allclose(store.peek(np.array([1, 3, 4]), "emb"), expected_rows)
+
+
+def test_embedding_over_hashed_keys_pads_and_trains(tmp_path: Path) -> None:
+    spec = RowSpec(embedding_dim=DIM, optimizer=OptimizerConfig(kind="sgd", lr=1.0))
+    keys = torch.tensor([[10**12, 7], [2**62, 10**12]])
+    with EmbeddingStore.create(
+        tmp_path / "h", num_rows=NUM_ROWS, spec=spec, key_space="hashed"
+    ) as store:
+        with pytest.raises(ValueError, match="padding_idx=-1 must be a key >= 0"):
+            StoreEmbedding(store, padding_idx=-1)
+        emb = StoreEmbedding(store, padding_idx=7)
+        assert "padding_idx=7" in repr(emb)
+        out = emb(keys)
+        init = torch.from_numpy(init_rows(np.array([10**12, 2**62]), spec, 0)[:, :DIM])
+        zero = torch.zeros(DIM)  # key 7 is the padding
+        torch.testing.assert_close(
+            out, torch.stack([init[0], zero, init[1], init[0]]).view(2, 2, -1)
+        )
+        out.sum().backward()
+        StoreSparseOptimizer(emb).step()
+        # Gradient 2 for key 10**12 (twice), 1 for 2**62; key 7 is padding and never stored.
+        rows = store.peek(np.array([10**12, 2**62]), cols="emb")
+        np.testing.assert_allclose(rows, init.numpy() - [[2.0], [1.0]])
+        assert store.stats()["num_keys"] == 2
