@@ -157,6 +157,52 @@ def test_reopen_without_checkpoint_returns_the_last_checkpoint(
         assert (store.epoch, store.step, store.meta) == (1, 5, {"cursor": 5})
 
 
+@pytest.mark.parametrize("backend", ["file", "memory"])
+def test_rollback_returns_the_same_object_to_the_last_checkpoint(
+    backend: str, tmp_path: Path
+) -> None:
+    num_rows = 2_000
+    table = init_rows(np.arange(num_rows, dtype=np.int64), SPEC, seed=0)
+    with EmbeddingStore.create(
+        tmp_path / "s", num_rows=num_rows, spec=SPEC, config=_config(backend, 2)
+    ) as store:
+        _train(store, table, range(3))
+        store.checkpoint(meta={"cursor": 3}, step=3)
+        at_checkpoint = table.copy()
+        _train(store, table, range(3, 6))  # with evictions: a 2 MiB cache, 300-id batches
+        store.get(np.array([7, 8]), step=6)  # an open read, dropped with the changes
+        store.rollback()
+        assert store.table_sha256() == _sha(at_checkpoint)
+        assert (store.epoch, store.step, store.meta) == (1, 3, {"cursor": 3})
+        assert store.cache.readers.sum() == 0
+        _train(store, at_checkpoint, range(3, 5))  # still usable: trains like the reference
+    with EmbeddingStore.open(tmp_path / "s", _config(backend, 2)) as store:  # one lock held
+        assert store.table_sha256() == _sha(at_checkpoint)
+
+
+def test_a_checkpoint_without_changes_keeps_its_rows_epoch(tmp_path: Path) -> None:
+    with EmbeddingStore.create(tmp_path / "s", num_rows=50, spec=SPEC) as store:
+        assert (store.epoch, store.rows_epoch) == (0, 0)
+        store.lookahead(np.array([1, 2]), step=3)
+        store.peek(np.array([1, 2]))
+        store.checkpoint()  # a hint and a peek: nothing new in the rows
+        assert (store.epoch, store.rows_epoch) == (1, 0)
+        store.get(np.array([1, 2]), step=3)
+        store.apply_gradients(np.array([1, 2]), np.ones((2, 8), dtype=np.float32), step=3)
+        store.checkpoint()
+        assert (store.epoch, store.rows_epoch) == (2, 2)
+        store.put(np.array([4]), np.zeros((1, SPEC.width), dtype=np.float32))
+        store.checkpoint(meta={"cursor": 1})
+        store.checkpoint(meta={"cursor": 2})
+        assert (store.epoch, store.rows_epoch) == (4, 3)
+    with EmbeddingStore.open(tmp_path / "s") as store:  # close() changed nothing either
+        assert (store.epoch, store.rows_epoch) == (5, 3)
+    with EmbeddingStore.create(tmp_path / "h", num_rows=50, spec=SPEC, key_space="hashed") as s:
+        s.lookahead(np.array([10**12]), step=0)  # a new key enters the checkpointed key map
+        s.checkpoint()
+        assert (s.epoch, s.rows_epoch) == (1, 1)
+
+
 def test_put_and_get_round_trip_whole_rows(tmp_path: Path) -> None:
     spec = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="rowwise_adagrad"))
     rows = np.arange(3 * 5, dtype=np.float32).reshape(3, 5)  # width 4 + 1 accumulator

@@ -107,6 +107,15 @@ def _unlock(directory: Path, lock_fd: int) -> None:
     _OPEN_HERE.discard(directory.resolve())
 
 
+def _drop_stale_tmp(directory: Path) -> None:
+    """Delete the leftovers of an interrupted checkpoint (`*.tmp` files and folders)."""
+    for stale in directory.glob("*.tmp"):
+        if stale.is_dir():  # e.g. RocksDB's own checkpoint folder, cut by a crash
+            shutil.rmtree(stale)
+        else:
+            stale.unlink()
+
+
 def _validate_step(step: Any) -> int:
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise TypeError(f"step={step!r} must be an integer >= 0 (the training step)")
@@ -234,6 +243,10 @@ class EmbeddingStore:
         self.epoch = int(manifest["epoch"])
         self.step = int(manifest["step"])
         self.meta: dict[str, Any] = manifest.get("meta", {})
+        self.rows_epoch = int(manifest.get("rows_epoch", self.epoch))
+        """The checkpoint that first held the current checkpoint's rows: a checkpoint taken
+        with no `put`, `apply_gradients` or new key since the previous one keeps it."""
+        self._changed = False  # rows or keys changed since the last checkpoint
         self._lock_fd = lock_fd
         self._closed = False
         self._last_step = self.step  # the largest step a get/put/update named
@@ -319,7 +332,12 @@ class EmbeddingStore:
         if self.keys is None:
             return _validate_ids(ids, self.num_rows)
         keys = _validate_keys(ids)
-        return self.keys.lookup_or_insert(keys) if insert else self.keys.lookup(keys)
+        if not insert:
+            return self.keys.lookup(keys)
+        num_keys = self.keys.num_keys
+        rows = self.keys.lookup_or_insert(keys)
+        self._changed |= self.keys.num_keys != num_keys  # the key map is checkpointed too
+        return rows
 
     def _keys_path(self, epoch: int) -> Path:
         return self.directory / f"keys.{epoch}.npy"
@@ -486,11 +504,7 @@ class EmbeddingStore:
         base = config or cls.Config()
         config = cls.Config(**(config_to_dict(base) | {"backend": manifest["backend"]}))
         lock_fd = cls._lock(path)
-        for stale in path.glob("*.tmp"):  # leftovers of an interrupted checkpoint
-            if stale.is_dir():  # e.g. RocksDB's own checkpoint folder, cut by a crash
-                shutil.rmtree(stale)
-            else:
-                stale.unlink()
+        _drop_stale_tmp(path)
         try:
             return cls(path, manifest, config, lock_fd, create=False)
         except BaseException:
@@ -498,6 +512,7 @@ class EmbeddingStore:
             raise
 
     def _write_checkpoint(self, epoch: int, step: int, meta: dict[str, Any]) -> None:
+        rows_epoch = epoch if self._changed or epoch == 0 else self.rows_epoch
         self.backend.sync()
         backend_info = self.backend.checkpoint(epoch)
         if self.keys is not None:  # before the MANIFEST names the epoch
@@ -514,6 +529,7 @@ class EmbeddingStore:
             "seed": self.seed,
             "epoch": epoch,
             "step": step,
+            "rows_epoch": rows_epoch,
             "meta": meta,
         }
         write_json_atomic(self.directory / "MANIFEST", manifest)
@@ -523,6 +539,7 @@ class EmbeddingStore:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
         self.epoch, self.step, self.meta = epoch, step, meta
+        self.rows_epoch, self._changed = rows_epoch, False
 
     def close(self, *, checkpoint: bool = True) -> None:
         """Close the store, first taking a checkpoint unless `checkpoint=False`.
@@ -539,6 +556,36 @@ class EmbeddingStore:
             self.cache.close()
             self.backend.close()
             _unlock(self.directory, self._lock_fd)
+
+    def rollback(self) -> None:
+        """Discard every change since the last checkpoint, keeping this object usable.
+
+        The same as `close(checkpoint=False)` followed by `open` with this store's config,
+        done in place, so every holder of this `EmbeddingStore` sees the checkpoint's rows.
+        Open reads are dropped with the changes.
+
+        Raises:
+            StoreError: If the store is closed, or its MANIFEST became unreadable.
+            StoreCorruptionError: If the backend's files fail their checks (then the store
+                stays closed).
+        """
+        self._check_open()
+        directory, config = self.directory, self.config
+        manifest_path = directory / "MANIFEST"
+        self.close(checkpoint=False)
+        try:
+            manifest = read_json(manifest_path)
+        except ValueError as exc:
+            raise StoreError(f"{manifest_path}: unreadable MANIFEST: {exc}") from exc
+        lock_fd = self._lock(directory)
+        _drop_stale_tmp(directory)
+        try:
+            # Re-running __init__ rebuilds the cache and backend exactly as `open` does.
+            EmbeddingStore.__init__(self, directory, manifest, config, lock_fd, create=False)
+        except BaseException:
+            self._closed = True
+            _unlock(directory, lock_fd)
+            raise
 
     def __enter__(self) -> EmbeddingStore:
         return self
@@ -671,6 +718,7 @@ class EmbeddingStore:
                 f"row of id {key} exceeds the float16 range (|x| <= 65504) of "
                 "this table; scale it down or use a float32 table; nothing was written"
             )
+        self._changed = True
         self.cache.write(sorted_ids, sorted_rows, step)
 
     def apply_gradients(self, ids: Any, grads: Any, step: int = 0) -> None:
@@ -703,6 +751,7 @@ class EmbeddingStore:
                     f"finite (gradient too large for {self.spec.dtype}?); nothing was written"
                 )
 
+        self._changed = True
         self.cache.update(unique, step, step_rows)
 
     def lookahead(self, ids: Any, step: int) -> None:
@@ -729,7 +778,9 @@ class EmbeddingStore:
         """Make the current table a durable checkpoint; return its epoch.
 
         Waits for open reads to close, flushes, syncs, then atomically replaces the MANIFEST.
-        A crash at any moment leaves either this checkpoint or the previous one.
+        A crash at any moment leaves either this checkpoint or the previous one. A checkpoint
+        with no `put`, `apply_gradients` or new key since the previous one holds the same rows
+        and keeps its `rows_epoch` (what `frugal.store.nn` state dicts refer to).
 
         Args:
             meta: JSON-serialisable data stored with it (e.g. a data-loader cursor).
