@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -254,3 +255,45 @@ def test_config_errors_name_the_value_and_a_fix() -> None:
         KGEConfig(model="rotate")
     with pytest.raises(ValueError, match="fewer than batch_size=4096"):
         KGESampler(load_triples("nations"), KGEConfig(batch_size=4096))
+
+
+@pytest.mark.parametrize(("p", "c"), [(16, 4), (8, 8), (10, 3), (2, 2)])
+def test_beta_states_swap_one_partition_and_meet_every_pair(p: int, c: int) -> None:
+    from frugal.store.kge import assign_buckets, beta_buffer_states
+
+    states = beta_buffer_states(p, c, seed=0)
+    assert all(len(set(s.tolist())) == c for s in states)
+    for before, after in itertools.pairwise(states):
+        assert len(set(before.tolist()) - set(after.tolist())) == 1  # one swap per state
+    buckets = [b for per_state in assign_buckets(states, p) for b in per_state]
+    assert sorted(buckets) == [(i, j) for i in range(p) for j in range(p)]  # each once
+    if (p, c) == (16, 4):
+        # c - 1 fixed partitions meet the other 13, then 3 leave: about p^2 / c swaps
+        assert len(states) - 1 <= 2 * p * p // c
+    assert [s.tolist() for s in beta_buffer_states(p, c, seed=0)] == [s.tolist() for s in states]
+
+
+def test_beta_epoch_trains_every_triple_once_with_negatives_from_the_buffer() -> None:
+    graph = load_triples("kinships")
+    config = KGEConfig(
+        embedding_dim=8, batch_size=256, neg_chunk_size=64, neg_sample_size=16,
+        ordering="beta", num_partitions=8, buffer_capacity=3,
+    )  # fmt: skip
+    sampler = KGESampler(graph, config)
+    seen = []
+    for step in range(sampler.batches_per_epoch):
+        batch = sampler.batch(step)
+        seen.append(batch.triples)
+        touched = np.unique(sampler.partition_of(batch.negatives))
+        assert len(touched) <= 3  # negatives only from the 3 buffered partitions
+    rows = np.concatenate(seen)
+    dropped = len(graph.train) - len(rows)  # the last partial batch
+    assert 0 <= dropped < 256
+    keys = {tuple(t) for t in rows.tolist()}
+    assert keys <= {tuple(t) for t in graph.train.tolist()}
+    # BETA order: consecutive triples mostly stay within the buffer of few partitions
+    parts = sampler.partition_of(rows[:, [0, 2]])
+    window = parts[:256].ravel()
+    assert len(np.unique(window)) <= 6
+    with pytest.raises(ValueError, match="buffer_capacity=9 must be in"):
+        KGEConfig(ordering="beta", num_partitions=8, buffer_capacity=9)

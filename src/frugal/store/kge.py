@@ -54,6 +54,8 @@ __all__ = [
     "KGEResult",
     "KGESampler",
     "KGETable",
+    "assign_buckets",
+    "beta_buffer_states",
     "evaluate_kge",
     "kge_row_spec",
     "kge_step",
@@ -213,10 +215,23 @@ class KGEConfig:
     """TransE's norm (DGL-KE's TransE_l1 or TransE_l2)."""
     seed: int = 0
     """Seeds the initial rows, the batch order and the negatives, >= 0."""
+    ordering: Literal["random", "beta"] = "random"
+    """Order of the training triples of a `KnowledgeGraph`: a seeded permutation per epoch
+    (DGL-KE), or Marius's BETA order of edge buckets (`beta_buffer_states`), where negatives
+    come from the partitions in the buffer. A `FreebaseLikeStream` is read in order."""
+    num_partitions: int = 16
+    """Entity partitions p of the BETA order (contiguous id ranges), >= 2."""
+    buffer_capacity: int = 4
+    """Partitions c held in the BETA buffer at once, in [2, num_partitions]."""
 
     def __post_init__(self) -> None:
         check_types(self)
         KGE_MODELS.check(self.model)
+        if not 2 <= self.buffer_capacity <= self.num_partitions:
+            raise ValueError(
+                f"buffer_capacity={self.buffer_capacity} must be in [2, num_partitions="
+                f"{self.num_partitions}]"
+            )
         for name in ("embedding_dim", "batch_size", "neg_sample_size", "neg_chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -248,6 +263,77 @@ def kge_row_spec(config: KGEConfig) -> RowSpec:
     )
 
 
+# --- Marius's BETA ordering -----------------------------------------------------------------
+
+
+def beta_buffer_states(num_partitions: int, buffer_capacity: int, seed: int) -> list[I64]:
+    """The buffer states of Marius's BETA ordering: one partition swap between states.
+
+    Marius (Mohoney et al., "Marius: Learning Massive Graph Embeddings on a Single Machine",
+    OSDI 2021, arXiv 2101.08358) splits entities into p partitions and edges into p x p
+    buckets, and keeps c partitions in a buffer. BETA fills the buffer, then keeps c - 1
+    partitions fixed while the last slot cycles through every partition on disk; then the
+    fixed ones, having met every partition, leave for good (up to c - 1 partitions on disk
+    replace them, one swap each), and the cycle repeats until no partition is left on disk.
+    Every pair of partitions shares the buffer in some state, with few swaps (the paper's
+    lower bound is about p^2 / c); shuffles are seeded, as Marius's are random.
+
+    Args:
+        num_partitions: p, >= 2.
+        buffer_capacity: c, in [2, p].
+        seed: Seed of the shuffles.
+
+    Returns:
+        The buffer states in order, each an int64 array of c partition ids.
+
+    Raises:
+        ValueError: If c is not in [2, p].
+    """
+    if not 2 <= buffer_capacity <= num_partitions:
+        raise ValueError(
+            f"buffer_capacity={buffer_capacity} must be in [2, num_partitions={num_partitions}]"
+        )
+    rng = np.random.default_rng([seed, 0xBE7A])
+    order = rng.permutation(num_partitions)
+    in_buffer = order[:buffer_capacity].copy()
+    on_disk = order[buffer_capacity:].copy()
+    states = [in_buffer.copy()]
+    while len(on_disk):
+        in_buffer = in_buffer[rng.permutation(len(in_buffer))]
+        on_disk = on_disk[rng.permutation(len(on_disk))]
+        for i in range(len(on_disk)):  # the last slot cycles through the disk
+            in_buffer[-1], on_disk[i] = on_disk[i], in_buffer[-1]
+            states.append(in_buffer.copy())
+        on_disk = on_disk[rng.permutation(len(on_disk))]
+        replaced = min(buffer_capacity - 1, len(on_disk))
+        for i in range(replaced):  # the fixed ones met everyone: replace them
+            in_buffer[i] = on_disk[i]
+            states.append(in_buffer.copy())
+        on_disk = on_disk[replaced:]
+    return states
+
+
+def assign_buckets(states: list[I64], num_partitions: int) -> list[list[tuple[int, int]]]:
+    """Put each edge bucket (i, j) in the first buffer state holding both i and j.
+
+    This is Marius's greedy assignment: every bucket is trained exactly once per epoch.
+
+    Returns:
+        Per state, its buckets (head partition, tail partition).
+    """
+    done = np.zeros((num_partitions, num_partitions), dtype=bool)
+    out: list[list[tuple[int, int]]] = []
+    for state in states:
+        buckets = []
+        for i in state.tolist():
+            for j in state.tolist():
+                if not done[i, j]:
+                    done[i, j] = True
+                    buckets.append((i, j))
+        out.append(buckets)
+    return out
+
+
 # --- batches --------------------------------------------------------------------------------
 
 
@@ -269,9 +355,11 @@ class KGESampler:
 
     From a `KnowledgeGraph`: epoch e visits the training triples in a seeded permutation,
     `batch_size` at a time (the last partial batch of an epoch is dropped, as DGL-KE's
-    sampler does). From a `FreebaseLikeStream`: step t takes triples
+    sampler does), or in Marius's BETA order (`KGEConfig.ordering`). From a
+    `FreebaseLikeStream`: step t takes triples
     [t * batch_size, (t + 1) * batch_size) of the stream. Tails are corrupted on even steps,
-    heads on odd steps; negatives are uniform over the entities, seeded by (seed, step).
+    heads on odd steps; negatives are uniform over the entities (BETA: over the entities of the
+    partitions in the buffer), seeded by (seed, step).
 
     Raises:
         ValueError: If the graph has fewer training triples than one batch.
@@ -290,26 +378,80 @@ class KGESampler:
                 )
         else:
             self.batches_per_epoch = 0  # a stream has no epochs
-        self._epoch_order: tuple[int, I64] | None = None
+        if config.num_partitions > self.num_entities and config.ordering == "beta":
+            raise ValueError(
+                f"num_partitions={config.num_partitions} exceeds the {self.num_entities} "
+                "entities; lower num_partitions"
+            )
+        # per epoch: the order of the training rows and, for BETA, each row's buffer state
+        self._epoch_order: tuple[int, I64, I64 | None, list[I64]] | None = None
 
-    def _positives(self, step: int) -> I64:
+    def partition_of(self, entities: I64) -> I64:
+        """BETA partition of entity ids: contiguous ranges, floor(e * p / E)."""
+        out: I64 = entities * self.config.num_partitions // self.num_entities
+        return out
+
+    def _order(self, epoch: int) -> tuple[int, I64, I64 | None, list[I64]]:
+        c = self.config
+        assert isinstance(self.source, KnowledgeGraph)
+        rng = np.random.default_rng([c.seed, 0x5EED, epoch])
+        if c.ordering == "random":
+            return epoch, rng.permutation(len(self.source.train)), None, []
+        train = self.source.train
+        p = c.num_partitions
+        states = beta_buffer_states(p, c.buffer_capacity, c.seed * 1_000_003 + epoch)
+        bucket = self.partition_of(train[:, 0]) * p + self.partition_of(train[:, 2])
+        by_bucket = np.argsort(bucket, kind="stable")
+        starts = np.searchsorted(bucket[by_bucket], np.arange(p * p + 1))
+        rows: list[I64] = []
+        row_state: list[I64] = []
+        for index, buckets in enumerate(assign_buckets(states, p)):
+            part = np.concatenate(
+                [by_bucket[starts[i * p + j] : starts[i * p + j + 1]] for i, j in buckets]
+                or [np.empty(0, dtype=np.int64)]
+            )
+            rows.append(part[rng.permutation(len(part))])
+            row_state.append(np.full(len(part), index, dtype=np.int64))
+        return epoch, np.concatenate(rows), np.concatenate(row_state), states
+
+    def _positives(self, step: int) -> tuple[I64, I64 | None]:
+        """The batch's triples and, for BETA, the partitions in the buffer."""
         c = self.config
         if isinstance(self.source, FreebaseLikeStream):
-            return self.source.triples(step * c.batch_size, (step + 1) * c.batch_size)
+            return self.source.triples(step * c.batch_size, (step + 1) * c.batch_size), None
         epoch, index = divmod(step, self.batches_per_epoch)
         if self._epoch_order is None or self._epoch_order[0] != epoch:
-            rng = np.random.default_rng([c.seed, 0x5EED, epoch])
-            self._epoch_order = (epoch, rng.permutation(len(self.source.train)))
-        rows = self._epoch_order[1][index * c.batch_size : (index + 1) * c.batch_size]
-        return self.source.train[rows]
+            self._epoch_order = self._order(epoch)
+        _, order, row_state, states = self._epoch_order
+        rows = order[index * c.batch_size : (index + 1) * c.batch_size]
+        buffer = None if row_state is None else states[int(row_state[index * c.batch_size])]
+        return self.source.train[rows], buffer
+
+    def _negatives(
+        self, rng: np.random.Generator, shape: tuple[int, int], buffer: I64 | None
+    ) -> I64:
+        """Uniform entities, or uniform over the entities of the buffer's partitions (BETA)."""
+        if buffer is None:
+            out: I64 = rng.integers(0, self.num_entities, size=shape)
+            return out
+        p, n = self.config.num_partitions, self.num_entities
+        parts = np.sort(buffer)
+        lo = (parts * n + p - 1) // p  # partition k holds ids [ceil(k n / p), ceil((k+1) n / p))
+        hi = ((parts + 1) * n + p - 1) // p
+        sizes = hi - lo
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        draw = rng.integers(0, int(offsets[-1]), size=shape)
+        which = np.searchsorted(offsets, draw, side="right") - 1
+        local: I64 = lo[which] + draw - offsets[which]
+        return local
 
     def batch(self, step: int) -> KGEBatch:
         """The batch of `step` (>= 0)."""
         c = self.config
-        triples = self._positives(step)
+        triples, buffer = self._positives(step)
         rng = np.random.default_rng([c.seed, 0x4E6, step])
         chunks = c.batch_size // c.neg_chunk_size
-        negatives = rng.integers(0, self.num_entities, size=(chunks, c.neg_sample_size))
+        negatives = self._negatives(rng, (chunks, c.neg_sample_size), buffer)
         ids = np.unique(np.concatenate([triples[:, 0], triples[:, 2], negatives.ravel()]))
         corrupt: Literal["head", "tail"] = "tail" if step % 2 == 0 else "head"
         return KGEBatch(step=step, ids=ids, triples=triples, negatives=negatives, corrupt=corrupt)
