@@ -52,7 +52,13 @@ from frugal.bench.harness import (
     write_bench_results,
 )
 from frugal.config import check_types
-from frugal.disk import disk_filled_error, guard_write, mentions_disk_full
+from frugal.disk import (
+    check_free_space,
+    disk_filled_error,
+    guard_write,
+    human_bytes,
+    mentions_disk_full,
+)
 from frugal.registry import Registry
 from frugal.store.lookahead import Batch, LookaheadLoader
 from frugal.store.rows import OptimizerConfig, RowSpec, splitmix64
@@ -412,6 +418,15 @@ class _Workload:
         if self.kge is not None:
             return self.kge.warmup_steps
         return config.warmup_batches if self.main_grid else config.stream_warmup_batches
+
+    def steps_and_ids_per_step(self) -> tuple[int, int]:
+        """Steps of a run and the most row ids one step can touch (for the disk estimate)."""
+        if self.kge is not None:
+            k = self.kge
+            chunks = max(1, k.batch_size // min(256, k.batch_size))
+            return k.num_steps, 2 * k.batch_size + chunks * k.neg_sample_size
+        shape = np.load(self.trace_path, mmap_mode="r").shape
+        return int(shape[0]), int(np.prod(shape[1:]))
 
     def unique_batches(self) -> list[npt.NDArray[np.int64]]:
         """Each batch's unique row ids, in step order (for the offline reference caches)."""
@@ -954,6 +969,26 @@ def _plan(config: StoreBenchConfig, workloads: list[_Workload], work_dir: Path) 
     return [replace(run, work_dir=str(work_dir / f"run{i}")) for i, run in enumerate(runs)]
 
 
+def disk_bytes_needed(run: _Run) -> int:
+    """An upper bound of the disk one run's tables take, in bytes.
+
+    Log-structured tables (`frugal`'s file backend, `hlog`, `mlkv`) append every written-back
+    row and compact only at checkpoints, which a bench run does not take: at most every id of
+    every step, at the 512-byte record stride. KV tables hold each touched row once (plus the
+    key and per-entry overhead, about 64 bytes), doubled for compaction. `ram` writes nothing.
+    """
+    w = run.workload
+    steps, ids_per_step = w.steps_and_ids_per_step()
+    writes = steps * ids_per_step
+    touched = min(w.num_rows, writes)
+    if run.system == "ram":
+        return 0
+    if run.system.endswith("_offload"):
+        return 2 * touched * (w.spec.row_bytes + 64)
+    stride = -(-(w.spec.row_bytes + 16) // 512) * 512
+    return writes * stride + (64 << 20)
+
+
 def run_store_bench(
     config: StoreBenchConfig,
     out_dir: Path,
@@ -978,6 +1013,8 @@ def run_store_bench(
 
     Raises:
         OSError: If the output or scratch folder cannot be written.
+        DiskFullError: Before any run, if the folder's disk has less free space than the
+            largest run's tables may take (`disk_bytes_needed`); the message names both.
     """
     from frugal.results import BenchJournal
 
@@ -989,6 +1026,14 @@ def run_store_bench(
         traces.mkdir()
         workloads = [_WORKLOADS.get(name)(config, traces) for name in config.workloads]
         runs = _plan(config, workloads, scratch)
+        needed = max((disk_bytes_needed(run) for run in runs), default=0)
+        check_free_space(
+            scratch, needed, what="the store bench's tables (one run's at a time)",
+            fix="free space there, give --out a folder on a larger disk, or lower the sizes "
+            "(num_batches, kge.num_steps)",
+        )  # fmt: skip
+        if progress is not None:
+            progress(f"{len(runs)} runs; each needs at most {human_bytes(needed)} of disk")
         rows: list[dict[str, Any]] = []
         # Keyed on the store's code too: a journal kept across sessions (benchmarks/store/)
         # resumes only while frugal.store is unchanged, so one table never mixes versions.
