@@ -274,8 +274,34 @@ def test_a_bench_that_cannot_fit_on_the_disk_is_refused_before_any_run(tmp_path:
     kge = StoreKGEConfig(num_entities=10**8, num_steps=10**9, memory_ratios=(0.1,))
     config = StoreBenchConfig(systems=("ram", "frugal"), workloads=("kge_freebase",), kge=kge)
     # 1e9 steps x 3,072 ids x a 512-byte record: far beyond any disk
-    with pytest.raises(DiskFullError, match="the store bench's tables .* needed") as caught:
+    with pytest.raises(DiskFullError, match=r"the store bench's tables .* needed") as caught:
         run_store_bench(config, tmp_path)
     assert caught.value.needed_bytes == 10**9 * (2 * 1024 + 4 * 256) * 512 + (64 << 20)
     assert not (tmp_path / "runs.jsonl").exists() or not (tmp_path / "runs.jsonl").read_text()
     assert not list(tmp_path.glob("frugal-store-bench-*"))  # scratch removed
+
+
+@pytest.mark.slow
+def test_criteo_dlrm_trains_a_real_model_on_the_shared_trace(tmp_path: Path) -> None:
+    config = StoreBenchConfig(
+        systems=("ram", "frugal"),
+        workloads=("criteo_zipf", "criteo_dlrm"),
+        scale=0.001,
+        batch_size=64,
+        num_batches=12,
+        warmup_batches=2,
+        memory_ratios=(0.25,),
+        lookaheads=(2,),
+        staleness_bounds=(0,),
+        compute_ms=3.0,
+    )
+    rows = run_store_bench(config, tmp_path).document["rows"]
+    assert all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
+    dlrm = [r for r in rows if r["workload"] == "criteo_dlrm"]
+    planted = [r for r in rows if r["workload"] == "criteo_zipf"]
+    assert [r["system"] for r in dlrm] == ["ram", "frugal"]
+    assert {r["compute_ms"] for r in dlrm} == {0.0} and {r["compute_ms"] for r in planted} == {3.0}
+    assert dlrm[0]["table_sha256"] == dlrm[1]["table_sha256"]  # same run through both tables
+    assert dlrm[0]["final_loss"] == dlrm[1]["final_loss"]
+    # the model moves the rows differently from the planted teacher's closed-form gradient
+    assert dlrm[0]["table_sha256"] != planted[0]["table_sha256"]

@@ -6,7 +6,9 @@ gradient and optimizer code. Step: unique ids -> get -> planted-teacher logistic
 `apply_gradients` -> `compute_ms` of sleep (the dense model's compute, during which background
 I/O may run). Step times are medians after `warmup_batches`.
 
-The KGE workload (`kge_freebase`, `frugal.store.kge`) trains DistMult on a Freebase86m-shaped
+`criteo_dlrm` trains a real DLRM (`frugal.store.dlrm`: dot interactions and a top MLP with
+Adam) on the same trace instead of the planted gradient and the sleep. The KGE workload
+(`kge_freebase`, `frugal.store.kge`) trains DistMult on a Freebase86m-shaped
 triple stream instead: entity rows (vector + row-wise Adagrad accumulator) in the compared
 system, relation rows in RAM, real forward and backward passes (no sleep), and a sampled MRR on
 held-out triples of the stream next to its triples/s. `--workload dlrm|kge` picks a family.
@@ -76,9 +78,9 @@ __all__ = [
 ]
 
 SystemName = Literal["ram", "rocksdb_offload", "lmdb_offload", "hlog", "mlkv", "frugal"]
-WorkloadName = Literal["criteo_zipf", "movielens100k", "collegemsg", "kge_freebase"]
+WorkloadName = Literal["criteo_zipf", "criteo_dlrm", "movielens100k", "collegemsg", "kge_freebase"]
 WORKLOAD_FAMILIES: dict[str, tuple[WorkloadName, ...]] = {
-    "dlrm": ("criteo_zipf", "movielens100k", "collegemsg"),
+    "dlrm": ("criteo_zipf", "criteo_dlrm", "movielens100k", "collegemsg"),
     "kge": ("kge_freebase",),
 }
 """What `frugal store bench --workload FAMILY` runs: MLKV's workload families (the DLRM family
@@ -182,12 +184,14 @@ class StoreBenchConfig(BenchConfig):
     """Systems compared (see `frugal.store.baselines`)."""
     workloads: tuple[WorkloadName, ...] = (
         "criteo_zipf",
+        "criteo_dlrm",
         "movielens100k",
         "collegemsg",
         "kge_freebase",
     )
-    """Workloads: the Criteo-shaped Zipf stream and two real streams (DLRM family, see
-    `WORKLOAD_FAMILIES`) and the KGE workload."""
+    """Workloads: the Criteo-shaped Zipf stream with the planted teacher's gradient and with
+    a real DLRM (`criteo_dlrm`), two real streams (the DLRM family, `WORKLOAD_FAMILIES`) and
+    the KGE workload."""
     scale: float = 0.25
     """Criteo cardinality scale (0.25 -> 8,441,945 rows; 0.02 -> 676,951), in (0, 1]."""
     alpha: float = 1.05
@@ -267,7 +271,7 @@ class StoreBenchConfig(BenchConfig):
 
     QUICK: ClassVar = {
         "systems": ("ram", "rocksdb_offload", "hlog", "mlkv", "frugal"),
-        "workloads": ("criteo_zipf", "kge_freebase"),
+        "workloads": ("criteo_zipf", "criteo_dlrm", "kge_freebase"),
         "scale": 0.02,
         "num_batches": 300,
         "warmup_batches": 50,
@@ -295,6 +299,7 @@ class StoreBenchConfig(BenchConfig):
             "warmup_batches": 40,
             "staleness_bounds": (0,),
             "lookaheads": (4,),
+            "workloads": ("criteo_zipf", "kge_freebase"),
             "kge": {"num_steps": 100, "warmup_steps": 30, "lookaheads": (4,)},
         },
         "smoke": {
@@ -398,6 +403,9 @@ class _Workload:
     staleness study; else on the stream_* grid (or the kge grid for a KGE workload)."""
     kge: StoreKGEConfig | None = None
     """Set for a KGE workload: the child trains `frugal.store.kge` instead of the trace."""
+    dlrm: bool = False
+    """Train `frugal.store.dlrm.DLRM` on the trace (real forward and backward, no sleep)
+    instead of the planted teacher's closed-form gradient."""
     seed: int = 0
     """The KGE stream's and sampler's seed."""
 
@@ -485,10 +493,11 @@ def _criteo_workload(config: StoreBenchConfig, folder: Path) -> _Workload:
     stream = CriteoZipfStream(
         CriteoZipfStream.Config(scale=config.scale, alpha=config.alpha, seed=config.seed)
     )
-    ids = stream.ids(0, config.num_batches * config.batch_size)
-    labels = _teacher_labels(ids, config.seed).reshape(config.num_batches, config.batch_size)
     trace_path, labels_path = folder / "criteo_trace.npy", folder / "criteo_labels.npy"
-    _save_trace(trace_path, ids.reshape(config.num_batches, -1), labels_path, labels)
+    if not trace_path.exists():  # criteo_dlrm reads the same files
+        ids = stream.ids(0, config.num_batches * config.batch_size)
+        labels = _teacher_labels(ids, config.seed).reshape(config.num_batches, config.batch_size)
+        _save_trace(trace_path, ids.reshape(config.num_batches, -1), labels_path, labels)
     spec = RowSpec(
         embedding_dim=config.embedding_dim, optimizer=OptimizerConfig(kind="adam", lr=1e-3)
     )
@@ -496,6 +505,11 @@ def _criteo_workload(config: StoreBenchConfig, folder: Path) -> _Workload:
         "criteo_zipf", stream.num_embeddings, spec, str(trace_path), str(labels_path), 26,
         main_grid=True,
     )  # fmt: skip
+
+
+def _criteo_dlrm_workload(config: StoreBenchConfig, folder: Path) -> _Workload:
+    """The trace and labels of `criteo_zipf` (written once), trained by a real DLRM."""
+    return replace(_criteo_workload(config, folder), name="criteo_dlrm", dlrm=True)
 
 
 def _events_workload(name: WorkloadName, folder: Path, events_per_batch: int = 64) -> _Workload:
@@ -591,6 +605,7 @@ _WORKLOADS.register("criteo_zipf", _criteo_workload)
 _WORKLOADS.register("movielens100k", _stream_workload("movielens100k"))
 _WORKLOADS.register("collegemsg", _stream_workload("collegemsg"))
 _WORKLOADS.register("kge_freebase", _kge_workload)
+_WORKLOADS.register("criteo_dlrm", _criteo_dlrm_workload)
 
 
 # --- one run (in a child process) --------------------------------------------------------------
@@ -846,11 +861,28 @@ def _execute(run: _Run) -> dict[str, Any]:
         reads = _reader_thread(source, system, ahead=ahead)
     else:
         reads = _inline_reads(source, system)
+    model = optimizer = None
+    if w.dlrm:
+        import torch
+
+        from frugal.store.dlrm import DLRM, dlrm_update
+
+        torch.set_num_threads(1)
+        model = DLRM(w.fields, d, seed=run.seed)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     wall_start = time.perf_counter()
     for batch, unique, (inverse, emb), read_s in reads:
         t0 = time.perf_counter() - read_s
         get_s += read_s
         y = labels[batch.step]
+        if model is not None and optimizer is not None:  # a real DLRM: forward and backward
+            loss, row_grads = dlrm_update(
+                model, optimizer, emb, inverse.reshape(samples, -1), np.asarray(y)
+            )
+            losses.append(loss)
+            system.apply_gradients(unique, row_grads, batch.step)
+            step_s.append(time.perf_counter() - t0)
+            continue
         # logit_b = sum_f <e_f, u> with u = 1/sqrt(D) in every coordinate.
         logit = emb.sum(axis=1)[inverse].reshape(samples, -1).sum(axis=1) * u_scale
         p = 1.0 / (1.0 + np.exp(-logit))
@@ -951,12 +983,13 @@ def _plan(config: StoreBenchConfig, workloads: list[_Workload], work_dir: Path) 
                 grid = workload.lookaheads(config)
                 windows = grid if _SYSTEMS.get(system).uses_lookahead else (0,)
                 for window in windows:
-                    compute_ms = 0.0 if workload.kge is not None else config.compute_ms
+                    real_model = workload.kge is not None or workload.dlrm
+                    compute_ms = 0.0 if real_model else config.compute_ms
                     runs.append(
                         _Run(system, workload, ratio, window, 0, compute_ms,
                              workload.warmup_batches(config), config.seed, "")
                     )  # fmt: skip
-        if workload.main_grid and "frugal" in config.systems:
+        if workload.main_grid and not workload.dlrm and "frugal" in config.systems:
             ratio = 0.10 if 0.10 in config.memory_ratios else min(config.memory_ratios)
             study_window = 4 if 4 in config.lookaheads else max(config.lookaheads)
             for bound in config.staleness_bounds:
