@@ -61,8 +61,21 @@ MANIFEST_FORMAT = "frugal-store"
 MANIFEST_VERSION = 1
 _MIB = 1 << 20
 _MIN_BUDGET_BYTES = 128 << 10
+_MIN_CACHED_ROWS = 64  # the smallest cache a store opens with
 KeySpace = Literal["dense", "hashed"]
 _OPEN_HERE: set[Path] = set()  # store folders this process holds the lock of
+
+
+@dataclass(frozen=True, slots=True)
+class _MemoryLayout:
+    """How a memory budget is split (see `EmbeddingStore._memory_layout`)."""
+
+    io_buffer_bytes: int
+    backend_args: BackendArgs
+    index_kind: Literal["dense", "hash"]
+    capacity: int
+    fixed_bytes: int
+    bytes_per_slot: int
 
 
 def _validate_ids(ids: Any, num_rows: int) -> I64:
@@ -242,38 +255,26 @@ class EmbeddingStore:
         recover_epoch = None if create else self.epoch
         self.key_space: KeySpace = manifest.get("key_space", "dense")
         self.keys: HashedKeys | None = None
-        key_map_bytes = 0
-        if self.key_space == "hashed":
-            key_map_bytes = HashedKeys.memory_bytes_for(self.num_rows)
-        io_buffer_bytes = max(16 << 10, min(16 * _MIB, budget // 8))
+        layout = self._memory_layout(budget, manifest.get("backend_info", {}), recover_epoch)
+        io_buffer_bytes = layout.io_buffer_bytes
         self._io_buffer_bytes = io_buffer_bytes  # bounds every backend read and write buffer
-        backend_args = self._backend_args(recover_epoch, budget, manifest.get("backend_info", {}))
+        backend_args = layout.backend_args
         backend_type = BACKENDS.get(self.backend_name)
-        fixed = key_map_bytes + backend_type.reserved_memory_bytes(backend_args) + io_buffer_bytes
-        per_slot = self.spec.row_bytes + slot_overhead_bytes()
-        index_kind, capacity = choose_slot_index(
-            config.slot_index,
-            num_rows=self.num_rows,
-            available_bytes=budget - fixed,
-            bytes_per_slot=per_slot,
-        )
-        if index_kind == "dense":
-            fixed += DenseSlotIndex.memory_bytes_for(self.num_rows)
-        else:
-            fixed += HashSlotIndex.memory_bytes_for(max(capacity, 64))
-        if capacity < 64:  # checked before any file is written
-            needed = fixed + 64 * per_slot
+        index_kind, capacity = layout.index_kind, layout.capacity
+        if capacity < _MIN_CACHED_ROWS:  # checked before any file is written
+            needed = layout.fixed_bytes + _MIN_CACHED_ROWS * layout.bytes_per_slot
             if needed > physical_memory_bytes():
                 raise ValueError(
                     f"num_rows={self.num_rows:,} needs {needed / 2**30:,.1f} GiB of RAM for its "
                     "per-row maps (record addresses, key map, id map: 4-20 bytes per row) plus a "
                     "minimal cache, beyond this machine's memory; lower num_rows"
                 )
+            minimum = self._minimum_budget(budget, manifest.get("backend_info", {}))
             raise ValueError(
                 f"memory_budget_bytes={budget} leaves room for {max(capacity, 0)} cached rows "
-                f"after the {index_kind} slot index, backend and I/O buffers ({fixed} bytes); set "
-                f"it to at least "
-                f"{needed}"
+                f"after the {index_kind} slot index, backend and I/O buffers "
+                f"({layout.fixed_bytes} bytes); a store needs {_MIN_CACHED_ROWS}, so set it to "
+                f"at least {minimum}"
             )
         if self.key_space == "hashed":
             self.keys = HashedKeys(self.num_rows)
@@ -293,7 +294,58 @@ class EmbeddingStore:
             slot_index=index_kind,
         )
 
-    def _backend_args(self, epoch: int | None, budget: int, info: dict[str, Any]) -> BackendArgs:
+    def _memory_layout(
+        self, budget: int, info: dict[str, Any], epoch: int | None = None
+    ) -> _MemoryLayout:
+        """How `budget` splits into I/O buffers, key map, backend, slot index and cache slots."""
+        io_buffer_bytes = max(16 << 10, min(16 * _MIB, budget // 8))
+        key_map_bytes = 0
+        if self.key_space == "hashed":
+            key_map_bytes = HashedKeys.memory_bytes_for(self.num_rows)
+        args = self._backend_args(epoch, budget, info, io_buffer_bytes)
+        backend_bytes = BACKENDS.get(self.backend_name).reserved_memory_bytes(args)
+        fixed = key_map_bytes + backend_bytes + io_buffer_bytes
+        per_slot = self.spec.row_bytes + slot_overhead_bytes()
+        index_kind, capacity = choose_slot_index(
+            self.config.slot_index,
+            num_rows=self.num_rows,
+            available_bytes=budget - fixed,
+            bytes_per_slot=per_slot,
+        )
+        if index_kind == "dense":
+            fixed += DenseSlotIndex.memory_bytes_for(self.num_rows)
+        else:
+            fixed += HashSlotIndex.memory_bytes_for(max(capacity, _MIN_CACHED_ROWS))
+        return _MemoryLayout(io_buffer_bytes, args, index_kind, int(capacity), fixed, per_slot)
+
+    def _minimum_budget(self, budget: int, info: dict[str, Any]) -> int:
+        """The smallest budget above `budget` that leaves `_MIN_CACHED_ROWS` cached rows.
+
+        The I/O buffers and some backends' shares grow with the budget, so the bytes missing
+        at `budget` are not enough: search upward until a budget fits, then bisect down to
+        the smallest one that fits (the last value tried that fits is returned, so the
+        suggestion is accepted even where the capacity is not monotone in the budget).
+        """
+
+        def fits(candidate: int) -> bool:
+            return self._memory_layout(candidate, info).capacity >= _MIN_CACHED_ROWS
+
+        low, high = budget, max(budget + 1, _MIN_BUDGET_BYTES)
+        while not fits(high):
+            layout = self._memory_layout(high, info)
+            low = high
+            high = max(2 * high, layout.fixed_bytes + _MIN_CACHED_ROWS * layout.bytes_per_slot)
+        while high - low > 1:  # low does not fit, high does
+            middle = (low + high) // 2
+            if fits(middle):
+                high = middle
+            else:
+                low = middle
+        return high
+
+    def _backend_args(
+        self, epoch: int | None, budget: int, info: dict[str, Any], io_buffer_bytes: int
+    ) -> BackendArgs:
         return BackendArgs(
             directory=self.directory,
             num_rows=self.num_rows,
@@ -303,7 +355,7 @@ class EmbeddingStore:
             dtype=self.spec.dtype,
             io_threads=self.config.io_threads,
             use_direct_io=self.config.use_direct_io,
-            max_io_bytes=self._io_buffer_bytes,
+            max_io_bytes=io_buffer_bytes,
             info=info,
         )
 
