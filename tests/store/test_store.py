@@ -426,7 +426,8 @@ def test_truncated_file_and_foreign_manifest_are_refused(tmp_path: Path) -> None
         EmbeddingStore.open(tmp_path / "s")
     log.write_bytes(full)
     manifest = json.loads((tmp_path / "s" / "MANIFEST").read_text())
-    (tmp_path / "s" / "MANIFEST").write_text(json.dumps(manifest | {"format_version": 99}))
+    unsigned = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    (tmp_path / "s" / "MANIFEST").write_text(json.dumps(unsigned | {"format_version": 99}))
     with pytest.raises(StoreError, match="format_version 99"):
         EmbeddingStore.open(tmp_path / "s")
     (tmp_path / "s" / "MANIFEST").write_text(json.dumps(manifest))

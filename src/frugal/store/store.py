@@ -35,6 +35,7 @@ from frugal.disk import make_folder
 from frugal.store.backends import BACKENDS, BackendArgs
 from frugal.store.backends.base import (
     StoreBackend,
+    file_sha256,
     read_json,
     save_array_atomic,
     write_json_atomic,
@@ -58,7 +59,13 @@ from frugal.store.slot_index import (
 __all__ = ["EmbeddingStore"]
 
 MANIFEST_FORMAT = "frugal-store"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: the MANIFEST holds its own sha256 and its index files' sha256
+_READABLE_MANIFEST_VERSIONS = (1, 2)  # 1: no checksums (frugal <= 0.x stores)
+_MANIFEST_HASH_KEY = "manifest_sha256"
+_RESTORE_FIX = (
+    "the store is corrupt (a flipped byte or an edit); restore the store folder from a backup "
+    "(frugal never repairs a store)"
+)
 _MIB = 1 << 20
 _MIN_BUDGET_BYTES = 128 << 10
 _MIN_CACHED_ROWS = 64  # the smallest cache a store opens with
@@ -76,6 +83,72 @@ class _MemoryLayout:
     capacity: int
     fixed_bytes: int
     bytes_per_slot: int
+
+
+def _manifest_sha256(manifest: dict[str, Any]) -> str:
+    """sha256 of a MANIFEST's content without its own hash (canonical JSON: sorted keys)."""
+    body = {k: v for k, v in manifest.items() if k != _MANIFEST_HASH_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """Read and check a MANIFEST: JSON, its own sha256, then its format and version.
+
+    Raises:
+        StoreCorruptionError: If it is unreadable or its content does not match its sha256.
+        StoreError: If it is not a frugal store MANIFEST or of a version this frugal cannot
+            read.
+    """
+    try:
+        manifest = read_json(path)
+    except ValueError as exc:  # also UnicodeDecodeError: a flipped byte outside ASCII
+        raise StoreCorruptionError(f"{path}: unreadable MANIFEST ({exc}); {_RESTORE_FIX}") from exc
+    stored = manifest.get(_MANIFEST_HASH_KEY)
+    if stored is not None and stored != _manifest_sha256(manifest):
+        raise StoreCorruptionError(
+            f"{path}: the MANIFEST's content does not match its {_MANIFEST_HASH_KEY} "
+            f"{str(stored)[:16]}...; {_RESTORE_FIX}"
+        )
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise StoreError(f"{path}: not a frugal store MANIFEST")
+    version = manifest.get("format_version")
+    if version not in _READABLE_MANIFEST_VERSIONS:
+        raise StoreError(
+            f"{path}: format_version {version} but this frugal reads "
+            f"{', '.join(map(str, _READABLE_MANIFEST_VERSIONS))}; open it with frugal "
+            f"{manifest.get('frugal_version')}"
+        )
+    if stored is None and version != 1:
+        raise StoreCorruptionError(
+            f"{path}: format_version {version} but no {_MANIFEST_HASH_KEY}; {_RESTORE_FIX}"
+        )
+    return manifest
+
+
+def _check_file_hashes(directory: Path, manifest: dict[str, Any]) -> None:
+    """Check every file the MANIFEST lists under `file_sha256` (index, key map) against it.
+
+    Raises:
+        StoreCorruptionError: If such a file is missing, unreadable or differs from its hash.
+    """
+    hashes = manifest.get("file_sha256", {})
+    if not isinstance(hashes, dict):
+        raise StoreCorruptionError(f"{directory / 'MANIFEST'}: file_sha256 is not a mapping")
+    for name, expected in sorted(hashes.items()):
+        path = directory / str(name)
+        try:
+            actual = file_sha256(path)
+        except OSError as exc:
+            raise StoreCorruptionError(
+                f"{path}: a file of checkpoint {manifest.get('epoch')} is missing or unreadable "
+                f"({exc.strerror}); {_RESTORE_FIX}"
+            ) from exc
+        if actual != expected:
+            raise StoreCorruptionError(
+                f"{path}: sha256 {actual[:16]}... does not match the MANIFEST's "
+                f"{str(expected)[:16]}...; {_RESTORE_FIX}"
+            )
 
 
 def _validate_ids(ids: Any, num_rows: int) -> I64:
@@ -510,7 +583,9 @@ class EmbeddingStore:
         Raises:
             StoreError: If there is no MANIFEST (an incomplete create) or it is of another
                 format or version.
-            StoreCorruptionError: If the backend's files fail their checks.
+            StoreCorruptionError: If the MANIFEST does not match its own sha256, a file it
+                lists (record index, key map) is missing or does not match its sha256, or
+                the backend's files fail their checks.
             StoreLockedError: If another process holds the folder.
         """
         config = cls._check_config(config)
@@ -523,27 +598,17 @@ class EmbeddingStore:
                 f"{path}: incomplete store, no MANIFEST (create was interrupted, or this is "
                 "not a store folder); delete the folder and create the store again"
             )
-        try:
-            manifest = read_json(manifest_path)
-        except ValueError as exc:
-            raise StoreError(f"{manifest_path}: unreadable MANIFEST: {exc}") from exc
-        if manifest.get("format") != MANIFEST_FORMAT:
-            raise StoreError(f"{manifest_path}: not a frugal store MANIFEST")
-        if manifest.get("format_version") != MANIFEST_VERSION:
-            raise StoreError(
-                f"{manifest_path}: format_version {manifest.get('format_version')} but this "
-                f"frugal reads {MANIFEST_VERSION}; open it with frugal "
-                f"{manifest.get('frugal_version')}"
-            )
+        manifest = _read_manifest(manifest_path)
         base = config or cls.Config()
         config = cls.Config(**(config_to_dict(base) | {"backend": manifest["backend"]}))
         lock_fd = cls._lock(path)
-        for stale in path.glob("*.tmp"):  # leftovers of an interrupted checkpoint
-            if stale.is_dir():  # e.g. RocksDB's own checkpoint folder, cut by a crash
-                shutil.rmtree(stale)
-            else:
-                stale.unlink()
         try:
+            for stale in path.glob("*.tmp"):  # leftovers of an interrupted checkpoint
+                if stale.is_dir():  # e.g. RocksDB's own checkpoint folder, cut by a crash
+                    shutil.rmtree(stale)
+                else:
+                    stale.unlink()
+            _check_file_hashes(path, manifest)
             return cls(path, manifest, config, lock_fd, create=False)
         except BaseException:
             _unlock(path, lock_fd)
@@ -551,9 +616,12 @@ class EmbeddingStore:
 
     def _write_checkpoint(self, epoch: int, step: int, meta: dict[str, Any]) -> None:
         self.backend.sync()
-        backend_info = self.backend.checkpoint(epoch)
+        backend_info = dict(self.backend.checkpoint(epoch))
+        file_hashes: dict[str, str] = dict(backend_info.pop("file_sha256", {}))
         if self.keys is not None:  # before the MANIFEST names the epoch
-            save_array_atomic(self._keys_path(epoch), self.keys.keys_by_row[: self.keys.num_keys])
+            file_hashes[self._keys_path(epoch).name] = save_array_atomic(
+                self._keys_path(epoch), self.keys.keys_by_row[: self.keys.num_keys]
+            )
         manifest = {
             "format": MANIFEST_FORMAT,
             "format_version": MANIFEST_VERSION,
@@ -567,7 +635,9 @@ class EmbeddingStore:
             "epoch": epoch,
             "step": step,
             "meta": meta,
+            "file_sha256": file_hashes,
         }
+        manifest[_MANIFEST_HASH_KEY] = _manifest_sha256(manifest)
         write_json_atomic(self.directory / "MANIFEST", manifest)
         self.backend.finish_checkpoint(epoch)
         for path in self.directory.glob("keys.*.npy"):

@@ -357,12 +357,22 @@ class FileBackend:
         os.fdatasync(self.fd)
 
     def checkpoint(self, epoch: int) -> dict[str, Any]:
-        """Save `location` as `index.<epoch>.npy`; compact the log first if mostly garbage."""
+        """Save `location` as `index.<epoch>.npy`; compact the log first if mostly garbage.
+
+        Returns:
+            The log's generation, length and stride, and the index file's sha256.
+        """
         live = int(np.count_nonzero(self.location >= 0))
         if self.tail > max(COMPACT_MIN_RECORDS, 2 * live):
             self._compact(live)
-        save_array_atomic(self.directory / f"index.{epoch}.npy", self.location)
-        return {"generation": self.generation, "tail": self.tail, "stride": self.stride}
+        name = f"index.{epoch}.npy"
+        digest = save_array_atomic(self.directory / name, self.location)
+        return {
+            "generation": self.generation,
+            "tail": self.tail,
+            "stride": self.stride,
+            "file_sha256": {name: digest},
+        }
 
     def _compact(self, live: int) -> None:
         """Copy live records, in address order, into the next generation's log file."""
