@@ -406,7 +406,7 @@ def test_flipped_byte_on_disk_is_detected(tmp_path: Path) -> None:
     log = tmp_path / "s" / "log.0.dat"
     blob = bytearray(log.read_bytes())
     address = int(np.load(tmp_path / "s" / "index.1.npy")[42])
-    offset = 4096 + address * 512  # header, then records of stride roundup(100 + 16, 512)
+    offset = 4096 + address * 120  # header, then records of stride roundup(100 + 16, 8)
     blob[offset + 5] ^= 0x01
     log.write_bytes(bytes(blob))
     with EmbeddingStore.open(tmp_path / "s") as reopened:
