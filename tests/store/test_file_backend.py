@@ -155,3 +155,21 @@ def test_a_store_of_the_previous_log_format_is_refused_with_the_version_and_the_
     message = str(info.value)
     assert "log.0.dat: log format_version 2, but this frugal reads version 3 only" in message
     assert "open the store with the frugal that wrote it" in message and "`put`" in message
+
+
+def test_a_corrupt_row_found_by_a_prefetch_is_a_store_corruption_error(tmp_path: Path) -> None:
+    # Row 5's record fails its checksum; the lookahead's background read finds it first, and
+    # the get that follows must still say "corrupt", not only "a background read failed".
+    directory = tmp_path / "s"
+    with EmbeddingStore.create(directory, num_rows=100, spec=ADAM16) as store:
+        store.put(np.arange(10), _rows(np.arange(10), 1.0))
+    address = int(np.load(directory / "index.1.npy")[5])
+    log = directory / "log.0.dat"
+    blob = bytearray(log.read_bytes())
+    blob[HEADER_BYTES + address * 216 + 3] ^= 0x01  # inside row 5's first float
+    log.write_bytes(bytes(blob))
+    with EmbeddingStore.open(directory) as store:
+        store.lookahead(np.array([5]), step=1)
+        with pytest.raises(StoreCorruptionError, match=r"row id 5 at offset .* restore it"):
+            store.get(np.array([5]), step=1)
+        store.close(checkpoint=False)
