@@ -252,6 +252,45 @@ def test_store_recovery_on_a_full_disk_is_a_clear_error_and_the_checkpoint_survi
     )
 
 
+def test_rocksdb_opening_its_recovered_copy_on_a_full_disk_is_a_disk_full_error(
+    disk: SmallDisk,
+) -> None:
+    import numpy as np
+
+    from frugal.disk import DiskFullError
+    from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
+
+    disk.mount("16m")
+    spec = RowSpec(embedding_dim=64, optimizer=OptimizerConfig(kind="sgd"))
+    config = EmbeddingStore.Config(backend="rocksdb", memory_budget_bytes=4 << 20)
+    directory = disk.path / "store"
+    with EmbeddingStore.create(directory, num_rows=20_000, spec=spec, config=config) as store:
+        store.put(np.arange(5000), np.full((5000, 64), 7.0, np.float32))  # checkpointed
+    (checkpoint,) = directory.glob("rocksdb.ckpt.*")
+    copied = [p for p in checkpoint.iterdir() if p.suffix != ".sst"]  # CURRENT, OPTIONS...
+    page = 4096  # tmpfs charges whole pages
+    copied_bytes = sum(-(-p.stat().st_size // page) * page for p in copied)
+    # A recovery cut short (the live folder is gone), then the disk fills: the copies of the
+    # mutable files fit exactly, RocksDB's own writes at open (a new OPTIONS file) do not.
+    # Before: a plain Exception("IO error: ... No space left on device").
+    shutil.rmtree(directory / "rocksdb")
+    junk = _fill(disk.path, leave_bytes=copied_bytes)
+    with pytest.raises(DiskFullError) as info:
+        EmbeddingStore.open(directory, config)
+    message = str(info.value)
+    assert f"recovering checkpoint 1 of {directory / 'rocksdb'}" in message
+    assert "is full" in message and "No space left on device" in message
+    assert f"the checkpoint {checkpoint} is intact" in message
+    junk.unlink()
+    with EmbeddingStore.open(directory, config) as store:
+        assert np.all(store.peek(np.arange(5000), cols="emb") == 7.0)
+    record(
+        "store open (rocksdb)",
+        "disk full while RocksDB opens the recovered copy",
+        "DiskFullError naming the folder; after freeing space, rows equal",
+    )
+
+
 @full_tier
 def test_reproduce_on_a_full_disk_stops_with_one_line_and_resumes(
     tmp_path: Path, disk: SmallDisk

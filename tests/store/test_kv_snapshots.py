@@ -159,3 +159,63 @@ def test_a_background_failure_names_a_full_disk_only_when_it_is(
     message = str(info.value)
     assert "mdb_txn_commit: Input/output error" in message
     assert (f"the disk holding {tmp_path} is full (0 B free)" in message) is named
+
+
+def _rocksdb_store(directory: Path) -> Path:
+    """A closed RocksDB store of 3000 rows of 7.0; returns its checkpoint folder."""
+    from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
+
+    spec = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="sgd"))
+    config = EmbeddingStore.Config(backend="rocksdb", memory_budget_bytes=1 << 20)
+    with EmbeddingStore.create(directory, num_rows=3000, spec=spec, config=config) as store:
+        store.put(np.arange(3000), np.full((3000, 4), 7.0, np.float32))  # checkpointed on close
+    (checkpoint,) = directory.glob("rocksdb.ckpt.*")
+    return checkpoint
+
+
+def _flip_in_place(path: Path, position: int) -> None:
+    """Flip one bit of `path` (its hard links, such as the live folder's, see it too)."""
+    with path.open("r+b") as fh:
+        fh.seek(position)
+        byte = fh.read(1)[0]
+        fh.seek(position)
+        fh.write(bytes([byte ^ 0x01]))
+
+
+def _read_all(directory: Path) -> np.ndarray:
+    from frugal.store import EmbeddingStore
+
+    with EmbeddingStore.open(directory) as store:
+        rows: np.ndarray = store.peek(np.arange(3000), cols="emb")
+        store.close(checkpoint=False)
+    return rows
+
+
+def test_a_rocksdb_checkpoint_without_current_is_refused_not_started_empty(
+    tmp_path: Path,
+) -> None:
+    # Before: RocksDB (create_if_missing) could start an empty database over the tables, so
+    # every row read as its initial value instead of 7.0.
+    checkpoint = _rocksdb_store(tmp_path / "s")
+    (checkpoint / "CURRENT").unlink()
+    with pytest.raises(StoreCorruptionError, match=r"ckpt\.1/CURRENT is missing.*from a backup"):
+        _read_all(tmp_path / "s")
+
+
+def test_a_flipped_byte_in_a_rocksdb_table_is_a_store_corruption_error(tmp_path: Path) -> None:
+    checkpoint = _rocksdb_store(tmp_path / "s")
+    (table,) = checkpoint.glob("*.sst")
+    _flip_in_place(table, 200)  # inside the first data block (rows 0...)
+    with pytest.raises(StoreCorruptionError) as info:
+        _read_all(tmp_path / "s")
+    message = str(info.value)
+    assert "RocksDB found corruption" in message and "checksum mismatch" in message
+    assert table.name in message and "restore the store folder from a backup" in message
+
+
+def test_a_flipped_byte_in_rocksdb_manifest_is_a_store_corruption_error(tmp_path: Path) -> None:
+    checkpoint = _rocksdb_store(tmp_path / "s")
+    (manifest,) = checkpoint.glob("MANIFEST-*")
+    _flip_in_place(manifest, 20)
+    with pytest.raises(StoreCorruptionError, match=rf"recovering checkpoint 1 .*{manifest.name}"):
+        _read_all(tmp_path / "s")

@@ -452,7 +452,7 @@ def test_flipped_byte_on_disk_is_detected(tmp_path: Path) -> None:
     log = tmp_path / "s" / "log.0.dat"
     blob = bytearray(log.read_bytes())
     address = int(np.load(tmp_path / "s" / "index.1.npy")[42])
-    offset = 4096 + address * 512  # header, then records of stride roundup(100 + 16, 512)
+    offset = 4096 + address * 120  # header, then records of stride roundup(100 + 16, 8)
     blob[offset + 5] ^= 0x01
     log.write_bytes(bytes(blob))
     with EmbeddingStore.open(tmp_path / "s") as reopened:
@@ -472,7 +472,8 @@ def test_truncated_file_and_foreign_manifest_are_refused(tmp_path: Path) -> None
         EmbeddingStore.open(tmp_path / "s")
     log.write_bytes(full)
     manifest = json.loads((tmp_path / "s" / "MANIFEST").read_text())
-    (tmp_path / "s" / "MANIFEST").write_text(json.dumps(manifest | {"format_version": 99}))
+    unsigned = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    (tmp_path / "s" / "MANIFEST").write_text(json.dumps(unsigned | {"format_version": 99}))
     with pytest.raises(StoreError, match="format_version 99"):
         EmbeddingStore.open(tmp_path / "s")
     (tmp_path / "s" / "MANIFEST").write_text(json.dumps(manifest))

@@ -42,7 +42,7 @@ import numpy.typing as npt
 
 from frugal._typing import F32, I64
 from frugal.store.backends.base import StoreBackend
-from frugal.store.errors import StalenessTimeoutError, StoreError
+from frugal.store.errors import StalenessTimeoutError, StoreCorruptionError, StoreError
 from frugal.store.slot_index import DenseSlotIndex, HashSlotIndex, SlotIndex
 
 __all__ = ["CacheStats", "RowCache", "slot_overhead_bytes"]
@@ -188,6 +188,8 @@ class RowCache:
             raise StoreError("the store is closed")
         if self.error is not None:
             error, self.error = self.error, None
+            if isinstance(error, StoreCorruptionError):  # e.g. a corrupt row a prefetch read
+                raise StoreCorruptionError(f"a background read failed: {error}") from error
             raise StoreError(
                 f"a background read or write-back failed: {error}{self._full_disk()}. Rows "
                 "since the last checkpoint may be lost; the checkpoint itself is intact (fix "

@@ -35,6 +35,7 @@ from frugal.disk import make_folder
 from frugal.store.backends import BACKENDS, BackendArgs
 from frugal.store.backends.base import (
     StoreBackend,
+    file_sha256,
     read_json,
     save_array_atomic,
     write_json_atomic,
@@ -58,11 +59,96 @@ from frugal.store.slot_index import (
 __all__ = ["EmbeddingStore"]
 
 MANIFEST_FORMAT = "frugal-store"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: the MANIFEST holds its own sha256 and its index files' sha256
+_READABLE_MANIFEST_VERSIONS = (1, 2)  # 1: no checksums (frugal <= 0.x stores)
+_MANIFEST_HASH_KEY = "manifest_sha256"
+_RESTORE_FIX = (
+    "the store is corrupt (a flipped byte or an edit); restore the store folder from a backup "
+    "(frugal never repairs a store)"
+)
 _MIB = 1 << 20
 _MIN_BUDGET_BYTES = 128 << 10
+_MIN_CACHED_ROWS = 64  # the smallest cache a store opens with
 KeySpace = Literal["dense", "hashed"]
 _OPEN_HERE: set[Path] = set()  # store folders this process holds the lock of
+
+
+@dataclass(frozen=True, slots=True)
+class _MemoryLayout:
+    """How a memory budget is split (see `EmbeddingStore._memory_layout`)."""
+
+    io_buffer_bytes: int
+    backend_args: BackendArgs
+    index_kind: Literal["dense", "hash"]
+    capacity: int
+    fixed_bytes: int
+    bytes_per_slot: int
+
+
+def _manifest_sha256(manifest: dict[str, Any]) -> str:
+    """sha256 of a MANIFEST's content without its own hash (canonical JSON: sorted keys)."""
+    body = {k: v for k, v in manifest.items() if k != _MANIFEST_HASH_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """Read and check a MANIFEST: JSON, its own sha256, then its format and version.
+
+    Raises:
+        StoreCorruptionError: If it is unreadable or its content does not match its sha256.
+        StoreError: If it is not a frugal store MANIFEST or of a version this frugal cannot
+            read.
+    """
+    try:
+        manifest = read_json(path)
+    except ValueError as exc:  # also UnicodeDecodeError: a flipped byte outside ASCII
+        raise StoreCorruptionError(f"{path}: unreadable MANIFEST ({exc}); {_RESTORE_FIX}") from exc
+    stored = manifest.get(_MANIFEST_HASH_KEY)
+    if stored is not None and stored != _manifest_sha256(manifest):
+        raise StoreCorruptionError(
+            f"{path}: the MANIFEST's content does not match its {_MANIFEST_HASH_KEY} "
+            f"{str(stored)[:16]}...; {_RESTORE_FIX}"
+        )
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise StoreError(f"{path}: not a frugal store MANIFEST")
+    version = manifest.get("format_version")
+    if version not in _READABLE_MANIFEST_VERSIONS:
+        raise StoreError(
+            f"{path}: format_version {version} but this frugal reads "
+            f"{', '.join(map(str, _READABLE_MANIFEST_VERSIONS))}; open it with frugal "
+            f"{manifest.get('frugal_version')}"
+        )
+    if stored is None and version != 1:
+        raise StoreCorruptionError(
+            f"{path}: format_version {version} but no {_MANIFEST_HASH_KEY}; {_RESTORE_FIX}"
+        )
+    return manifest
+
+
+def _check_file_hashes(directory: Path, manifest: dict[str, Any]) -> None:
+    """Check every file the MANIFEST lists under `file_sha256` (index, key map) against it.
+
+    Raises:
+        StoreCorruptionError: If such a file is missing, unreadable or differs from its hash.
+    """
+    hashes = manifest.get("file_sha256", {})
+    if not isinstance(hashes, dict):
+        raise StoreCorruptionError(f"{directory / 'MANIFEST'}: file_sha256 is not a mapping")
+    for name, expected in sorted(hashes.items()):
+        path = directory / str(name)
+        try:
+            actual = file_sha256(path)
+        except OSError as exc:
+            raise StoreCorruptionError(
+                f"{path}: a file of checkpoint {manifest.get('epoch')} is missing or unreadable "
+                f"({exc.strerror}); {_RESTORE_FIX}"
+            ) from exc
+        if actual != expected:
+            raise StoreCorruptionError(
+                f"{path}: sha256 {actual[:16]}... does not match the MANIFEST's "
+                f"{str(expected)[:16]}...; {_RESTORE_FIX}"
+            )
 
 
 def _validate_ids(ids: Any, num_rows: int) -> I64:
@@ -255,38 +341,26 @@ class EmbeddingStore:
         recover_epoch = None if create else self.epoch
         self.key_space: KeySpace = manifest.get("key_space", "dense")
         self.keys: HashedKeys | None = None
-        key_map_bytes = 0
-        if self.key_space == "hashed":
-            key_map_bytes = HashedKeys.memory_bytes_for(self.num_rows)
-        io_buffer_bytes = max(16 << 10, min(16 * _MIB, budget // 8))
+        layout = self._memory_layout(budget, manifest.get("backend_info", {}), recover_epoch)
+        io_buffer_bytes = layout.io_buffer_bytes
         self._io_buffer_bytes = io_buffer_bytes  # bounds every backend read and write buffer
-        backend_args = self._backend_args(recover_epoch, budget, manifest.get("backend_info", {}))
+        backend_args = layout.backend_args
         backend_type = BACKENDS.get(self.backend_name)
-        fixed = key_map_bytes + backend_type.reserved_memory_bytes(backend_args) + io_buffer_bytes
-        per_slot = self.spec.row_bytes + slot_overhead_bytes()
-        index_kind, capacity = choose_slot_index(
-            config.slot_index,
-            num_rows=self.num_rows,
-            available_bytes=budget - fixed,
-            bytes_per_slot=per_slot,
-        )
-        if index_kind == "dense":
-            fixed += DenseSlotIndex.memory_bytes_for(self.num_rows)
-        else:
-            fixed += HashSlotIndex.memory_bytes_for(max(capacity, 64))
-        if capacity < 64:  # checked before any file is written
-            needed = fixed + 64 * per_slot
+        index_kind, capacity = layout.index_kind, layout.capacity
+        if capacity < _MIN_CACHED_ROWS:  # checked before any file is written
+            needed = layout.fixed_bytes + _MIN_CACHED_ROWS * layout.bytes_per_slot
             if needed > physical_memory_bytes():
                 raise ValueError(
                     f"num_rows={self.num_rows:,} needs {needed / 2**30:,.1f} GiB of RAM for its "
                     "per-row maps (record addresses, key map, id map: 4-20 bytes per row) plus a "
                     "minimal cache, beyond this machine's memory; lower num_rows"
                 )
+            minimum = self._minimum_budget(budget, manifest.get("backend_info", {}))
             raise ValueError(
                 f"memory_budget_bytes={budget} leaves room for {max(capacity, 0)} cached rows "
-                f"after the {index_kind} slot index, backend and I/O buffers ({fixed} bytes); set "
-                f"it to at least "
-                f"{needed}"
+                f"after the {index_kind} slot index, backend and I/O buffers "
+                f"({layout.fixed_bytes} bytes); a store needs {_MIN_CACHED_ROWS}, so set it to "
+                f"at least {minimum}"
             )
         if self.key_space == "hashed":
             self.keys = HashedKeys(self.num_rows)
@@ -306,7 +380,58 @@ class EmbeddingStore:
             slot_index=index_kind,
         )
 
-    def _backend_args(self, epoch: int | None, budget: int, info: dict[str, Any]) -> BackendArgs:
+    def _memory_layout(
+        self, budget: int, info: dict[str, Any], epoch: int | None = None
+    ) -> _MemoryLayout:
+        """How `budget` splits into I/O buffers, key map, backend, slot index and cache slots."""
+        io_buffer_bytes = max(16 << 10, min(16 * _MIB, budget // 8))
+        key_map_bytes = 0
+        if self.key_space == "hashed":
+            key_map_bytes = HashedKeys.memory_bytes_for(self.num_rows)
+        args = self._backend_args(epoch, budget, info, io_buffer_bytes)
+        backend_bytes = BACKENDS.get(self.backend_name).reserved_memory_bytes(args)
+        fixed = key_map_bytes + backend_bytes + io_buffer_bytes
+        per_slot = self.spec.row_bytes + slot_overhead_bytes()
+        index_kind, capacity = choose_slot_index(
+            self.config.slot_index,
+            num_rows=self.num_rows,
+            available_bytes=budget - fixed,
+            bytes_per_slot=per_slot,
+        )
+        if index_kind == "dense":
+            fixed += DenseSlotIndex.memory_bytes_for(self.num_rows)
+        else:
+            fixed += HashSlotIndex.memory_bytes_for(max(capacity, _MIN_CACHED_ROWS))
+        return _MemoryLayout(io_buffer_bytes, args, index_kind, int(capacity), fixed, per_slot)
+
+    def _minimum_budget(self, budget: int, info: dict[str, Any]) -> int:
+        """The smallest budget above `budget` that leaves `_MIN_CACHED_ROWS` cached rows.
+
+        The I/O buffers and some backends' shares grow with the budget, so the bytes missing
+        at `budget` are not enough: search upward until a budget fits, then bisect down to
+        the smallest one that fits (the last value tried that fits is returned, so the
+        suggestion is accepted even where the capacity is not monotone in the budget).
+        """
+
+        def fits(candidate: int) -> bool:
+            return self._memory_layout(candidate, info).capacity >= _MIN_CACHED_ROWS
+
+        low, high = budget, max(budget + 1, _MIN_BUDGET_BYTES)
+        while not fits(high):
+            layout = self._memory_layout(high, info)
+            low = high
+            high = max(2 * high, layout.fixed_bytes + _MIN_CACHED_ROWS * layout.bytes_per_slot)
+        while high - low > 1:  # low does not fit, high does
+            middle = (low + high) // 2
+            if fits(middle):
+                high = middle
+            else:
+                low = middle
+        return high
+
+    def _backend_args(
+        self, epoch: int | None, budget: int, info: dict[str, Any], io_buffer_bytes: int
+    ) -> BackendArgs:
         return BackendArgs(
             directory=self.directory,
             num_rows=self.num_rows,
@@ -316,7 +441,7 @@ class EmbeddingStore:
             dtype=self.spec.dtype,
             io_threads=self.config.io_threads,
             use_direct_io=self.config.use_direct_io,
-            max_io_bytes=self._io_buffer_bytes,
+            max_io_bytes=io_buffer_bytes,
             info=info,
         )
 
@@ -476,7 +601,9 @@ class EmbeddingStore:
         Raises:
             StoreError: If there is no MANIFEST (an incomplete create) or it is of another
                 format or version.
-            StoreCorruptionError: If the backend's files fail their checks.
+            StoreCorruptionError: If the MANIFEST does not match its own sha256, a file it
+                lists (record index, key map) is missing or does not match its sha256, or
+                the backend's files fail their checks.
             StoreLockedError: If another process holds the folder.
         """
         config = cls._check_config(config)
@@ -489,23 +616,13 @@ class EmbeddingStore:
                 f"{path}: incomplete store, no MANIFEST (create was interrupted, or this is "
                 "not a store folder); delete the folder and create the store again"
             )
-        try:
-            manifest = read_json(manifest_path)
-        except ValueError as exc:
-            raise StoreError(f"{manifest_path}: unreadable MANIFEST: {exc}") from exc
-        if manifest.get("format") != MANIFEST_FORMAT:
-            raise StoreError(f"{manifest_path}: not a frugal store MANIFEST")
-        if manifest.get("format_version") != MANIFEST_VERSION:
-            raise StoreError(
-                f"{manifest_path}: format_version {manifest.get('format_version')} but this "
-                f"frugal reads {MANIFEST_VERSION}; open it with frugal "
-                f"{manifest.get('frugal_version')}"
-            )
+        manifest = _read_manifest(manifest_path)
         base = config or cls.Config()
         config = cls.Config(**(config_to_dict(base) | {"backend": manifest["backend"]}))
         lock_fd = cls._lock(path)
-        _drop_stale_tmp(path)
         try:
+            _drop_stale_tmp(path)
+            _check_file_hashes(path, manifest)
             return cls(path, manifest, config, lock_fd, create=False)
         except BaseException:
             _unlock(path, lock_fd)
@@ -514,9 +631,12 @@ class EmbeddingStore:
     def _write_checkpoint(self, epoch: int, step: int, meta: dict[str, Any]) -> None:
         rows_epoch = epoch if self._changed or epoch == 0 else self.rows_epoch
         self.backend.sync()
-        backend_info = self.backend.checkpoint(epoch)
+        backend_info = dict(self.backend.checkpoint(epoch))
+        file_hashes: dict[str, str] = dict(backend_info.pop("file_sha256", {}))
         if self.keys is not None:  # before the MANIFEST names the epoch
-            save_array_atomic(self._keys_path(epoch), self.keys.keys_by_row[: self.keys.num_keys])
+            file_hashes[self._keys_path(epoch).name] = save_array_atomic(
+                self._keys_path(epoch), self.keys.keys_by_row[: self.keys.num_keys]
+            )
         manifest = {
             "format": MANIFEST_FORMAT,
             "format_version": MANIFEST_VERSION,
@@ -531,7 +651,9 @@ class EmbeddingStore:
             "step": step,
             "rows_epoch": rows_epoch,
             "meta": meta,
+            "file_sha256": file_hashes,
         }
+        manifest[_MANIFEST_HASH_KEY] = _manifest_sha256(manifest)
         write_json_atomic(self.directory / "MANIFEST", manifest)
         self.backend.finish_checkpoint(epoch)
         for path in self.directory.glob("keys.*.npy"):

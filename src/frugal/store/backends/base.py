@@ -8,6 +8,7 @@ the same table without writing it first. Shape legend: N rows in a call, W row w
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -17,7 +18,15 @@ import numpy.typing as npt
 
 from frugal._typing import F32, I64, Bool
 
-__all__ = ["StoreBackend", "read_json", "write_json_atomic"]
+__all__ = [
+    "StoreBackend",
+    "file_sha256",
+    "read_json",
+    "save_array_atomic",
+    "write_json_atomic",
+]
+
+_HASH_CHUNK_BYTES = 1 << 20
 
 
 class StoreBackend(Protocol):
@@ -64,7 +73,10 @@ class StoreBackend(Protocol):
         """Persist the current state as checkpoint `epoch`; return facts for the MANIFEST.
 
         Called after `sync`. Until the MANIFEST naming `epoch` is in place, the previous
-        checkpoint must stay recoverable.
+        checkpoint must stay recoverable. A `"file_sha256"` entry ({file name in the store
+        folder: sha256 hex}) names files the store checks at `open` before the backend reads
+        them (an index that maps ids to records should be listed: a flipped byte in it would
+        otherwise return a wrong row).
         """
         ...
 
@@ -130,11 +142,46 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def save_array_atomic(path: Path, array: npt.NDArray[Any]) -> None:
+class _HashingWriter:
+    """A binary file that hashes what is written through it (np.save writes in chunks)."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh = fh
+        self.digest = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.fh.write(data)
+
+
+def save_array_atomic(path: Path, array: npt.NDArray[Any]) -> str:
     """Save a numpy array to `path` (.npy) through a temporary file, fsync and rename.
+
+    Returns:
+        The sha256 (hex) of the file's bytes, for the MANIFEST.
 
     Raises:
         OSError: If the write fails; `path` keeps its previous content and no temporary file
             is left.
     """
-    _replace_atomically(path, "wb", lambda fh: np.save(fh, array))
+    writers: list[_HashingWriter] = []
+
+    def save(fh: IO[Any]) -> None:
+        writers.append(_HashingWriter(fh))
+        np.save(writers[-1], array)  # a file-like object: np.save writes it in chunks
+
+    _replace_atomically(path, "wb", save)
+    return writers[-1].digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 (hex) of a file's bytes, read in 1 MiB chunks.
+
+    Raises:
+        OSError: If the file cannot be read (FileNotFoundError if it is missing).
+    """
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()

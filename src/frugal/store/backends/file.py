@@ -1,15 +1,24 @@
-"""`file` backend: an append-only log of fixed-size records, O_DIRECT, coalesced parallel I/O.
+"""`file` backend: an append-only log of densely packed records, O_DIRECT, coalesced I/O.
 
 Why a log: in training nearly every evicted row is dirty, so a store writes back about as many
 rows as it reads. Rewriting rows in place costs one random write each (about 45k IOPS with 8
 threads on the reference VM); appending them costs one sequential write per batch. So every
 write-back batch is appended at the log's tail and `location[id]` (int32 record address, -1 if
 never written) points at the newest record of each row. Reads are random, coalesced where
-records are adjacent.
+records share or neighbour a sector.
 
-Layout of `log.<generation>.dat`: a 4 KiB header, then records of `stride` bytes (row bytes +
-16-byte footer, rounded up to 512): the row, zero padding, then `id int64 | generation uint32
-| checksum uint32`.
+Layout of `log.<generation>.dat` (format 3): a 4 KiB header, then records of `stride` bytes
+packed back to back, with no padding to sectors: stride = row bytes + 16-byte footer, rounded
+up to 8 (196 B rows of D=16 Adam: 216 B, where format 2 padded every record to 512 B). A
+record is the row, zero padding, then `id int64 | generation uint32 | checksum uint32`.
+
+O_DIRECT moves whole sectors (`align`: 512 B, or 4 KiB where the device needs it), so a read
+covers the sectors holding the wanted records and keeps their bytes. An append starts inside
+the sector that holds the end of the previous record: appends are serialised, and the bytes of
+that partial sector which are already in the file (`_tail_block`, kept in memory) are written
+again, unchanged, in front of the new records. No append ever reads or changes a byte of
+another record, so concurrent write-backs and readers of the neighbours stay correct; a crash
+leaves the old bytes (a torn sector write writes the same bytes back).
 
 Checkpoints (crash safety): records are never overwritten, so the checkpoint of epoch e is
 `location` saved as `index.<e>.npy` plus the log length (`tail`) in the MANIFEST. Recovery
@@ -45,9 +54,10 @@ __all__ = ["FileBackend"]
 
 HEADER_BYTES = 4096
 FOOTER_BYTES = 16
-SECTOR_BYTES = 512
+RECORD_ALIGN_BYTES = 8  # records are 8-byte aligned (the footer's int64 id)
+SECTOR_BYTES = 512  # O_DIRECT alignment unless the device needs 4 KiB
 MAGIC = "frugal-store-log"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: records packed densely; 2: each record padded to 512 B
 MAX_RUN_ROWS = 64  # records coalesced into one preadv at most
 WRITE_CHUNK_BYTES = 4 << 20  # one pwritev per 4 MiB of appended records
 MAX_RECORDS = (1 << 31) - 1  # int32 addresses
@@ -55,7 +65,15 @@ COMPACT_MIN_RECORDS = 65536  # never compact smaller logs
 
 
 def _stride(row_bytes: int) -> int:
-    return -(-(row_bytes + FOOTER_BYTES) // SECTOR_BYTES) * SECTOR_BYTES
+    return -(-(row_bytes + FOOTER_BYTES) // RECORD_ALIGN_BYTES) * RECORD_ALIGN_BYTES
+
+
+def _floor(value: int, align: int) -> int:
+    return value // align * align
+
+
+def _ceil(value: int, align: int) -> int:
+    return -(-value // align) * align
 
 
 def _checksum_weights(num_words: int) -> npt.NDArray[np.uint64]:
@@ -78,18 +96,38 @@ def _row_checksums(
     return folded
 
 
-def _runs(offsets: npt.NDArray[np.int64], stride: int) -> list[tuple[int, int, int]]:
-    """Group sorted offsets into (first index, count, file offset) runs of adjacent records."""
-    if len(offsets) == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(offsets) != stride) + 1
-    starts = np.concatenate([[0], breaks])
-    ends = np.concatenate([breaks, [len(offsets)]])
-    runs = []
-    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-        for first in range(start, end, MAX_RUN_ROWS):
-            runs.append((first, min(MAX_RUN_ROWS, end - first), int(offsets[first])))
-    return runs
+def _runs(
+    offsets: npt.NDArray[np.int64], stride: int, align: int
+) -> tuple[list[tuple[int, int, int, int]], npt.NDArray[np.int64], int]:
+    """Group sorted record offsets into reads of whole aligned sectors.
+
+    Records whose sectors overlap or touch are read by one call (at most `MAX_RUN_ROWS`
+    records each). Returns the runs as (buffer position, file offset, bytes to read, bytes
+    that must be there), each record's position in the read buffer, and the buffer's size;
+    runs sit back to back in the buffer, each at a multiple of `align`.
+    """
+    count = len(offsets)
+    if count == 0:
+        return [], np.zeros(0, dtype=np.int64), 0
+    low = offsets // align * align
+    high = -(-(offsets + stride) // align) * align
+    gap = np.ones(count, dtype=bool)
+    gap[1:] = low[1:] > high[:-1]  # high is sorted too: records share a stride
+    group_first = np.flatnonzero(gap)
+    in_group = np.arange(count) - group_first[np.cumsum(gap) - 1]
+    first = gap | (in_group % MAX_RUN_ROWS == 0)
+    run_first = np.flatnonzero(first)
+    run_last = np.append(run_first[1:], count) - 1
+    offset = low[run_first]
+    length = high[run_last] - offset
+    needed = offsets[run_last] + stride - offset  # the file may end mid-sector
+    cursor = np.cumsum(length) - length
+    run_of = np.cumsum(first) - 1
+    positions: npt.NDArray[np.int64] = cursor[run_of] + offsets - offset[run_of]
+    runs = list(
+        zip(cursor.tolist(), offset.tolist(), length.tolist(), needed.tolist(), strict=True)
+    )
+    return runs, positions, int(length.sum())
 
 
 class FileBackend:
@@ -109,7 +147,30 @@ class FileBackend:
         manifest_info: dict[str, Any] | None = None,
         dtype: str = "float32",
         max_io_bytes: int = 16 << 20,
+        align_bytes: int | None = None,
     ) -> None:
+        """Create the log (`epoch` None) or recover checkpoint `epoch` from it.
+
+        Args:
+            directory: The store folder.
+            num_rows: Rows in the table.
+            width: Values per row.
+            epoch: The checkpoint to recover, or None for a new table.
+            io_threads: Threads issuing parallel reads.
+            use_direct_io: Whether to bypass the page cache where the file system allows it.
+            manifest_info: What `checkpoint` returned for `epoch`.
+            dtype: Storage precision of rows.
+            max_io_bytes: Bound of one read or write buffer, in bytes.
+            align_bytes: Sector size of O_DIRECT I/O, 512 or 4096 (None: 512 where the
+                device takes it, else 4096).
+
+        Raises:
+            StoreCorruptionError: If the MANIFEST's facts, the index or the log's header and
+                length do not match, or the log is of another format version.
+            ValueError: If `align_bytes` is not 512 or 4096.
+        """
+        if align_bytes not in (None, SECTOR_BYTES, HEADER_BYTES):
+            raise ValueError(f"align_bytes={align_bytes} must be 512 or 4096 (or None)")
         self.directory = directory
         self.max_io_bytes = max(1, max_io_bytes)
         self.num_rows = num_rows
@@ -119,7 +180,9 @@ class FileBackend:
         self.stride = _stride(self.row_bytes)
         self.use_direct_io = use_direct_io
         self._weights = _checksum_weights((self.stride - 4) // 4)
-        self._tail_lock = threading.Lock()
+        self._append_lock = threading.Lock()  # appends are serialised (see the docstring)
+        self._tail_block = b""  # the log's bytes after its last full sector
+        self.align = align_bytes or SECTOR_BYTES
         self.io_threads = max(1, io_threads)
         if epoch is None:
             self.generation = 0
@@ -130,6 +193,8 @@ class FileBackend:
             info = manifest_info or {}
             self.generation = int(info.get("generation", -1))
             self.tail = int(info.get("tail", -1))
+            if info.get("stride") != self.stride and self._log_path(self.generation).is_file():
+                self._check_header(self._log_path(self.generation))  # an older format?
             if self.generation < 0 or self.tail < 0 or info.get("stride") != self.stride:
                 raise StoreCorruptionError(
                     f"{directory}: MANIFEST backend_info {info} does not describe a file log "
@@ -138,7 +203,10 @@ class FileBackend:
             self.location = self._load_index(epoch)
         self.fd, self.direct_io = self._open(self._log_path(self.generation))
         try:
+            if self.direct_io and align_bytes is None:
+                self.align = self._direct_io_alignment()
             self._check_log(recovering=epoch is not None)
+            self._tail_block = self._read_tail_block(self.fd, self.tail)
         except BaseException:
             os.close(self.fd)
             raise
@@ -183,30 +251,68 @@ class FileBackend:
                         raise
         return os.open(path, flags), False
 
+    def _direct_io_alignment(self) -> int:
+        """512 if O_DIRECT reads of 512-byte sectors work on this file, else 4096."""
+        try:
+            os.preadv(self.fd, [memoryview(mmap.mmap(-1, SECTOR_BYTES))], SECTOR_BYTES)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            return HEADER_BYTES  # a 4 KiB-sector device: the header probe at open worked
+        return SECTOR_BYTES
+
+    def _read_tail_block(self, fd: int, tail: int) -> bytes:
+        """The bytes of the log's last, partial sector (before record `tail`), or b""."""
+        end = HEADER_BYTES + tail * self.stride
+        start = _floor(end, self.align)
+        if start == end:
+            return b""
+        buf = mmap.mmap(-1, self.align)
+        done = os.preadv(fd, [buf], start)
+        if done < end - start:
+            raise StoreCorruptionError(
+                f"{self._log_path(self.generation)}: short read of {done} bytes at offset "
+                f"{start}; the log is truncated"
+            )
+        return bytes(buf[: end - start])
+
+    def _check_header(self, path: Path) -> None:
+        """Check the log header's magic, format version and table shape.
+
+        Raises:
+            StoreCorruptionError: If the header is unreadable or does not match; for a log of
+                another format version, the message says how to move its rows.
+        """
+        with path.open("rb") as fh:
+            raw = fh.read(HEADER_BYTES)
+        try:
+            header = json.loads(raw.rstrip(b"\0"))
+        except ValueError as exc:
+            raise StoreCorruptionError(f"{path}: unreadable header") from exc
+        if not isinstance(header, dict) or header.get("magic") != MAGIC:
+            raise StoreCorruptionError(f"{path}: not a frugal store log (header magic)")
+        if header.get("format_version") != FORMAT_VERSION:
+            raise StoreCorruptionError(
+                f"{path}: log format_version {header.get('format_version')}, but this frugal "
+                f"reads version {FORMAT_VERSION} only (version 3 packs records densely; "
+                "version 2 padded each to 512 B). To upgrade, open the store with the frugal "
+                "that wrote it, read its rows (`peek(np.arange(num_rows), cols='all')`, in "
+                "chunks) and `put` them into a store created with this frugal"
+            )
+        for key, value in (("num_rows", self.num_rows), ("width", self.width)):
+            if header.get(key) != value:
+                raise StoreCorruptionError(
+                    f"{path}: header {key} = {header.get(key)!r}, expected {value!r}"
+                )
+
     def _check_log(self, *, recovering: bool) -> None:
         path = self._log_path(self.generation)
+        self._check_header(path)
         size = os.fstat(self.fd).st_size
         needed = HEADER_BYTES + self.tail * self.stride
         if size < needed:
             raise StoreCorruptionError(
                 f"{path}: {size} bytes, but checkpoint records reach {needed}; the log is truncated"
-            )
-        buf = mmap.mmap(-1, HEADER_BYTES)
-        os.preadv(self.fd, [buf], 0)
-        try:
-            header = json.loads(bytes(buf).rstrip(b"\0"))
-        except ValueError as exc:
-            raise StoreCorruptionError(f"{path}: unreadable header") from exc
-        for key, value in (("magic", MAGIC), ("num_rows", self.num_rows), ("width", self.width)):
-            if header.get(key) != value:
-                raise StoreCorruptionError(
-                    f"{path}: header {key} = {header.get(key)!r}, expected {value!r}"
-                )
-        if header.get("format_version") != FORMAT_VERSION:
-            raise StoreCorruptionError(
-                f"{path}: format_version {header.get('format_version')} is not supported by "
-                f"this frugal (reads version {FORMAT_VERSION}); open it with the frugal version "
-                "that wrote it"
             )
         if recovering and size > needed:
             os.truncate(path, needed)  # records after the checkpoint: garbage, drop them
@@ -228,7 +334,7 @@ class FileBackend:
 
     # --- I/O ---------------------------------------------------------------------------------
 
-    def _parallel(self, runs: list[tuple[int, int, int]], action: Any) -> None:
+    def _parallel(self, runs: list[tuple[int, int, int, int]], action: Any) -> None:
         if len(runs) <= 2 or self.io_threads == 1:
             action(runs)
             return
@@ -241,22 +347,26 @@ class FileBackend:
         stride = self.stride
         offsets = HEADER_BYTES + addresses * stride
         order = np.argsort(offsets, kind="stable")
-        buf = mmap.mmap(-1, max(1, len(addresses)) * stride)
+        runs, positions, total = _runs(offsets[order], stride, self.align)
+        buf = mmap.mmap(-1, max(1, total))
         view = memoryview(buf)
 
-        def read(group: list[tuple[int, int, int]]) -> None:
-            for first, count, offset in group:
-                done = os.preadv(fd, [view[first * stride : (first + count) * stride]], offset)
-                if done != count * stride:
+        def read(group: list[tuple[int, int, int, int]]) -> None:
+            for position, offset, length, needed in group:
+                done = os.preadv(fd, [view[position : position + length]], offset)
+                if done < needed:
                     raise StoreCorruptionError(
                         f"{self._log_path(self.generation)}: short read of {done} bytes at "
                         f"offset {offset}"
                     )
 
-        self._parallel(_runs(offsets[order], stride), read)
-        records = np.frombuffer(buf, dtype=np.uint8).reshape(-1, stride)[: len(addresses)]
-        result = np.empty_like(records)
-        result[order] = records
+        self._parallel(runs, read)
+        result = np.empty((len(addresses), stride), dtype=np.uint8)
+        if len(addresses):
+            windows = np.lib.stride_tricks.sliding_window_view(
+                np.frombuffer(buf, dtype=np.uint8), stride
+            )
+            result[order] = windows[positions]
         return result
 
     def _check_records(
@@ -296,13 +406,20 @@ class FileBackend:
         return present
 
     def _rows_per_io(self) -> int:
-        """Records per read or write call: max_io_bytes of record buffers, at least one."""
-        return max(1, self.max_io_bytes // self.stride)
+        """Records per read or write call: max_io_bytes of record buffers, at least one.
 
-    def _encode(self, ids: I64, rows: F32) -> mmap.mmap:
-        stride = self.stride
-        buf = mmap.mmap(-1, len(ids) * stride)
-        records = np.frombuffer(buf, dtype=np.uint8).reshape(len(ids), stride)
+        A record read alone costs its sectors: up to `stride` rounded up to a sector, plus
+        one more where it straddles a sector boundary.
+        """
+        return max(1, self.max_io_bytes // (_ceil(self.stride, self.align) + self.align))
+
+    def _encode(self, ids: I64, rows: F32, prefix: bytes) -> mmap.mmap:
+        """`prefix`, then the records of `ids`, zero-padded to whole sectors."""
+        stride, start = self.stride, len(prefix)
+        buf = mmap.mmap(-1, _ceil(start + len(ids) * stride, self.align))
+        buf[:start] = prefix
+        records = np.frombuffer(buf, dtype=np.uint8)[start : start + len(ids) * stride]
+        records = records.reshape(len(ids), stride)
         records[:, : self.row_bytes] = np.ascontiguousarray(rows, dtype=self.dtype).view(np.uint8)
         records[:, stride - 16 : stride - 8] = ids.astype(np.int64).reshape(-1, 1).view(np.uint8)
         generation = np.full((len(ids), 1), self.generation, dtype=np.uint32)
@@ -313,10 +430,20 @@ class FileBackend:
         del records
         return buf
 
-    def _append(self, fd: int, start: int, buf: mmap.mmap) -> None:
+    def _append(self, fd: int, start: int, ids: I64, rows: F32, tail_block: bytes) -> bytes:
+        """Write the records of `ids` from record `start` on; return the new tail block.
+
+        The write starts at the sector holding record `start`'s first byte and rewrites that
+        sector's earlier bytes (`tail_block`, unchanged), so it never alters another record.
+        The caller holds `_append_lock`.
+        """
+        end = HEADER_BYTES + start * self.stride
+        offset = _floor(end, self.align)
+        if end - offset != len(tail_block):
+            raise AssertionError(f"tail block of {len(tail_block)} bytes at offset {end}")
+        buf = self._encode(ids, rows, tail_block)
         view = memoryview(buf)
-        chunk = max(self.stride, WRITE_CHUNK_BYTES // self.stride * self.stride)
-        offset = HEADER_BYTES + start * self.stride
+        chunk = max(self.align, _floor(WRITE_CHUNK_BYTES, self.align))
         for pos in range(0, len(buf), chunk):
             part = view[pos : pos + chunk]
             done = os.pwritev(fd, [part], offset + pos)
@@ -325,6 +452,11 @@ class FileBackend:
                 if more <= 0:
                     raise OSError(errno.ENOSPC, f"no space to append at offset {offset + pos}")
                 done += more
+        new_end = end + len(ids) * self.stride
+        block_start = _floor(new_end, self.align) - offset
+        block = bytes(view[block_start : new_end - offset])
+        del view
+        return block
 
     def write_rows(self, ids: I64, rows: F32) -> None:
         """Append records at the tail, then point `location` at them; see `StoreBackend`.
@@ -338,14 +470,16 @@ class FileBackend:
         step = self._rows_per_io()  # the encode buffer stays within the store's I/O budget
         for first in range(0, len(ids), step):
             part_ids, part_rows = ids[first : first + step], rows[first : first + step]
-            with self._tail_lock:
+            with self._append_lock:
                 start = self.tail
                 if start + len(part_ids) > MAX_RECORDS:
                     raise StoreCorruptionError(
                         "the log would exceed 2^31 - 1 records; checkpoint to compact it"
                     )
-                self.tail += len(part_ids)
-            self._append(self.fd, start, self._encode(part_ids, part_rows))
+                self._tail_block = self._append(
+                    self.fd, start, part_ids, part_rows, self._tail_block
+                )
+                self.tail = start + len(part_ids)  # only once written: a failed append is not
             self.location[part_ids] = np.arange(start, start + len(part_ids), dtype=np.int32)
         if not self.direct_io and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -357,12 +491,22 @@ class FileBackend:
         os.fdatasync(self.fd)
 
     def checkpoint(self, epoch: int) -> dict[str, Any]:
-        """Save `location` as `index.<epoch>.npy`; compact the log first if mostly garbage."""
+        """Save `location` as `index.<epoch>.npy`; compact the log first if mostly garbage.
+
+        Returns:
+            The log's generation, length and stride, and the index file's sha256.
+        """
         live = int(np.count_nonzero(self.location >= 0))
         if self.tail > max(COMPACT_MIN_RECORDS, 2 * live):
             self._compact(live)
-        save_array_atomic(self.directory / f"index.{epoch}.npy", self.location)
-        return {"generation": self.generation, "tail": self.tail, "stride": self.stride}
+        name = f"index.{epoch}.npy"
+        digest = save_array_atomic(self.directory / name, self.location)
+        return {
+            "generation": self.generation,
+            "tail": self.tail,
+            "stride": self.stride,
+            "file_sha256": {name: digest},
+        }
 
     def _compact(self, live: int) -> None:
         """Copy live records, in address order, into the next generation's log file."""
@@ -375,6 +519,7 @@ class FileBackend:
         self._create_log(path)
         new_fd, _ = self._open(path)
         old_generation = self.generation
+        new_tail_block = b""  # the new log's records start at its 4 KiB header's end
         try:
             self.generation = new_generation  # stamped into the copied records' footers
             step = self._rows_per_io()
@@ -388,7 +533,7 @@ class FileBackend:
                 self._check_records(records, part_ids, part_addresses)
                 self.generation = new_generation
                 rows = records[:, : self.row_bytes].copy().view(self.dtype)
-                self._append(new_fd, start, self._encode(part_ids, rows))
+                new_tail_block = self._append(new_fd, start, part_ids, rows, new_tail_block)
             os.fdatasync(new_fd)
         except BaseException:
             self.generation = old_generation
@@ -402,6 +547,7 @@ class FileBackend:
         new_location[ids] = np.arange(len(ids), dtype=np.int32)
         self.location = new_location
         self.tail = live
+        self._tail_block = new_tail_block
 
     def finish_checkpoint(self, epoch: int) -> None:
         """Delete older indexes and log generations, which no MANIFEST names any more."""

@@ -16,13 +16,15 @@ from typing import Any
 import numpy as np
 
 from frugal._typing import F32, I64, Bool
-from frugal.disk import guard_write, mentions_disk_full
+from frugal.disk import disk_filled_error, guard_write, mentions_disk_full
 from frugal.store.backends.registry import BackendArgs, register_backend
 from frugal.store.errors import StoreCorruptionError
 
 __all__ = ["LmdbBackend", "RocksDbBackend", "id_items", "id_keys", "rows_from_values"]
 
 _MIN_BLOCK_CACHE_BYTES = 1 << 20
+_RESTORE_FIX = "restore the store folder from a backup (frugal never repairs a store)"
+_FULL_DISK_FIX = "free space there, then close or checkpoint the store again"
 
 
 def id_keys(ids: I64) -> list[bytes]:
@@ -198,6 +200,13 @@ class RocksDbBackend:
         *,
         dtype: str = "float32",
     ) -> None:
+        """Create the database (`epoch` None) or recover checkpoint `epoch` into the live one.
+
+        Raises:
+            StoreCorruptionError: If the checkpoint's CURRENT file is missing, or RocksDB finds
+                corruption while opening (a table or its MANIFEST fails its checksum).
+            DiskFullError: If the disk fills up during recovery; the checkpoint stays intact.
+        """
         import rocksdict
 
         self.directory = directory
@@ -205,36 +214,117 @@ class RocksDbBackend:
         self.row_bytes = self.dtype.itemsize * width
         self.budget_bytes = budget_bytes
         self.snapshots = _SnapshotFolders(directory, "rocksdb", (".sst", ".blob"))
+        options = rocksdb_options(budget_bytes)
         if epoch is not None:
+            current = self.snapshots.folder(epoch) / "CURRENT"
+            if self.snapshots.folder(epoch).is_dir() and not current.is_file():
+                # Without CURRENT, RocksDB cannot find its tables and would start an empty
+                # database: every row would read as its initial value.
+                raise StoreCorruptionError(
+                    f"{current} is missing (RocksDB's pointer to its MANIFEST, which lists the "
+                    f"tables of checkpoint {epoch}); {_RESTORE_FIX}"
+                )
             self.snapshots.restore(epoch)
-        self.db = rocksdict.Rdict(str(self.snapshots.live), rocksdb_options(budget_bytes))
+            options.create_if_missing(False)  # a recovered database must exist
+        what = "creating" if epoch is None else f"recovering checkpoint {epoch} of"
+        try:
+            self.db = rocksdict.Rdict(str(self.snapshots.live), options)
+        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's status
+            raise self._engine_error(
+                exc,
+                f"{what} {self.snapshots.live}",
+                kept=""
+                if epoch is None
+                else f"the checkpoint {self.snapshots.folder(epoch)} is intact",
+                fix="free space there, then open the store again",
+            ) from exc
         self.write_options = rocksdict.WriteOptions()
 
+    def _engine_error(self, exc: Exception, what: str, *, kept: str, fix: str) -> Exception:
+        """RocksDB's error as a typed store error: corruption or a full disk; else itself.
+
+        RocksDB's status text names the file it failed on (`Corruption: block checksum
+        mismatch ... in <folder>/000009.sst`), so it is kept in the message.
+        """
+        text = str(exc)
+        if text.startswith("Corruption") or "Corruption:" in text:
+            return StoreCorruptionError(
+                f"{self.snapshots.live}: RocksDB found corruption while {what} [{text}]; "
+                f"{_RESTORE_FIX}"
+            )
+        if mentions_disk_full(text):
+            return disk_filled_error(
+                self.snapshots.live, what=what, written_bytes=0, detail=text, kept=kept, fix=fix
+            )
+        return exc
+
     def read_rows(self, ids: I64, out: F32) -> Bool:
-        """Multi-get; see `StoreBackend.read_rows`."""
+        """Multi-get; see `StoreBackend.read_rows`.
+
+        Raises:
+            StoreCorruptionError: If RocksDB finds a block that fails its checksum, or a value
+                is not one row long.
+        """
         keys: Any = id_keys(ids)  # rocksdict's stub wants list[str | int | ... | bytes]
-        values: list[bytes | None] = self.db.get(keys) or []
+        try:
+            values: list[bytes | None] = self.db.get(keys) or []
+        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's status
+            raise self._engine_error(exc, "reading rows", kept="", fix="") from exc
         return rows_from_values(values, out, self.row_bytes, str(self.directory), self.dtype)
 
     def write_rows(self, ids: I64, rows: F32) -> None:
-        """One WriteBatch; see `StoreBackend.write_rows`."""
+        """One WriteBatch; see `StoreBackend.write_rows`.
+
+        Raises:
+            DiskFullError: If the disk is full (the last checkpoint is intact).
+            StoreCorruptionError: If RocksDB reports corruption.
+        """
         import rocksdict
 
         batch = rocksdict.WriteBatch(raw_mode=True)
         for key, value in id_items(ids, rows, self.dtype):
             batch.put(key, value)
-        self.db.write(batch, self.write_options)
+        self._run(lambda: self.db.write(batch, self.write_options), "writing rows")
+
+    def _run(self, action: Any, what: str) -> None:
+        """Run a RocksDB call that writes, turning its errors into typed ones."""
+        try:
+            action()
+        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's status
+            raise self._engine_error(
+                exc, what, kept="the last checkpoint is intact", fix=_FULL_DISK_FIX
+            ) from exc
 
     def sync(self) -> None:
-        """Flush memtables and the WAL to disk."""
-        self.db.flush(wait=True)
-        self.db.flush_wal(sync=True)
+        """Flush memtables and the WAL to disk.
+
+        Raises:
+            DiskFullError: If the disk is full (the last checkpoint is intact).
+            StoreCorruptionError: If RocksDB reports corruption.
+        """
+        self._run(lambda: self.db.flush(wait=True), "flushing memtables")
+        self._run(lambda: self.db.flush_wal(sync=True), "syncing the write-ahead log")
 
     def checkpoint(self, epoch: int) -> dict[str, Any]:
-        """Create `rocksdb.ckpt.<epoch>` with RocksDB's checkpoint (hard-linked SST files)."""
+        """Create `rocksdb.ckpt.<epoch>` with RocksDB's checkpoint (hard-linked SST files).
+
+        Raises:
+            DiskFullError: If the disk is full (the previous checkpoint is intact).
+            StoreCorruptionError: If RocksDB reports corruption.
+        """
         import rocksdict
 
-        rocksdict.Checkpoint(self.db).create_checkpoint(str(self.snapshots.fresh(epoch)))
+        target = self.snapshots.fresh(epoch)
+        try:
+            rocksdict.Checkpoint(self.db).create_checkpoint(str(target))
+        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's status
+            shutil.rmtree(target, ignore_errors=True)  # a partial copy: give its space back
+            raise self._engine_error(
+                exc,
+                f"RocksDB checkpoint {epoch} of {self.directory}",
+                kept="the previous checkpoint is intact",
+                fix=_FULL_DISK_FIX,
+            ) from exc
         return {}
 
     def finish_checkpoint(self, epoch: int) -> None:

@@ -70,10 +70,14 @@ class MemoryBackend:
         """Nothing to do: the table is in memory."""
 
     def checkpoint(self, epoch: int) -> dict[str, Any]:
-        """Save the table and the written mask for `epoch`."""
-        save_array_atomic(self.directory / f"table.{epoch}.npy", self.table)
-        save_array_atomic(self.directory / f"written.{epoch}.npy", self.written)
-        return {}
+        """Save the table and the written mask for `epoch`; return their sha256."""
+        digests = {}
+        for name, array in (
+            (f"table.{epoch}.npy", self.table),
+            (f"written.{epoch}.npy", self.written),
+        ):
+            digests[name] = save_array_atomic(self.directory / name, array)
+        return {"file_sha256": digests}
 
     def finish_checkpoint(self, epoch: int) -> None:
         """Delete the files of earlier epochs."""

@@ -1,0 +1,175 @@
+"""The `file` backend's dense log: packing, sector-shared appends, recovery, old formats."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec, StoreCorruptionError
+from frugal.store.backends.file import HEADER_BYTES, FileBackend, _runs
+
+ADAM16 = RowSpec(embedding_dim=16, optimizer=OptimizerConfig(kind="adam"))  # 49 floats: 196 B
+
+
+def _rows(ids: np.ndarray, value: float, width: int = ADAM16.width) -> np.ndarray:
+    """Row i holds value + i in every column (so a row read from the wrong place shows)."""
+    return (value + ids.astype(np.float32)).reshape(-1, 1).repeat(width, axis=1)
+
+
+def test_records_are_packed_at_their_natural_size(tmp_path: Path) -> None:
+    # 196 B row + 16 B footer = 212, rounded up to 8: 216 B per record (format 2: 512 B).
+    with EmbeddingStore.create(tmp_path / "s", num_rows=1000, spec=ADAM16) as store:
+        store.put(np.arange(1000), _rows(np.arange(1000), 0.5))
+        store.flush()
+        assert store.backend.stride == 216  # type: ignore[attr-defined]
+        # 1000 x 216 = 216,000 B of records, written out to the next 512 B sector: 216,064.
+        assert (tmp_path / "s" / "log.0.dat").stat().st_size == HEADER_BYTES + 216_064
+    with EmbeddingStore.open(tmp_path / "s") as store:
+        assert np.array_equal(store.peek(np.arange(1000)), _rows(np.arange(1000), 0.5))
+
+
+def test_runs_read_whole_sectors_and_merge_records_that_share_them() -> None:
+    # stride 216, sectors of 512: records 0-2 span bytes 0..648 (sectors 0-1), record 3
+    # (648..864) shares sector 1, record 40 (8640..8856) is far away (sectors 16-17).
+    offsets = np.array([0, 216, 432, 648, 8640], dtype=np.int64)
+    runs, positions, total = _runs(offsets, 216, 512)
+    assert runs == [(0, 0, 1024, 864), (1024, 8192, 1024, 664)]
+    assert positions.tolist() == [0, 216, 432, 648, 1024 + 448]
+    assert total == 2048
+    # 200 adjacent records: one run of 64 records at most (MAX_RUN_ROWS), in 4 reads.
+    runs, positions, total = _runs(np.arange(200, dtype=np.int64) * 216, 216, 512)
+    assert [count for _, _, _, count in runs][:1] == [64 * 216]  # first run: records 0-63
+    assert len(runs) == 4 and positions[64] == runs[1][0] + 64 * 216 - runs[1][1]
+
+
+@pytest.mark.parametrize("align_bytes", [512, 4096])
+def test_concurrent_small_appends_never_lose_a_neighbour_in_a_shared_sector(
+    tmp_path: Path, align_bytes: int
+) -> None:
+    # Four writers append 3 rows at a time (648 B: most appends share a sector with the
+    # previous one) while a reader reads rows already written. Every row must read back as
+    # the last value written to it.
+    backend = FileBackend(tmp_path, 2000, ADAM16.width, None, align_bytes=align_bytes)
+    try:
+        assert backend.align == align_bytes
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def writer(k: int) -> None:
+            try:
+                for rnd in range(2):
+                    for first in range(k * 500, (k + 1) * 500, 3):
+                        ids = np.arange(first, min(first + 3, (k + 1) * 500), dtype=np.int64)
+                        backend.write_rows(ids, _rows(ids, 10.0 * (rnd + 1)))
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        def reader() -> None:
+            out = np.empty((2000, ADAM16.width), dtype=np.float32)
+            try:
+                while not done.is_set():
+                    ids = np.flatnonzero(backend.location >= 0).astype(np.int64)
+                    present = backend.read_rows(ids, out[: len(ids)])
+                    assert present.all()
+                    got = out[: len(ids), 0] - ids  # 10.0 or 20.0 (round 1 or 2)
+                    assert np.isin(got, (10.0, 20.0)).all()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+        watcher = threading.Thread(target=reader)
+        watcher.start()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        done.set()
+        watcher.join()
+        assert errors == []
+        ids = np.arange(2000, dtype=np.int64)
+        out = np.empty((2000, ADAM16.width), dtype=np.float32)
+        assert backend.read_rows(ids, out).all()
+        assert np.array_equal(out, _rows(ids, 20.0))
+        assert backend.tail == 2 * 2000  # 2 rounds of 2000 records, no padding records
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("align_bytes", [512, 4096])
+def test_recovery_cuts_the_log_mid_sector_and_later_appends_keep_the_checkpoint(
+    tmp_path: Path, align_bytes: int
+) -> None:
+    backend = FileBackend(tmp_path, 100, ADAM16.width, None, align_bytes=align_bytes)
+    first = np.arange(7, dtype=np.int64)
+    backend.write_rows(first, _rows(first, 1.0))
+    backend.sync()
+    info = backend.checkpoint(1)
+    later = np.arange(7, 30, dtype=np.int64)
+    backend.write_rows(later, _rows(later, 2.0))  # after the checkpoint: to be dropped
+    backend.sync()
+    backend.close()
+    # 7 records end at 4096 + 7 x 216 = 5608: inside a sector, for both sector sizes.
+    assert (HEADER_BYTES + 7 * 216) % align_bytes != 0
+    backend = FileBackend(
+        tmp_path, 100, ADAM16.width, 1, manifest_info=info, align_bytes=align_bytes
+    )
+    try:
+        assert backend.tail == 7
+        assert (tmp_path / "log.0.dat").stat().st_size == HEADER_BYTES + 7 * 216
+        more = np.arange(50, 53, dtype=np.int64)  # rewrites the sector holding record 6's end
+        backend.write_rows(more, _rows(more, 3.0))
+        ids = np.concatenate([first, later, more])
+        out = np.empty((len(ids), ADAM16.width), dtype=np.float32)
+        present = backend.read_rows(ids, out)
+        assert present.tolist() == [True] * 7 + [False] * 23 + [True] * 3
+        assert np.array_equal(out[:7], _rows(first, 1.0))
+        assert np.array_equal(out[30:], _rows(more, 3.0))
+    finally:
+        backend.close()
+
+
+def test_a_store_of_the_previous_log_format_is_refused_with_the_version_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    # A format-2 store as frugal 0.2 wrote it: MANIFEST version 1 (no checksums), records of
+    # stride 512 and a log header saying format_version 2.
+    directory = tmp_path / "s"
+    with EmbeddingStore.create(directory, num_rows=10, spec=ADAM16) as store:
+        store.put(np.arange(3), _rows(np.arange(3), 1.0))
+    manifest = json.loads((directory / "MANIFEST").read_text())
+    del manifest["manifest_sha256"], manifest["file_sha256"]
+    manifest["format_version"] = 1
+    manifest["backend_info"]["stride"] = 512
+    (directory / "MANIFEST").write_text(json.dumps(manifest))
+    log = directory / "log.0.dat"
+    blob = log.read_bytes()
+    header = json.loads(blob[:HEADER_BYTES].rstrip(b"\0"))
+    header |= {"format_version": 2, "stride": 512}
+    log.write_bytes(json.dumps(header).encode().ljust(HEADER_BYTES, b"\0") + blob[HEADER_BYTES:])
+    with pytest.raises(StoreCorruptionError) as info:
+        EmbeddingStore.open(directory)
+    message = str(info.value)
+    assert "log.0.dat: log format_version 2, but this frugal reads version 3 only" in message
+    assert "open the store with the frugal that wrote it" in message and "`put`" in message
+
+
+def test_a_corrupt_row_found_by_a_prefetch_is_a_store_corruption_error(tmp_path: Path) -> None:
+    # Row 5's record fails its checksum; the lookahead's background read finds it first, and
+    # the get that follows must still say "corrupt", not only "a background read failed".
+    directory = tmp_path / "s"
+    with EmbeddingStore.create(directory, num_rows=100, spec=ADAM16) as store:
+        store.put(np.arange(10), _rows(np.arange(10), 1.0))
+    address = int(np.load(directory / "index.1.npy")[5])
+    log = directory / "log.0.dat"
+    blob = bytearray(log.read_bytes())
+    blob[HEADER_BYTES + address * 216 + 3] ^= 0x01  # inside row 5's first float
+    log.write_bytes(bytes(blob))
+    with EmbeddingStore.open(directory) as store:
+        store.lookahead(np.array([5]), step=1)
+        with pytest.raises(StoreCorruptionError, match=r"row id 5 at offset .* restore it"):
+            store.get(np.array([5]), step=1)
+        store.close(checkpoint=False)
