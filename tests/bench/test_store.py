@@ -273,10 +273,10 @@ def test_a_bench_that_cannot_fit_on_the_disk_is_refused_before_any_run(tmp_path:
 
     kge = StoreKGEConfig(num_entities=10**8, num_steps=10**9, memory_ratios=(0.1,))
     config = StoreBenchConfig(systems=("ram", "frugal"), workloads=("kge_freebase",), kge=kge)
-    # 1e9 steps x 3,072 ids x a 512-byte record: far beyond any disk
+    # 1e9 steps x 3,072 ids x a 424-byte record (404 B row + 16 B footer, 8-aligned)
     with pytest.raises(DiskFullError, match=r"the store bench's tables .* needed") as caught:
         run_store_bench(config, tmp_path)
-    assert caught.value.needed_bytes == 10**9 * (2 * 1024 + 4 * 256) * 512 + (64 << 20)
+    assert caught.value.needed_bytes == 10**9 * (2 * 1024 + 4 * 256) * 424 + (64 << 20)
     assert not (tmp_path / "runs.jsonl").exists() or not (tmp_path / "runs.jsonl").read_text()
     assert not list(tmp_path.glob("frugal-store-bench-*"))  # scratch removed
 

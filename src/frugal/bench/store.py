@@ -1007,9 +1007,12 @@ def disk_bytes_needed(run: _Run) -> int:
 
     Log-structured tables (`frugal`'s file backend, `hlog`, `mlkv`) append every written-back
     row and compact only at checkpoints, which a bench run does not take: at most every id of
-    every step, at the 512-byte record stride. KV tables hold each touched row once (plus the
-    key and per-entry overhead, about 64 bytes), doubled for compaction. `ram` writes nothing.
+    every step, at the record size (frugal: row + 16-byte footer, 8-aligned; hlog and mlkv:
+    rounded up to 512 bytes). KV tables hold each touched row once (plus the key and per-entry
+    overhead, about 64 bytes), doubled for compaction. `ram` writes nothing.
     """
+    from frugal.store.backends.file import record_bytes
+
     w = run.workload
     steps, ids_per_step = w.steps_and_ids_per_step()
     writes = steps * ids_per_step
@@ -1018,7 +1021,10 @@ def disk_bytes_needed(run: _Run) -> int:
         return 0
     if run.system.endswith("_offload"):
         return 2 * touched * (w.spec.row_bytes + 64)
-    stride = -(-(w.spec.row_bytes + 16) // 512) * 512
+    if run.system == "frugal":
+        stride = record_bytes(w.spec.row_bytes)
+    else:
+        stride = -(-w.spec.row_bytes // 512) * 512
     return writes * stride + (64 << 20)
 
 

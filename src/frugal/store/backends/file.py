@@ -50,7 +50,7 @@ from frugal.store.backends.registry import BackendArgs, register_backend
 from frugal.store.errors import StoreCorruptionError
 from frugal.store.rows import splitmix64
 
-__all__ = ["FileBackend"]
+__all__ = ["FileBackend", "record_bytes"]
 
 HEADER_BYTES = 4096
 FOOTER_BYTES = 16
@@ -66,6 +66,11 @@ COMPACT_MIN_RECORDS = 65536  # never compact smaller logs
 
 def _stride(row_bytes: int) -> int:
     return -(-(row_bytes + FOOTER_BYTES) // RECORD_ALIGN_BYTES) * RECORD_ALIGN_BYTES
+
+
+def record_bytes(row_bytes: int) -> int:
+    """Bytes one record of a `row_bytes` row takes in the log (row + footer, 8-aligned)."""
+    return _stride(row_bytes)
 
 
 def _floor(value: int, align: int) -> int:
