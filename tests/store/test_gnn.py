@@ -11,7 +11,7 @@ import torch
 from frugal.data import load_events
 from frugal.data.papers_like import PapersLikeConfig, papers_like
 from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec, StoreError
-from frugal.store.baselines import RamTable
+from frugal.store.baselines import BenchTable, HybridLogTable, KvOffloadTable, RamTable
 from frugal.store.gnn import (
     GnnTrainConfig,
     Graph,
@@ -167,6 +167,43 @@ def test_training_through_a_store_equals_the_ram_table_bit_for_bit(tmp_path: Pat
     assert got.losses == expected.losses and len(got.losses) == 7
     assert got.test_accuracy == expected.test_accuracy
     assert got.num_seeds == 7 * 64 and len(got.pull_ms) == 7
+
+
+def _baseline(kind: str, folder: Path, spec: RowSpec, num_rows: int, seed: int) -> BenchTable:
+    if kind in ("rocksdb", "lmdb"):
+        return KvOffloadTable(
+            folder, num_rows, spec, seed, engine=kind, memory_budget_bytes=4 * MIB
+        )
+    # A log of 1,100 records, fewer than the 1,500 rows: records go to disk and come back.
+    budget = 8 * num_rows + 1100 * (spec.row_bytes + 8)
+    return HybridLogTable(
+        folder, num_rows, spec, seed, memory_budget_bytes=budget, mlkv=kind == "mlkv"
+    )
+
+
+@pytest.mark.parametrize("kind", ["rocksdb", "lmdb", "hlog", "mlkv"])
+def test_every_baseline_trains_to_the_ram_table(kind: str, tmp_path: Path) -> None:
+    # The store bench runs train_gnn unchanged over each system: at staleness 0 they must
+    # all end with the RAM table's embeddings and losses.
+    graph = _tiny_graph(tmp_path)
+    assert graph.features is not None
+    tables = []
+    for system in ("ram", kind):
+        if system == "ram":
+            features: BenchTable = RamTable(graph.num_nodes, FEAT_SPEC, seed=0)
+            embeddings: BenchTable = RamTable(graph.num_nodes, EMB_SPEC, seed=2)
+        else:
+            features = _baseline(kind, tmp_path / "f", FEAT_SPEC, graph.num_nodes, 0)
+            embeddings = _baseline(kind, tmp_path / "e", EMB_SPEC, graph.num_nodes, 2)
+        load_rows(features, graph.features, chunk_rows=500)
+        result = train_gnn(graph, features=features, embeddings=embeddings, config=TINY)
+        if system != "ram":  # rows went to disk and came back
+            assert embeddings.stats()["bytes_written"] > 0
+            assert embeddings.stats()["bytes_read"] > 0
+        tables.append((result.losses, embeddings.table_sha256(), features.table_sha256()))
+        features.close()
+        embeddings.close()
+    assert tables[0] == tables[1]
 
 
 def test_features_only_and_embeddings_only_both_train(tmp_path: Path) -> None:

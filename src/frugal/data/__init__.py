@@ -1,14 +1,17 @@
 """Bundled real datasets, found in installed packages, verified, parsed and cached.
 
 Each dataset is a `DatasetInfo` record (`DATASETS`, `get_dataset_info`); loaders return
-standard containers: `load_events` -> `TemporalEvents`, `load_table` -> pandas DataFrame,
+standard containers: `load_events` -> `TemporalEvents` (a static `Graph` via
+`Graph.from_events`), `load_table` -> pandas DataFrame,
 `load_documents`/`load_text` -> text, `dataset_path` -> a verified model file. Synthetic
-generators for scale and tests live in `frugal.data.synthetic`; the `ml_NAME` files of
+generators for scale and tests live in `frugal.data.synthetic` and `frugal.data.papers_like`
+(an ogbn-papers100M-shaped graph on disk); the `ml_NAME` files of
 Benchtemp/TGN are written and read by `frugal.data.ml_format`.
 """
 
 from frugal.data.errors import DatasetChecksumError, DatasetMissingError, DatasetStatsError
 from frugal.data.events import TemporalEvents, factorize_nodes
+from frugal.data.graph import Graph, split_nodes
 from frugal.data.loaders import (
     DataConfig,
     compute_stats,
@@ -19,6 +22,7 @@ from frugal.data.loaders import (
     load_text,
     verify_dataset,
 )
+from frugal.data.papers_like import PapersLikeConfig, papers_like
 from frugal.data.records import (
     DATASETS,
     DatasetInfo,
@@ -38,6 +42,8 @@ __all__ = [
     "DatasetSource",
     "DatasetStats",
     "DatasetStatsError",
+    "Graph",
+    "PapersLikeConfig",
     "SourceFile",
     "TemporalEvents",
     "compute_stats",
@@ -49,5 +55,7 @@ __all__ = [
     "load_events",
     "load_table",
     "load_text",
+    "papers_like",
+    "split_nodes",
     "verify_dataset",
 ]

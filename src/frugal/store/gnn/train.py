@@ -63,6 +63,12 @@ class GnnTrainConfig:
     """Stop after this many batches in all, >= 1; None runs every epoch to the end."""
     lookahead: int = 1
     """Batches whose ids are hinted to the tables ahead of use, >= 0 (MLKV: 1)."""
+    warmup_steps: int = 1
+    """First batches left out of `samples_per_s` (the first pays for lazy set-up), >= 0."""
+    use_deterministic_algorithms: bool = True
+    """Run torch's deterministic kernels during the call (restored after): with more than
+    one thread the gather's backward otherwise sums in a varying order, and systems that
+    must end bit-identical would not."""
     max_eval_nodes: int | None = None
     """Evaluate on the first this many test nodes, >= 1; None: all of them."""
     seed: int = 0
@@ -85,6 +91,7 @@ class GnnTrainConfig:
                 f"max_steps={self.max_steps} must be >= 1, or None for whole epochs",
             ),
             (self.lookahead >= 0, f"lookahead={self.lookahead} must be >= 0 (0: off)"),
+            (self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0"),
             (
                 self.max_eval_nodes is None or self.max_eval_nodes >= 1,
                 f"max_eval_nodes={self.max_eval_nodes} must be >= 1, or None for all",
@@ -109,7 +116,8 @@ class GnnTrainResult:
     train_s: float
     """Wall time of the training loop (sampling, pulls, compute, updates), seconds."""
     samples_per_s: float
-    """Seed nodes per second of `train_s`."""
+    """Seed nodes per second of wall time after the first `warmup_steps` batches (of all
+    batches when there are no more)."""
     sample_ms: tuple[float, ...]
     """Per batch: sampling its blocks (done ahead of use when lookahead > 0)."""
     pull_ms: tuple[float, ...]
@@ -239,6 +247,20 @@ def train_gnn(
         ValueError: If both tables are None or the graph has no training or test nodes.
     """
     config = config or GnnTrainConfig()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic or config.use_deterministic_algorithms)
+    try:
+        return _train(graph, features, embeddings, config)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _train(
+    graph: Graph,
+    features: BenchTable | None,
+    embeddings: BenchTable | None,
+    config: GnnTrainConfig,
+) -> GnnTrainResult:
     if features is None and embeddings is None:
         raise ValueError(
             "train_gnn needs a features table, an embeddings table or both; pass at least one"
@@ -261,6 +283,7 @@ def train_gnn(
     num_seeds = 0
     step = 0
     start = time.perf_counter()
+    warm: tuple[float, int] | None = None  # (time, seeds) when warm-up ended
     loader = LookaheadLoader(
         _batches(sampler, config.num_epochs, config.max_steps, 0), _Hints(tables), config.lookahead
     )
@@ -297,11 +320,17 @@ def train_gnn(
         t3 = time.perf_counter()
         losses.append(float(loss.item()))
         num_seeds += len(sampled.seeds)
+        if len(losses) == config.warmup_steps:
+            warm = (time.perf_counter(), num_seeds)
         phases["sample"].append(1e3 * sampled.sample_s)
         phases["pull"].append(1e3 * (t1 - t0))
         phases["fb"].append(1e3 * (t2 - t1))
         phases["update"].append(1e3 * (t3 - t2))
-    train_s = time.perf_counter() - start
+    end = time.perf_counter()
+    train_s = end - start
+    if warm is None or len(losses) == config.warmup_steps:
+        warm = (start, 0)
+    measured_s = end - warm[0]
     assert model is not None
     accuracy, num_test = _evaluate(graph, model, features, embeddings, config, step + 1)
     return GnnTrainResult(
@@ -309,7 +338,7 @@ def train_gnn(
         num_steps=len(losses),
         num_seeds=num_seeds,
         train_s=train_s,
-        samples_per_s=num_seeds / train_s if train_s > 0 else float("nan"),
+        samples_per_s=(num_seeds - warm[1]) / measured_s if measured_s > 0 else float("nan"),
         sample_ms=tuple(phases["sample"]),
         pull_ms=tuple(phases["pull"]),
         forward_backward_ms=tuple(phases["fb"]),
