@@ -206,6 +206,14 @@ def test_every_baseline_trains_to_the_ram_table(kind: str, tmp_path: Path) -> No
     assert tables[0] == tables[1]
 
 
+def test_deterministic_kernels_are_restored_after_training(tmp_path: Path) -> None:
+    graph = _tiny_graph(tmp_path)
+    assert not torch.are_deterministic_algorithms_enabled()
+    embeddings = RamTable(graph.num_nodes, EMB_SPEC, seed=0)
+    train_gnn(graph, embeddings=embeddings, config=TINY)
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
 def test_features_only_and_embeddings_only_both_train(tmp_path: Path) -> None:
     graph = _tiny_graph(tmp_path)
     assert graph.features is not None

@@ -113,8 +113,9 @@ class NeighborSampler:
 
     Args:
         graph: The graph; its CSR may be memory-mapped.
-        fanouts: Neighbours drawn per node at each hop, from the seeds outwards; one per
-            layer, each >= 0 (MLKV's DGL setup: 5, 5, 5).
+        fanouts: Neighbours drawn per node at each hop, from the seeds outwards (PyG's
+            `num_neighbors` order; DGL lists them input layer first); one per layer, each
+            >= 0 (MLKV's DGL setup: 5, 5, 5).
         batch_size: Seed nodes per batch, >= 1 (MLKV: 1024).
         seed: Seed of the shuffles and the draws.
         nodes: The node ids to batch (default: `graph.train_ids`).

@@ -48,7 +48,8 @@ class GnnTrainConfig:
     """Settings of `train_gnn`; the defaults are MLKV's DGL GraphSAGE setup."""
 
     fanouts: tuple[int, ...] = (5, 5, 5)
-    """Neighbours sampled per node at each hop, seeds outwards; one per layer, each >= 0."""
+    """Neighbours sampled per node at each hop, seeds outwards (PyG's order); one per layer,
+    each >= 0."""
     batch_size: int = 1024
     """Seed (training) nodes per batch, >= 1."""
     hidden_channels: int = 256
