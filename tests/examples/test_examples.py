@@ -25,7 +25,7 @@ def load(name: str) -> ModuleType:
 def test_every_example_is_tested() -> None:
     tested = {
         "store_training_loop", "tgraph_benchmark", "plan_my_cluster", "pipeline_tiny_gpt",
-        "pipeline_your_model", "store_kge",
+        "pipeline_your_model", "store_kge", "store_gnn",
     }  # fmt: skip
     assert {p.stem for p in EXAMPLES.glob("*.py")} == tested
 
@@ -49,6 +49,16 @@ def test_store_training_loop_learns_and_round_trips(tmp_path: Path) -> None:
     assert result["round_trip"] is True
     # The labels are sums of fixed per-row scalars; Adagrad on the rows must cut the MSE.
     assert result["last_loss"] < 0.8 * result["first_loss"]
+
+
+@pytest.mark.slow
+def test_store_gnn_trains_the_same_through_a_store(tmp_path: Path) -> None:
+    results = load("store_gnn").main(["--tiny", "--dir", str(tmp_path)])
+    ram, frugal = results["ram"], results["frugal"]
+    assert ram["losses"] == frugal["losses"] and len(ram["losses"]) == 6
+    assert ram["embeddings_sha256"] == frugal["embeddings_sha256"]
+    # 4 planted classes (chance 0.25); 6 batches of 64 already reach about 0.64.
+    assert frugal["test_accuracy"] > 0.4
 
 
 @pytest.mark.slow

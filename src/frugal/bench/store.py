@@ -697,6 +697,13 @@ class _StoreAdapter:
         rows: npt.NDArray[np.float32] = self.store.get(ids, step=step)
         return rows
 
+    def read(self, ids: npt.NDArray[np.int64], step: int) -> npt.NDArray[np.float32]:
+        rows: npt.NDArray[np.float32] = self.store.read(ids, step=step)
+        return rows
+
+    def put(self, ids: npt.NDArray[np.int64], rows: npt.NDArray[np.float32], step: int) -> None:
+        self.store.put(ids, rows, step=step)
+
     def apply_gradients(
         self, ids: npt.NDArray[np.int64], grads: npt.NDArray[np.float32], step: int
     ) -> None:
@@ -754,13 +761,14 @@ def _row_head(run: _Run, budget: int) -> dict[str, Any]:
     }
 
 
-def _read_vectors(system: Any, embedding_dim: int) -> Callable[[npt.NDArray[np.int64]], Any]:
-    """Side-effect-free reads of vectors from a compared system (for evaluation)."""
+def _read_vectors(system: Any) -> Callable[[npt.NDArray[np.int64]], Any]:
+    """Reads of vectors that change no row (for evaluation after training).
+
+    The store peeks (a peek streams more rows than its cache holds); the others `read`.
+    """
     if isinstance(system, _StoreAdapter):
         return lambda ids: system.store.peek(ids, cols="emb")
-    if hasattr(system, "table"):  # RamTable
-        return lambda ids: system.table[ids, :embedding_dim]
-    return lambda ids: system._read(np.asarray(ids))[:, :embedding_dim]
+    return lambda ids: system.read(np.ascontiguousarray(ids, dtype=np.int64), 0)
 
 
 def _execute_kge(run: _Run) -> dict[str, Any]:
@@ -794,7 +802,7 @@ def _execute_kge(run: _Run) -> dict[str, Any]:
     held_out = sampler.source.triples(10**12, 10**12 + kge.eval_triples)
     quality = evaluate_kge(
         KGE_MODELS.get(kge.model)(sampler.config),
-        _read_vectors(system, kge.embedding_dim),
+        _read_vectors(system),
         lambda ids: relations.table[ids, : kge.embedding_dim],
         held_out, num_entities=kge.num_entities, num_relations=kge.num_relations,
         num_candidates=kge.eval_candidates, seed=run.seed,

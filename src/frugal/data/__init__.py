@@ -1,15 +1,17 @@
 """Bundled real datasets, found in installed packages, verified, parsed and cached.
 
 Each dataset is a `DatasetInfo` record (`DATASETS`, `get_dataset_info`); loaders return
-standard containers: `load_events` -> `TemporalEvents`, `load_triples` -> `KnowledgeGraph`,
-`load_table` -> pandas DataFrame,
+standard containers: `load_events` -> `TemporalEvents` (a static `Graph` via
+`Graph.from_events`), `load_triples` -> `KnowledgeGraph`, `load_table` -> pandas DataFrame,
 `load_documents`/`load_text` -> text, `dataset_path` -> a verified model file. Synthetic
-generators for scale and tests live in `frugal.data.synthetic`; the `ml_NAME` files of
+generators for scale and tests live in `frugal.data.synthetic` and `frugal.data.papers_like`
+(an ogbn-papers100M-shaped graph on disk); the `ml_NAME` files of
 Benchtemp/TGN are written and read by `frugal.data.ml_format`.
 """
 
 from frugal.data.errors import DatasetChecksumError, DatasetMissingError, DatasetStatsError
 from frugal.data.events import TemporalEvents, factorize_nodes
+from frugal.data.graph import Graph, split_nodes
 from frugal.data.loaders import (
     DataConfig,
     compute_stats,
@@ -21,6 +23,7 @@ from frugal.data.loaders import (
     load_triples,
     verify_dataset,
 )
+from frugal.data.papers_like import PapersLikeConfig, papers_like
 from frugal.data.records import (
     DATASETS,
     DatasetInfo,
@@ -41,7 +44,9 @@ __all__ = [
     "DatasetSource",
     "DatasetStats",
     "DatasetStatsError",
+    "Graph",
     "KnowledgeGraph",
+    "PapersLikeConfig",
     "SourceFile",
     "TemporalEvents",
     "compute_stats",
@@ -54,5 +59,7 @@ __all__ = [
     "load_table",
     "load_text",
     "load_triples",
+    "papers_like",
+    "split_nodes",
     "verify_dataset",
 ]

@@ -57,7 +57,15 @@ class BenchTable(Protocol):
     """What the bench loop needs from a system; ids are sorted and unique."""
 
     def get(self, ids: I64, step: int) -> F32:
-        """Vectors of `ids`, (N, D)."""
+        """Vectors of `ids`, (N, D), for an update of the same ids that follows."""
+        ...
+
+    def read(self, ids: I64, step: int) -> F32:
+        """Vectors of `ids`, (N, D), never updated after (read-only rows, e.g. features)."""
+        ...
+
+    def put(self, ids: I64, rows: F32, step: int) -> None:
+        """Overwrite whole rows (N, W) (e.g. to load read-only features once)."""
         ...
 
     def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
@@ -238,6 +246,11 @@ class _RowsOfLastGet:
         vectors: F32 = rows[:, : self.spec.embedding_dim]
         return vectors
 
+    def read(self, ids: I64, step: int) -> F32:
+        """Vectors of `ids` for reading only (nothing kept for an update)."""
+        vectors: F32 = self._read(ids)[:, : self.spec.embedding_dim]
+        return vectors
+
     def _rows_for_update(self, ids: I64) -> F32:
         """The rows `get` just read for these ids, else a fresh read."""
         if self._last is not None and self._last[0] is ids:
@@ -259,6 +272,14 @@ class RamTable:
         """Fancy-index copy of the vectors."""
         rows: F32 = self.table[ids, : self.spec.embedding_dim]
         return rows
+
+    def read(self, ids: I64, step: int) -> F32:
+        """As `get` (nothing to release)."""
+        return self.get(ids, step)
+
+    def put(self, ids: I64, rows: F32, step: int) -> None:
+        """Overwrite rows in the array."""
+        self.table[ids] = rows
 
     def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
         """Update rows in the array."""
@@ -344,6 +365,10 @@ class KvOffloadTable(_RowsOfLastGet):
         rows = self._rows_for_update(ids)
         apply_optimizer(rows, grads, self.spec)
         self._write(ids, rows)
+
+    def put(self, ids: I64, rows: F32, step: int) -> None:
+        """One batched put of whole rows."""
+        self._write(ids, np.ascontiguousarray(rows, dtype=np.float32))
 
     def lookahead(self, ids: Any, step: int) -> None:
         """A plain KV store has no lookahead."""
@@ -503,6 +528,13 @@ class HybridLogTable(_RowsOfLastGet):
         """Read-modify-write: in place in the mutable region, else append (RCU)."""
         rows = self._rows_for_update(ids)
         apply_optimizer(rows, grads, self.spec)
+        self._upsert(ids, rows)
+
+    def put(self, ids: I64, rows: F32, step: int) -> None:
+        """Upsert whole rows: in place in the mutable region, else append (RCU)."""
+        self._upsert(ids, np.ascontiguousarray(rows, dtype=np.float32))
+
+    def _upsert(self, ids: I64, rows: F32) -> None:
         with self.lock:
             addresses = self.index[ids]
             mutable = addresses >= max(self.head, self._read_only_address())

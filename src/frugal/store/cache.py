@@ -392,7 +392,13 @@ class RowCache:
     # --- public operations -------------------------------------------------------------------
 
     def get(
-        self, ids: I64, step: int, *, count_read: bool = True, columns: int | None = None
+        self,
+        ids: I64,
+        step: int,
+        *,
+        count_read: bool = True,
+        columns: int | None = None,
+        count_stats: bool | None = None,
     ) -> F32:
         """Return copies of the rows of sorted unique `ids`, loading misses synchronously.
 
@@ -402,6 +408,8 @@ class RowCache:
             count_read: Open a read (staleness counter); False for internal updates.
             columns: Copy only each row's first `columns` values (None: the whole row), e.g.
                 the embedding without its optimizer state.
+            count_stats: Count the lookup in hits/misses (default: as `count_read`); a
+                read-only get counts them without opening a read.
 
         Returns:
             Rows, float32.
@@ -416,6 +424,7 @@ class RowCache:
         start = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
         waited = False
+        count_stats = count_read if count_stats is None else count_stats
         with self.cond:
             self._check()
             if len(ids) > self.capacity:
@@ -430,7 +439,7 @@ class RowCache:
             while True:
                 slots = self.index.lookup(ids)
                 missing = slots < 0
-                if first_pass and count_read:  # updates re-read their rows: not counted
+                if first_pass and count_stats:  # updates re-read their rows: not counted
                     self.largest_get = max(self.largest_get, len(ids))
                     self.last_get_step = max(self.last_get_step, step)
                     self.stats.gets += 1

@@ -770,6 +770,38 @@ class EmbeddingStore:
         out: F32 = rows.reshape(*np.shape(ids), rows.shape[1])
         return out
 
+    def read(self, ids: Any, step: int = 0, cols: Literal["emb", "all"] = "emb") -> F32:
+        """Read rows that training never updates (e.g. node features), opening no read.
+
+        Like `get` for the cache (recency, lookahead hints, hit and miss counts) but not
+        counted against the staleness bound, so no `put` has to follow; a `get` would pin the
+        rows until one did.
+
+        Args:
+            ids: Integer row ids of any shape.
+            step: Training step (for recency and lookahead hints).
+            cols: "emb" for the vectors, "all" for vectors and optimizer state.
+
+        Returns:
+            A float32 copy, shape ids.shape + (D,) or + (W,).
+
+        Raises:
+            TypeError: If ids are not integers.
+            IndexError: If an id is outside [0, num_rows).
+            StoreError: If the store is closed, a background job failed or the batch has more
+                unique rows than the cache holds.
+        """
+        self._check_open()
+        _validate_cols(cols)
+        step, flat = self._step_and_rows(ids, step)
+        unique, inverse = _unique(flat)
+        columns = self.spec.embedding_dim if cols == "emb" else None
+        rows = self.cache.get(unique, step, count_read=False, columns=columns, count_stats=True)
+        if inverse is not None:
+            rows = rows[inverse]
+        out: F32 = rows.reshape(*np.shape(ids), rows.shape[1])
+        return out
+
     def peek(self, ids: Any, cols: Literal["emb", "all"] = "all") -> F32:
         """Read rows without opening reads (for inspection and evaluation, not training).
 
