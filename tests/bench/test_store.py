@@ -305,3 +305,35 @@ def test_criteo_dlrm_trains_a_real_model_on_the_shared_trace(tmp_path: Path) -> 
     assert dlrm[0]["final_loss"] == dlrm[1]["final_loss"]
     # the model moves the rows differently from the planted teacher's closed-form gradient
     assert dlrm[0]["table_sha256"] != planted[0]["table_sha256"]
+
+
+@pytest.mark.slow
+def test_gnn_workload_trains_features_and_embeddings_through_every_system(
+    tmp_path: Path,
+) -> None:
+    from frugal.bench.store import StoreGNNConfig
+
+    config = StoreBenchConfig(
+        systems=("ram", "rocksdb_offload", "frugal"),
+        workloads=("gnn_papers",),
+        gnn=StoreGNNConfig(
+            num_nodes=6000, embedding_dim=4, fanouts=(3, 3), batch_size=16, hidden_channels=8,
+            num_steps=4, warmup_steps=1, memory_ratios=(0.5,), lookaheads=(1,),
+            max_eval_nodes=20,
+        ),
+    )  # fmt: skip
+    document = run_store_bench(config, tmp_path).document
+    rows = document["rows"]
+    assert [(r["system"], r["lookahead"]) for r in rows] == [
+        ("ram", 0), ("rocksdb_offload", 0), ("frugal", 1),
+    ]  # fmt: skip
+    assert all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
+    # two tables: 128 feature floats (read-only) + 4-dim Adam embeddings (3 x 4 + 1 floats)
+    assert rows[0]["row_bytes"] == 128 * 4 + 13 * 4
+    assert rows[0]["feature_hit_ratio"] == 1.0  # ram
+    assert 0 < rows[2]["feature_hit_ratio"] <= 1  # frugal's feature table (rocksdb: no cache)
+    assert {r["compute_ms"] for r in rows} == {0.0}
+    assert document["summary"]["bit_identical_at_staleness_0"] == {"gnn_papers": True}
+    gnn = document["summary"]["workloads"]["gnn_papers"]
+    assert gnn["quality_metric"] == "test_accuracy"
+    assert len(set(gnn["quality"]["0.5"].values())) == 1  # one model, whatever the system

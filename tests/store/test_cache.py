@@ -70,3 +70,24 @@ def test_evicted_slots_are_unmapped_and_their_dirty_rows_written_back(tmp_path: 
     finally:
         cache.close()
         backend.close()
+
+
+def test_evictions_never_queue_more_write_backs_than_the_io_share(tmp_path: Path) -> None:
+    # A stream of puts evicts dirty rows faster than one writer thread drains them; the
+    # queued write-backs live outside the slab, so they must stay within the I/O share of
+    # the budget (they once grew to 36 MB for a 2.5 MB share: a bench run broke its budget).
+    from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
+
+    spec = RowSpec(embedding_dim=128, optimizer=OptimizerConfig(kind="none"))
+    num_rows = 60_000
+    config = EmbeddingStore.Config(memory_budget_bytes=num_rows * spec.row_bytes // 10)
+    with EmbeddingStore.create(tmp_path / "s", num_rows=num_rows, spec=spec, config=config) as st:
+        rows = np.ones((2000, 128), dtype=np.float32)
+        most = 0
+        for start in range(0, num_rows, 2000):
+            st.put(np.arange(start, start + 2000), rows)
+            most = max(most, st.cache.pending_rows)
+        assert most <= st.cache.max_pending_rows
+        st.flush()
+        assert st.cache.pending_rows == 0
+        assert np.array_equal(st.peek(np.array([0, 59_999]), cols="emb"), rows[:2])

@@ -69,6 +69,7 @@ __all__ = [
     "STORE_BENCH",
     "WORKLOAD_FAMILIES",
     "StoreBenchConfig",
+    "StoreGNNConfig",
     "StoreKGEConfig",
     "StoreStalenessPoint",
     "StoreSummary",
@@ -78,10 +79,13 @@ __all__ = [
 ]
 
 SystemName = Literal["ram", "rocksdb_offload", "lmdb_offload", "hlog", "mlkv", "frugal"]
-WorkloadName = Literal["criteo_zipf", "criteo_dlrm", "movielens100k", "collegemsg", "kge_freebase"]
+WorkloadName = Literal[
+    "criteo_zipf", "criteo_dlrm", "movielens100k", "collegemsg", "kge_freebase", "gnn_papers"
+]
 WORKLOAD_FAMILIES: dict[str, tuple[WorkloadName, ...]] = {
     "dlrm": ("criteo_zipf", "criteo_dlrm", "movielens100k", "collegemsg"),
     "kge": ("kge_freebase",),
+    "gnn": ("gnn_papers",),
 }
 """What `frugal store bench --workload FAMILY` runs: MLKV's workload families (the DLRM family
 also holds the two real embedding access streams)."""
@@ -170,6 +174,59 @@ class StoreKGEConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class StoreGNNConfig:
+    """The GNN workload of `frugal store bench` (`gnn_papers`).
+
+    DGL GraphSAGE as MLKV runs it on ogbn-papers100M (mean aggregator, fanout 5,5,5, batch
+    1024, Adam 1e-3), on a `frugal.data.papers_like` graph: 128-dim node features in a
+    read-only table and learnable node embeddings in a second one, both in the compared
+    system, each with `memory_ratio` of its own bytes.
+    """
+
+    num_nodes: int = 2_000_000
+    """Nodes of the generated graph (ogbn-papers100M: 111M), >= 1000."""
+    embedding_dim: int = 32
+    """D of the learnable node embeddings (Adam: 3D + 1 floats per row)."""
+    fanouts: tuple[int, ...] = (5, 5, 5)
+    """Neighbours sampled per hop (MLKV/DGL: 5, 5, 5)."""
+    batch_size: int = 1024
+    """Seed nodes per batch (MLKV/DGL: 1024)."""
+    hidden_channels: int = 256
+    """GraphSAGE hidden width (MLKV/DGL: 256)."""
+    train_fraction: float = 0.05
+    """Share of the nodes labelled for training (papers100M: 0.011; more here, so that a
+    small graph's batches do not cycle over a few thousand seeds)."""
+    num_steps: int = 60
+    """Batches per run, warm-up included."""
+    warmup_steps: int = 10
+    """Batches left out of the throughput."""
+    memory_ratios: tuple[float, ...] = (0.25, 0.10)
+    """Memory budgets as fractions of each table's bytes."""
+    lookaheads: tuple[int, ...] = (0, 1)
+    """Batches hinted ahead by mlkv and frugal (MLKV's GNN path: 1)."""
+    max_eval_nodes: int = 2000
+    """Test nodes evaluated after training."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.num_nodes < 1000 or self.embedding_dim < 1 or self.batch_size < 1:
+            raise ValueError(
+                f"num_nodes={self.num_nodes} must be >= 1000, embedding_dim="
+                f"{self.embedding_dim} and batch_size={self.batch_size} >= 1"
+            )
+        if self.num_steps <= self.warmup_steps:
+            raise ValueError(
+                f"num_steps={self.num_steps} must exceed warmup_steps={self.warmup_steps}"
+            )
+        if not 0 < self.train_fraction <= 0.9:
+            raise ValueError(f"train_fraction={self.train_fraction} must be in (0, 0.9]")
+        if not self.memory_ratios or any(not 0 < r <= 1 for r in self.memory_ratios):
+            raise ValueError(f"memory_ratios={self.memory_ratios} must be values in (0, 1]")
+        if not self.lookaheads or any(w < 0 for w in self.lookaheads):
+            raise ValueError(f"lookaheads={self.lookaheads} must be values >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StoreBenchConfig(BenchConfig):
     """What `frugal store bench` runs; `quick()` is the small preset."""
 
@@ -188,10 +245,11 @@ class StoreBenchConfig(BenchConfig):
         "movielens100k",
         "collegemsg",
         "kge_freebase",
+        "gnn_papers",
     )
     """Workloads: the Criteo-shaped Zipf stream with the planted teacher's gradient and with
     a real DLRM (`criteo_dlrm`), two real streams (the DLRM family, `WORKLOAD_FAMILIES`) and
-    the KGE workload."""
+    the KGE and GNN workloads."""
     scale: float = 0.25
     """Criteo cardinality scale (0.25 -> 8,441,945 rows; 0.02 -> 676,951), in (0, 1]."""
     alpha: float = 1.05
@@ -229,6 +287,8 @@ class StoreBenchConfig(BenchConfig):
     """Wall-clock limit of one child run."""
     kge: StoreKGEConfig = field(default_factory=StoreKGEConfig)
     """The KGE workload's model, sizes and grid (`kge_freebase`)."""
+    gnn: StoreGNNConfig = field(default_factory=StoreGNNConfig)
+    """The GNN workload's graph, model and grid (`gnn_papers`)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -271,7 +331,7 @@ class StoreBenchConfig(BenchConfig):
 
     QUICK: ClassVar = {
         "systems": ("ram", "rocksdb_offload", "hlog", "mlkv", "frugal"),
-        "workloads": ("criteo_zipf", "criteo_dlrm", "kge_freebase"),
+        "workloads": ("criteo_zipf", "criteo_dlrm", "kge_freebase", "gnn_papers"),
         "scale": 0.02,
         "num_batches": 300,
         "warmup_batches": 50,
@@ -285,6 +345,18 @@ class StoreBenchConfig(BenchConfig):
             "memory_ratios": (0.10,),
             "lookaheads": (0, 4),
             "eval_triples": 500,
+        },
+        "gnn": {
+            "num_nodes": 200_000,
+            "embedding_dim": 16,
+            "fanouts": (5, 5),
+            "batch_size": 256,
+            "hidden_channels": 64,
+            "num_steps": 30,
+            "warmup_steps": 5,
+            "memory_ratios": (0.10,),
+            "lookaheads": (1,),
+            "max_eval_nodes": 500,
         },
     }
     """`--quick`: Criteo at scale 0.02, 300 batches, ratios 1.0/0.10, W 0/4; KGE on 400k
@@ -309,7 +381,17 @@ class StoreBenchConfig(BenchConfig):
             "warmup_batches": 8,
             "memory_ratios": (0.10,),
             "compute_ms": 1.0,
-            "workloads": ("criteo_zipf", "kge_freebase"),
+            "workloads": ("criteo_zipf", "kge_freebase", "gnn_papers"),
+            "gnn": {
+                "num_nodes": 5000,
+                "embedding_dim": 8,
+                "batch_size": 32,
+                "hidden_channels": 16,
+                "num_steps": 6,
+                "warmup_steps": 2,
+                "memory_ratios": (0.5,),
+                "max_eval_nodes": 50,
+            },
             "kge": {
                 "num_entities": 20_000,
                 "num_relations": 100,
@@ -406,6 +488,9 @@ class _Workload:
     dlrm: bool = False
     """Train `frugal.store.dlrm.DLRM` on the trace (real forward and backward, no sleep)
     instead of the planted teacher's closed-form gradient."""
+    gnn: StoreGNNConfig | None = None
+    """Set for the GNN workload: `trace_path` is the graph's folder, `spec` the embedding
+    table's rows, `num_rows` the nodes; the child trains `frugal.store.gnn.train_gnn`."""
     seed: int = 0
     """The KGE stream's and sampler's seed."""
 
@@ -413,18 +498,24 @@ class _Workload:
         """The memory:data ratios this workload runs at."""
         if self.kge is not None:
             return self.kge.memory_ratios
+        if self.gnn is not None:
+            return self.gnn.memory_ratios
         return config.memory_ratios if self.main_grid else config.stream_memory_ratios
 
     def lookaheads(self, config: StoreBenchConfig) -> tuple[int, ...]:
         """The lookahead windows W its lookahead systems run with."""
         if self.kge is not None:
             return self.kge.lookaheads
+        if self.gnn is not None:
+            return self.gnn.lookaheads
         return config.lookaheads if self.main_grid else config.stream_lookaheads
 
     def warmup_batches(self, config: StoreBenchConfig) -> int:
         """Batches before the timed ones."""
         if self.kge is not None:
             return self.kge.warmup_steps
+        if self.gnn is not None:
+            return self.gnn.warmup_steps
         return config.warmup_batches if self.main_grid else config.stream_warmup_batches
 
     def steps_and_ids_per_step(self) -> tuple[int, int]:
@@ -433,6 +524,10 @@ class _Workload:
             k = self.kge
             chunks = max(1, k.batch_size // min(256, k.batch_size))
             return k.num_steps, 2 * k.batch_size + chunks * k.neg_sample_size
+        if self.gnn is not None:  # seeds x (1 + f1 + f1 f2 + ...) sampled nodes
+            g = self.gnn
+            per_seed = sum(int(np.prod(g.fanouts[:k])) for k in range(len(g.fanouts) + 1))
+            return g.num_steps, g.batch_size * per_seed
         shape = np.load(self.trace_path, mmap_mode="r").shape
         return int(shape[0]), int(np.prod(shape[1:]))
 
@@ -441,6 +536,8 @@ class _Workload:
         if self.kge is not None:
             sampler = _kge_sampler(self.kge, self.seed)
             return [sampler.batch(t).ids for t in range(self.kge.num_steps)]
+        if self.gnn is not None:
+            return [batch.ids for batch in _gnn_batches(self)]
         trace = np.load(self.trace_path, mmap_mode="r")
         return [np.unique(np.asarray(trace[t])) for t in range(len(trace))]
 
@@ -582,6 +679,58 @@ def _kge_workload(config: StoreBenchConfig, folder: Path) -> _Workload:
     )  # fmt: skip
 
 
+def _gnn_settings(g: StoreGNNConfig, seed: int) -> Any:
+    from frugal.store.gnn import GnnTrainConfig
+
+    return GnnTrainConfig(
+        fanouts=g.fanouts, batch_size=g.batch_size, hidden_channels=g.hidden_channels,
+        num_epochs=10**6, max_steps=g.num_steps, warmup_steps=g.warmup_steps,
+        max_eval_nodes=g.max_eval_nodes, seed=seed,
+    )  # fmt: skip
+
+
+def _gnn_batches(w: _Workload) -> Iterator[Batch]:
+    """The sampled batches a GNN run trains on (as `train_gnn` makes them), for references."""
+    from frugal.data.graph import Graph
+    from frugal.store.gnn.sampler import NeighborSampler
+
+    assert w.gnn is not None
+    graph = Graph.load(w.trace_path)
+    settings = _gnn_settings(w.gnn, w.seed)
+    sampler = NeighborSampler(
+        graph, settings.fanouts, settings.batch_size, seed=settings.seed, nodes=graph.train_ids
+    )
+    step = 0
+    for epoch in range(settings.num_epochs):
+        sampler.set_epoch(epoch)
+        for sampled in sampler:
+            if step >= w.gnn.num_steps:
+                return
+            yield Batch(step=step, ids=np.sort(sampled.n_id))
+            step += 1
+
+
+def _gnn_workload(config: StoreBenchConfig, folder: Path) -> _Workload:
+    """GraphSAGE on a `papers_like` graph generated into `folder` (features + embeddings)."""
+    from frugal.data.papers_like import PapersLikeConfig, papers_like
+
+    g = config.gnn
+    graph_config = PapersLikeConfig(
+        num_nodes=g.num_nodes, seed=config.seed, split=(g.train_fraction, 0.01, 0.02)
+    )
+    graph_folder = folder / "gnn_papers"
+    with guard_write(
+        folder, what="the store bench's papers_like graph",
+        needed_bytes=graph_config.expected_disk_bytes(), fix=_DISK_FULL_FIX,
+        partial=[graph_folder],
+    ):  # fmt: skip
+        papers_like(graph_folder, graph_config)
+    spec = RowSpec(embedding_dim=g.embedding_dim, optimizer=OptimizerConfig(kind="adam", lr=1e-3))
+    return _Workload(
+        "gnn_papers", g.num_nodes, spec, str(graph_folder), "", 1, gnn=g, seed=config.seed
+    )
+
+
 HEADLINE_WORKLOAD = "criteo_zipf"
 """The workload the summary's speed-ups are measured on (MLKV's DLRM case)."""
 
@@ -606,6 +755,7 @@ _WORKLOADS.register("movielens100k", _stream_workload("movielens100k"))
 _WORKLOADS.register("collegemsg", _stream_workload("collegemsg"))
 _WORKLOADS.register("kge_freebase", _kge_workload)
 _WORKLOADS.register("criteo_dlrm", _criteo_dlrm_workload)
+_WORKLOADS.register("gnn_papers", _gnn_workload)
 
 
 # --- one run (in a child process) --------------------------------------------------------------
@@ -837,12 +987,120 @@ def _execute_kge(run: _Run) -> dict[str, Any]:
     }
 
 
+class _RamRows:
+    """Read-only rows of an array (a memory-mapped feature matrix) as a table."""
+
+    def __init__(self, rows: Any) -> None:
+        self.rows = rows
+
+    def read(self, ids: npt.NDArray[np.int64], step: int) -> npt.NDArray[np.float32]:
+        out: npt.NDArray[np.float32] = np.asarray(self.rows[ids], dtype=np.float32)
+        return out
+
+    def lookahead(self, ids: Any, step: int) -> None:
+        """Nothing to prefetch."""
+
+
+def _execute_gnn(run: _Run) -> dict[str, Any]:
+    """One GNN run (`frugal.store.gnn.train_gnn`); executed in a fresh child process.
+
+    Two tables of the run's system: the graph's node features (read-only, optimizer "none")
+    and learnable node embeddings (Adam), each with `memory_ratio` of its own bytes.
+    """
+    import torch
+
+    from frugal.data.graph import Graph
+    from frugal.store.gnn import load_rows, train_gnn
+
+    torch.set_num_threads(1)
+    w = run.workload
+    assert w.gnn is not None
+    graph = Graph.load(w.trace_path)
+    assert graph.features is not None
+    feature_spec = RowSpec(embedding_dim=graph.num_features, optimizer=OptimizerConfig(kind="none"))
+    tables_bytes = w.num_rows * (w.spec.row_bytes + feature_spec.row_bytes)
+    budget = int(run.memory_ratio * tables_bytes)
+    row = _row_head(run, budget)
+    row["row_bytes"] = w.spec.row_bytes + feature_spec.row_bytes
+    # Two throwaway steps on RAM tables first: torch's allocator and autograd warm up
+    # outside the measured growth, which then holds what the compared tables keep.
+    from frugal.store.baselines import RamTable
+
+    warm = replace(_gnn_settings(w.gnn, run.seed), max_steps=2, warmup_steps=0, max_eval_nodes=1)
+    train_gnn(
+        graph,
+        features=_RamRows(graph.features),  # type: ignore[arg-type]  # reads only
+        embeddings=RamTable(w.num_rows, w.spec, run.seed),
+        config=warm,
+    )
+    anon_before = _anon_rss_mib()
+    system = _SYSTEMS.get(run.system)
+    try:
+        emb_budget = int(run.memory_ratio * w.num_rows * w.spec.row_bytes)
+        embeddings = system.build(
+            replace(run, work_dir=str(Path(run.work_dir) / "emb")), emb_budget
+        )
+        feature_run = replace(
+            run,
+            workload=replace(w, spec=feature_spec),
+            work_dir=str(Path(run.work_dir) / "features"),
+        )
+        features = system.build(feature_run, budget - emb_budget)
+    except ValueError as exc:
+        return row | {"status": "infeasible", "error": str(exc)}
+    # in chunks of a quarter of the budget's rows, so a put streams through any cache
+    chunk_rows = max(64, (budget - emb_budget) // (4 * feature_spec.row_bytes))
+    load_rows(features, graph.features, chunk_rows=chunk_rows)
+    settings = replace(_gnn_settings(w.gnn, run.seed), lookahead=run.lookahead)
+    try:
+        result = train_gnn(graph, features=features, embeddings=embeddings, config=settings)
+    except ValueError as exc:  # one batch's rows do not fit the cache
+        return row | {"status": "infeasible", "error": str(exc)}
+    anon_peak = _anon_rss_mib()
+    stats = embeddings.stats()
+    feature_stats = features.stats()
+    sha = embeddings.table_sha256()
+    embeddings.close()
+    features.close()
+    anon_growth_mib = max(anon_peak, _anon_rss_mib()) - anon_before
+    tail = max(1, len(result.losses) // 10)
+    phases = result.median_ms()
+    pull_s = sum(result.pull_ms) / 1000.0
+    return row | {
+        "status": "ok",
+        "samples_per_s": result.samples_per_s,
+        "samples": "seed nodes",
+        "stall_fraction": pull_s / result.train_s,
+        "hit_ratio": stats.get("hit_ratio", float("nan")),
+        "feature_hit_ratio": feature_stats.get("hit_ratio", float("nan")),
+        "read_bytes_per_batch": (stats.get("bytes_read", 0) + feature_stats.get("bytes_read", 0))
+        / result.num_steps,
+        "written_bytes_per_batch": stats.get("bytes_written", 0) / result.num_steps,
+        "p50_step_ms": sum(phases.values()),
+        "p99_step_ms": float("nan"),
+        **{f"p50_{name}": value for name, value in phases.items()},
+        "peak_rss_mib": _rss_mib(),
+        "anon_rss_growth_mib": anon_growth_mib,
+        "budget_violated": bool(
+            row["budget_enforced"] and anon_growth_mib > 1.1 * budget / _MIB + 32.0
+        ),
+        "staleness_max": stats.get("staleness_max", 0),
+        "final_loss": float(np.mean(result.losses[-tail:])),
+        "quality_metric": "test_accuracy",
+        "quality": result.test_accuracy,
+        "table_sha256": sha,
+        "wall_s": result.train_s,
+    }
+
+
 def _execute(run: _Run) -> dict[str, Any]:
     """One measured run; executed in a fresh child process."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     w = run.workload
     if w.kge is not None:
         return _execute_kge(run)
+    if w.gnn is not None:
+        return _execute_gnn(run)
     trace = np.load(w.trace_path, mmap_mode="r")
     labels = np.load(w.labels_path, mmap_mode="r")
     num_batches, samples = labels.shape
@@ -991,7 +1249,9 @@ def _plan(config: StoreBenchConfig, workloads: list[_Workload], work_dir: Path) 
                 grid = workload.lookaheads(config)
                 windows = grid if _SYSTEMS.get(system).uses_lookahead else (0,)
                 for window in windows:
-                    real_model = workload.kge is not None or workload.dlrm
+                    real_model = (
+                        workload.kge is not None or workload.gnn is not None or workload.dlrm
+                    )
                     compute_ms = 0.0 if real_model else config.compute_ms
                     runs.append(
                         _Run(system, workload, ratio, window, 0, compute_ms,

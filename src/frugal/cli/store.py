@@ -1,4 +1,4 @@
-"""`frugal store bench [--quick] [--workload dlrm|kge] [--out DIR]`."""
+"""`frugal store bench [--quick] [--workload dlrm|kge|gnn] [--out DIR]`."""
 
 from __future__ import annotations
 

@@ -311,6 +311,11 @@ class RowCache:
             self.writer.submit(self._write_back, pending)
         self._clear_slots(ids, victims)
         self.stats.evictions += len(victims)
+        # Back-pressure: queued write-backs live outside the slab, and evictions can outrun
+        # the writer (a stream of puts), so wait until they fit the I/O buffer's share.
+        deadline = time.monotonic() + self.timeout_s
+        while self.pending_rows > self.max_pending_rows:
+            self._wait(deadline, "write-backs to finish")
 
     def _clear_slots(self, ids: I64, slots: npt.NDArray[np.int64]) -> None:
         """Unmap `ids` from their `slots` and reset the slots to FREE (clean, no hints).
