@@ -88,10 +88,13 @@ def test_store_verdicts_divide_the_right_cells() -> None:
     summary = store_summary(lookahead=4, bit_identical_at_staleness_0={"criteo_zipf": True})
     verdicts = get_part("store").verdicts(_result(summary, rows))
     values = [v.value for v in verdicts]
-    # criteo: 900/200, 900/600, 1000/2500; KGE: 900/100, 900/750; bit-identical
-    assert values == pytest.approx([4.5, 1.5, 0.4, 9.0, 1.2, 1.0])
-    assert [v.met for v in verdicts] == [True, True, False, True, False, True]
+    # criteo: 900/200, 900/600, 1000/2500; KGE: 900/100, 900/750; GNN: not measured;
+    # bit-identical
+    assert values[:5] == pytest.approx([4.5, 1.5, 0.4, 9.0, 1.2])
+    assert values[5:] == [None, None, 1.0]
+    assert [v.met for v in verdicts] == [True, True, False, True, False, None, None, True]
     assert "KGE" in verdicts[3].claim and "8.0x rocksdb_offload" in verdicts[3].claim
+    assert "GNN" in verdicts[5].claim and "1.5x rocksdb_offload" in verdicts[5].claim
     assert verdicts[0].baseline == 200.0 and verdicts[0].ours == 900.0
 
 

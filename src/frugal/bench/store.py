@@ -371,8 +371,9 @@ class StoreBenchConfig(BenchConfig):
             "warmup_batches": 40,
             "staleness_bounds": (0,),
             "lookaheads": (4,),
-            "workloads": ("criteo_zipf", "kge_freebase"),
+            "workloads": ("criteo_zipf", "kge_freebase", "gnn_papers"),
             "kge": {"num_steps": 100, "warmup_steps": 30, "lookaheads": (4,)},
+            "gnn": {"num_nodes": 100_000, "num_steps": 20, "warmup_steps": 4},
         },
         "smoke": {
             "scale": 0.001,
