@@ -373,7 +373,7 @@ class StoreBenchConfig(BenchConfig):
             "lookaheads": (4,),
             "workloads": ("criteo_zipf", "kge_freebase", "gnn_papers"),
             "kge": {"num_steps": 100, "warmup_steps": 30, "lookaheads": (4,)},
-            "gnn": {"num_nodes": 100_000, "num_steps": 20, "warmup_steps": 4},
+            "gnn": {"num_steps": 20, "warmup_steps": 4},
         },
         "smoke": {
             "scale": 0.001,
