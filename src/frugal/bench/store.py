@@ -367,13 +367,13 @@ class StoreBenchConfig(BenchConfig):
         "quick": {
             "systems": ("ram", "rocksdb_offload", "mlkv", "frugal"),
             "memory_ratios": (0.25, 0.10),
-            "num_batches": 200,
-            "warmup_batches": 40,
+            "num_batches": 120,
+            "warmup_batches": 30,
             "staleness_bounds": (0,),
             "lookaheads": (4,),
             "workloads": ("criteo_zipf", "kge_freebase", "gnn_papers"),
-            "kge": {"num_steps": 100, "warmup_steps": 30, "lookaheads": (4,)},
-            "gnn": {"num_steps": 20, "warmup_steps": 4},
+            "kge": {"num_steps": 70, "warmup_steps": 20, "lookaheads": (4,)},
+            "gnn": {"num_steps": 14, "warmup_steps": 4},
         },
         "smoke": {
             "scale": 0.001,
@@ -408,9 +408,9 @@ class StoreBenchConfig(BenchConfig):
             },
         },
     }
-    """`quick`: `quick()` on ram, rocksdb_offload, mlkv and frugal at ratios 0.25/0.10, 200
-    batches, W = 4 only, staleness 0 only, KGE 100 steps; `smoke`: that at scale 0.001, 24
-    batches of 64, ratio 0.10, KGE on 20k entities."""
+    """`quick`: `quick()` on ram, rocksdb_offload, mlkv and frugal at ratios 0.25/0.10, 120
+    batches, W = 4 only, staleness 0 only, KGE 70 steps, GNN 14 batches; `smoke`: that at
+    scale 0.001, 24 batches of 64, ratio 0.10, KGE on 20k entities, GNN on 5k nodes."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -786,7 +786,7 @@ _PARTS: dict[str, Part] = {
         bench="frugal.bench.store:STORE_BENCH",
         verdicts=_store_verdicts,
         figure=_store_figure,
-        estimate_s={"smoke": 20.0, "quick": 150.0, "full": 10800.0},
+        estimate_s={"smoke": 30.0, "quick": 150.0, "full": 14400.0},
     ),
     "tgraph": Part(
         name="tgraph",
