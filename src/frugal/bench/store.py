@@ -912,6 +912,20 @@ def _row_head(run: _Run, budget: int) -> dict[str, Any]:
     }
 
 
+def _memory_fields(row: dict[str, Any], budget: int, anon_growth_mib: float) -> dict[str, Any]:
+    """Peak RSS, anonymous-memory growth and whether it broke the budget.
+
+    store.md: more than 1.1 x budget + 32 MiB of new anonymous memory breaks it.
+    """
+    return {
+        "peak_rss_mib": _rss_mib(),
+        "anon_rss_growth_mib": anon_growth_mib,
+        "budget_violated": bool(
+            row["budget_enforced"] and anon_growth_mib > 1.1 * budget / _MIB + 32.0
+        ),
+    }
+
+
 def _read_vectors(system: Any) -> Callable[[npt.NDArray[np.int64]], Any]:
     """Reads of vectors that change no row (for evaluation after training).
 
@@ -973,11 +987,7 @@ def _execute_kge(run: _Run) -> dict[str, Any]:
         "written_bytes_per_batch": stats.get("bytes_written", 0) / kge.num_steps,
         "p50_step_ms": 1000 * float(np.median(step_s)),
         "p99_step_ms": 1000 * float(np.percentile(step_s, 99)),
-        "peak_rss_mib": _rss_mib(),
-        "anon_rss_growth_mib": anon_growth_mib,
-        "budget_violated": bool(
-            row["budget_enforced"] and anon_growth_mib > 1.1 * budget / _MIB + 32.0
-        ),
+        **_memory_fields(row, budget, anon_growth_mib),
         "staleness_max": stats.get("staleness_max", 0),
         "final_loss": float(np.mean(result.losses[-tail:])),
         "quality_metric": "sampled_mrr",
@@ -1080,11 +1090,7 @@ def _execute_gnn(run: _Run) -> dict[str, Any]:
         "p50_step_ms": sum(phases.values()),
         "p99_step_ms": float("nan"),
         **{f"p50_{name}": value for name, value in phases.items()},
-        "peak_rss_mib": _rss_mib(),
-        "anon_rss_growth_mib": anon_growth_mib,
-        "budget_violated": bool(
-            row["budget_enforced"] and anon_growth_mib > 1.1 * budget / _MIB + 32.0
-        ),
+        **_memory_fields(row, budget, anon_growth_mib),
         "staleness_max": stats.get("staleness_max", 0),
         "final_loss": float(np.mean(result.losses[-tail:])),
         "quality_metric": "test_accuracy",
@@ -1174,7 +1180,6 @@ def _execute(run: _Run) -> dict[str, Any]:
         else np.array(step_s)
     )
     median_s = median_after_warmup(step_s, run.warmup_batches)
-    peak_rss = _rss_mib()
     anon_growth_mib = max(anon_peak, _anon_rss_mib()) - anon_before
     tail = max(1, len(losses) // 10)
     return row | {
@@ -1186,12 +1191,7 @@ def _execute(run: _Run) -> dict[str, Any]:
         "written_bytes_per_batch": stats.get("bytes_written", 0) / num_batches,
         "p50_step_ms": 1000 * median_s,
         "p99_step_ms": 1000 * float(np.percentile(measured, 99)),
-        "peak_rss_mib": peak_rss,
-        "anon_rss_growth_mib": anon_growth_mib,
-        # store.md: more than 1.1 x budget + 32 MiB of new anonymous memory breaks the budget.
-        "budget_violated": bool(
-            row["budget_enforced"] and anon_growth_mib > 1.1 * budget / _MIB + 32.0
-        ),
+        **_memory_fields(row, budget, anon_growth_mib),
         "staleness_max": stats.get("staleness_max", 0),
         "final_loss": float(np.mean(losses[-tail:])),
         "quality_metric": "final_loss",

@@ -759,12 +759,19 @@ class EmbeddingStore:
             StalenessTimeoutError: If a row stays beyond the staleness bound for timeout_s.
             StoreError: If the store is closed or a background job failed.
         """
+        return self._cached_rows(ids, step, cols, open_reads=True)
+
+    def _cached_rows(self, ids: Any, step: int, cols: str, *, open_reads: bool) -> F32:
+        """Rows through the cache, opening one read per unique row or none (`read`)."""
         self._check_open()
         _validate_cols(cols)
         step, flat = self._step_and_rows(ids, step)
         unique, inverse = _unique(flat)
         columns = self.spec.embedding_dim if cols == "emb" else None
-        rows = self.cache.get(unique, step, columns=columns)
+        if open_reads:
+            rows = self.cache.get(unique, step, columns=columns)
+        else:
+            rows = self.cache.get(unique, step, count_read=False, columns=columns, count_stats=True)
         if inverse is not None:
             rows = rows[inverse]
         out: F32 = rows.reshape(*np.shape(ids), rows.shape[1])
@@ -791,16 +798,7 @@ class EmbeddingStore:
             StoreError: If the store is closed, a background job failed or the batch has more
                 unique rows than the cache holds.
         """
-        self._check_open()
-        _validate_cols(cols)
-        step, flat = self._step_and_rows(ids, step)
-        unique, inverse = _unique(flat)
-        columns = self.spec.embedding_dim if cols == "emb" else None
-        rows = self.cache.get(unique, step, count_read=False, columns=columns, count_stats=True)
-        if inverse is not None:
-            rows = rows[inverse]
-        out: F32 = rows.reshape(*np.shape(ids), rows.shape[1])
-        return out
+        return self._cached_rows(ids, step, cols, open_reads=False)
 
     def peek(self, ids: Any, cols: Literal["emb", "all"] = "all") -> F32:
         """Read rows without opening reads (for inspection and evaluation, not training).
