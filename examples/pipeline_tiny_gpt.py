@@ -29,7 +29,9 @@ from frugal.pipeline.train import PipelineTrainConfig, train_local
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     """Run the example; return per codec its first and last loss and wire bytes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", default=bool(os.environ.get("FRUGAL_TINY")))
+    parser.add_argument(
+        "--tiny", action="store_true", default=os.environ.get("FRUGAL_TINY", "") not in ("", "0")
+    )
     args = parser.parse_args(argv)
     if args.tiny:
         gpt = TinyGPTConfig(context=32, hidden=32, num_heads=2, num_layers=2)

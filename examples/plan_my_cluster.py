@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cluster", type=Path, default=HERE / "two_sites.toml")
     parser.add_argument("--out", type=Path, default=None, help="write the plan JSON here")
-    parser.add_argument("--tiny", action="store_true", default=bool(os.environ.get("FRUGAL_TINY")))
+    parser.add_argument(
+        "--tiny", action="store_true", default=os.environ.get("FRUGAL_TINY", "") not in ("", "0")
+    )
     args = parser.parse_args(argv)
 
     topology, settings = load_cluster(args.cluster)  # settings: the file's planner/model tables

@@ -29,7 +29,9 @@ from frugal.store.gnn import GnnTrainConfig, load_rows, train_gnn
 def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Run the example; return each system's numbers."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", default=bool(os.environ.get("FRUGAL_TINY")))
+    parser.add_argument(
+        "--tiny", action="store_true", default=os.environ.get("FRUGAL_TINY", "") not in ("", "0")
+    )
     parser.add_argument("--ratio", type=float, default=0.5, help="budget / table bytes")
     parser.add_argument("--dir", type=Path, default=None, help="scratch folder")
     args = parser.parse_args(argv)

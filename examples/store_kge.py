@@ -37,27 +37,36 @@ from frugal.store.kge import (
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Run the example; return the metrics it prints."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", default=bool(os.environ.get("FRUGAL_TINY")))
+    tiny_env = os.environ.get("FRUGAL_TINY", "") not in ("", "0")
+    parser.add_argument("--tiny", action="store_true", default=tiny_env)
     parser.add_argument("--model", default="distmult", choices=list(KGE_MODELS))
     parser.add_argument("--train", type=Path, help="your training triples (TSV of names)")
     parser.add_argument("--valid", type=Path, help="your validation triples")
     parser.add_argument("--test", type=Path, help="your test triples")
     parser.add_argument("--lookahead", type=int, default=4, help="batches hinted ahead")
+    parser.add_argument(
+        "--batch-size", type=int, default=512, help="positives per step (a multiple of 64)"
+    )
     parser.add_argument("--dir", type=Path, default=None, help="folder for the entity table")
     args = parser.parse_args(argv)
+    own = [args.train, args.valid, args.test]
+    if any(p is not None for p in own) and not all(p is not None for p in own):
+        parser.error("give all three of --train, --valid and --test, or none (UMLS)")
     if args.train is not None:
         graph = read_triples_tsv(args.train, args.valid, args.test)
     else:
         graph = load_triples("umls")
     steps = 60 if args.tiny else 600
     config = KGEConfig(
-        model=args.model, embedding_dim=64, batch_size=512, neg_chunk_size=64,
+        model=args.model, embedding_dim=64, batch_size=args.batch_size, neg_chunk_size=64,
         neg_sample_size=64, gamma=6.0,
     )  # fmt: skip
     spec = kge_row_spec(config)
     store_config = EmbeddingStore.Config(memory_budget_bytes=1 << 20)
     with tempfile.TemporaryDirectory() as scratch:
-        folder = (args.dir or Path(scratch)) / "entities"
+        root = args.dir or Path(scratch)
+        root.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="entities-", dir=root))  # a new one per run
         with EmbeddingStore.create(
             folder, num_rows=graph.num_entities, spec=spec, config=store_config, seed=0
         ) as entities:

@@ -71,7 +71,9 @@ def round_trip(directory: Path) -> bool:
 def main(argv: list[str] | None = None) -> dict[str, float | bool]:
     """Run the example; return the numbers it prints."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", default=bool(os.environ.get("FRUGAL_TINY")))
+    parser.add_argument(
+        "--tiny", action="store_true", default=os.environ.get("FRUGAL_TINY", "") not in ("", "0")
+    )
     parser.add_argument("--budget-mib", type=int, default=1, help="the store's RAM budget")
     parser.add_argument("--dir", type=Path, default=None, help="folder for the tables")
     args = parser.parse_args(argv)

@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="sp_hospital", help="a bundled temporal graph")
     parser.add_argument("--model", default="tgn", help="jodie, dyrep, tgn or tgat")
-    parser.add_argument("--tiny", action="store_true", default=bool(os.environ.get("FRUGAL_TINY")))
+    parser.add_argument(
+        "--tiny", action="store_true", default=os.environ.get("FRUGAL_TINY", "") not in ("", "0")
+    )
     args = parser.parse_args(argv)
     events: TemporalEvents
     if args.tiny:

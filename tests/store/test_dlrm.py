@@ -51,3 +51,35 @@ def test_dlrm_learns_and_every_table_gives_the_same_run(tmp_path: Path) -> None:
     assert _train(store) == losses
     assert store.table_sha256() == ram.table_sha256()
     store.close()
+
+
+def test_a_bad_batch_is_refused_before_any_read_and_a_failed_one_releases(
+    tmp_path: Path,
+) -> None:
+    spec = RowSpec(embedding_dim=8, optimizer=OptimizerConfig(kind="adagrad", lr=0.1))
+    store = EmbeddingStore.create(
+        tmp_path / "s", num_rows=100, spec=spec, config=EmbeddingStore.Config(timeout_s=2.0)
+    )
+    model = DLRM(num_fields=4, embedding_dim=8, top_mlp=(16,))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ids = np.arange(32 * 4).reshape(32, 4) % 100
+    labels = np.zeros(32, dtype=np.float32)
+    weights = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"labels must be float32 of shape \(32,\)"):
+        dlrm_step(model, optimizer, store, ids, labels[:31], step=0)
+    with pytest.raises(ValueError, match=r"3 fields per sample .* num_fields=4"):
+        dlrm_step(model, optimizer, store, ids[:, :3], labels, step=0)
+    with pytest.raises(TypeError, match=r"ids\.numpy"):
+        dlrm_step(model, optimizer, store, torch.from_numpy(ids), labels, step=0)  # type: ignore[arg-type]
+    wide = DLRM(num_fields=4, embedding_dim=6, top_mlp=(16,))
+    with pytest.raises(ValueError, match="embedding_dim=8 but the model was built for 6"):
+        dlrm_step(wide, optimizer, store, ids, labels, step=0)
+    # a failure inside the forward after the read: the rows' reads are released
+    model.top.insert(0, torch.nn.Flatten(0))  # breaks the forward's shapes
+    with pytest.raises(RuntimeError):
+        dlrm_step(model, optimizer, store, ids, labels, step=0)
+    del model.top[0]
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
+    assert dlrm_step(model, optimizer, store, ids, labels, step=1) > 0  # no 2 s wait
+    store.close()  # no open reads: the checkpoint is taken
+    assert EmbeddingStore.open(tmp_path / "s").epoch == 1

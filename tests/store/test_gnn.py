@@ -282,6 +282,18 @@ def test_load_rows_into_a_store_round_trips(tmp_path: Path) -> None:
         load_rows(RamTable(4, FEAT_SPEC, 0), np.zeros(8, np.float32))
 
 
+def test_load_rows_streams_more_rows_than_the_cache_holds(tmp_path: Path) -> None:
+    # the default chunk follows the store's cache, so features larger than it stream in
+    rows = np.random.default_rng(0).random((20_000, 8), dtype=np.float32)
+    config = EmbeddingStore.Config(memory_budget_bytes=256 << 10)
+    with EmbeddingStore.create(
+        tmp_path / "s", num_rows=20_000, spec=FEAT_SPEC, config=config
+    ) as st:
+        assert st.cache_rows < 20_000
+        load_rows(st, rows)
+        assert np.array_equal(st.peek(np.arange(0, 20_000, 997), cols="emb"), rows[::997])
+
+
 @pytest.mark.parametrize(
     ("make", "error", "fragment"),
     [

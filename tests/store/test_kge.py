@@ -297,3 +297,23 @@ def test_beta_epoch_trains_every_triple_once_with_negatives_from_the_buffer() ->
     assert len(np.unique(window)) <= 6
     with pytest.raises(ValueError, match="buffer_capacity=9 must be in"):
         KGEConfig(ordering="beta", num_partitions=8, buffer_capacity=9)
+
+
+def test_tables_of_the_wrong_width_are_refused_and_their_reads_released(
+    tmp_path: Path,
+) -> None:
+    graph = load_triples("nations")
+    config = KGEConfig(**SMALL)
+    spec = kge_row_spec(config)
+    narrow = kge_row_spec(KGEConfig(**{**SMALL, "embedding_dim": 8}))
+    store = EmbeddingStore.create(
+        tmp_path / "e", num_rows=graph.num_entities, spec=spec,
+        config=EmbeddingStore.Config(timeout_s=2.0),
+    )  # fmt: skip
+    sampler = KGESampler(graph, config)
+    with pytest.raises(ValueError, match="entity rows have 16 floats but relation rows 8"):
+        train_kge(sampler, store, RamTable(graph.num_relations, narrow, 1), num_steps=1)
+    # the failed step's reads were released: training goes on at once, and close checkpoints
+    train_kge(sampler, store, RamTable(graph.num_relations, spec, 1), num_steps=2)
+    store.close()
+    assert EmbeddingStore.open(tmp_path / "e").epoch == 1

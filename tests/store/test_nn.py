@@ -460,3 +460,42 @@ def test_embedding_over_hashed_keys_pads_and_trains(tmp_path: Path) -> None:
         rows = store.peek(np.array([10**12, 2**62]), cols="emb")
         np.testing.assert_allclose(rows, init.numpy() - [[2.0], [1.0]])
         assert store.stats()["num_keys"] == 2
+
+
+def test_a_failed_step_can_be_discarded_and_the_store_closes(tmp_path: Path) -> None:
+    spec = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="sgd", lr=0.1))
+    store = EmbeddingStore.create(
+        tmp_path / "s", num_rows=20, spec=spec, config=EmbeddingStore.Config(timeout_s=2.0)
+    )
+    emb = StoreEmbedding(store)
+    opt = StoreSparseOptimizer(emb)
+    before = store.peek(np.arange(20), cols="emb").copy()
+    (emb(torch.tensor([1, 2])).sum() * float("nan")).backward()
+    with pytest.raises(NonFiniteError):
+        opt.step()
+    assert opt.discard() == 1  # the NaN step is dropped, its reads released
+    assert np.array_equal(store.peek(np.arange(20), cols="emb"), before)
+    emb(torch.tensor([1, 2])).sum().backward()  # no 2 s wait on the staleness bound
+    opt.step()
+    assert not np.array_equal(store.peek(np.array([1]), cols="emb"), before[1:2])
+    store.close()  # checkpoints: no read is left open
+    assert EmbeddingStore.open(tmp_path / "s").epoch == 1
+
+
+def test_reads_that_no_step_could_close_are_refused_at_once(tmp_path: Path) -> None:
+    plain = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="none"))
+    with EmbeddingStore.create(tmp_path / "n", num_rows=10, spec=plain) as store:
+        emb = StoreEmbedding(store)
+        with pytest.raises(ValueError, match=r"no optimizer .* torch.no_grad"):
+            emb(torch.tensor([1]))
+        with torch.no_grad():
+            assert emb(torch.tensor([1])).shape == (1, 4)  # lookups still work
+    spec = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="sgd"))
+    with EmbeddingStore.create(tmp_path / "s", num_rows=10, spec=spec) as store:
+        emb = StoreEmbedding(store)
+        opt = StoreSparseOptimizer(emb)
+        heads = emb(torch.tensor([1, 2]))
+        with pytest.raises(ValueError, match=r"1 ids \(e.g. 2\) were already read .* torch.cat"):
+            emb(torch.tensor([2, 3]))  # at once, not after the store's timeout
+        heads.sum().backward()
+        opt.step()

@@ -62,6 +62,7 @@ from frugal.disk import (
     mentions_disk_full,
 )
 from frugal.registry import Registry
+from frugal.store.errors import CacheTooSmallError
 from frugal.store.lookahead import Batch, LookaheadLoader
 from frugal.store.rows import OptimizerConfig, RowSpec, splitmix64
 
@@ -171,6 +172,16 @@ class StoreKGEConfig:
                 f"eval_candidates={self.eval_candidates} must be in [1, num_entities) and "
                 f"eval_triples={self.eval_triples} >= 1"
             )
+        if self.batch_size > 256 and self.batch_size % 256:
+            raise ValueError(
+                f"kge.batch_size={self.batch_size}: above 256 it must be a multiple of 256 "
+                f"(chunks of 256 positives share negatives); e.g. "
+                f"{self.batch_size // 256 * 256 or 256}"
+            )
+        try:  # the model's own checks (model name, lr, sizes), named by their bench keys
+            _kge_config(self, 0)
+        except ValueError as exc:
+            raise ValueError(f"kge: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -224,6 +235,10 @@ class StoreGNNConfig:
             raise ValueError(f"memory_ratios={self.memory_ratios} must be values in (0, 1]")
         if not self.lookaheads or any(w < 0 for w in self.lookaheads):
             raise ValueError(f"lookaheads={self.lookaheads} must be values >= 0")
+        try:  # the trainer's own checks (fanouts, widths), named by their bench keys
+            _gnn_settings(self, 0)
+        except ValueError as exc:
+            raise ValueError(f"gnn: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -328,6 +343,8 @@ class StoreBenchConfig(BenchConfig):
             raise ValueError(f"run_timeout_s={self.run_timeout_s} must be > 0 seconds")
         if self.compute_ms < 0 or self.repeats < 1 or self.batch_size < 1:
             raise ValueError("compute_ms must be >= 0, repeats and batch_size >= 1")
+        if self.seed < 0:
+            raise ValueError(f"seed={self.seed} must be >= 0")
 
     QUICK: ClassVar = {
         "systems": ("ram", "rocksdb_offload", "hlog", "mlkv", "frugal"),
@@ -855,6 +872,9 @@ class _StoreAdapter:
     def put(self, ids: npt.NDArray[np.int64], rows: npt.NDArray[np.float32], step: int) -> None:
         self.store.put(ids, rows, step=step)
 
+    def release(self, ids: npt.NDArray[np.int64], step: int) -> None:
+        self.store.release(ids, step=step)
+
     def apply_gradients(
         self, ids: npt.NDArray[np.int64], grads: npt.NDArray[np.float32], step: int
     ) -> None:
@@ -912,6 +932,21 @@ def _row_head(run: _Run, budget: int) -> dict[str, Any]:
     }
 
 
+def _too_small(
+    exc: CacheTooSmallError, run: _Run, ratio_key: str, batch_key: str
+) -> dict[str, Any]:
+    """An infeasible row: one batch needs more rows than the run's cache holds."""
+    needed = run.memory_ratio * exc.wanted_rows / exc.capacity_rows
+    return {
+        "status": "infeasible",
+        "error": (
+            f"a batch needs {exc.wanted_rows:,} rows at once but {run.system}'s cache holds "
+            f"{exc.capacity_rows:,} at memory ratio {run.memory_ratio}; use {ratio_key} of "
+            f"about {needed:.2g} or more, a larger graph or table, or a smaller {batch_key}"
+        ),
+    }
+
+
 def _memory_fields(row: dict[str, Any], budget: int, anon_growth_mib: float) -> dict[str, Any]:
     """Peak RSS, anonymous-memory growth and whether it broke the budget.
 
@@ -957,10 +992,13 @@ def _execute_kge(run: _Run) -> dict[str, Any]:
     sampler = _kge_sampler(kge, run.seed)
     relations = RamTable(kge.num_relations, w.spec, run.seed + 1)
     wall_start = time.perf_counter()
-    result = train_kge(
-        sampler, system, relations, num_steps=kge.num_steps, lookahead=run.lookahead,
-        warmup_steps=kge.warmup_steps,
-    )  # fmt: skip
+    try:
+        result = train_kge(
+            sampler, system, relations, num_steps=kge.num_steps, lookahead=run.lookahead,
+            warmup_steps=kge.warmup_steps,
+        )  # fmt: skip
+    except CacheTooSmallError as exc:
+        return row | _too_small(exc, run, "kge.memory_ratios", "kge.batch_size")
     wall_s = time.perf_counter() - wall_start
     anon_peak = _anon_rss_mib()
     stats = system.stats()
@@ -1065,8 +1103,8 @@ def _execute_gnn(run: _Run) -> dict[str, Any]:
     settings = replace(_gnn_settings(w.gnn, run.seed), lookahead=run.lookahead)
     try:
         result = train_gnn(graph, features=features, embeddings=embeddings, config=settings)
-    except ValueError as exc:  # one batch's rows do not fit the cache
-        return row | {"status": "infeasible", "error": str(exc)}
+    except CacheTooSmallError as exc:  # one batch's rows do not fit the cache
+        return row | _too_small(exc, run, "gnn.memory_ratios", "gnn.batch_size")
     anon_peak = _anon_rss_mib()
     stats = embeddings.stats()
     feature_stats = features.stats()
@@ -1164,6 +1202,7 @@ def _execute(run: _Run) -> dict[str, Any]:
             )
             losses.append(loss)
             system.apply_gradients(unique, row_grads, batch.step)
+            optimizer.step()
             step_s.append(time.perf_counter() - t0)
             continue
         # logit_b = sum_f <e_f, u> with u = 1/sqrt(D) in every coordinate.

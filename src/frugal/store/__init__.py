@@ -15,6 +15,7 @@ from frugal.store.backends import (
     register_backend,
 )
 from frugal.store.errors import (
+    CacheTooSmallError,
     NonFiniteError,
     StalenessTimeoutError,
     StoreCorruptionError,
@@ -28,6 +29,7 @@ from frugal.store.store import EmbeddingStore
 
 __all__ = [
     "BackendArgs",
+    "CacheTooSmallError",
     "EmbeddingStore",
     "KeySpaceFullError",
     "NonFiniteError",

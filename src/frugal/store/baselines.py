@@ -76,6 +76,10 @@ class BenchTable(Protocol):
         """Hint of future ids (systems without lookahead ignore it)."""
         ...
 
+    def release(self, ids: I64, step: int) -> None:
+        """Forget a `get` of `ids` that no update will follow (a failed training step)."""
+        ...
+
     def table_sha256(self) -> str:
         """SHA-256 of all rows in id order."""
         ...
@@ -251,6 +255,10 @@ class _RowsOfLastGet:
         vectors: F32 = self._read(ids)[:, : self.spec.embedding_dim]
         return vectors
 
+    def release(self, ids: I64, step: int) -> None:
+        """Drop the rows kept by the last `get` (no update follows)."""
+        self._last = None
+
     def _rows_for_update(self, ids: I64) -> F32:
         """The rows `get` just read for these ids, else a fresh read."""
         if self._last is not None and self._last[0] is ids:
@@ -289,6 +297,9 @@ class RamTable:
 
     def lookahead(self, ids: Any, step: int) -> None:
         """Nothing to prefetch."""
+
+    def release(self, ids: I64, step: int) -> None:
+        """Nothing is held between a get and its update."""
 
     def table_sha256(self) -> str:
         """Hash of the array."""

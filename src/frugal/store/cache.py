@@ -42,7 +42,12 @@ import numpy.typing as npt
 
 from frugal._typing import F32, I64
 from frugal.store.backends.base import StoreBackend
-from frugal.store.errors import StalenessTimeoutError, StoreCorruptionError, StoreError
+from frugal.store.errors import (
+    CacheTooSmallError,
+    StalenessTimeoutError,
+    StoreCorruptionError,
+    StoreError,
+)
 from frugal.store.slot_index import DenseSlotIndex, HashSlotIndex, SlotIndex
 
 __all__ = ["CacheStats", "RowCache", "slot_overhead_bytes"]
@@ -226,9 +231,11 @@ class RowCache:
         open_slots = np.flatnonzero(self.readers)
         loading = bool((self.slot_state == LOADING).any())
         if len(open_slots) == 0 and not loading:
-            raise StoreError(
+            raise CacheTooSmallError(
                 f"a call needs {wanted} rows but the cache holds {self.capacity}; raise "
-                "memory_budget_bytes or lower the batch size"
+                "memory_budget_bytes or lower the batch size",
+                wanted_rows=wanted,
+                capacity_rows=self.capacity,
             )
         if not loading and (self.reader_thread[open_slots] == threading.get_ident()).all():
             raise StoreError(
@@ -433,10 +440,12 @@ class RowCache:
         with self.cond:
             self._check()
             if len(ids) > self.capacity:
-                raise StoreError(
+                raise CacheTooSmallError(
                     f"a batch touches {len(ids)} unique rows but the cache holds "
-                    f"{self.capacity}; raise memory_budget_bytes (in `frugal store bench`: a "
-                    "larger memory ratio or scale, or a smaller batch_size)"
+                    f"{self.capacity}; raise memory_budget_bytes about "
+                    f"{len(ids) / self.capacity:.2g}x, or read fewer rows per call",
+                    wanted_rows=len(ids),
+                    capacity_rows=self.capacity,
                 )
             first_pass = True
             closes_before: int | None = None
@@ -614,6 +623,24 @@ class RowCache:
         rows = self.get(ids, step, count_read=False)
         fn(rows)
         self.write(ids, rows, step)
+
+    def release(self, ids: I64) -> int:
+        """Close the open reads of sorted unique `ids` without changing a row; return how many.
+
+        For a training step that failed between its get and its update: the rows stay as
+        they were (clean or dirty), and readers waiting on the staleness bound go on.
+        """
+        with self.cond:
+            self._check()
+            self._last_read.pop(threading.get_ident(), None)
+            slots = self.index.lookup(ids)
+            slots = slots[slots >= 0]
+            slots = slots[self.readers[slots] > 0]
+            if len(slots):
+                self.closes += 1
+                self.readers[slots] -= 1
+                self.cond.notify_all()
+            return len(slots)
 
     def _install(self, slots: npt.NDArray[np.int64], rows: F32) -> None:
         self.closes += 1

@@ -101,11 +101,14 @@ def dlrm_update(
     inverse_BF: I64,
     labels_B: F32,
 ) -> tuple[float, F32]:
-    """Forward and backward over rows already read; step the MLP; return loss and row grads.
+    """Forward and backward over rows already read: the loss and the gradient of each row.
+
+    The MLP's gradients are left in its parameters; the caller steps `optimizer` once the
+    rows' update has gone through (`dlrm_step` does), so a refused row update changes nothing.
 
     Args:
         model: The DLRM.
-        optimizer: The MLP's torch optimizer (stepped here).
+        optimizer: The MLP's torch optimizer (its gradients are zeroed first).
         rows_UD: The batch's unique rows, float32 (U, D).
         inverse_BF: Each sample's field ids as indices into `rows_UD`, (B, F).
         labels_B: float32 click labels in {0, 1}, (B,).
@@ -119,10 +122,45 @@ def dlrm_update(
     loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(labels_B))
     optimizer.zero_grad()
     loss.backward()  # type: ignore[no-untyped-call]  # torch stub gap
-    optimizer.step()
     assert leaf.grad is not None  # a leaf the loss used
     grads: F32 = leaf.grad.numpy()
     return float(loss.detach()), grads
+
+
+def _check_batch(model: DLRM, ids_BF: Any, labels_B: Any, embedding_dim: int | None) -> None:
+    """Refuse a batch before any row is read (a failed step must not leave reads open)."""
+    if not isinstance(ids_BF, np.ndarray) or ids_BF.dtype.kind not in "iu" or ids_BF.ndim != 2:
+        raise TypeError(
+            f"ids must be a 2-D integer numpy array (B, F), got {type(ids_BF).__name__} "
+            f"{getattr(ids_BF, 'dtype', '')} {getattr(ids_BF, 'shape', '')}; for a tensor "
+            "pass ids.numpy()"
+        )
+    if ids_BF.shape[1] != model.num_fields:
+        raise ValueError(
+            f"ids have {ids_BF.shape[1]} fields per sample but the model was built for "
+            f"num_fields={model.num_fields}"
+        )
+    if (
+        not isinstance(labels_B, np.ndarray)
+        or labels_B.dtype != np.float32
+        or labels_B.shape != (ids_BF.shape[0],)
+    ):
+        raise ValueError(
+            f"labels must be float32 of shape ({ids_BF.shape[0]},), one per sample, got "
+            f"{getattr(labels_B, 'dtype', type(labels_B).__name__)} "
+            f"{getattr(labels_B, 'shape', '')}"
+        )
+    if not ((labels_B == 0) | (labels_B == 1)).all():
+        raise ValueError("labels must be 0 or 1 (click or not)")
+    width = model.top[0].in_features if isinstance(model.top[0], nn.Linear) else None
+    if embedding_dim is not None and width is not None:
+        pairs = len(model.pair_rows)
+        if width != model.num_fields * embedding_dim + pairs:
+            raise ValueError(
+                f"the table's rows have embedding_dim={embedding_dim} but the model was "
+                f"built for {(width - pairs) // model.num_fields}; build DLRM(num_fields, "
+                f"{embedding_dim})"
+            )
 
 
 def dlrm_step(
@@ -135,6 +173,10 @@ def dlrm_step(
 ) -> float:
     """One training step: read the batch's rows, forward, backward, update rows and MLP.
 
+    The batch is checked before any row is read; if the forward or backward fails after the
+    read, the rows' reads are released (`table.release`, when the table has it) and nothing
+    is updated.
+
     Args:
         model: The DLRM.
         optimizer: The MLP's torch optimizer.
@@ -145,9 +187,25 @@ def dlrm_step(
 
     Returns:
         The batch's mean binary cross-entropy.
+
+    Raises:
+        TypeError: If ids are not a 2-D integer numpy array.
+        ValueError: If the field count, the labels or the table's embedding_dim do not fit
+            the model.
     """
+    spec = getattr(table, "spec", None)
+    _check_batch(model, ids_BF, labels_B, getattr(spec, "embedding_dim", None))
     unique_U, inverse = np.unique(ids_BF, return_inverse=True)
     rows_UD = table.get(unique_U, step)
-    loss, grads = dlrm_update(model, optimizer, rows_UD, inverse.reshape(ids_BF.shape), labels_B)
+    try:
+        loss, grads = dlrm_update(
+            model, optimizer, rows_UD, inverse.reshape(ids_BF.shape), labels_B
+        )
+    except BaseException:
+        release = getattr(table, "release", None)
+        if release is not None:
+            release(unique_U, step)
+        raise
     table.apply_gradients(unique_U, grads, step)
+    optimizer.step()
     return loss

@@ -3,6 +3,7 @@
 from frugal import FrugalError
 
 __all__ = [
+    "CacheTooSmallError",
     "NonFiniteError",
     "StalenessTimeoutError",
     "StoreCorruptionError",
@@ -17,6 +18,20 @@ class StoreError(FrugalError):
 
 class StoreCorruptionError(StoreError):
     """Stored bytes fail a check (size, header, per-row checksum or id); nothing is repaired."""
+
+
+class CacheTooSmallError(StoreError):
+    """One call needs more rows at once than the cache holds (raise the memory budget).
+
+    Attributes:
+        wanted_rows: Rows the call needed resident at once.
+        capacity_rows: Rows the cache holds.
+    """
+
+    def __init__(self, message: str, *, wanted_rows: int, capacity_rows: int) -> None:
+        super().__init__(message)
+        self.wanted_rows = wanted_rows
+        self.capacity_rows = capacity_rows
 
 
 class StoreLockedError(StoreError):

@@ -480,8 +480,47 @@ def kge_step(model: KGEModel, batch: KGEBatch, entities: KGETable, relations: KG
     step = batch.step
     ent_ids = batch.ids
     rel_ids, rel_local = np.unique(batch.triples[:, 1], return_inverse=True)
-    ent = torch.from_numpy(np.ascontiguousarray(entities.get(ent_ids, step))).requires_grad_()
-    rel = torch.from_numpy(np.ascontiguousarray(relations.get(rel_ids, step))).requires_grad_()
+    ent_rows = entities.get(ent_ids, step)
+    try:
+        rel_rows = relations.get(rel_ids, step)
+    except BaseException:
+        _release(entities, ent_ids, step)
+        raise
+    try:
+        return _loss_and_update(
+            model, batch, entities, relations, ent_rows, rel_rows, rel_ids, rel_local
+        )
+    except BaseException:  # nothing was updated: close the reads, keep the rows
+        _release(entities, ent_ids, step)
+        _release(relations, rel_ids, step)
+        raise
+
+
+def _release(table: Any, ids: I64, step: int) -> None:
+    release = getattr(table, "release", None)
+    if release is not None:
+        release(ids, step)
+
+
+def _loss_and_update(
+    model: KGEModel,
+    batch: KGEBatch,
+    entities: KGETable,
+    relations: KGETable,
+    ent_rows: F32,
+    rel_rows: F32,
+    rel_ids: I64,
+    rel_local: I64,
+) -> float:
+    step = batch.step
+    ent_ids = batch.ids
+    if ent_rows.shape[1] != rel_rows.shape[1]:
+        raise ValueError(
+            f"entity rows have {ent_rows.shape[1]} floats but relation rows "
+            f"{rel_rows.shape[1]}; create both tables with kge_row_spec(config)"
+        )
+    ent = torch.from_numpy(np.ascontiguousarray(ent_rows)).requires_grad_()
+    rel = torch.from_numpy(np.ascontiguousarray(rel_rows)).requires_grad_()
     heads = torch.from_numpy(np.searchsorted(ent_ids, batch.triples[:, 0]))
     tails = torch.from_numpy(np.searchsorted(ent_ids, batch.triples[:, 2]))
     negs = torch.from_numpy(np.searchsorted(ent_ids, batch.negatives))
@@ -684,6 +723,9 @@ def train_kge(
 
         def lookahead(self, ids: Any, step: int) -> None:
             entities.lookahead(ids, step)
+
+        def release(self, ids: I64, step: int) -> None:
+            _release(entities, ids, step)
 
     timed = _Timed()
     losses: list[float] = []

@@ -112,6 +112,25 @@ class _StoreModule(nn.Module):
         """D, the length of each row's vector."""
         return self.store.spec.embedding_dim
 
+    def _check_trainable_read(self, ids_U: npt.NDArray[np.int64]) -> None:
+        """Refuse, before any read, a training forward that no step could close."""
+        if self.store.spec.optimizer.kind == "none":
+            raise ValueError(
+                "this store's rows have no optimizer (kind='none'), so no step() can update "
+                "what a training forward reads; look rows up under torch.no_grad() or in "
+                "eval(), or create the store with an optimizer"
+            )
+        same_step = [ids for step, ids, _ in self.pending if step == self.step]
+        if self.store.config.staleness_bound == 0 and same_step:
+            again = np.intersect1d(np.concatenate(same_step), ids_U)
+            if len(again):
+                raise ValueError(
+                    f"{len(again)} ids (e.g. {int(again[0])}) were already read by a forward "
+                    f"of step {self.step}, and the store's staleness_bound=0 allows one read "
+                    "per step; look up all of a step's ids in one call (e.g. "
+                    "torch.cat([heads, tails])), or call step() in between"
+                )
+
     def _read(self, ids: Tensor) -> tuple[Tensor, Tensor, int | None]:
         """Read the unique rows of `ids`.
 
@@ -134,6 +153,8 @@ class _StoreModule(nn.Module):
                 )
         ids_U = unique_U.numpy()
         reading = self.training and torch.is_grad_enabled()
+        if reading:
+            self._check_trainable_read(ids_U)
         if reading:  # opens reads that StoreSparseOptimizer.step() closes
             rows_UD = self.store.get(ids_U, step=self.step, cols="emb")
         else:  # evaluation: no update follows, so read without opening reads
@@ -522,8 +543,8 @@ class StoreSparseOptimizer:
         """Send each pending forward's gradient to `apply_gradients`, oldest first.
 
         Every gradient is checked (present, finite) before any is applied, so a refused step
-        changes no row and leaves the forwards pending. Each module's `step` then advances
-        by one.
+        changes no row and leaves the forwards pending (`discard()` drops them). Each
+        module's `step` then advances by one.
 
         Raises:
             RuntimeError: If a pending forward has no gradient (backward was not called).
@@ -548,7 +569,28 @@ class StoreSparseOptimizer:
                 module_grads.append(np.ascontiguousarray(grad))
             grads.append(module_grads)
         for module, module_grads in zip(self.modules, grads, strict=True):
-            pending, module.pending = module.pending, []
-            for (step, ids, _), grad in zip(pending, module_grads, strict=True):
+            # a forward leaves `pending` only once its update went through, so a store error
+            # midway keeps the rest pending (for a retry or `discard()`)
+            for grad in module_grads:
+                step, ids, _ = module.pending[0]
                 module.store.apply_gradients(ids, grad, step=step)
+                module.pending.pop(0)
             module.step += 1
+
+    def discard(self) -> int:
+        """Drop every pending forward without updating its rows; return how many.
+
+        For a step that cannot go on (a NaN loss, a backward that failed, an exception in the
+        model): the rows' reads are released (`EmbeddingStore.release`), so later reads do
+        not wait on the staleness bound and `close()` can checkpoint. Each module's `step`
+        still advances, as after `step()`.
+        """
+        dropped = 0
+        for module in self.modules:
+            while module.pending:
+                step, ids, _ = module.pending[0]
+                module.store.release(ids, step=step)
+                module.pending.pop(0)
+                dropped += 1
+            module.step += 1
+        return dropped

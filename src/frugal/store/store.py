@@ -906,6 +906,25 @@ class EmbeddingStore:
         self._changed = True
         self.cache.update(unique, step, step_rows)
 
+    def release(self, ids: Any, step: int = 0) -> None:
+        """Close the reads a `get` of `ids` opened, without updating the rows.
+
+        For a training step that fails between its `get` and its `apply_gradients` (a bad
+        batch, a shape error in the model): without it the rows stay read, the next read
+        beyond the staleness bound waits `timeout_s`, and `close()` refuses to checkpoint.
+        Ids without an open read are ignored.
+
+        Raises:
+            TypeError: If ids are not integers.
+            IndexError: If an id is out of range.
+            StoreError: If the store is closed.
+        """
+        self._check_open()
+        _validate_step(step)
+        flat = self._rows_of(ids, insert=False)
+        unique, _ = _unique(flat[flat >= 0])
+        self.cache.release(unique)
+
     def lookahead(self, ids: Any, step: int) -> None:
         """Hint that `ids` will be read at `step`; missing rows are prefetched in the background.
 
@@ -993,6 +1012,11 @@ class EmbeddingStore:
                 digest.update(self._keys_of(ids).tobytes())
             digest.update(rows.tobytes())
         return digest.hexdigest()
+
+    @property
+    def cache_rows(self) -> int:
+        """Rows the cache holds at once (what one call may touch at most)."""
+        return int(self.cache.capacity)
 
     def stats(self) -> dict[str, Any]:
         """Counters since open: hits, misses, prefetches, bytes moved, stall time, staleness."""

@@ -154,7 +154,9 @@ class _Hints:
             table.lookahead(ids, step)
 
 
-def load_rows(table: BenchTable, rows: F32, *, chunk_rows: int = 65536, step: int = 0) -> None:
+def load_rows(
+    table: BenchTable, rows: F32, *, chunk_rows: int | None = None, step: int = 0
+) -> None:
     """Write read-only rows (e.g. node features, possibly memory-mapped) into a table.
 
     Rows go in by `put` in chunks of `chunk_rows`, so a memory-mapped array larger than RAM
@@ -164,7 +166,9 @@ def load_rows(table: BenchTable, rows: F32, *, chunk_rows: int = 65536, step: in
     Args:
         table: Any table with `put` (a baseline or an `EmbeddingStore`).
         rows: Row i is the value of id i.
-        chunk_rows: Rows per `put`, >= 1 (a `HybridLogTable` needs it below its log size).
+        chunk_rows: Rows per `put`, >= 1 (a `HybridLogTable` needs it below its log size);
+            None: a quarter of the table's `cache_rows` when it has one (an
+            `EmbeddingStore`), else 65,536.
         step: Step the puts are recorded at.
 
     Raises:
@@ -175,6 +179,9 @@ def load_rows(table: BenchTable, rows: F32, *, chunk_rows: int = 65536, step: in
     """
     if rows.ndim != 2:
         raise ValueError(f"rows must be 2-D (num_rows, width), got shape {rows.shape}")
+    if chunk_rows is None:
+        cache_rows = getattr(table, "cache_rows", None)
+        chunk_rows = max(1, int(cache_rows) // 4) if cache_rows else 65536
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
     for start in range(0, len(rows), chunk_rows):
