@@ -140,3 +140,16 @@ def test_freebase_like_config_errors_name_the_value() -> None:
         FreebaseLikeStream(FreebaseLikeStream.Config(num_entities=10, num_communities=2)).triples(
             5, 2
         )
+
+
+def test_suspicious_splits_are_named_in_warnings(tmp_path: Path) -> None:
+    train = _write(tmp_path / "train.txt", ["a\tr\tb", "a\tr\tb", "b\tr\tc"])
+    valid = _write(tmp_path / "valid.txt", ["b\tr\tc"])  # also in train
+    test = _write(tmp_path / "test.txt", ["a\tnew\tz"])  # unseen entity and relation
+    with pytest.warns(UserWarning, match="duplicate|never occur|also in") as caught:
+        graph = read_triples_tsv(train, valid, test)
+    messages = " | ".join(str(w.message) for w in caught)
+    assert "train.txt: 1 duplicate triples" in messages
+    assert "valid.txt: 1 triples are also in train.txt" in messages
+    assert "test.txt: 1 entities and 1 relations never occur in train.txt" in messages
+    assert graph.num_entities == 4 and len(graph.train) == 3  # loaded as given

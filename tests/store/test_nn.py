@@ -499,3 +499,19 @@ def test_reads_that_no_step_could_close_are_refused_at_once(tmp_path: Path) -> N
             emb(torch.tensor([2, 3]))  # at once, not after the store's timeout
         heads.sum().backward()
         opt.step()
+
+
+def test_a_state_dict_of_another_store_of_the_same_shape_is_refused(tmp_path: Path) -> None:
+    spec = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="sgd"))
+    with (
+        EmbeddingStore.create(tmp_path / "a", num_rows=10, spec=spec) as a,
+        EmbeddingStore.create(tmp_path / "b", num_rows=10, spec=spec) as b,
+    ):
+        assert a.store_id != b.store_id and len(a.store_id) == 32
+        state = StoreEmbedding(a).state_dict()
+        with pytest.raises(ValueError, match="a different table of the same shape"):
+            StoreEmbedding(b).load_state_dict(state)
+    moved = tmp_path / "moved"
+    (tmp_path / "a").rename(moved)  # a moved folder keeps its id: its state still loads
+    with EmbeddingStore.open(moved) as again:
+        StoreEmbedding(again).load_state_dict(state)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,13 +126,53 @@ def _read_tsv(path: Path) -> npt.NDArray[np.str_]:
     return np.array(rows, dtype=str)
 
 
+def _warn_about_splits(paths: list[Path], names: list[npt.NDArray[np.str_]]) -> None:
+    """Warn about what PyKEEN and DGL-KE users expect flagged (the graph still loads)."""
+    train = names[0]
+    seen_entities = set(train[:, 0]) | set(train[:, 2])
+    seen_relations = set(train[:, 1])
+    known = {tuple(t) for t in train.tolist()}
+    for path, part in zip(paths, names, strict=True):
+        lines = [tuple(t) for t in part.tolist()]
+        duplicates = len(lines) - len(set(lines))
+        if duplicates:
+            warnings.warn(
+                f"{path}: {duplicates} duplicate triples (kept; deduplicate the file to train "
+                "and rank each fact once)",
+                stacklevel=3,
+            )
+        if path is paths[0]:
+            continue
+        unseen = set(part[:, 0]) | set(part[:, 2])
+        unseen -= seen_entities
+        new_relations = set(part[:, 1]) - seen_relations
+        leaked = sum(1 for t in lines if t in known)
+        if unseen or new_relations:
+            example = sorted(unseen or new_relations)[0]
+            warnings.warn(
+                f"{path}: {len(unseen)} entities and {len(new_relations)} relations never occur "
+                f"in {paths[0].name} (e.g. {example!r}); their rows stay untrained, so "
+                "triples with them rank near chance (PyKEEN drops such triples)",
+                stacklevel=3,
+            )
+        if leaked:
+            warnings.warn(
+                f"{path}: {leaked} triples are also in {paths[0].name} (a leak between the "
+                "splits; filtered ranking removes them from the candidates only)",
+                stacklevel=3,
+            )
+
+
 def read_triples_tsv(
     train: str | Path, valid: str | Path, test: str | Path, *, name: str = ""
 ) -> KnowledgeGraph:
     """Read a knowledge graph from three tab-separated files of (head, relation, tail) names.
 
     This is the layout of the PyKEEN, DGL-KE (`--format raw_udd_hrt`) and OpenKE benchmark files.
-    Entities and relations are numbered in sorted name order over all three files.
+    Entities and relations are numbered in sorted name order over all three files. Names are
+    taken as written (surrounding spaces included). A warning names duplicate triples,
+    validation or test entities and relations that never occur in training, and triples that
+    are in training too; the graph loads as given.
 
     Args:
         train: Training triples file.
@@ -152,6 +193,7 @@ def read_triples_tsv(
         if not path.is_file():
             raise FileNotFoundError(f"triples file {path} does not exist; give an existing file")
     names = [_read_tsv(path) for path in paths]
+    _warn_about_splits(paths, names)
     stacked = np.concatenate(names)
     entities = np.unique(np.concatenate([stacked[:, 0], stacked[:, 2]]))
     relations = np.unique(stacked[:, 1])

@@ -206,6 +206,7 @@ class _StoreModule(nn.Module):
             "directory": str(Path(store.directory).resolve()),
             "epoch": epoch,
             "rows_epoch": store.rows_epoch,
+            "store_id": store.store_id,
             "step": store.step,
             "meta": store.meta,
             "num_rows": store.num_rows,
@@ -261,6 +262,14 @@ class _StoreModule(nn.Module):
                 f"the state_dict names a different table than {store.directory} holds: "
                 f"{', '.join(differing)}; load it into a module over the store it came from "
                 f"({state.get('directory')})"
+            )
+        theirs = state.get("store_id", "")
+        if theirs and store.store_id and theirs != store.store_id:
+            raise ValueError(
+                f"the state_dict comes from store {theirs} ({state.get('directory')}), but "
+                f"{store.directory} is store {store.store_id}, a different table of the same "
+                "shape; load it into a module over the store it came from (a moved or copied "
+                "folder keeps its id)"
             )
         if state.get("rows_epoch") != store.rows_epoch:
             raise ValueError(

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -329,6 +330,9 @@ class EmbeddingStore:
         self.epoch = int(manifest["epoch"])
         self.step = int(manifest["step"])
         self.meta: dict[str, Any] = manifest.get("meta", {})
+        self.store_id: str = str(manifest.get("store_id", ""))
+        """A random id given at `create` and kept by every checkpoint (and by a moved or copied
+        folder): tells two stores of the same shape, spec and seed apart; "" for older ones."""
         self.rows_epoch = int(manifest.get("rows_epoch", self.epoch))
         """The checkpoint that first held the current checkpoint's rows: a checkpoint taken
         with no `put`, `apply_gradients` or new key since the previous one keeps it."""
@@ -564,6 +568,7 @@ class EmbeddingStore:
             "key_space": key_space,
             "spec": config_to_dict(spec),
             "seed": seed,
+            "store_id": uuid.uuid4().hex,
             "epoch": 0,
             "step": 0,
             "meta": {},
@@ -650,6 +655,7 @@ class EmbeddingStore:
             "epoch": epoch,
             "step": step,
             "rows_epoch": rows_epoch,
+            "store_id": self.store_id,
             "meta": meta,
             "file_sha256": file_hashes,
         }
