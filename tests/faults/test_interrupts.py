@@ -184,7 +184,7 @@ def _store_bench(out: Path) -> list[str]:
         "store", "bench", "--quick", "--out", str(out), "--set", "systems=['ram', 'frugal']",
         "--set", "num_batches=400", "--set", "memory_ratios=[0.1]", "--set", "lookaheads=[4]",
         "--set", "stream_memory_ratios=[0.1]", "--set", "stream_lookaheads=[4]",
-        "--set", "staleness_bounds=[0]",
+        "--set", "staleness_bounds=[0]", "--set", "workloads=['criteo_zipf']",
     )  # fmt: skip
 
 

@@ -117,7 +117,7 @@ def _store(out: Path) -> list[str]:
         "--set", "systems=['ram', 'frugal', 'rocksdb_offload']", "--set", "num_batches=80",
         "--set", "warmup_batches=10", "--set", "memory_ratios=[0.1]", "--set", "lookaheads=[4]",
         "--set", "stream_memory_ratios=[0.1]", "--set", "stream_lookaheads=[4]",
-        "--set", "staleness_bounds=[0]",
+        "--set", "staleness_bounds=[0]", "--set", "workloads=['criteo_zipf']",
     )  # fmt: skip
 
 

@@ -1320,8 +1320,11 @@ def _plan(config: StoreBenchConfig, workloads: list[_Workload], work_dir: Path) 
     return [replace(run, work_dir=str(work_dir / f"run{i}")) for i, run in enumerate(runs)]
 
 
-def disk_bytes_needed(run: _Run) -> int:
-    """An upper bound of the disk one run's tables take, in bytes.
+def disk_bytes_needed(run: _Run, *, lower: bool = False) -> int:
+    """An upper bound of the disk one run's tables take, in bytes (`lower`: a lower bound).
+
+    The lower bound is every row the run may touch, stored once: what any system must hold
+    (the bench refuses a disk with less free space before any run). The upper bound:
 
     Log-structured tables (`frugal`'s file backend, `hlog`, `mlkv`) append every written-back
     row and compact only at checkpoints, which a bench run does not take: at most every id of
@@ -1337,6 +1340,8 @@ def disk_bytes_needed(run: _Run) -> int:
     touched = min(w.num_rows, writes)
     if run.system == "ram":
         return 0
+    if lower:
+        return touched * w.spec.row_bytes
     if run.system.endswith("_offload"):
         return 2 * touched * (w.spec.row_bytes + 64)
     if run.system == "frugal":
@@ -1383,14 +1388,18 @@ def run_store_bench(
         traces.mkdir()
         workloads = [_WORKLOADS.get(name)(config, traces) for name in config.workloads]
         runs = _plan(config, workloads, scratch)
-        needed = max((disk_bytes_needed(run) for run in runs), default=0)
+        most = max((disk_bytes_needed(run) for run in runs), default=0)
+        least = max((disk_bytes_needed(run, lower=True) for run in runs), default=0)
         check_free_space(
-            scratch, needed, what="the store bench's tables (one run's at a time)",
+            scratch, least, what="the store bench's tables (one run's at a time)",
             fix="free space there, give --out a folder on a larger disk, or lower the sizes "
             "(num_batches, kge.num_steps)",
         )  # fmt: skip
         if progress is not None:
-            progress(f"{len(runs)} runs; each needs at most {human_bytes(needed)} of disk")
+            progress(
+                f"{len(runs)} runs; each needs {human_bytes(least)} to at most "
+                f"{human_bytes(most)} of disk"
+            )
         rows: list[dict[str, Any]] = []
         # Keyed on the store's code too: a journal kept across sessions (benchmarks/store/)
         # resumes only while frugal.store is unchanged, so one table never mixes versions.
