@@ -269,9 +269,7 @@ def test_workload_families_expand_and_unknown_names_list_both_kinds() -> None:
 
 def test_a_bench_that_cannot_fit_on_the_disk_is_refused_before_any_run(tmp_path: Path) -> None:
     from frugal.bench.store import StoreKGEConfig
-    from frugal.disk import DiskFullError
-
-    from frugal.disk import free_bytes
+    from frugal.disk import DiskFullError, free_bytes
 
     entities = max(10**9, free_bytes(tmp_path) // 404 + 10**6)  # beyond any disk's free space
     kge = StoreKGEConfig(num_entities=entities, num_steps=10**9, memory_ratios=(0.1,))
