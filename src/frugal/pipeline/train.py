@@ -796,6 +796,10 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
         dist.gather_object(results, everyone if rank == 0 else None, dst=0)
         if rank == 0:
             write_text_atomically(out_dir / RANKS_FILE, json.dumps(everyone))
+        # No rank tears its connections down while rank 0 may still be receiving: a peer
+        # closing its sockets mid-gather aborted rank 0 ("terminate called without an
+        # active exception") in about one clean-clone test run in two.
+        _barrier(config.comm_timeout_s)
     finally:
         dist.destroy_process_group()
 
