@@ -135,25 +135,26 @@ def test_recovery_cuts_the_log_mid_sector_and_later_appends_keep_the_checkpoint(
 def test_a_store_of_the_previous_log_format_is_refused_with_the_version_and_the_fix(
     tmp_path: Path,
 ) -> None:
-    # A format-2 store as frugal 0.2 wrote it: MANIFEST version 1 (no checksums), records of
-    # stride 512 and a log header saying format_version 2.
+    # A format-3 store as frugal 0.3 wrote it: one log file per generation, its MANIFEST's
+    # backend_info {generation, tail, stride} and a log header saying format_version 3.
     directory = tmp_path / "s"
     with EmbeddingStore.create(directory, num_rows=10, spec=ADAM16) as store:
         store.put(np.arange(3), _rows(np.arange(3), 1.0))
     manifest = json.loads((directory / "MANIFEST").read_text())
     del manifest["manifest_sha256"], manifest["file_sha256"]
     manifest["format_version"] = 1
-    manifest["backend_info"]["stride"] = 512
+    manifest["backend_info"] = {"generation": 0, "tail": 3, "stride": 216}
     (directory / "MANIFEST").write_text(json.dumps(manifest))
     log = directory / "log.0.dat"
     blob = log.read_bytes()
     header = json.loads(blob[:HEADER_BYTES].rstrip(b"\0"))
-    header |= {"format_version": 2, "stride": 512}
+    header = {k: header[k] for k in ("magic", "num_rows", "width", "stride")}
+    header["format_version"] = 3
     log.write_bytes(json.dumps(header).encode().ljust(HEADER_BYTES, b"\0") + blob[HEADER_BYTES:])
     with pytest.raises(StoreCorruptionError) as info:
         EmbeddingStore.open(directory)
     message = str(info.value)
-    assert "log.0.dat: log format_version 2, but this frugal reads version 3 only" in message
+    assert "log.0.dat: log format_version 3, but this frugal reads version 4 only" in message
     assert "open the store with the frugal that wrote it" in message and "`put`" in message
 
 
@@ -173,3 +174,151 @@ def test_a_corrupt_row_found_by_a_prefetch_is_a_store_corruption_error(tmp_path:
         with pytest.raises(StoreCorruptionError, match=r"row id 5 at offset .* restore it"):
             store.get(np.array([5]), step=1)
         store.close(checkpoint=False)
+
+
+def _small_segments(
+    directory: Path, num_rows: int, epoch: int | None = None, **kw: object
+) -> FileBackend:
+    """A backend of 1,024-record segments that cleans as soon as the bound is passed."""
+    return FileBackend(
+        directory, num_rows, ADAM16.width, epoch, segment_shift=10, clean_min_records=0,
+        **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _segment_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.glob("log.*.dat"))
+
+
+def test_rewriting_rows_keeps_the_log_within_its_space_bound_and_every_row_intact(
+    tmp_path: Path,
+) -> None:
+    # 5,000 rows written once, then 40 rounds of rewriting 2,000 random ones: 85,000 records
+    # for 5,000 live. Without cleaning that is 84 segments; with it, disk records stay below
+    # 1.5 x 5,000 + 2 segments (+ the tail segment being filled) after every write.
+    rng = np.random.default_rng(0)
+    backend = _small_segments(tmp_path, 5000)
+    expected = np.zeros(5000, dtype=np.float32)
+    try:
+        ids = np.arange(5000, dtype=np.int64)
+        backend.write_rows(ids, _rows(ids, 0.0))
+        for rnd in range(1, 41):
+            ids = np.sort(rng.choice(5000, size=2000, replace=False)).astype(np.int64)
+            backend.write_rows(ids, _rows(ids, 1000.0 * rnd))
+            expected[ids] = 1000.0 * rnd
+            assert backend.live_records() == 5000
+            assert backend.disk_records() <= 1.5 * 5000 + 3 * 1024
+        assert backend.cleaned_segments > 0 and backend.cleaned_records > 0
+        # Only the segments in use are on disk; the live counts match a recount.
+        assert len(_segment_files(tmp_path)) == len(backend._segments)
+        assert backend.live_per_slot.sum() == 5000
+        every = np.arange(5000, dtype=np.int64)
+        out = np.empty((5000, ADAM16.width), dtype=np.float32)
+        assert backend.read_rows(every, out).all()
+        assert np.array_equal(out, _rows(every, 0.0) + expected[:, None])
+    finally:
+        backend.close()
+
+
+def test_cleaning_keeps_the_checkpoints_segments_until_the_next_checkpoint(
+    tmp_path: Path,
+) -> None:
+    # Checkpoint 1 points into segments 0-1; rewriting random rows makes the cleaner empty
+    # them. They must stay on disk (retired) so that a crash recovers checkpoint 1,
+    # and go once checkpoint 2 no longer needs them.
+    backend = _small_segments(tmp_path, 2000)
+    ids = np.arange(2000, dtype=np.int64)
+    backend.write_rows(ids, _rows(ids, 1.0))
+    backend.sync()
+    info = backend.checkpoint(1)
+    backend.finish_checkpoint(1)
+    assert sorted(info["segments"]) == ["0", "1"]
+    rng = np.random.default_rng(1)
+    for rnd in range(40):  # 40 x 600 random rows: garbage spread over the segments
+        part = np.sort(rng.choice(2000, size=600, replace=False)).astype(np.int64)
+        backend.write_rows(part, _rows(part, 100.0 + rnd))
+    assert backend.cleaned_segments > 0 and backend.deleted_segments > 0
+    assert {0, 1} <= backend._retired  # emptied, but checkpoint 1 reads them
+    assert {"log.0.dat", "log.1.dat"} <= set(_segment_files(tmp_path))
+    backend.sync()
+    backend.close()  # a crash: no checkpoint 2
+
+    backend = _small_segments(tmp_path, 2000, 1, manifest_info=info)
+    try:
+        out = np.empty((2000, ADAM16.width), dtype=np.float32)
+        assert backend.read_rows(ids, out).all()
+        assert np.array_equal(out, _rows(ids, 1.0))
+        # Recovery deleted every segment begun after the checkpoint.
+        assert _segment_files(tmp_path) == ["log.0.dat", "log.1.dat"]
+        for rnd in range(12):
+            backend.write_rows(ids, _rows(ids, 200.0 + rnd))
+        backend.sync()
+        info2 = backend.checkpoint(2)
+        backend.finish_checkpoint(2)
+        assert "0" not in info2["segments"] and not (tmp_path / "log.0.dat").exists()
+        assert len(_segment_files(tmp_path)) == len(info2["segments"])
+    finally:
+        backend.close()
+    backend = _small_segments(tmp_path, 2000, 2, manifest_info=info2)
+    try:
+        assert backend.read_rows(ids, out).all()
+        assert np.array_equal(out, _rows(ids, 211.0))
+    finally:
+        backend.close()
+
+
+def test_readers_running_while_the_cleaner_deletes_segments_read_every_row(
+    tmp_path: Path,
+) -> None:
+    # One thread rewrites all rows (the cleaner deletes segments under the readers); two
+    # readers read every row throughout. A reader must see one of the written values, never
+    # a corruption error from a segment closed or reused under it.
+    backend = _small_segments(tmp_path, 3000, io_threads=4)
+    ids = np.arange(3000, dtype=np.int64)
+    backend.write_rows(ids, _rows(ids, 0.0))
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        out = np.empty((3000, ADAM16.width), dtype=np.float32)
+        try:
+            while not done.is_set():
+                assert backend.read_rows(ids, out).all()
+                got = out[:, 0] - ids
+                assert np.isin(got, np.arange(0.0, 31.0)).all()
+                assert (out == out[:, :1]).all()  # whole rows, never a mix
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    try:
+        for thread in readers:
+            thread.start()
+        rng = np.random.default_rng(2)
+        for rnd in range(1, 31):
+            for _ in range(4):  # 4 x 500 random rows per round
+                part = np.sort(rng.choice(3000, size=500, replace=False)).astype(np.int64)
+                backend.write_rows(part, _rows(part, float(rnd)))
+    finally:
+        done.set()
+        for thread in readers:
+            thread.join()
+        backend.close()
+    assert errors == []
+    assert backend.cleaned_segments > 0 and backend.deleted_segments > 5
+
+
+def test_space_amplification_must_exceed_one(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"max_space_amplification=1.0 must be > 1"):
+        FileBackend(tmp_path, 10, 4, None, max_space_amplification=1.0)
+    with pytest.raises(ValueError, match=r"max_space_amplification=0.5 must be > 1"):
+        EmbeddingStore.Config(max_space_amplification=0.5)
+
+
+def test_the_store_config_sets_the_logs_space_bound(tmp_path: Path) -> None:
+    config = EmbeddingStore.Config(max_space_amplification=1.2)
+    with EmbeddingStore.create(tmp_path / "s", num_rows=10, spec=ADAM16, config=config) as store:
+        assert store.backend.max_space_amplification == 1.2  # type: ignore[attr-defined]
+        store.put(np.arange(4), _rows(np.arange(4), 1.0))
+        store.flush()
+        assert store.stats()["backend"]["live_records"] == 4

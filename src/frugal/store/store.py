@@ -294,6 +294,9 @@ class EmbeddingStore:
         slot_index: SlotIndexKind = "auto"
         """id -> cache slot map: `dense` (4 B per table row, one gather), `hash` (16-32 B per
         cache slot) or `auto`, the one that leaves more cached rows (frugal.store.slot_index)."""
+        max_space_amplification: float = 1.5
+        """`file` backend: disk bytes of log per byte of written rows above which segments are
+        cleaned online, > 1 (lower: less disk, more copying; see `frugal.store.backends.file`)."""
 
         def __post_init__(self) -> None:
             check_types(self)
@@ -311,6 +314,11 @@ class EmbeddingStore:
                 raise ValueError(f"io_threads={self.io_threads} must be in [1, 64]")
             if self.timeout_s <= 0:
                 raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+            if not self.max_space_amplification > 1:
+                raise ValueError(
+                    f"max_space_amplification={self.max_space_amplification} must be > 1 "
+                    "(disk bytes of log per live byte; 1.5 is the default)"
+                )
 
     def __init__(
         self,
@@ -447,6 +455,7 @@ class EmbeddingStore:
             use_direct_io=self.config.use_direct_io,
             max_io_bytes=io_buffer_bytes,
             info=info,
+            max_space_amplification=self.config.max_space_amplification,
         )
 
     def _keys_of(self, rows: I64) -> I64:
@@ -1050,4 +1059,7 @@ class EmbeddingStore:
             "stall_s": s.stall_s,
             "staleness_hist": hist,
             "staleness_max": max((r for r, c in enumerate(hist) if c), default=0),
+            "backend": backend_stats()
+            if callable(backend_stats := getattr(self.backend, "stats", None))
+            else {},
         }

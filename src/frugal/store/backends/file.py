@@ -1,4 +1,4 @@
-"""`file` backend: an append-only log of densely packed records, O_DIRECT, coalesced I/O.
+"""`file` backend: a segmented append-only log of densely packed records, cleaned online.
 
 Why a log: in training nearly every evicted row is dirty, so a store writes back about as many
 rows as it reads. Rewriting rows in place costs one random write each (about 45k IOPS with 8
@@ -7,10 +7,15 @@ write-back batch is appended at the log's tail and `location[id]` (int32 record 
 never written) points at the newest record of each row. Reads are random, coalesced where
 records share or neighbour a sector.
 
-Layout of `log.<generation>.dat` (format 3): a 4 KiB header, then records of `stride` bytes
-packed back to back, with no padding to sectors: stride = row bytes + 16-byte footer, rounded
-up to 8 (196 B rows of D=16 Adam: 216 B, where format 2 padded every record to 512 B). A
-record is the row, zero padding, then `id int64 | generation uint32 | checksum uint32`.
+Segments (format 4): the log is a set of segment files `log.<slot>.dat`, each a 4 KiB header
+and then 2^shift records (about 256 MiB). An address is `slot << shift | index`, so int32
+addresses name 2^31 records whatever has been written before. Appends fill the tail segment;
+a full one is followed by a new segment in the lowest free slot.
+
+Records: `stride` bytes packed back to back, with no padding to sectors: stride = row bytes +
+16-byte footer, rounded up to 8 (196 B rows of D=16 Adam: 216 B). A record is the row, zero
+padding, then `id int64 | sequence uint32 | checksum uint32`; `sequence` numbers the segment
+file (a reused slot gets a new one), so a stale address is caught, not read as a row.
 
 O_DIRECT moves whole sectors (`align`: 512 B, or 4 KiB where the device needs it), so a read
 covers the sectors holding the wanted records and keeps their bytes. An append starts inside
@@ -20,11 +25,19 @@ again, unchanged, in front of the new records. No append ever reads or changes a
 another record, so concurrent write-backs and readers of the neighbours stay correct; a crash
 leaves the old bytes (a torn sector write writes the same bytes back).
 
+Online cleaning (bounded disk without checkpoints): every rewrite of a row leaves its older
+record as garbage. When the segments hold more than `max_space_amplification` x the live
+records (plus two segments), the cleaner copies the live records of the segment with the
+fewest of them to the tail and deletes it (greedy cleaning, as in log-structured file systems,
+Rosenblum & Ousterhout, SOSP 1991; FASTER, SIGMOD 2018, compacts its hybrid log the same way).
+It runs in the writing thread under the append lock, so a write-back never races a copy of
+the same row; readers keep the segment files they started with open until they finish.
+
 Checkpoints (crash safety): records are never overwritten, so the checkpoint of epoch e is
-`location` saved as `index.<e>.npy` plus the log length (`tail`) in the MANIFEST. Recovery
-loads that index and cuts the log at `tail`. When more than half the log is garbage, a
-checkpoint compacts: it copies the live records in address order into a new generation's file,
-which becomes current only when the MANIFEST naming it is in place.
+`location` saved as `index.<e>.npy` plus the tail address and the segments the index points
+into, in the MANIFEST. Those segments are pinned: a cleaned pinned segment stays on disk until
+the next checkpoint no longer needs it. Recovery loads the index, cuts the tail segment at the
+checkpoint's tail and deletes segments written after it.
 
 Shape legend: N rows in a call, W row width, S stride bytes.
 """
@@ -37,7 +50,9 @@ import json
 import mmap
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,18 +65,23 @@ from frugal.store.backends.registry import BackendArgs, register_backend
 from frugal.store.errors import StoreCorruptionError
 from frugal.store.rows import splitmix64
 
-__all__ = ["FileBackend", "record_bytes"]
+__all__ = ["FileBackend", "record_bytes", "segment_shift_for"]
 
 HEADER_BYTES = 4096
 FOOTER_BYTES = 16
 RECORD_ALIGN_BYTES = 8  # records are 8-byte aligned (the footer's int64 id)
 SECTOR_BYTES = 512  # O_DIRECT alignment unless the device needs 4 KiB
 MAGIC = "frugal-store-log"
-FORMAT_VERSION = 3  # 3: records packed densely; 2: each record padded to 512 B
+FORMAT_VERSION = 4  # 4: segment files, online cleaning; 3: one log file; 2: 512 B records
 MAX_RUN_ROWS = 64  # records coalesced into one preadv at most
 WRITE_CHUNK_BYTES = 4 << 20  # one pwritev per 4 MiB of appended records
-MAX_RECORDS = (1 << 31) - 1  # int32 addresses
-COMPACT_MIN_RECORDS = 65536  # never compact smaller logs
+ADDRESS_BITS = 31  # int32 addresses
+SEGMENT_TARGET_BYTES = 256 << 20  # records per segment: the power of two nearest this size
+MIN_SEGMENT_SHIFT = 12
+CLEAN_MIN_RECORDS = 65536  # never clean a log smaller than this
+MAX_CLEANS_PER_WRITE = 4  # segments one write_rows call may clean (bounds its latency)
+SCAN_ROWS = 1 << 20  # rows of `location` scanned at a time (bounds temporary memory)
+_UINT32 = 0xFFFFFFFF
 
 
 def _stride(row_bytes: int) -> int:
@@ -71,6 +91,12 @@ def _stride(row_bytes: int) -> int:
 def record_bytes(row_bytes: int) -> int:
     """Bytes one record of a `row_bytes` row takes in the log (row + footer, 8-aligned)."""
     return _stride(row_bytes)
+
+
+def segment_shift_for(stride: int) -> int:
+    """log2 of the records per segment for records of `stride` bytes (segments ~256 MiB)."""
+    records = max(1, SEGMENT_TARGET_BYTES // stride)
+    return max(MIN_SEGMENT_SHIFT, min(ADDRESS_BITS - 1, records.bit_length() - 1))
 
 
 def _floor(value: int, align: int) -> int:
@@ -104,7 +130,7 @@ def _row_checksums(
 def _runs(
     offsets: npt.NDArray[np.int64], stride: int, align: int
 ) -> tuple[list[tuple[int, int, int, int]], npt.NDArray[np.int64], int]:
-    """Group sorted record offsets into reads of whole aligned sectors.
+    """Group sorted record offsets (of one file) into reads of whole aligned sectors.
 
     Records whose sectors overlap or touch are read by one call (at most `MAX_RUN_ROWS`
     records each). Returns the runs as (buffer position, file offset, bytes to read, bytes
@@ -135,8 +161,16 @@ def _runs(
     return runs, positions, int(length.sum())
 
 
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    """One open segment file: its descriptor and the sequence number in its records."""
+
+    fd: int
+    sequence: int
+
+
 class FileBackend:
-    """Rows as records of an append-only log file; see the module docstring."""
+    """Rows as records of a segmented append-only log; see the module docstring."""
 
     budget_enforced = True
 
@@ -153,6 +187,9 @@ class FileBackend:
         dtype: str = "float32",
         max_io_bytes: int = 16 << 20,
         align_bytes: int | None = None,
+        max_space_amplification: float = 1.5,
+        segment_shift: int | None = None,
+        clean_min_records: int = CLEAN_MIN_RECORDS,
     ) -> None:
         """Create the log (`epoch` None) or recover checkpoint `epoch` from it.
 
@@ -168,14 +205,28 @@ class FileBackend:
             max_io_bytes: Bound of one read or write buffer, in bytes.
             align_bytes: Sector size of O_DIRECT I/O, 512 or 4096 (None: 512 where the
                 device takes it, else 4096).
+            max_space_amplification: Records on disk per live record above which the
+                cleaner runs, > 1 (1.5: the log takes at most about 1.5x the live rows'
+                bytes, plus two segments).
+            segment_shift: log2 of the records per segment for a new log (None: segments of
+                about 256 MiB); a recovered log keeps its own.
+            clean_min_records: Records on disk below which the log is never cleaned.
 
         Raises:
-            StoreCorruptionError: If the MANIFEST's facts, the index or the log's header and
-                length do not match, or the log is of another format version.
-            ValueError: If `align_bytes` is not 512 or 4096.
+            StoreCorruptionError: If the MANIFEST's facts, the index or a segment's header
+                and length do not match, or the log is of another format version.
+            ValueError: If `align_bytes` is not 512 or 4096, `max_space_amplification` is
+                not > 1 or `segment_shift` is outside [0, 30].
         """
         if align_bytes not in (None, SECTOR_BYTES, HEADER_BYTES):
             raise ValueError(f"align_bytes={align_bytes} must be 512 or 4096 (or None)")
+        if not max_space_amplification > 1:
+            raise ValueError(
+                f"max_space_amplification={max_space_amplification} must be > 1 (disk bytes "
+                "per live byte the log may reach before it is cleaned; 1.5 is the default)"
+            )
+        if segment_shift is not None and not 0 <= segment_shift < ADDRESS_BITS:
+            raise ValueError(f"segment_shift={segment_shift} must be in [0, {ADDRESS_BITS - 1}]")
         self.directory = directory
         self.max_io_bytes = max(1, max_io_bytes)
         self.num_rows = num_rows
@@ -184,59 +235,107 @@ class FileBackend:
         self.row_bytes = self.dtype.itemsize * width
         self.stride = _stride(self.row_bytes)
         self.use_direct_io = use_direct_io
+        self.max_space_amplification = float(max_space_amplification)
+        self.clean_min_records = int(clean_min_records)
         self._weights = _checksum_weights((self.stride - 4) // 4)
-        self._append_lock = threading.Lock()  # appends are serialised (see the docstring)
-        self._tail_block = b""  # the log's bytes after its last full sector
+        self._append_lock = threading.Lock()  # appends and cleaning (see the docstring)
+        self._segments_lock = threading.Lock()  # `_segments`, `_active_reads`, `_closing`
+        self._active_reads = 0
+        self._closing: list[int] = []  # fds of deleted segments, closed once no read runs
+        self._tail_block = b""  # the tail segment's bytes after its last full sector
+        self._unsynced: set[int] = set()  # slots appended to since the last sync
         self.align = align_bytes or SECTOR_BYTES
         self.io_threads = max(1, io_threads)
-        if epoch is None:
-            self.generation = 0
-            self.tail = 0
-            self._create_log(self._log_path(0))
-            self.location = np.full(num_rows, -1, dtype=np.int32)
-        else:
-            info = manifest_info or {}
-            self.generation = int(info.get("generation", -1))
-            self.tail = int(info.get("tail", -1))
-            if info.get("stride") != self.stride and self._log_path(self.generation).is_file():
-                self._check_header(self._log_path(self.generation))  # an older format?
-            if self.generation < 0 or self.tail < 0 or info.get("stride") != self.stride:
-                raise StoreCorruptionError(
-                    f"{directory}: MANIFEST backend_info {info} does not describe a file log "
-                    f"with stride {self.stride}"
-                )
-            self.location = self._load_index(epoch)
-        self.fd, self.direct_io = self._open(self._log_path(self.generation))
+        self.cleaned_segments = 0
+        """Segments the cleaner has emptied since open."""
+        self.cleaned_records = 0
+        """Live records the cleaner has copied to the tail since open."""
+        self.deleted_segments = 0
+        """Segment files deleted since open (cleaned or all garbage)."""
+        self._segments: dict[int, _Segment] = {}  # replaced, never mutated (readers keep one)
+        self._retired: set[int] = set()  # cleaned, but pinned: deleted after a checkpoint
+        self.live_per_slot = np.zeros(0, dtype=np.int64)  # live records per segment slot
         try:
+            if epoch is None:
+                self.shift = (
+                    segment_shift_for(self.stride) if segment_shift is None else segment_shift
+                )
+                self._init_geometry()
+                self.location = np.full(num_rows, -1, dtype=np.int32)
+                self.next_sequence = 0
+                self.tail = 0
+                self._pinned: frozenset[int] = frozenset()
+                self._new_segment(0)
+            else:
+                self._recover(epoch, manifest_info or {})
             if self.direct_io and align_bytes is None:
                 self.align = self._direct_io_alignment()
-            self._check_log(recovering=epoch is not None)
-            self._tail_block = self._read_tail_block(self.fd, self.tail)
+            self._tail_block = self._read_tail_block()
         except BaseException:
-            os.close(self.fd)
+            for segment in self._segments.values():
+                with contextlib.suppress(OSError):
+                    os.close(segment.fd)
             raise
+        self._count_live()
+        self._next_pinned = self._pinned
         self.pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="frugal-file-io")
+
+    def _init_geometry(self) -> None:
+        self.segment_records = 1 << self.shift
+        self.num_slots = 1 << (ADDRESS_BITS - self.shift)
+        self.direct_io = False
+
+    def _slots_of(self, addresses: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+        return (addresses.astype(np.int64) >> self.shift).astype(np.int64)
+
+    def _count_live(self) -> set[int]:
+        """Recount live records per slot from `location` (in chunks); return the slots used."""
+        counts = np.zeros(max(self._segments, default=0) + 1, dtype=np.int64)
+        for start in range(0, self.num_rows, SCAN_ROWS):
+            part = self.location[start : start + SCAN_ROWS]
+            slots = self._slots_of(part[part >= 0])
+            if len(slots):
+                found = np.bincount(slots)
+                if len(found) > len(counts):
+                    counts = np.pad(counts, (0, len(found) - len(counts)))
+                counts[: len(found)] += found
+        self.live_per_slot = counts
+        return set(np.flatnonzero(counts).tolist())
 
     # --- files -------------------------------------------------------------------------------
 
-    def _log_path(self, generation: int) -> Path:
-        return self.directory / f"log.{generation}.dat"
+    def _log_path(self, slot: int) -> Path:
+        return self.directory / f"log.{slot}.dat"
 
-    def _header(self) -> bytes:
+    def _header(self, slot: int, sequence: int) -> bytes:
         header = {
             "magic": MAGIC,
             "format_version": FORMAT_VERSION,
             "num_rows": self.num_rows,
             "width": self.width,
             "stride": self.stride,
+            "segment_shift": self.shift,
+            "slot": slot,
+            "sequence": sequence,
         }
         return json.dumps(header).encode().ljust(HEADER_BYTES, b"\0")
 
-    def _create_log(self, path: Path) -> None:
+    def _new_segment(self, slot: int) -> None:
+        """Create segment `slot` (its header fsynced) and make it the tail's."""
+        sequence = self.next_sequence
+        path = self._log_path(slot)
         with path.open("wb") as fh:
-            fh.write(self._header())
+            fh.write(self._header(slot, sequence))
             fh.flush()
             os.fsync(fh.fileno())
+        fd, direct = self._open(path)
+        self.direct_io = direct
+        self.next_sequence = sequence + 1
+        if slot >= len(self.live_per_slot):
+            self.live_per_slot = np.pad(self.live_per_slot, (0, slot + 1 - len(self.live_per_slot)))
+        with self._segments_lock:
+            self._segments = self._segments | {slot: _Segment(fd, sequence)}
+        self._unsynced.add(slot)
 
     def _open(self, path: Path) -> tuple[int, bool]:
         flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
@@ -258,31 +357,37 @@ class FileBackend:
 
     def _direct_io_alignment(self) -> int:
         """512 if O_DIRECT reads of 512-byte sectors work on this file, else 4096."""
+        fd = self._segments[self.tail >> self.shift].fd
         try:
-            os.preadv(self.fd, [memoryview(mmap.mmap(-1, SECTOR_BYTES))], SECTOR_BYTES)
+            os.preadv(fd, [memoryview(mmap.mmap(-1, SECTOR_BYTES))], SECTOR_BYTES)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
             return HEADER_BYTES  # a 4 KiB-sector device: the header probe at open worked
         return SECTOR_BYTES
 
-    def _read_tail_block(self, fd: int, tail: int) -> bytes:
-        """The bytes of the log's last, partial sector (before record `tail`), or b""."""
-        end = HEADER_BYTES + tail * self.stride
+    def _tail_end_bytes(self) -> int:
+        """File offset just past the tail segment's last record."""
+        return HEADER_BYTES + (self.tail & (self.segment_records - 1)) * self.stride
+
+    def _read_tail_block(self) -> bytes:
+        """The bytes of the tail segment's last, partial sector, or b""."""
+        end = self._tail_end_bytes()
         start = _floor(end, self.align)
         if start == end:
             return b""
         buf = mmap.mmap(-1, self.align)
-        done = os.preadv(fd, [buf], start)
+        slot = self.tail >> self.shift
+        done = os.preadv(self._segments[slot].fd, [buf], start)
         if done < end - start:
             raise StoreCorruptionError(
-                f"{self._log_path(self.generation)}: short read of {done} bytes at offset "
-                f"{start}; the log is truncated"
+                f"{self._log_path(slot)}: short read of {done} bytes at offset {start}; the "
+                "segment is truncated"
             )
         return bytes(buf[: end - start])
 
-    def _check_header(self, path: Path) -> None:
-        """Check the log header's magic, format version and table shape.
+    def _check_header(self, path: Path, expected: dict[str, Any]) -> None:
+        """Check a segment header's magic, format version, table shape and `expected` facts.
 
         Raises:
             StoreCorruptionError: If the header is unreadable or does not match; for a log of
@@ -299,30 +404,84 @@ class FileBackend:
         if header.get("format_version") != FORMAT_VERSION:
             raise StoreCorruptionError(
                 f"{path}: log format_version {header.get('format_version')}, but this frugal "
-                f"reads version {FORMAT_VERSION} only (version 3 packs records densely; "
-                "version 2 padded each to 512 B). To upgrade, open the store with the frugal "
-                "that wrote it, read its rows (`peek(np.arange(num_rows), cols='all')`, in "
-                "chunks) and `put` them into a store created with this frugal"
+                f"reads version {FORMAT_VERSION} only (version 4 keeps the log in segments "
+                "and cleans it online; 3 kept one file; 2 padded each record to 512 B). To "
+                "upgrade, open the store with the frugal that wrote it, read its rows "
+                "(`peek(np.arange(num_rows), cols='all')`, in chunks) and `put` them into a "
+                "store created with this frugal"
             )
-        for key, value in (("num_rows", self.num_rows), ("width", self.width)):
+        facts = {"num_rows": self.num_rows, "width": self.width, "stride": self.stride}
+        for key, value in (facts | expected).items():
             if header.get(key) != value:
                 raise StoreCorruptionError(
                     f"{path}: header {key} = {header.get(key)!r}, expected {value!r}"
                 )
 
-    def _check_log(self, *, recovering: bool) -> None:
-        path = self._log_path(self.generation)
-        self._check_header(path)
-        size = os.fstat(self.fd).st_size
-        needed = HEADER_BYTES + self.tail * self.stride
-        if size < needed:
+    def _recover(self, epoch: int, info: dict[str, Any]) -> None:
+        """Open checkpoint `epoch`'s segments, cut the tail one, drop later segments."""
+        segments = info.get("segments")
+        if (
+            "segment_shift" not in info
+            or not isinstance(segments, dict)
+            or info.get("stride") != self.stride
+        ):
+            older = sorted(self.directory.glob("log.*.dat"))
+            if older:  # a log of an older format says so (and how to upgrade)
+                self._check_header(older[0], {})
             raise StoreCorruptionError(
-                f"{path}: {size} bytes, but checkpoint records reach {needed}; the log is truncated"
+                f"{self.directory}: MANIFEST backend_info {info} does not describe a "
+                f"segmented file log of stride {self.stride}"
             )
-        if recovering and size > needed:
-            os.truncate(path, needed)  # records after the checkpoint: garbage, drop them
+        try:
+            self.shift = int(info["segment_shift"])
+            self.tail = int(info["tail"])
+            self.next_sequence = int(info["next_sequence"])
+            wanted = {int(slot): int(sequence) for slot, sequence in segments.items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreCorruptionError(
+                f"{self.directory}: MANIFEST backend_info {info} is malformed ({exc})"
+            ) from exc
+        if info.get("stride") != self.stride or not 0 <= self.shift < ADDRESS_BITS:
+            raise StoreCorruptionError(
+                f"{self.directory}: MANIFEST backend_info {info} does not describe a file log "
+                f"with stride {self.stride}"
+            )
+        self._init_geometry()
+        tail_slot = self.tail >> self.shift
+        if not 0 <= self.tail < 1 << ADDRESS_BITS or tail_slot not in wanted:
+            raise StoreCorruptionError(
+                f"{self.directory}: MANIFEST tail {self.tail} is outside its segments "
+                f"{sorted(wanted)}"
+            )
+        self.location = self._load_index(epoch, wanted)
+        for path in self.directory.glob("log.*.dat"):  # segments begun after the checkpoint
+            stem = path.name[len("log.") : -len(".dat")]
+            if not stem.isdigit() or int(stem) not in wanted:
+                path.unlink()
+        opened: dict[int, _Segment] = {}
+        self._segments = opened
+        for slot, sequence in sorted(wanted.items()):
+            path = self._log_path(slot)
+            self._check_header(path, {"slot": slot, "sequence": sequence})
+            fd, direct = self._open(path)
+            opened[slot] = _Segment(fd, sequence)
+            self.direct_io = self.direct_io or direct
+            size = os.fstat(fd).st_size
+            needed = (
+                self._tail_end_bytes()
+                if slot == tail_slot
+                else HEADER_BYTES + self.segment_records * self.stride
+            )
+            if size < needed:
+                raise StoreCorruptionError(
+                    f"{path}: {size} bytes, but checkpoint records reach {needed}; the "
+                    "segment is truncated"
+                )
+            if slot == tail_slot and size > needed:
+                os.truncate(path, needed)  # records after the checkpoint: garbage
+        self._pinned = frozenset(wanted)
 
-    def _load_index(self, epoch: int) -> npt.NDArray[np.int32]:
+    def _load_index(self, epoch: int, segments: dict[int, int]) -> npt.NDArray[np.int32]:
         path = self.directory / f"index.{epoch}.npy"
         try:
             index = np.load(path, allow_pickle=False)
@@ -332,14 +491,23 @@ class FileBackend:
             ) from exc
         if index.shape != (self.num_rows,) or index.dtype != np.int32:
             raise StoreCorruptionError(f"{path}: not an index of {self.num_rows} int32 addresses")
-        if int(index.max(initial=-1)) >= self.tail:
-            raise StoreCorruptionError(f"{path}: addresses beyond the checkpoint's log length")
+        tail_slot = self.tail >> self.shift
+        for start in range(0, self.num_rows, SCAN_ROWS):
+            part = index[start : start + SCAN_ROWS]
+            part = part[part >= 0]
+            slots = part >> self.shift
+            bad = ~np.isin(slots, list(segments)) | ((slots == tail_slot) & (part >= self.tail))
+            if bad.any():
+                raise StoreCorruptionError(
+                    f"{path}: address {int(part[np.argmax(bad)])} is beyond the checkpoint's "
+                    "segments and tail"
+                )
         result: npt.NDArray[np.int32] = index
         return result
 
     # --- I/O ---------------------------------------------------------------------------------
 
-    def _parallel(self, runs: list[tuple[int, int, int, int]], action: Any) -> None:
+    def _parallel(self, runs: list[tuple[int, int, int, int, int]], action: Any) -> None:
         if len(runs) <= 2 or self.io_threads == 1:
             action(runs)
             return
@@ -347,22 +515,72 @@ class FileBackend:
         for future in [self.pool.submit(action, group) for group in groups]:
             future.result()
 
-    def _read_records(self, fd: int, addresses: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
-        """Read records by address (any order); returns (N, S) bytes in the given order."""
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[dict[int, _Segment]]:
+        """Yield the segment map; segments deleted meanwhile stay open until the read ends."""
+        with self._segments_lock:
+            self._active_reads += 1
+            segments = self._segments
+        try:
+            yield segments
+        finally:
+            with self._segments_lock:
+                self._active_reads -= 1
+                closing = self._closing if self._active_reads == 0 else []
+                if closing:
+                    self._closing = []
+            for fd in closing:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _read_records(
+        self, segments: dict[int, _Segment], addresses: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint32]]:
+        """Read records by address (any order).
+
+        Segments missing from `segments` (begun after the caller took it) are looked up in
+        the current map. Returns the (N, S) record bytes in the given order and the sequence
+        number of the segment each was read from.
+        """
         stride = self.stride
-        offsets = HEADER_BYTES + addresses * stride
-        order = np.argsort(offsets, kind="stable")
-        runs, positions, total = _runs(offsets[order], stride, self.align)
+        order = np.argsort(addresses, kind="stable")
+        ordered = addresses[order]
+        slots = ordered >> self.shift
+        cuts = np.flatnonzero(np.diff(slots)) + 1
+        runs: list[tuple[int, int, int, int, int]] = []
+        positions = np.empty(len(addresses), dtype=np.int64)
+        sequences = np.empty(len(addresses), dtype=np.uint32)
+        total = 0
+        for first, last in zip(
+            np.concatenate(([0], cuts)).tolist(),
+            np.concatenate((cuts, [len(ordered)])).tolist(),
+            strict=True,
+        ):
+            if first == last:
+                continue
+            slot = int(slots[first])
+            segment = segments.get(slot) or self._segments.get(slot)
+            if segment is None:
+                raise StoreCorruptionError(
+                    f"{self.directory}: address {int(ordered[first])} is in segment {slot}, "
+                    "which does not exist; the store is corrupt; restore it from a copy"
+                )
+            offsets = HEADER_BYTES + (ordered[first:last] & (self.segment_records - 1)) * stride
+            group_runs, group_positions, group_total = _runs(offsets, stride, self.align)
+            runs += [(total + p, segment.fd, o, n, m) for p, o, n, m in group_runs]
+            positions[first:last] = total + group_positions
+            sequences[order[first:last]] = segment.sequence & _UINT32
+            total += group_total
         buf = mmap.mmap(-1, max(1, total))
         view = memoryview(buf)
 
-        def read(group: list[tuple[int, int, int, int]]) -> None:
-            for position, offset, length, needed in group:
+        def read(group: list[tuple[int, int, int, int, int]]) -> None:
+            for position, fd, offset, length, needed in group:
                 done = os.preadv(fd, [view[position : position + length]], offset)
                 if done < needed:
                     raise StoreCorruptionError(
-                        f"{self._log_path(self.generation)}: short read of {done} bytes at "
-                        f"offset {offset}"
+                        f"{self.directory}: short read of {done} bytes at offset {offset} of "
+                        "a log segment; the segment is truncated"
                     )
 
         self._parallel(runs, read)
@@ -372,42 +590,77 @@ class FileBackend:
                 np.frombuffer(buf, dtype=np.uint8), stride
             )
             result[order] = windows[positions]
-        return result
+        return result, sequences
 
-    def _check_records(
-        self, records_NS: npt.NDArray[np.uint8], ids: I64, addresses: npt.NDArray[np.int64]
-    ) -> None:
+    def _bad_records(
+        self, records_NS: npt.NDArray[np.uint8], ids: I64, expected: npt.NDArray[np.uint32]
+    ) -> Bool:
+        """Records whose footer id, segment sequence or checksum does not match."""
         stride = self.stride
         footer_ids = records_NS[:, stride - 16 : stride - 8].copy().view(np.int64).ravel()
+        sequences = records_NS[:, stride - 8 : stride - 4].copy().view(np.uint32).ravel()
         stored = records_NS[:, stride - 4 :].copy().view(np.uint32).ravel()
-        bad = (footer_ids != ids) | (stored != _row_checksums(records_NS, self._weights))
+        bad: Bool = (
+            (footer_ids != ids)
+            | (sequences != expected)
+            | (stored != _row_checksums(records_NS, self._weights))
+        )
+        return bad
+
+    def _check_records(
+        self,
+        records_NS: npt.NDArray[np.uint8],
+        ids: I64,
+        addresses: npt.NDArray[np.int64],
+        expected: npt.NDArray[np.uint32],
+    ) -> None:
+        """Raise `StoreCorruptionError` naming the first record that fails its check."""
+        stride = self.stride
+        bad = self._bad_records(records_NS, ids, expected)
         if bad.any():
+            footer_ids = records_NS[:, stride - 16 : stride - 8].copy().view(np.int64).ravel()
+            sequences = records_NS[:, stride - 8 : stride - 4].copy().view(np.uint32).ravel()
             k = int(np.flatnonzero(bad)[0])
-            offset = HEADER_BYTES + int(addresses[k]) * stride
+            slot = int(addresses[k]) >> self.shift
+            offset = HEADER_BYTES + (int(addresses[k]) & (self.segment_records - 1)) * stride
             raise StoreCorruptionError(
-                f"{self._log_path(self.generation)}: row id {int(ids[k])} at offset {offset} "
-                f"fails its check (footer id {int(footer_ids[k])}); {int(bad.sum())} bad rows "
-                "in this read. The store is corrupt; restore it from a copy"
+                f"{self._log_path(slot)}: row id {int(ids[k])} at offset {offset} fails its "
+                f"check (footer id {int(footer_ids[k])}, sequence {int(sequences[k])}); "
+                f"{int(bad.sum())} bad rows in this read. The store is corrupt; restore it "
+                "from a copy"
             )
 
     def read_rows(self, ids: I64, out: F32) -> Bool:
         """Read the newest record of each id; see `StoreBackend.read_rows`.
 
         Raises:
-            StoreCorruptionError: If a record's footer id or checksum does not match.
+            StoreCorruptionError: If a record's footer id, sequence or checksum does not
+                match, or its segment is missing.
             OSError: On an I/O failure.
         """
-        addresses = self.location[ids].astype(np.int64)
-        present: Bool = addresses >= 0
-        if not present.any():
-            return present
-        found = np.flatnonzero(present)
-        step = self._rows_per_io()  # record buffers stay within the store's I/O budget
-        for start in range(0, len(found), step):
-            where = found[start : start + step]
-            records = self._read_records(self.fd, addresses[where])
-            self._check_records(records, ids[where], addresses[where])
-            out[where] = records[:, : self.row_bytes].copy().view(self.dtype)
+        with self._reading() as segments:
+            addresses = self.location[ids].astype(np.int64)  # after `segments` was taken
+            present: Bool = addresses >= 0
+            if not present.any():
+                return present
+            found = np.flatnonzero(present)
+            step = self._rows_per_io()  # record buffers stay within the store's I/O budget
+            for start in range(0, len(found), step):
+                where = found[start : start + step]
+                part = addresses[where]
+                for _ in range(3):
+                    records, expected = self._read_records(segments, part)
+                    bad = self._bad_records(records, ids[where], expected)
+                    if not bad.any():
+                        break
+                    # The cleaner may have moved a row into a slot reused since `segments`
+                    # was taken: read again where its address changed, from the current map.
+                    fresh = self.location[ids[where]].astype(np.int64)
+                    if np.array_equal(fresh[bad], part[bad]):
+                        break
+                    part, segments = fresh, self._segments
+                self._check_records(records, ids[where], part, expected)
+                out[where] = records[:, : self.row_bytes].copy().view(self.dtype)
         return present
 
     def _rows_per_io(self) -> int:
@@ -418,7 +671,7 @@ class FileBackend:
         """
         return max(1, self.max_io_bytes // (_ceil(self.stride, self.align) + self.align))
 
-    def _encode(self, ids: I64, rows: F32, prefix: bytes) -> mmap.mmap:
+    def _encode(self, ids: I64, rows: F32, prefix: bytes, sequence: int) -> mmap.mmap:
         """`prefix`, then the records of `ids`, zero-padded to whole sectors."""
         stride, start = self.stride, len(prefix)
         buf = mmap.mmap(-1, _ceil(start + len(ids) * stride, self.align))
@@ -427,153 +680,252 @@ class FileBackend:
         records = records.reshape(len(ids), stride)
         records[:, : self.row_bytes] = np.ascontiguousarray(rows, dtype=self.dtype).view(np.uint8)
         records[:, stride - 16 : stride - 8] = ids.astype(np.int64).reshape(-1, 1).view(np.uint8)
-        generation = np.full((len(ids), 1), self.generation, dtype=np.uint32)
-        records[:, stride - 8 : stride - 4] = generation.view(np.uint8)
+        stamp = np.full((len(ids), 1), sequence & _UINT32, dtype=np.uint32)
+        records[:, stride - 8 : stride - 4] = stamp.view(np.uint8)
         records[:, stride - 4 :] = (
             _row_checksums(records, self._weights).reshape(-1, 1).view(np.uint8)
         )
         del records
         return buf
 
-    def _append(self, fd: int, start: int, ids: I64, rows: F32, tail_block: bytes) -> bytes:
-        """Write the records of `ids` from record `start` on; return the new tail block.
+    def _append(self, segment: _Segment, index: int, ids: I64, rows: F32, block: bytes) -> bytes:
+        """Write the records of `ids` from record `index` of `segment`; return its new tail block.
 
-        The write starts at the sector holding record `start`'s first byte and rewrites that
-        sector's earlier bytes (`tail_block`, unchanged), so it never alters another record.
-        The caller holds `_append_lock`.
+        The write starts at the sector holding record `index`'s first byte and rewrites that
+        sector's earlier bytes (`block`, unchanged), so it never alters another record. The
+        caller holds `_append_lock`.
         """
-        end = HEADER_BYTES + start * self.stride
+        end = HEADER_BYTES + index * self.stride
         offset = _floor(end, self.align)
-        if end - offset != len(tail_block):
-            raise AssertionError(f"tail block of {len(tail_block)} bytes at offset {end}")
-        buf = self._encode(ids, rows, tail_block)
+        if end - offset != len(block):
+            raise AssertionError(f"tail block of {len(block)} bytes at offset {end}")
+        buf = self._encode(ids, rows, block, segment.sequence)
         view = memoryview(buf)
         chunk = max(self.align, _floor(WRITE_CHUNK_BYTES, self.align))
         for pos in range(0, len(buf), chunk):
             part = view[pos : pos + chunk]
-            done = os.pwritev(fd, [part], offset + pos)
+            done = os.pwritev(segment.fd, [part], offset + pos)
             while done < len(part):  # a short write: retry the rest, which raises the cause
-                more = os.pwritev(fd, [part[done:]], offset + pos + done)  # (ENOSPC, EFBIG)
-                if more <= 0:
+                more = os.pwritev(segment.fd, [part[done:]], offset + pos + done)
+                if more <= 0:  # (ENOSPC, EFBIG)
                     raise OSError(errno.ENOSPC, f"no space to append at offset {offset + pos}")
                 done += more
         new_end = end + len(ids) * self.stride
         block_start = _floor(new_end, self.align) - offset
-        block = bytes(view[block_start : new_end - offset])
+        new_block = bytes(view[block_start : new_end - offset])
         del view
-        return block
+        return new_block
+
+    def _free_slot(self, besides: int) -> int:
+        """The lowest slot with no segment file, other than `besides` (the next tail's)."""
+        taken = set(self._segments) | {besides}
+        for slot in range(self.num_slots):
+            if slot not in taken:
+                return slot
+        raise StoreCorruptionError(
+            f"{self.directory}: all {self.num_slots} log segments are in use (2^31 records); "
+            "take a checkpoint so pinned segments can be deleted, or lower "
+            "max_space_amplification"
+        )
+
+    def _append_locked(self, ids: I64, rows: F32) -> None:
+        """Append records at the tail and point `location` at them; holds `_append_lock`."""
+        step = self._rows_per_io()  # the encode buffer stays within the store's I/O budget
+        first = 0
+        while first < len(ids):
+            index = self.tail & (self.segment_records - 1)
+            slot = self.tail >> self.shift
+            if index == 0 and slot not in self._segments:  # the previous segment is full
+                self._new_segment(slot)
+            count = min(step, len(ids) - first, self.segment_records - index)
+            fills = index + count == self.segment_records
+            next_tail = self._free_slot(besides=slot) << self.shift if fills else -1
+            part_ids, part_rows = ids[first : first + count], rows[first : first + count]
+            segment = self._segments[slot]
+            self._tail_block = self._append(segment, index, part_ids, part_rows, self._tail_block)
+            self._unsynced.add(slot)
+            old = self.location[part_ids]
+            old = old[old >= 0]
+            np.subtract.at(self.live_per_slot, self._slots_of(old), 1)
+            self.live_per_slot[slot] += count
+            self.location[part_ids] = np.arange(self.tail, self.tail + count, dtype=np.int32)
+            first += count
+            if fills:  # the next append opens a new segment (chosen before this write)
+                self.tail = next_tail
+                self._tail_block = b""
+            else:
+                self.tail += count
+            if not self.direct_io and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(segment.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def write_rows(self, ids: I64, rows: F32) -> None:
-        """Append records at the tail, then point `location` at them; see `StoreBackend`.
+        """Append records at the tail, then clean segments if the log grew too large.
+
+        See `StoreBackend.write_rows`; ids are unique.
 
         Raises:
             OSError: On an I/O failure (e.g. a full disk); earlier records are untouched.
-            StoreCorruptionError: If the log would exceed 2^31 - 1 records.
+            StoreCorruptionError: If all 2^31 record addresses are in use.
         """
         if len(ids) == 0:
             return
-        step = self._rows_per_io()  # the encode buffer stays within the store's I/O budget
-        for first in range(0, len(ids), step):
-            part_ids, part_rows = ids[first : first + step], rows[first : first + step]
-            with self._append_lock:
-                start = self.tail
-                if start + len(part_ids) > MAX_RECORDS:
-                    raise StoreCorruptionError(
-                        "the log would exceed 2^31 - 1 records; checkpoint to compact it"
-                    )
-                self._tail_block = self._append(
-                    self.fd, start, part_ids, part_rows, self._tail_block
-                )
-                self.tail = start + len(part_ids)  # only once written: a failed append is not
-            self.location[part_ids] = np.arange(start, start + len(part_ids), dtype=np.int32)
-        if not self.direct_io and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        with self._append_lock:
+            self._append_locked(ids, rows)
+            for _ in range(MAX_CLEANS_PER_WRITE):
+                if not self._clean_one():
+                    break
+
+    # --- cleaning ----------------------------------------------------------------------------
+
+    def disk_records(self) -> int:
+        """Records the segment files hold (live and garbage), retired segments included."""
+        tail_slot = self.tail >> self.shift
+        full = sum(1 for slot in self._segments if slot != tail_slot)
+        in_tail = self.tail & (self.segment_records - 1) if tail_slot in self._segments else 0
+        return full * self.segment_records + in_tail
+
+    def live_records(self) -> int:
+        """Records `location` points at (one per written row)."""
+        return int(self.live_per_slot.sum())
+
+    def _clean_one(self) -> bool:
+        """Clean the segment with the fewest live records if the log is over its bound.
+
+        Returns whether a segment was cleaned. The caller holds `_append_lock`.
+        """
+        tail_slot = self.tail >> self.shift
+        for slot in [s for s in self._segments if s != tail_slot and s not in self._retired]:
+            if self.live_per_slot[slot] == 0:  # all garbage: free to drop, no copy
+                self._drop_empty(slot)
+        # Retired segments are not counted: the next checkpoint deletes them.
+        on_disk = self.disk_records() - len(self._retired) * self.segment_records
+        bound = self.max_space_amplification * self.live_records() + 2 * self.segment_records
+        if on_disk <= max(self.clean_min_records, bound):
+            return False
+        candidates = [s for s in self._segments if s != tail_slot and s not in self._retired]
+        if not candidates:
+            return False
+        slot = min(candidates, key=lambda s: (int(self.live_per_slot[s]), s))
+        if self.live_per_slot[slot] >= self.segment_records // 2:
+            return False  # too full to pay for its copy; more garbage must come first
+        self._clean(slot)
+        return True
+
+    def _clean(self, slot: int) -> None:
+        """Copy segment `slot`'s live records to the tail, then delete (or retire) it."""
+        low, high = slot << self.shift, (slot + 1) << self.shift
+        step = self._rows_per_io()
+        segments = self._segments
+        for start in range(0, self.num_rows, SCAN_ROWS):
+            part = self.location[start : start + SCAN_ROWS]
+            found = np.flatnonzero((part >= low) & (part < high))
+            for first in range(0, len(found), step):
+                ids = (start + found[first : first + step]).astype(np.int64)
+                addresses = self.location[ids].astype(np.int64)
+                records, expected = self._read_records(segments, addresses)
+                self._check_records(records, ids, addresses, expected)
+                rows = records[:, : self.row_bytes].copy().view(self.dtype)
+                self._append_locked(ids, rows)
+                self.cleaned_records += len(ids)
+        self.live_per_slot[slot] = 0
+        self.cleaned_segments += 1
+        self._drop_empty(slot)
+
+    def _drop_empty(self, slot: int) -> None:
+        """Delete segment `slot`, which no live row points into, or retire it if pinned."""
+        if slot in self._pinned:
+            self._retired.add(slot)  # the last checkpoint reads it: keep it until the next
+        else:
+            self._delete_segment(slot)
+
+    def _delete_segment(self, slot: int) -> None:
+        with self._segments_lock:
+            segment = self._segments[slot]
+            self._segments = {s: g for s, g in self._segments.items() if s != slot}
+            self._closing.append(segment.fd)
+            closing = self._closing if self._active_reads == 0 else []
+            if closing:
+                self._closing = []
+        self._unsynced.discard(slot)
+        self.deleted_segments += 1
+        with contextlib.suppress(FileNotFoundError):
+            self._log_path(slot).unlink()
+        for fd in closing:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     # --- durability --------------------------------------------------------------------------
 
     def sync(self) -> None:
-        """Make appended records durable (fdatasync of the log)."""
-        os.fdatasync(self.fd)
+        """Make appended records durable (fdatasync of the segments written to)."""
+        with self._append_lock:
+            for slot in sorted(self._unsynced):
+                os.fdatasync(self._segments[slot].fd)
+            self._unsynced.clear()
 
     def checkpoint(self, epoch: int) -> dict[str, Any]:
-        """Save `location` as `index.<epoch>.npy`; compact the log first if mostly garbage.
+        """Save `location` as `index.<epoch>.npy`, with the segments it points into.
 
         Returns:
-            The log's generation, length and stride, and the index file's sha256.
+            The segment geometry, the tail address, the segments (slot -> sequence) the
+            checkpoint needs, and the index file's sha256.
         """
-        live = int(np.count_nonzero(self.location >= 0))
-        if self.tail > max(COMPACT_MIN_RECORDS, 2 * live):
-            self._compact(live)
-        name = f"index.{epoch}.npy"
-        digest = save_array_atomic(self.directory / name, self.location)
-        return {
-            "generation": self.generation,
-            "tail": self.tail,
-            "stride": self.stride,
-            "file_sha256": {name: digest},
-        }
-
-    def _compact(self, live: int) -> None:
-        """Copy live records, in address order, into the next generation's log file."""
-        ids = np.flatnonzero(self.location >= 0).astype(np.int64)
-        addresses = self.location[ids].astype(np.int64)
-        order = np.argsort(addresses)
-        ids, addresses = ids[order], addresses[order]
-        new_generation = self.generation + 1
-        path = self._log_path(new_generation)
-        self._create_log(path)
-        new_fd, _ = self._open(path)
-        old_generation = self.generation
-        new_tail_block = b""  # the new log's records start at its 4 KiB header's end
-        try:
-            self.generation = new_generation  # stamped into the copied records' footers
-            step = self._rows_per_io()
-            for start in range(0, len(ids), step):
-                part_ids, part_addresses = (
-                    ids[start : start + step],
-                    addresses[start : start + step],
-                )
-                self.generation = old_generation
-                records = self._read_records(self.fd, part_addresses)
-                self._check_records(records, part_ids, part_addresses)
-                self.generation = new_generation
-                rows = records[:, : self.row_bytes].copy().view(self.dtype)
-                new_tail_block = self._append(new_fd, start, part_ids, rows, new_tail_block)
-            os.fdatasync(new_fd)
-        except BaseException:
-            self.generation = old_generation
-            os.close(new_fd)
-            with contextlib.suppress(OSError):
-                path.unlink()
-            raise
-        os.close(self.fd)
-        self.fd = new_fd
-        new_location = np.full(self.num_rows, -1, dtype=np.int32)
-        new_location[ids] = np.arange(len(ids), dtype=np.int32)
-        self.location = new_location
-        self.tail = live
-        self._tail_block = new_tail_block
+        with self._append_lock:
+            name = f"index.{epoch}.npy"
+            digest = save_array_atomic(self.directory / name, self.location)
+            tail_slot = self.tail >> self.shift
+            if tail_slot not in self._segments:  # the tail segment is full: begin the next
+                self._new_segment(tail_slot)
+            needed = self._count_live() | {tail_slot}  # every slot the index points into
+            self._next_pinned = frozenset(needed)
+            return {
+                "segment_shift": self.shift,
+                "tail": self.tail,
+                "next_sequence": self.next_sequence,
+                "stride": self.stride,
+                "segments": {str(s): self._segments[s].sequence for s in sorted(needed)},
+                "file_sha256": {name: digest},
+            }
 
     def finish_checkpoint(self, epoch: int) -> None:
-        """Delete older indexes and log generations, which no MANIFEST names any more."""
+        """Delete older indexes and the segments only earlier checkpoints needed."""
+        with self._append_lock:
+            self._pinned = self._next_pinned
+            tail_slot = self.tail >> self.shift
+            unneeded = [s for s in self._segments if s not in self._pinned and s != tail_slot]
+            for slot in sorted(unneeded):
+                if slot in self._retired or self.live_per_slot[slot] == 0:
+                    self._delete_segment(slot)
+            self._retired &= self._pinned
         for path in self.directory.glob("index.*.npy"):
             if path.name != f"index.{epoch}.npy":
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-        for path in self.directory.glob("log.*.dat"):
-            if path.name != self._log_path(self.generation).name:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
 
     def memory_bytes(self) -> int:
-        """The location index."""
-        return int(self.location.nbytes)
+        """The location index (and the per-segment live counts)."""
+        return int(self.location.nbytes + self.live_per_slot.nbytes)
+
+    def stats(self) -> dict[str, Any]:
+        """Segments, records on disk and live, and what the cleaner did."""
+        return {
+            "segments": len(self._segments),
+            "disk_records": self.disk_records(),
+            "live_records": self.live_records(),
+            "cleaned_segments": self.cleaned_segments,
+            "cleaned_records": self.cleaned_records,
+            "deleted_segments": self.deleted_segments,
+        }
 
     def close(self) -> None:
-        """Stop the I/O threads and close the log."""
+        """Stop the I/O threads and close the segments."""
         self.pool.shutdown(wait=True)
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        with self._segments_lock:
+            fds = [segment.fd for segment in self._segments.values()] + self._closing
+            self._segments, self._closing = {}, []
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _open_file(args: BackendArgs) -> FileBackend:
@@ -588,6 +940,7 @@ def _open_file(args: BackendArgs) -> FileBackend:
             manifest_info=args.info,
             dtype=args.dtype,
             max_io_bytes=args.max_io_bytes,
+            max_space_amplification=args.max_space_amplification,
         )
     except FileNotFoundError as exc:
         raise StoreCorruptionError(
@@ -598,6 +951,8 @@ def _open_file(args: BackendArgs) -> FileBackend:
 register_backend(
     "file",
     _open_file,
-    reserved_memory_bytes=lambda args: 4 * args.num_rows,  # int32 record address per row
-    description="append-only record log with O_DIRECT reads (MLKV's own engine; default)",
+    # int32 record address per row, plus the per-segment live counts
+    reserved_memory_bytes=lambda args: 4 * args.num_rows + 4096,
+    description="segmented record log with O_DIRECT reads, cleaned online (MLKV's own "
+    "engine; default)",
 )

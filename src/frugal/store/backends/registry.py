@@ -35,6 +35,8 @@ class BackendArgs:
         use_direct_io: Whether to bypass the page cache where the file system allows it.
         max_io_bytes: Bound of one read or write buffer, in bytes.
         info: What the backend returned from `manifest_info()` at the last checkpoint.
+        max_space_amplification: Disk bytes per live byte a log-structured backend may
+            reach before it cleans (the `file` backend), > 1.
     """
 
     directory: Path
@@ -47,6 +49,7 @@ class BackendArgs:
     use_direct_io: bool = True
     max_io_bytes: int = 16 << 20
     info: dict[str, Any] = field(default_factory=dict)
+    max_space_amplification: float = 1.5
 
     @property
     def stored_row_bytes(self) -> int:
