@@ -528,3 +528,22 @@ def test_an_id_buffer_refilled_between_get_and_update_updates_the_new_rows(
         np.testing.assert_array_equal(after[[1, 2]], start[[1, 2]])
     finally:
         store.close(checkpoint=False)  # rows 1 and 2 keep their open reads
+
+
+def test_table_sha256_of_some_rows_hashes_those_rows_in_that_order(tmp_path: Path) -> None:
+    from frugal.store.baselines import RamTable
+
+    ram = RamTable(50, SPEC, 0)
+    ids = np.array([7, 3, 41], dtype=np.int64)
+    with EmbeddingStore.create(tmp_path / "s", num_rows=50, spec=SPEC) as store:
+        store.put(ids[:2], np.full((2, SPEC.width), 2.5, np.float32))
+        ram.put(ids[:2], np.full((2, SPEC.width), 2.5, np.float32), 0)
+        rows = store.peek(ids, cols="all")
+        expected = hashlib.sha256(rows.astype(np.float32).tobytes()).hexdigest()
+        assert store.table_sha256(ids=ids) == expected == ram.table_sha256(ids)
+        assert store.table_sha256() == ram.table_sha256() != expected
+        with pytest.raises(IndexError, match="outside"):
+            store.table_sha256(ids=[50])
+    hashed = EmbeddingStore.create(tmp_path / "h", num_rows=50, spec=SPEC, key_space="hashed")
+    with hashed, pytest.raises(ValueError, match="needs a dense key space"):
+        hashed.table_sha256(ids=[1])

@@ -476,7 +476,9 @@ class StoreSummary(Summary):
     fraction_of_ram: dict[str, float]
     """frugal over the all-in-RAM table, per memory ratio."""
     bit_identical_at_staleness_0: dict[str, bool | None]
-    """Per workload: every staleness-0 run ended with one table hash (None: < 2 systems ran)."""
+    """Per workload: every staleness-0 run ended with one hash of the rows its steps touched
+    (`table_sha256(ids)`; untouched rows keep their seeded initial values) (None: < 2 systems
+    ran)."""
     staleness_study: list[StoreStalenessPoint]
     budget_violations: list[str]
     """Runs whose anonymous memory grew past 1.1 x budget + 32 MiB."""
@@ -548,6 +550,14 @@ class _Workload:
             return g.num_steps, g.batch_size * per_seed
         shape = np.load(self.trace_path, mmap_mode="r").shape
         return int(shape[0]), int(np.prod(shape[1:]))
+
+    def touched_ids(self) -> npt.NDArray[np.int64]:
+        """Every row id a run's training steps touch, sorted (the rows the bench hashes)."""
+        batches = self.unique_batches()
+        if not batches:
+            return np.zeros(0, dtype=np.int64)
+        touched: npt.NDArray[np.int64] = np.unique(np.concatenate(batches)).astype(np.int64)
+        return touched
 
     def unique_batches(self) -> list[npt.NDArray[np.int64]]:
         """Each batch's unique row ids, in step order (for the offline reference caches)."""
@@ -883,8 +893,8 @@ class _StoreAdapter:
     def lookahead(self, ids: Any, step: int) -> None:
         self.store.lookahead(ids, step)
 
-    def table_sha256(self) -> str:
-        sha: str = self.store.table_sha256()
+    def table_sha256(self, ids: npt.NDArray[np.int64] | None = None) -> str:
+        sha: str = self.store.table_sha256(ids=ids)
         return sha
 
     def stats(self) -> dict[str, Any]:
@@ -1010,7 +1020,7 @@ def _execute_kge(run: _Run) -> dict[str, Any]:
         held_out, num_entities=kge.num_entities, num_relations=kge.num_relations,
         num_candidates=kge.eval_candidates, seed=run.seed,
     )  # fmt: skip
-    sha = system.table_sha256()
+    sha = system.table_sha256(w.touched_ids())
     system.close()
     step_s = np.array(result.step_s[kge.warmup_steps :])
     anon_growth_mib = max(anon_peak, _anon_rss_mib()) - anon_before
@@ -1108,7 +1118,7 @@ def _execute_gnn(run: _Run) -> dict[str, Any]:
     anon_peak = _anon_rss_mib()
     stats = embeddings.stats()
     feature_stats = features.stats()
-    sha = embeddings.table_sha256()
+    sha = embeddings.table_sha256(w.touched_ids())
     embeddings.close()
     features.close()
     anon_growth_mib = max(anon_peak, _anon_rss_mib()) - anon_before
@@ -1221,7 +1231,7 @@ def _execute(run: _Run) -> dict[str, Any]:
             anon_peak = max(anon_peak, _anon_rss_mib())
     wall_s = time.perf_counter() - wall_start
     stats = system.stats()
-    sha = system.table_sha256()
+    sha = system.table_sha256(w.touched_ids())
     system.close()
     measured = (
         np.array(step_s[run.warmup_batches :])

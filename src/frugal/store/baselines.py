@@ -80,8 +80,8 @@ class BenchTable(Protocol):
         """Forget a `get` of `ids` that no update will follow (a failed training step)."""
         ...
 
-    def table_sha256(self) -> str:
-        """SHA-256 of all rows in id order."""
+    def table_sha256(self, ids: I64 | None = None) -> str:
+        """SHA-256 of all rows in id order (`ids`: of those rows, in that order)."""
         ...
 
     def stats(self) -> dict[str, Any]:
@@ -226,11 +226,17 @@ def _require_float32(spec: RowSpec) -> None:
         )
 
 
-def _sha_of_reader(num_rows: int, spec: RowSpec, read: Any, chunk_rows: int = 65536) -> str:
+def _sha_of_reader(
+    num_rows: int, spec: RowSpec, read: Any, ids: I64 | None = None, chunk_rows: int = 65536
+) -> str:
     digest = hashlib.sha256()
-    for start in range(0, num_rows, chunk_rows):
-        ids = np.arange(start, min(start + chunk_rows, num_rows), dtype=np.int64)
-        digest.update(np.ascontiguousarray(read(ids), dtype=np.float32).tobytes())
+    count = num_rows if ids is None else len(ids)
+    for start in range(0, count, chunk_rows):
+        if ids is None:
+            part = np.arange(start, min(start + chunk_rows, num_rows), dtype=np.int64)
+        else:
+            part = np.ascontiguousarray(ids[start : start + chunk_rows], dtype=np.int64)
+        digest.update(np.ascontiguousarray(read(part), dtype=np.float32).tobytes())
     return digest.hexdigest()
 
 
@@ -301,9 +307,11 @@ class RamTable:
     def release(self, ids: I64, step: int) -> None:
         """Nothing is held between a get and its update."""
 
-    def table_sha256(self) -> str:
-        """Hash of the array."""
-        return hashlib.sha256(self.table.tobytes()).hexdigest()
+    def table_sha256(self, ids: I64 | None = None) -> str:
+        """Hash of the array (`ids`: of those rows, in that order)."""
+        if ids is None:
+            return hashlib.sha256(self.table.tobytes()).hexdigest()
+        return _sha_of_reader(len(self.table), self.spec, lambda part: self.table[part], ids)
 
     def stats(self) -> dict[str, Any]:
         """Everything is a hit."""
@@ -384,9 +392,9 @@ class KvOffloadTable(_RowsOfLastGet):
     def lookahead(self, ids: Any, step: int) -> None:
         """A plain KV store has no lookahead."""
 
-    def table_sha256(self) -> str:
-        """Hash of all rows read back through the engine."""
-        return _sha_of_reader(self.num_rows, self.spec, self._read)
+    def table_sha256(self, ids: I64 | None = None) -> str:
+        """Hash of all rows (`ids`: of those) read back through the engine."""
+        return _sha_of_reader(self.num_rows, self.spec, self._read, ids)
 
     def stats(self) -> dict[str, Any]:
         """Share of lookups found stored (not served by init) stands in for a hit ratio."""
@@ -572,13 +580,13 @@ class HybridLogTable(_RowsOfLastGet):
             still = self.index[ids] == addresses
             self._append(ids[still], rows[still])
 
-    def table_sha256(self) -> str:
-        """Hash of all rows read back through the log."""
+    def table_sha256(self, ids: I64 | None = None) -> str:
+        """Hash of all rows (`ids`: of those) read back through the log."""
         if self.prefetcher is not None:
             self.prefetcher.shutdown(wait=True)
             self.prefetcher = None
         return _sha_of_reader(
-            self.num_rows, self.spec, lambda ids: self._read(ids, copy_to_tail=False)
+            self.num_rows, self.spec, lambda part: self._read(part, copy_to_tail=False), ids
         )
 
     def stats(self) -> dict[str, Any]:

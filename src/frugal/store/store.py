@@ -997,18 +997,33 @@ class EmbeddingStore:
         self._write_checkpoint(self.epoch + 1, step, meta)
         return self.epoch
 
-    def table_sha256(self, chunk_rows: int | None = None) -> str:
+    def table_sha256(self, chunk_rows: int | None = None, ids: Any = None) -> str:
         """SHA-256 of all rows (vector and state) in id order, after a flush.
 
         Equal hashes mean bit-identical tables, whatever backend or cache produced them. In a
         hashed key space the rows of the keys seen so far are hashed in key order, each after
         its key, so the order in which keys arrived does not matter.
+
+        Args:
+            chunk_rows: Rows read at a time (default: what the I/O buffer holds).
+            ids: Hash only these rows, in this order (a dense key space only); e.g. the rows
+                a run touched, when the table is too large to hash whole.
+
+        Raises:
+            IndexError: If `ids` are outside [0, num_rows).
+            ValueError: If `ids` are given for a hashed key space.
         """
         self.flush()
         if chunk_rows is None:  # stay within the I/O share of the memory budget
             chunk_rows = max(256, self._io_buffer_bytes // (2 * self.spec.row_bytes))
         digest = hashlib.sha256()
-        if self.keys is None:
+        if ids is not None:
+            if self.keys is not None:
+                raise ValueError(
+                    "table_sha256(ids=...) needs a dense key space; hash a hashed store whole"
+                )
+            order = _validate_ids(ids, self.num_rows)
+        elif self.keys is None:
             order = np.arange(self.num_rows, dtype=np.int64)
         else:
             seen = self.keys.keys_by_row[: self.keys.num_keys]
