@@ -274,8 +274,9 @@ def test_a_bench_that_cannot_fit_on_the_disk_is_refused_before_any_run(tmp_path:
     entities = max(10**9, free_bytes(tmp_path) // 404 + 10**6)  # beyond any disk's free space
     kge = StoreKGEConfig(num_entities=entities, num_steps=10**9, memory_ratios=(0.1,))
     config = StoreBenchConfig(systems=("ram", "frugal"), workloads=("kge_freebase",), kge=kge)
-    # at least every entity's 404-byte row once (at most: 1e9 steps x 3,072 ids x a 424-byte
-    # record), more than this test's disk has free
+    # at least every entity's 404-byte row once (at most: the log cleaned at 1.5 x the rows
+    # written, of 424-byte records, plus three segments of 2^19 records), more than this
+    # test's disk has free
     with pytest.raises(DiskFullError, match=r"the store bench's tables .* needed") as caught:
         run_store_bench(config, tmp_path)
     assert caught.value.needed_bytes == entities * 404
@@ -283,7 +284,7 @@ def test_a_bench_that_cannot_fit_on_the_disk_is_refused_before_any_run(tmp_path:
 
     (run,) = [r for r in _plan(config, [_WORKLOADS.get("kge_freebase")(config, tmp_path)],
                                tmp_path) if r.system == "frugal" and r.lookahead == 0]  # fmt: skip
-    assert disk_bytes_needed(run) == 10**9 * (2 * 1024 + 4 * 256) * 424 + (64 << 20)
+    assert disk_bytes_needed(run) == int(1.5 * entities * 424) + 3 * 2**19 * 424 + (64 << 20)
     assert not (tmp_path / "runs.jsonl").exists() or not (tmp_path / "runs.jsonl").read_text()
     assert not list(tmp_path.glob("frugal-store-bench-*"))  # scratch removed
 

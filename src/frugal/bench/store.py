@@ -1337,12 +1337,13 @@ def disk_bytes_needed(run: _Run, *, lower: bool = False) -> int:
     (the bench refuses a disk with less free space before any run). The upper bound:
 
     Log-structured tables (`frugal`'s file backend, `hlog`, `mlkv`) append every written-back
-    row and compact only at checkpoints, which a bench run does not take: at most every id of
-    every step, at the record size (frugal: row + 16-byte footer, 8-aligned; hlog and mlkv:
-    rounded up to 512 bytes). KV tables hold each touched row once (plus the key and per-entry
-    overhead, about 64 bytes), doubled for compaction. `ram` writes nothing.
+    row (at most every id of every step, twice for mlkv's copies to the tail) and clean or
+    compact once the log passes 1.5x the rows written, at the record size (frugal: row +
+    16-byte footer, 8-aligned, plus three segments; hlog and mlkv: rounded up to 512 bytes,
+    plus one compaction step of 256 MiB). KV tables hold each touched row once (plus the key
+    and per-entry overhead, about 64 bytes), doubled for compaction. `ram` writes nothing.
     """
-    from frugal.store.backends.file import record_bytes
+    from frugal.store.backends.file import record_bytes, segment_shift_for
 
     w = run.workload
     steps, ids_per_step = w.steps_and_ids_per_step()
@@ -1356,9 +1357,12 @@ def disk_bytes_needed(run: _Run, *, lower: bool = False) -> int:
         return 2 * touched * (w.spec.row_bytes + 64)
     if run.system == "frugal":
         stride = record_bytes(w.spec.row_bytes)
+        slack = 3 * (1 << segment_shift_for(stride)) * stride
     else:
         stride = -(-w.spec.row_bytes // 512) * 512
-    return writes * stride + (64 << 20)
+        writes *= 2 if run.system == "mlkv" else 1
+        slack = 256 << 20
+    return min(writes * stride, int(1.5 * touched * stride) + slack) + (64 << 20)
 
 
 def run_store_bench(

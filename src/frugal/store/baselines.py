@@ -6,9 +6,11 @@
   "offload to a KV store" baseline of MLKV's evaluation).
 - `HybridLogTable`: a FASTER-like hybrid log: an in-memory circular log whose newest 90% is
   mutable in place, older records read-only, the rest on disk in an append-only O_DIRECT log;
-  FIFO eviction, one I/O per disk record, reads not cached (`hlog`). With `mlkv=True` it adds
-  MLKV's changes: disk reads are copied to the tail, and `lookahead` copies future keys to the
-  tail in the background (`mlkv`).
+  FIFO eviction, one I/O per disk record, reads not cached (`hlog`); FASTER's log compaction
+  copies the live records of the oldest disk part to the tail and frees it (punched holes)
+  once the disk log passes 1.5x the rows written. With `mlkv=True` it adds MLKV's changes:
+  disk reads are copied to the tail, and `lookahead` copies future keys to the tail in the
+  background (`mlkv`).
 
 All start from `init_rows` and use `apply_optimizer`, so at staleness 0 every system must end
 with a bit-identical table. Shape legend: N ids in a call, D embedding_dim, W row width.
@@ -21,6 +23,9 @@ References:
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import hashlib
 import mmap
 import os
@@ -51,6 +56,31 @@ __all__ = [
 ]
 
 _SECTOR = 512
+_FALLOC_FL_KEEP_SIZE_PUNCH_HOLE = 0x01 | 0x02
+_COMPACTION_BYTES = 256 << 20  # log bytes one compaction step copies out of the way
+_SCAN_ROWS = 1 << 20
+
+
+@functools.cache
+def _fallocate() -> Any:
+    """The C library's fallocate, or None where there is none."""
+    try:
+        fallocate = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    return fallocate
+
+
+def _punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Free the disk blocks of [offset, offset + length) of a file (Linux fallocate).
+
+    Returns False where the platform or file system cannot (the bytes then stay allocated).
+    """
+    fallocate = _fallocate()
+    if fallocate is None:
+        return False
+    return int(fallocate(fd, _FALLOC_FL_KEEP_SIZE_PUNCH_HOLE, offset, length)) == 0
 
 
 class BenchTable(Protocol):
@@ -424,6 +454,7 @@ class HybridLogTable(_RowsOfLastGet):
         mlkv: bool,
         io_threads: int = 8,
         mutable_fraction: float = 0.9,
+        max_space_amplification: float = 1.5,
     ) -> None:
         self.spec = spec
         _require_float32(spec)
@@ -462,6 +493,17 @@ class HybridLogTable(_RowsOfLastGet):
         self.bytes_read = 0
         self.bytes_written = 0
         self.appends = 0
+        # FASTER's log compaction: once the disk part of the log [begin, head) holds more than
+        # max_space_amplification x the rows ever written, copy the live records of its
+        # oldest 256 MiB to the tail and free those bytes (ShiftBeginAddress).
+        self.max_space_amplification = max_space_amplification
+        self.begin = 0  # lowest disk address not yet compacted away
+        self.live_rows = 0  # rows ever written (index >= 0)
+        self.compaction_records = max(1, _COMPACTION_BYTES // self.stride)
+        self.compacted_records = 0  # live records copied to the tail by compaction
+        self._compacting = False
+        self._disk_readers = 0  # reads of disk addresses taken under the lock, in flight
+        self._unpunched: list[tuple[int, int]] = []  # freed ranges waiting for those reads
 
     # --- log mechanics (lock held) -------------------------------------------------------------
 
@@ -481,15 +523,48 @@ class HybridLogTable(_RowsOfLastGet):
             self.bytes_written += count * self.spec.row_bytes
             start += count
         self.head = new_head
+        if not self._compacting:
+            self._compacting = True
+            try:
+                while self.head - self.begin > (
+                    self.max_space_amplification * self.live_rows + self.compaction_records
+                ):
+                    self._compact_oldest()
+            finally:
+                self._compacting = False
+
+    def _compact_oldest(self) -> None:
+        """Copy the live records of [begin, begin + compaction_records) to the tail."""
+        until = min(self.begin + self.compaction_records, self.head)
+        for start in range(0, self.num_rows, _SCAN_ROWS):
+            part = self.index[start : start + _SCAN_ROWS]
+            ids = start + np.flatnonzero((part >= self.begin) & (part < until))
+            step = max(1, self.capacity // 2)
+            for first in range(0, len(ids), step):
+                chunk = ids[first : first + step].astype(np.int64)
+                rows = self._disk_read(self.index[chunk])
+                self._append(chunk, rows)
+                self.compacted_records += len(chunk)
+        self._unpunched.append((self.begin * self.stride, (until - self.begin) * self.stride))
+        self.begin = until
+        self._punch_freed()
+
+    def _punch_freed(self) -> None:
+        """Free compacted ranges once no read that may still address them is in flight."""
+        if self._disk_readers == 0:
+            for offset, length in self._unpunched:
+                _punch_hole(self.fd, offset, length)
+            self._unpunched = []
 
     def _append(self, ids: I64, rows: F32) -> None:
         """RCU: give `ids` new records at the tail, evicting the oldest records FIFO."""
         count = len(ids)
         if count > self.capacity:
             raise ValueError(f"{count} records do not fit a log of {self.capacity}")
-        if self.tail + count - self.head > self.capacity:
+        while self.tail + count - self.head > self.capacity:  # (compaction may append)
             self._flush_to(self.tail + count - self.capacity)
         addresses = np.arange(self.tail, self.tail + count, dtype=np.int64)
+        self.live_rows += int(np.count_nonzero(self.index[ids] < 0))
         positions = addresses % self.capacity
         self.ring_rows[positions] = rows
         self.ring_ids[positions] = ids
@@ -528,11 +603,18 @@ class HybridLogTable(_RowsOfLastGet):
             never = addresses < 0
             on_disk = ~in_memory & ~never
             disk_addresses = addresses[on_disk]
+            reading = bool(on_disk.any())
+            self._disk_readers += reading
         self.memory_hits += int(in_memory.sum())
         if never.any():
             rows[never] = init_rows(ids[never], self.spec, self.seed)
-        if on_disk.any():
-            disk_rows = self._disk_read(disk_addresses)
+        if reading:
+            try:
+                disk_rows = self._disk_read(disk_addresses)
+            finally:
+                with self.lock:
+                    self._disk_readers -= 1
+                    self._punch_freed()
             self.disk_reads += len(disk_addresses)
             rows[on_disk] = disk_rows
             if self.mlkv and copy_to_tail:  # MLKV: a read from disk copies it to the tail
@@ -572,9 +654,15 @@ class HybridLogTable(_RowsOfLastGet):
             addresses = self.index[ids]
             on_disk = (addresses >= 0) & (addresses < self.head)
             ids, addresses = ids[on_disk], addresses[on_disk]
-        if len(ids) == 0:
-            return
-        rows = self._disk_read(addresses)
+            if len(ids) == 0:
+                return
+            self._disk_readers += 1
+        try:
+            rows = self._disk_read(addresses)
+        finally:
+            with self.lock:
+                self._disk_readers -= 1
+                self._punch_freed()
         self.prefetch_reads += len(addresses)
         with self.lock:
             still = self.index[ids] == addresses
@@ -599,6 +687,8 @@ class HybridLogTable(_RowsOfLastGet):
             "stall_s": float("nan"),
             "appends": self.appends,
             "prefetch_reads": self.prefetch_reads,
+            "compacted_records": self.compacted_records,
+            "disk_log_bytes": (self.head - self.begin) * self.stride,
         }
 
     def close(self) -> None:
