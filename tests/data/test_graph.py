@@ -205,3 +205,8 @@ def test_papers_like_holds_one_chunk_at_a_time(tmp_path: Path) -> None:
     before_mib, after_mib, num_edges = (int(v) for v in out.stdout.split())
     assert num_edges > 25_000_000
     assert after_mib - before_mib < 600, out.stdout
+
+
+def test_a_node_in_two_splits_is_refused_with_the_nodes() -> None:
+    with pytest.raises(ValueError, match=r"train_ids and test_ids share 1 nodes, e\.g\. \[2\]"):
+        Graph.from_edges([0, 1], [1, 2], 3, [0, 1, 0], train_ids=[0, 2], val_ids=[1], test_ids=[2])

@@ -337,3 +337,31 @@ def test_graphsage_needs_one_block_per_layer() -> None:
         torch.zeros(len(batch.n_id), 4), batch.blocks
     )
     assert out.shape == (2, 2)
+
+
+def test_a_failed_step_releases_its_reads_so_training_can_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The loss of step 2 raises (as a NaN check or an out-of-memory would); the store at
+    # staleness 0 must be left with no open read, so a new training run on it works and the
+    # rows of the failed step are unchanged.
+    graph = _tiny_graph(tmp_path)
+    real = torch.nn.functional.cross_entropy
+    calls = {"n": 0}
+
+    def failing(*args: object, **kwargs: object) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("loss blew up")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    config = EmbeddingStore.Config(memory_budget_bytes=1 << 20, staleness_bound=0)
+    with EmbeddingStore.create(
+        tmp_path / "e", num_rows=graph.num_nodes, spec=EMB_SPEC, config=config
+    ) as store:
+        monkeypatch.setattr(torch.nn.functional, "cross_entropy", failing)
+        with pytest.raises(RuntimeError, match="loss blew up"):
+            train_gnn(graph, embeddings=store, config=TINY)
+        monkeypatch.setattr(torch.nn.functional, "cross_entropy", real)
+        result = train_gnn(graph, embeddings=store, config=TINY)
+        assert len(result.losses) == 7 and all(np.isfinite(result.losses))

@@ -172,6 +172,15 @@ class Graph:
             if ids.size and bool((self.labels[ids] < 0).any()):
                 bad = int(ids[self.labels[ids] < 0][0])
                 raise ValueError(f"{name} holds node {bad}, which has no label (-1)")
+        for first, second in (("train_ids", "val_ids"), ("train_ids", "test_ids"),
+                              ("val_ids", "test_ids")):  # fmt: skip
+            common = np.intersect1d(getattr(self, first), getattr(self, second))
+            if common.size:
+                raise ValueError(
+                    f"{first} and {second} share {common.size} nodes, e.g. "
+                    f"{common[:5].tolist()}; give each node one split (a test node trained on "
+                    "inflates the accuracy)"
+                )
         if self.features is not None:
             if not isinstance(self.features, np.ndarray) or self.features.dtype != np.float32:
                 raise TypeError("features must be a float32 numpy array (N, F) or None")

@@ -23,6 +23,7 @@ C classes.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Iterator
@@ -303,28 +304,36 @@ def _train(
         feat_SF = _pull(features, batch.ids, order, step, read_only=True)
         emb_SD = _pull(embeddings, batch.ids, order, step, read_only=False)
         t1 = time.perf_counter()
-        x_SI, leaf_SD = _inputs(feat_SF, emb_SD)
-        if model is None:  # built at the first batch, when the row widths are known
-            model = GraphSAGE(
-                x_SI.shape[1],
-                graph.num_classes,
-                config.hidden_channels,
-                len(config.fanouts),
-                config.dropout,
-            )
-            optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-        assert optimizer is not None
-        model.train()
-        target_B = torch.from_numpy(np.asarray(labels[sampled.seeds], dtype=np.int64))
-        loss = torch.nn.functional.cross_entropy(model(x_SI, sampled.blocks), target_B)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]  # torch stub gap
-        t2 = time.perf_counter()
-        optimizer.step()
-        if embeddings is not None:
-            assert leaf_SD.grad is not None
-            grad_SD = leaf_SD.grad.numpy()
-            embeddings.apply_gradients(batch.ids, np.ascontiguousarray(grad_SD[order]), step)
+        try:
+            x_SI, leaf_SD = _inputs(feat_SF, emb_SD)
+            if model is None:  # built at the first batch, when the row widths are known
+                model = GraphSAGE(
+                    x_SI.shape[1],
+                    graph.num_classes,
+                    config.hidden_channels,
+                    len(config.fanouts),
+                    config.dropout,
+                )
+                optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+            assert optimizer is not None
+            model.train()
+            target_B = torch.from_numpy(np.asarray(labels[sampled.seeds], dtype=np.int64))
+            loss = torch.nn.functional.cross_entropy(model(x_SI, sampled.blocks), target_B)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]  # torch stub gap
+            t2 = time.perf_counter()
+            optimizer.step()
+            if embeddings is not None:
+                assert leaf_SD.grad is not None
+                grad_SD = leaf_SD.grad.numpy()
+                embeddings.apply_gradients(batch.ids, np.ascontiguousarray(grad_SD[order]), step)
+        except BaseException:
+            # a failed step leaves no open read behind: the table accepts the next step's
+            release = getattr(embeddings, "release", None)
+            if embeddings is not None and release is not None:
+                with contextlib.suppress(Exception):  # the step's own error is the one to see
+                    release(batch.ids, step)
+            raise
         t3 = time.perf_counter()
         losses.append(float(loss.item()))
         num_seeds += len(sampled.seeds)
