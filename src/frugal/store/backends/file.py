@@ -79,7 +79,6 @@ ADDRESS_BITS = 31  # int32 addresses
 SEGMENT_TARGET_BYTES = 256 << 20  # records per segment: the power of two nearest this size
 MIN_SEGMENT_SHIFT = 12
 CLEAN_MIN_RECORDS = 65536  # never clean a log smaller than this
-MAX_CLEANS_PER_WRITE = 4  # segments one write_rows call may clean (bounds its latency)
 SCAN_ROWS = 1 << 20  # rows of `location` scanned at a time (bounds temporary memory)
 _UINT32 = 0xFFFFFFFF
 
@@ -771,7 +770,9 @@ class FileBackend:
             return
         with self._append_lock:
             self._append_locked(ids, rows)
-            for _ in range(MAX_CLEANS_PER_WRITE):
+            # Each cleaning frees at least 1 - 1/max_space_amplification of a segment, so a
+            # write of n records waits for at most about 3n/segment_records of them (at 1.5).
+            for _ in range(len(self._segments)):  # (each segment at most once per write)
                 if not self._clean_one():
                     break
 
@@ -805,9 +806,9 @@ class FileBackend:
         candidates = [s for s in self._segments if s != tail_slot and s not in self._retired]
         if not candidates:
             return False
+        # Over the bound, the segments average under 1/max_space_amplification live records,
+        # so the emptiest one costs at most that fraction of a segment to copy.
         slot = min(candidates, key=lambda s: (int(self.live_per_slot[s]), s))
-        if self.live_per_slot[slot] >= self.segment_records // 2:
-            return False  # too full to pay for its copy; more garbage must come first
         self._clean(slot)
         return True
 
