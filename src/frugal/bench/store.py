@@ -971,6 +971,18 @@ def _memory_fields(row: dict[str, Any], budget: int, anon_growth_mib: float) -> 
     }
 
 
+def _disk_log_stats(stats: dict[str, Any]) -> dict[str, int]:
+    """What a log-structured system's log held at the end and what its cleaner copied.
+
+    frugal's file backend: records on disk and live, segments cleaned and deleted; hlog and
+    mlkv: the disk log's bytes and the records compaction copied ({} for the others).
+    """
+    keys = ("disk_records", "live_records", "cleaned_records", "deleted_segments",
+            "disk_log_bytes", "compacted_records")  # fmt: skip
+    merged = {**stats, **stats.get("backend", {})}
+    return {k: int(merged[k]) for k in keys if k in merged}
+
+
 def _read_vectors(system: Any) -> Callable[[npt.NDArray[np.int64]], Any]:
     """Reads of vectors that change no row (for evaluation after training).
 
@@ -1037,6 +1049,7 @@ def _execute_kge(run: _Run) -> dict[str, Any]:
         "p99_step_ms": 1000 * float(np.percentile(step_s, 99)),
         **_memory_fields(row, budget, anon_growth_mib),
         "staleness_max": stats.get("staleness_max", 0),
+        "disk_log": _disk_log_stats(stats),
         "final_loss": float(np.mean(result.losses[-tail:])),
         "quality_metric": "sampled_mrr",
         "quality": quality["mrr"],
@@ -1140,6 +1153,7 @@ def _execute_gnn(run: _Run) -> dict[str, Any]:
         **{f"p50_{name}": value for name, value in phases.items()},
         **_memory_fields(row, budget, anon_growth_mib),
         "staleness_max": stats.get("staleness_max", 0),
+        "disk_log": _disk_log_stats(stats),
         "final_loss": float(np.mean(result.losses[-tail:])),
         "quality_metric": "test_accuracy",
         "quality": result.test_accuracy,
@@ -1252,6 +1266,7 @@ def _execute(run: _Run) -> dict[str, Any]:
         "p99_step_ms": 1000 * float(np.percentile(measured, 99)),
         **_memory_fields(row, budget, anon_growth_mib),
         "staleness_max": stats.get("staleness_max", 0),
+        "disk_log": _disk_log_stats(stats),
         "final_loss": float(np.mean(losses[-tail:])),
         "quality_metric": "final_loss",
         "quality": float(np.mean(losses[-tail:])),
