@@ -515,3 +515,17 @@ def test_a_state_dict_of_another_store_of_the_same_shape_is_refused(tmp_path: Pa
     (tmp_path / "a").rename(moved)  # a moved folder keeps its id: its state still loads
     with EmbeddingStore.open(moved) as again:
         StoreEmbedding(again).load_state_dict(state)
+
+
+def test_pickling_a_store_module_names_what_to_save_instead(tmp_path: Path) -> None:
+    import copy
+    import io
+
+    with EmbeddingStore.create(
+        tmp_path / "s", num_rows=NUM_ROWS, spec=RowSpec(embedding_dim=DIM)
+    ) as store:
+        model = torch.nn.Sequential(StoreEmbedding(store), torch.nn.Linear(DIM, 1))
+        for attempt in (lambda: torch.save(model, io.BytesIO()), lambda: copy.deepcopy(model)):
+            with pytest.raises(TypeError, match=r"cannot be pickled .* save model\.state_dict\(\)"):
+                attempt()
+        torch.save(model.state_dict(), io.BytesIO())  # what the message suggests works

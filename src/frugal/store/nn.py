@@ -83,6 +83,21 @@ class _StoreModule(nn.Module):
         self.pending: list[_Pending] = []
         """Training forwards whose gradients `StoreSparseOptimizer.step()` has not sent yet."""
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Refuse to pickle (`torch.save(model)`, `copy.deepcopy`).
+
+        The module holds an open store (files, threads, a lock) whose rows may outgrow RAM.
+
+        Raises:
+            TypeError: Always, naming what to save instead.
+        """
+        raise TypeError(
+            f"a {type(self).__name__} cannot be pickled (torch.save(model), copy.deepcopy): "
+            f"it holds the open store at {self.store.directory}; save model.state_dict() "
+            "instead (it checkpoints the store and references it) and rebuild the module "
+            "over EmbeddingStore.open(...) to load it"
+        )
+
     def _normalize_padding_idx(self, padding_idx: int | None) -> int | None:
         if padding_idx is None:
             return None
