@@ -279,6 +279,19 @@ class _RowsOfLastGet:
     def _read(self, ids: I64) -> F32:
         raise NotImplementedError
 
+    def _store(self, ids: I64, rows: F32) -> None:
+        raise NotImplementedError
+
+    def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
+        """The optimizer on the rows `get` fetched (same ids), then one batched store."""
+        rows = self._rows_for_update(ids)
+        apply_optimizer(rows, grads, self.spec)
+        self._store(ids, rows)
+
+    def put(self, ids: I64, rows: F32, step: int) -> None:
+        """Store whole rows (N, W) in one batch."""
+        self._store(ids, np.ascontiguousarray(rows, dtype=np.float32))
+
     def get(self, ids: I64, step: int) -> F32:
         """Vectors of `ids`; the whole rows are kept for the update of the same ids."""
         rows = self._read(ids)
@@ -405,19 +418,10 @@ class KvOffloadTable(_RowsOfLastGet):
         self.bytes_read += stored * self.spec.row_bytes
         return rows
 
-    def _write(self, ids: I64, rows: F32) -> None:
+    def _store(self, ids: I64, rows: F32) -> None:
+        """One batched put of whole rows."""
         self.db.put(id_items(ids, rows, np.dtype(np.float32)))
         self.bytes_written += len(ids) * self.spec.row_bytes
-
-    def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
-        """Optimizer on the rows fetched by `get` (same ids), then one batched put."""
-        rows = self._rows_for_update(ids)
-        apply_optimizer(rows, grads, self.spec)
-        self._write(ids, rows)
-
-    def put(self, ids: I64, rows: F32, step: int) -> None:
-        """One batched put of whole rows."""
-        self._write(ids, np.ascontiguousarray(rows, dtype=np.float32))
 
     def lookahead(self, ids: Any, step: int) -> None:
         """A plain KV store has no lookahead."""
@@ -625,17 +629,8 @@ class HybridLogTable(_RowsOfLastGet):
 
     # --- BenchTable ----------------------------------------------------------------------------
 
-    def apply_gradients(self, ids: I64, grads: F32, step: int) -> None:
-        """Read-modify-write: in place in the mutable region, else append (RCU)."""
-        rows = self._rows_for_update(ids)
-        apply_optimizer(rows, grads, self.spec)
-        self._upsert(ids, rows)
-
-    def put(self, ids: I64, rows: F32, step: int) -> None:
+    def _store(self, ids: I64, rows: F32) -> None:
         """Upsert whole rows: in place in the mutable region, else append (RCU)."""
-        self._upsert(ids, np.ascontiguousarray(rows, dtype=np.float32))
-
-    def _upsert(self, ids: I64, rows: F32) -> None:
         with self.lock:
             addresses = self.index[ids]
             mutable = addresses >= max(self.head, self._read_only_address())
