@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from frugal.store import (
+    CacheTooSmallError,
     EmbeddingStore,
     NonFiniteError,
     OptimizerConfig,
@@ -547,3 +548,39 @@ def test_table_sha256_of_some_rows_hashes_those_rows_in_that_order(tmp_path: Pat
     hashed = EmbeddingStore.create(tmp_path / "h", num_rows=50, spec=SPEC, key_space="hashed")
     with hashed, pytest.raises(ValueError, match="needs a dense key space"):
         hashed.table_sha256(ids=[1])
+
+
+def test_pinned_rows_stay_resident_and_cost_no_reads(tmp_path: Path) -> None:
+    # A cache of about a thousand rows; rows 0-99 pinned. A stream of gets over rows 100-4999
+    # (many times the cache) evicts everything else, yet the pinned rows are still hits,
+    # and their updates survive a reopen.
+    spec = RowSpec(embedding_dim=8, optimizer=OptimizerConfig(kind="sgd", lr=1.0))
+    config = EmbeddingStore.Config(memory_budget_bytes=160 << 10)
+    hot = np.arange(100)
+    with EmbeddingStore.create(tmp_path / "s", num_rows=5000, spec=spec, config=config) as store:
+        capacity = store.cache_rows
+        assert 200 < capacity < 2000
+        assert store.pin(hot) == 100 and store.stats()["pinned_rows"] == 100
+        rng = np.random.default_rng(0)
+        for step in range(150):
+            ids = np.unique(rng.integers(100, 5000, 40))
+            store.get(ids, step=step)
+            store.apply_gradients(ids, np.ones((len(ids), 8), np.float32), step=step)
+        assert store.stats()["evictions"] > 3 * capacity
+        misses = store.stats()["misses"]
+        store.get(hot, step=150)
+        assert store.stats()["misses"] == misses  # all 100 pinned rows were resident
+        store.apply_gradients(hot, np.full((100, 8), 0.5, np.float32), step=150)
+        expected = init_rows(hot, spec, 0)[:, :8] - 0.5
+        # At most half the cache may be pinned; the number the error names is accepted.
+        more = capacity // 2 - 100
+        with pytest.raises(ValueError, match=rf"pin at most {more} more"):
+            store.pin(np.arange(1000, 1000 + more + 1))
+        assert store.pin(np.arange(1000, 1000 + more)) == capacity // 2
+        # A batch larger than the unpinned slots says the pinned rows are in the way.
+        with pytest.raises(CacheTooSmallError, match="pinned: unpin some"):
+            store.get(np.arange(2000, 2000 + capacity - capacity // 2 + 5), step=151)
+        assert store.unpin(np.arange(1000, 1000 + more)) == 100
+        assert store.unpin() == 0
+    with EmbeddingStore.open(tmp_path / "s") as store:
+        np.testing.assert_array_equal(store.peek(hot, cols="emb"), expected)

@@ -70,7 +70,8 @@ _SLOT_RECORD = np.dtype(
         ("readers", np.int32),  # open reads
         ("state", np.int8),  # FREE, VALID or LOADING
         ("dirty", np.bool_),  # changed since written to the backend
-        ("pad", np.int16),
+        ("pinned", np.int8),  # kept resident until unpinned (`pin`)
+        ("pad", np.int8),
     ]
 )
 
@@ -151,6 +152,8 @@ class RowCache:
         self.slot_state = self.meta["state"]
         self.dirty = self.meta["dirty"]
         self.readers = self.meta["readers"]
+        self.pinned = self.meta["pinned"]
+        self.pinned_count = 0
         self.reader_thread = self.meta["reader_thread"]
         self.closes = 0  # puts/updates so far: progress that may unblock a waiting get
         # thread -> (ids, whole rows, closes, slots) of its last counted get (see `update`).
@@ -231,9 +234,12 @@ class RowCache:
         open_slots = np.flatnonzero(self.readers)
         loading = bool((self.slot_state == LOADING).any())
         if len(open_slots) == 0 and not loading:
+            pinned = (
+                f" ({self.pinned_count} of them pinned: unpin some)" if self.pinned_count else ""
+            )
             raise CacheTooSmallError(
-                f"a call needs {wanted} rows but the cache holds {self.capacity}; raise "
-                "memory_budget_bytes or lower the batch size",
+                f"a call needs {wanted} rows but the cache holds {self.capacity}{pinned}; "
+                "raise memory_budget_bytes or lower the batch size",
                 wanted_rows=wanted,
                 capacity_rows=self.capacity,
             )
@@ -258,7 +264,7 @@ class RowCache:
                 self.last_access - (np.int64(1) << 61),
                 (np.int64(1) << 40) - self.next_use,
             )
-        blocked = (self.slot_state != VALID) | (self.readers > 0)
+        blocked = (self.slot_state != VALID) | (self.readers > 0) | (self.pinned != 0)
         keys[blocked] = np.iinfo(np.int64).max
         if protect is not None:
             keys[protect] = np.iinfo(np.int64).max
@@ -330,6 +336,8 @@ class RowCache:
         The slots are not yet on the free list; the caller pushes them when it is done.
         """
         self.index.remove(ids, slots)
+        self.pinned_count -= int(np.count_nonzero(self.pinned[slots]))
+        self.pinned[slots] = 0
         self.slot_ids[slots] = -1
         self.slot_state[slots] = FREE
         self.dirty[slots] = False
@@ -537,6 +545,64 @@ class RowCache:
             if waited:
                 self.stats.stall_s += time.perf_counter() - start
         return rows
+
+    def pin(self, ids: I64, step: int) -> int:
+        """Load rows of sorted unique `ids` and keep them resident until `unpin`.
+
+        A static cache beside the dynamic one, as GNN systems keep their hottest nodes'
+        features (PaGraph, SoCC 2020; GNNLab, EuroSys 2022): pinned rows are never evicted,
+        so they cost no I/O however the lookahead ranks them. At most half the slots may be
+        pinned, so batches keep room. Returns the number of rows pinned in all.
+
+        Raises:
+            ValueError: If the pinned rows would exceed half the cache (the message names
+                how many more fit).
+            StoreError: If the cache is closed or a background job failed.
+        """
+        limit = self.capacity // 2
+        with self.cond:
+            self._check()
+            slots = self.index.lookup(ids)
+            resident = slots >= 0
+            already = np.zeros(len(ids), dtype=bool)
+            already[resident] = self.pinned[slots[resident]] != 0
+            new = int(np.count_nonzero(~already))
+            if self.pinned_count + new > limit:
+                raise ValueError(
+                    f"pinning {new} more rows would pin {self.pinned_count + new} of the "
+                    f"cache's {self.capacity} slots; at most half ({limit}) may be pinned, so "
+                    f"pin at most {max(0, limit - self.pinned_count)} more (or raise "
+                    "memory_budget_bytes)"
+                )
+        todo = ids[~already]
+        chunk = max(1, self.capacity // 4)
+        for first in range(0, len(todo), chunk):
+            part = todo[first : first + chunk]
+            while True:  # resident, then pinned under the lock (another thread may evict)
+                self.get(part, step, count_read=False, count_stats=False)
+                with self.cond:
+                    slots = self.index.lookup(part)
+                    if (slots < 0).any() or (self.slot_state[slots] != VALID).any():
+                        continue
+                    fresh = self.pinned[slots] == 0
+                    self.pinned[slots] = 1
+                    self.pinned_count += int(np.count_nonzero(fresh))
+                    break
+        return self.pinned_count
+
+    def unpin(self, ids: I64 | None = None) -> int:
+        """Let rows of `ids` (None: all) be evicted again; returns the rows still pinned."""
+        with self.cond:
+            if ids is None:
+                self.pinned[:] = 0
+                self.pinned_count = 0
+            else:
+                slots = self.index.lookup(ids)
+                slots = slots[slots >= 0]
+                self.pinned_count -= int(np.count_nonzero(self.pinned[slots]))
+                self.pinned[slots] = 0
+            self.cond.notify_all()
+            return self.pinned_count
 
     def _consume_hints(self, slots: npt.NDArray[np.int64], step: int) -> None:
         """After serving `step`, move each served row's next use to its next hinted step.

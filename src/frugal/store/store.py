@@ -940,6 +940,48 @@ class EmbeddingStore:
         unique, _ = _unique(flat[flat >= 0])
         self.cache.release(unique)
 
+    def pin(self, ids: Any, step: int = 0) -> int:
+        """Load these rows into the cache and never evict them until `unpin`.
+
+        A static cache for rows known to be hot, e.g. the features of the nodes a GNN
+        sampler visits most (`frugal.store.gnn.hot_nodes`), as PaGraph (SoCC 2020) and GNNLab
+        (EuroSys 2022) keep them: pinned rows are served without I/O however far ahead the
+        lookahead looks. They take cache slots from the batches: at most half the cache may be
+        pinned. Reads and updates of pinned rows work as usual (an updated pinned row is
+        written back at `flush` and checkpoints).
+
+        Args:
+            ids: Integer row ids (or keys) of any shape; duplicates are fine.
+            step: Training step, for recency.
+
+        Returns:
+            The number of rows pinned now, these included.
+
+        Raises:
+            TypeError: If ids are not integers.
+            IndexError: If an id is outside [0, num_rows).
+            ValueError: If more than half the cache would be pinned (the message says how
+                many more rows fit).
+            StoreError: If the store is closed.
+        """
+        self._check_open()
+        step, flat = self._step_and_rows(ids, step)
+        return self.cache.pin(np.unique(flat), step)
+
+    def unpin(self, ids: Any = None) -> int:
+        """Let pinned rows (None: all) be evicted again; returns how many stay pinned.
+
+        Raises:
+            TypeError: If ids are not integers.
+            IndexError: If an id is outside [0, num_rows).
+            StoreError: If the store is closed.
+        """
+        self._check_open()
+        if ids is None:
+            return self.cache.unpin(None)
+        rows = self._rows_of(ids, insert=False)
+        return self.cache.unpin(np.unique(rows[rows >= 0]))
+
     def lookahead(self, ids: Any, step: int) -> None:
         """Hint that `ids` will be read at `step`; missing rows are prefetched in the background.
 
@@ -1056,6 +1098,7 @@ class EmbeddingStore:
         looked_up = s.hits + s.misses
         return {
             "capacity_rows": self.cache.capacity,
+            "pinned_rows": self.cache.pinned_count,
             "slot_index": self.cache.index.kind,
             "key_space": self.key_space,
             "num_keys": self.num_rows if self.keys is None else self.keys.num_keys,
