@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -365,3 +366,41 @@ def test_a_failed_step_releases_its_reads_so_training_can_go_on(
         monkeypatch.setattr(torch.nn.functional, "cross_entropy", real)
         result = train_gnn(graph, embeddings=store, config=TINY)
         assert len(result.losses) == 7 and all(np.isfinite(result.losses))
+
+
+def test_hot_nodes_ranks_the_hub_of_a_star_first() -> None:
+    # Every leaf's only neighbour is node 0, so each batch that holds a leaf samples node 0:
+    # it is the most visited node whatever the seed.
+    from frugal.store.gnn import hot_nodes
+
+    graph = _star_graph()
+    for seed in (1, 2, 3):
+        hot = hot_nodes(graph, 3, fanouts=(2,), batch_size=2, num_batches=6, seed=seed)
+        assert hot[0] == 0 and len(hot) == 3 and len(set(hot.tolist())) == 3
+    visited = hot_nodes(graph, 100, fanouts=(2,), batch_size=2, num_batches=6)
+    assert 8 not in visited.tolist()  # the isolated node is never sampled as a neighbour
+    with pytest.raises(ValueError, match="num_batches=0 >= 1"):
+        hot_nodes(graph, 3, fanouts=(2,), batch_size=2, num_batches=0)
+
+
+def test_pinned_features_train_the_same_model_with_fewer_misses(tmp_path: Path) -> None:
+    graph = _tiny_graph(tmp_path)
+    assert graph.features is not None
+    results, misses = {}, {}
+    for fraction in (0.0, 0.25):
+        # 128 KiB caches about 1,300 of the 1,500 feature rows (32 B each).
+        config = EmbeddingStore.Config(memory_budget_bytes=128 << 10, staleness_bound=0)
+        with EmbeddingStore.create(
+            tmp_path / f"f{fraction}", num_rows=graph.num_nodes, spec=FEAT_SPEC, config=config
+        ) as features:
+            load_rows(features, graph.features, chunk_rows=500)
+            before = features.stats()["misses"]
+            settings = replace(TINY, pin_feature_fraction=fraction, lookahead=0)
+            results[fraction] = train_gnn(graph, features=features, config=settings)
+            misses[fraction] = features.stats()["misses"] - before
+            assert features.stats()["pinned_rows"] == results[fraction].pinned_rows
+            if fraction:
+                assert results[fraction].pinned_rows == int(fraction * features.cache_rows)
+    assert results[0.25].losses == results[0.0].losses  # pinning changes no value
+    assert results[0.25].test_accuracy == results[0.0].test_accuracy
+    assert 0 < misses[0.25] < misses[0.0]

@@ -6,6 +6,8 @@
 - `train_gnn`: the training loop over any two `BenchTable`s (read-only features, learnable
   embeddings), returning losses, samples/s, a per-batch time breakdown and test accuracy.
 - `load_rows`: write read-only feature rows into a table.
+- `hot_nodes`: the nodes sampling visits most (GNNLab's presampling), to `pin` their
+  feature rows (`GnnTrainConfig.pin_feature_fraction`).
 
 Data: `Graph.from_events(load_events("pubmed"))` (real, 19,717 nodes, 3 classes, no features
 in the bundled files) and `frugal.data.papers_like` (ogbn-papers100M-shaped, any size).
@@ -19,7 +21,13 @@ References:
 from frugal.data.graph import Graph
 from frugal.store.gnn.model import GraphSAGE, SAGEConv
 from frugal.store.gnn.sampler import Block, NeighborSampler, SampledBatch
-from frugal.store.gnn.train import GnnTrainConfig, GnnTrainResult, load_rows, train_gnn
+from frugal.store.gnn.train import (
+    GnnTrainConfig,
+    GnnTrainResult,
+    hot_nodes,
+    load_rows,
+    train_gnn,
+)
 
 __all__ = [
     "Block",
@@ -30,6 +38,7 @@ __all__ = [
     "NeighborSampler",
     "SAGEConv",
     "SampledBatch",
+    "hot_nodes",
     "load_rows",
     "train_gnn",
 ]
