@@ -217,6 +217,9 @@ class StoreGNNConfig:
     """Batches hinted ahead by mlkv and frugal (MLKV's GNN path: 1)."""
     max_eval_nodes: int = 2000
     """Test nodes evaluated after training."""
+    pin_feature_fraction: float = 0.0
+    """Share of frugal's feature cache pinned with the hottest nodes' rows before training
+    (`GnnTrainConfig.pin_feature_fraction`; the other systems cannot pin), in [0, 0.5]."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -714,6 +717,7 @@ def _gnn_settings(g: StoreGNNConfig, seed: int) -> Any:
         fanouts=g.fanouts, batch_size=g.batch_size, hidden_channels=g.hidden_channels,
         num_epochs=10**6, max_steps=g.num_steps, warmup_steps=g.warmup_steps,
         max_eval_nodes=g.max_eval_nodes, seed=seed,
+        pin_feature_fraction=g.pin_feature_fraction,
     )  # fmt: skip
 
 
@@ -892,6 +896,13 @@ class _StoreAdapter:
 
     def lookahead(self, ids: Any, step: int) -> None:
         self.store.lookahead(ids, step)
+
+    def pin(self, ids: npt.NDArray[np.int64], step: int = 0) -> int:
+        return int(self.store.pin(ids, step))
+
+    @property
+    def cache_rows(self) -> int:
+        return int(self.store.cache_rows)
 
     def table_sha256(self, ids: npt.NDArray[np.int64] | None = None) -> str:
         sha: str = self.store.table_sha256(ids=ids)
@@ -1145,6 +1156,7 @@ def _execute_gnn(run: _Run) -> dict[str, Any]:
         "stall_fraction": pull_s / result.train_s,
         "hit_ratio": stats.get("hit_ratio", float("nan")),
         "feature_hit_ratio": feature_stats.get("hit_ratio", float("nan")),
+        "pinned_feature_rows": result.pinned_rows,
         "read_bytes_per_batch": (stats.get("bytes_read", 0) + feature_stats.get("bytes_read", 0))
         / result.num_steps,
         "written_bytes_per_batch": stats.get("bytes_written", 0) / result.num_steps,
