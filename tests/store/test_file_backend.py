@@ -322,3 +322,33 @@ def test_the_store_config_sets_the_logs_space_bound(tmp_path: Path) -> None:
         store.put(np.arange(4), _rows(np.arange(4), 1.0))
         store.flush()
         assert store.stats()["backend"]["live_records"] == 4
+
+
+def test_an_empty_checkpoint_pins_no_segment_and_recovers_a_fresh_tail(tmp_path: Path) -> None:
+    # Checkpoint 0 of a new table points at no record: it pins nothing, so the cleaner may
+    # delete segment 0; recovering checkpoint 0 then begins an empty tail segment anew.
+    backend = _small_segments(tmp_path, 2000)
+    info = backend.checkpoint(0)
+    backend.finish_checkpoint(0)
+    assert info["segments"] == {} and info["tail"] == 0
+    rng = np.random.default_rng(3)
+    ids = np.arange(2000, dtype=np.int64)
+    backend.write_rows(ids, _rows(ids, 1.0))
+    for rnd in range(30):
+        part = np.sort(rng.choice(2000, size=600, replace=False)).astype(np.int64)
+        backend.write_rows(part, _rows(part, 10.0 + rnd))
+    # The first segment (sequence 0) was deleted (its slot may hold a newer one).
+    assert backend.deleted_segments > 0
+    assert all(segment.sequence > 0 for segment in backend._segments.values())
+    assert backend.disk_records() <= 1.5 * 2000 + 3 * 1024
+    backend.close()  # a crash
+    backend = _small_segments(tmp_path, 2000, 0, manifest_info=info)
+    try:
+        assert _segment_files(tmp_path) == ["log.0.dat"] and backend.tail == 0
+        out = np.empty((2000, ADAM16.width), dtype=np.float32)
+        assert not backend.read_rows(ids, out).any()  # every row at its initial value
+        backend.write_rows(ids[:5], _rows(ids[:5], 7.0))
+        assert backend.read_rows(ids[:5], out[:5]).all()
+        assert np.array_equal(out[:5], _rows(ids[:5], 7.0))
+    finally:
+        backend.close()

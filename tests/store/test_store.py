@@ -578,9 +578,26 @@ def test_pinned_rows_stay_resident_and_cost_no_reads(tmp_path: Path) -> None:
             store.pin(np.arange(1000, 1000 + more + 1))
         assert store.pin(np.arange(1000, 1000 + more)) == capacity // 2
         # A batch larger than the unpinned slots says the pinned rows are in the way.
-        with pytest.raises(CacheTooSmallError, match="pinned: unpin some"):
+        with pytest.raises(CacheTooSmallError, match=r"of them pinned, so \d+ are left for it"):
             store.get(np.arange(2000, 2000 + capacity - capacity // 2 + 5), step=151)
         assert store.unpin(np.arange(1000, 1000 + more)) == 100
         assert store.unpin() == 0
     with EmbeddingStore.open(tmp_path / "s") as store:
         np.testing.assert_array_equal(store.peek(hot, cols="emb"), expected)
+
+
+def test_small_bad_inputs_of_the_store_api_get_clear_answers(tmp_path: Path) -> None:
+    import copy
+    import pickle
+
+    with EmbeddingStore.create(tmp_path / "s", num_rows=20, spec=SPEC) as store:
+        # An empty Python list is no ids (numpy calls it float64), not a dtype error.
+        assert store.get([]).shape == (0, SPEC.embedding_dim)
+        assert store.pin([]) == 0 and store.unpin([]) == 0
+        assert store.table_sha256(ids=[]) == hashlib.sha256(b"").hexdigest()
+        for bad in (0, -5, 1.5, True):
+            with pytest.raises(ValueError, match=r"chunk_rows=.* must be an integer >= 1"):
+                store.table_sha256(chunk_rows=bad)
+        for attempt in (lambda: pickle.dumps(store), lambda: copy.deepcopy(store)):
+            with pytest.raises(TypeError, match="EmbeddingStore cannot be pickled or copied"):
+                attempt()

@@ -900,6 +900,9 @@ class _StoreAdapter:
     def pin(self, ids: npt.NDArray[np.int64], step: int = 0) -> int:
         return int(self.store.pin(ids, step))
 
+    def unpin(self, ids: npt.NDArray[np.int64] | None = None) -> int:
+        return int(self.store.unpin(ids))
+
     @property
     def cache_rows(self) -> int:
         return int(self.store.cache_rows)

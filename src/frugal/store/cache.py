@@ -235,7 +235,10 @@ class RowCache:
         loading = bool((self.slot_state == LOADING).any())
         if len(open_slots) == 0 and not loading:
             pinned = (
-                f" ({self.pinned_count} of them pinned: unpin some)" if self.pinned_count else ""
+                f", {self.pinned_count} of them pinned, so {self.capacity - self.pinned_count} "
+                "are left for it (unpin rows, or pin fewer: pin_feature_fraction in train_gnn)"
+                if self.pinned_count
+                else ""
             )
             raise CacheTooSmallError(
                 f"a call needs {wanted} rows but the cache holds {self.capacity}{pinned}; "
@@ -569,7 +572,7 @@ class RowCache:
             new = int(np.count_nonzero(~already))
             if self.pinned_count + new > limit:
                 raise ValueError(
-                    f"pinning {new} more rows would pin {self.pinned_count + new} of the "
+                    f"pinning {new} more row(s) would pin {self.pinned_count + new} of the "
                     f"cache's {self.capacity} slots; at most half ({limit}) may be pinned, so "
                     f"pin at most {max(0, limit - self.pinned_count)} more (or raise "
                     "memory_budget_bytes)"

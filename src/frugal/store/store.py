@@ -155,6 +155,8 @@ def _check_file_hashes(directory: Path, manifest: dict[str, Any]) -> None:
 def _validate_ids(ids: Any, num_rows: int) -> I64:
     """Return ids as a flat int64 array, or raise without touching the store."""
     array = np.asarray(ids)
+    if array.size == 0 and array.dtype == np.float64:  # `[]`: no ids, whatever numpy guessed
+        array = array.astype(np.int64)
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(
             f"ids must be integers, got dtype {array.dtype}; pass an int64 array of row ids"
@@ -177,6 +179,8 @@ def _validate_ids(ids: Any, num_rows: int) -> I64:
 def _validate_keys(ids: Any) -> I64:
     """Return hashed-key-space ids as a flat int64 array; each must lie in [0, 2^63)."""
     array = np.asarray(ids)
+    if array.size == 0 and array.dtype == np.float64:  # `[]`: no ids, whatever numpy guessed
+        array = array.astype(np.int64)
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"ids must be integers, got dtype {array.dtype}; pass an int64 array")
     if array.dtype == np.uint64 and array.size and int(array.max()) >= 1 << 63:
@@ -724,6 +728,18 @@ class EmbeddingStore:
             _unlock(directory, lock_fd)
             raise
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Refuse to pickle or deepcopy an open store (files, threads, a lock).
+
+        Raises:
+            TypeError: Always, naming what to share instead.
+        """
+        raise TypeError(
+            f"an EmbeddingStore cannot be pickled or copied: it is the open store at "
+            f"{self.directory}; pass its folder and open it with EmbeddingStore.open(...) in "
+            "the other process (one process at a time), or copy the folder after close()"
+        )
+
     def __enter__(self) -> EmbeddingStore:
         return self
 
@@ -950,6 +966,10 @@ class EmbeddingStore:
         pinned. Reads and updates of pinned rows work as usual (an updated pinned row is
         written back at `flush` and checkpoints).
 
+        Pins live in this process only: `open`, `rollback()` (and so a store module's
+        `load_state_dict`) start with none. In a hashed key space, pinning an unseen key gives
+        it a row, as `get` does.
+
         Args:
             ids: Integer row ids (or keys) of any shape; duplicates are fine.
             step: Training step, for recency.
@@ -959,7 +979,8 @@ class EmbeddingStore:
 
         Raises:
             TypeError: If ids are not integers.
-            IndexError: If an id is outside [0, num_rows).
+            IndexError: If an id is outside [0, num_rows) (a dense key space).
+            KeySpaceFullError: If new keys of a hashed key space do not fit.
             ValueError: If more than half the cache would be pinned (the message says how
                 many more rows fit).
             StoreError: If the store is closed.
@@ -1053,8 +1074,14 @@ class EmbeddingStore:
 
         Raises:
             IndexError: If `ids` are outside [0, num_rows).
-            ValueError: If `ids` are given for a hashed key space.
+            ValueError: If `ids` are given for a hashed key space, or `chunk_rows` < 1.
         """
+        if chunk_rows is not None and (
+            isinstance(chunk_rows, bool)
+            or not isinstance(chunk_rows, (int, np.integer))
+            or chunk_rows < 1
+        ):
+            raise ValueError(f"chunk_rows={chunk_rows!r} must be an integer >= 1, or None")
         self.flush()
         if chunk_rows is None:  # stay within the I/O share of the memory budget
             chunk_rows = max(256, self._io_buffer_bytes // (2 * self.spec.row_bytes))

@@ -27,7 +27,7 @@ leaves the old bytes (a torn sector write writes the same bytes back).
 
 Online cleaning (bounded disk without checkpoints): every rewrite of a row leaves its older
 record as garbage. When the segments hold more than `max_space_amplification` x the live
-records (plus two segments), the cleaner copies the live records of the segment with the
+records plus two segments, the cleaner copies the live records of the segment with the
 fewest of them to the tail and deletes it (greedy cleaning, as in log-structured file systems,
 Rosenblum & Ousterhout, SOSP 1991; FASTER, SIGMOD 2018, compacts its hybrid log the same way).
 It runs in the writing thread under the append lock, so a write-back never races a copy of
@@ -36,8 +36,10 @@ the same row; readers keep the segment files they started with open until they f
 Checkpoints (crash safety): records are never overwritten, so the checkpoint of epoch e is
 `location` saved as `index.<e>.npy` plus the tail address and the segments the index points
 into, in the MANIFEST. Those segments are pinned: a cleaned pinned segment stays on disk until
-the next checkpoint no longer needs it. Recovery loads the index, cuts the tail segment at the
-checkpoint's tail and deletes segments written after it.
+the next checkpoint no longer needs it (so between checkpoints the log may hold up to the
+bound plus the segments emptied since the last one). Recovery loads the index, cuts the tail
+segment at the checkpoint's tail (or begins it anew if it was empty) and deletes segments
+written after the checkpoint.
 
 Shape legend: N rows in a call, W row width, S stride bytes.
 """
@@ -76,7 +78,7 @@ FORMAT_VERSION = 4  # 4: segment files, online cleaning; 3: one log file; 2: 512
 MAX_RUN_ROWS = 64  # records coalesced into one preadv at most
 WRITE_CHUNK_BYTES = 4 << 20  # one pwritev per 4 MiB of appended records
 ADDRESS_BITS = 31  # int32 addresses
-SEGMENT_TARGET_BYTES = 256 << 20  # records per segment: the power of two nearest this size
+SEGMENT_TARGET_BYTES = 256 << 20  # records per segment: the largest power of two within it
 MIN_SEGMENT_SHIFT = 12
 CLEAN_MIN_RECORDS = 65536  # never clean a log smaller than this
 SCAN_ROWS = 1 << 20  # rows of `location` scanned at a time (bounds temporary memory)
@@ -93,7 +95,7 @@ def record_bytes(row_bytes: int) -> int:
 
 
 def segment_shift_for(stride: int) -> int:
-    """log2 of the records per segment for records of `stride` bytes (segments ~256 MiB)."""
+    """log2 of the records per segment for records of `stride` bytes (128-256 MiB segments)."""
     records = max(1, SEGMENT_TARGET_BYTES // stride)
     return max(MIN_SEGMENT_SHIFT, min(ADDRESS_BITS - 1, records.bit_length() - 1))
 
@@ -447,7 +449,8 @@ class FileBackend:
             )
         self._init_geometry()
         tail_slot = self.tail >> self.shift
-        if not 0 <= self.tail < 1 << ADDRESS_BITS or tail_slot not in wanted:
+        tail_index = self.tail & (self.segment_records - 1)
+        if not 0 <= self.tail < 1 << ADDRESS_BITS or (tail_slot not in wanted and tail_index):
             raise StoreCorruptionError(
                 f"{self.directory}: MANIFEST tail {self.tail} is outside its segments "
                 f"{sorted(wanted)}"
@@ -478,6 +481,8 @@ class FileBackend:
                 )
             if slot == tail_slot and size > needed:
                 os.truncate(path, needed)  # records after the checkpoint: garbage
+        if tail_slot not in opened:  # the checkpoint's tail segment was empty: begin it anew
+            self._new_segment(tail_slot)
         self._pinned = frozenset(wanted)
 
     def _load_index(self, epoch: int, segments: dict[int, int]) -> npt.NDArray[np.int32]:
@@ -877,7 +882,11 @@ class FileBackend:
             tail_slot = self.tail >> self.shift
             if tail_slot not in self._segments:  # the tail segment is full: begin the next
                 self._new_segment(tail_slot)
-            needed = self._count_live() | {tail_slot}  # every slot the index points into
+            # Every slot the index points into, and the tail's if it holds records (recovery
+            # appends after them); an empty tail segment is begun anew by recovery.
+            needed = self._count_live()
+            if self.tail & (self.segment_records - 1):
+                needed.add(tail_slot)
             self._next_pinned = frozenset(needed)
             return {
                 "segment_shift": self.shift,

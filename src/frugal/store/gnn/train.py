@@ -27,7 +27,7 @@ import contextlib
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -76,7 +76,9 @@ class GnnTrainConfig:
     pin_feature_fraction: float = 0.0
     """Fraction of the features table's cache, in [0, 0.5], pinned before training with the
     feature rows of the nodes sampling visits most (`hot_nodes`, GNNLab's presampling), when
-    the table can pin (an `EmbeddingStore`); 0: off."""
+    the table can pin (an `EmbeddingStore`), and unpinned when training ends; 0: off. Pinned
+    rows leave less room for a batch's rows (and the lookahead's): a batch that no longer
+    fits raises `CacheTooSmallError`."""
     presample_batches: int = 16
     """Batches `hot_nodes` samples (with seed + 1, not the training draws) to rank nodes."""
     seed: int = 0
@@ -148,7 +150,8 @@ class GnnTrainResult:
     num_test: int
     """Test nodes evaluated."""
     pinned_rows: int = 0
-    """Feature rows pinned before training (`pin_feature_fraction`)."""
+    """Feature rows this call pinned before training (`pin_feature_fraction`); it unpins
+    them when it returns."""
     pin_s: float = 0.0
     """Presampling and pinning, seconds (before training, not in `train_s`)."""
 
@@ -221,6 +224,8 @@ def hot_nodes(
 ) -> I64:
     """The `count` nodes that `num_batches` sampled batches visit most, hottest first.
 
+    Fewer when fewer nodes are visited at all (never-visited nodes are not returned).
+
     GNNLab's presampling rule for its static feature cache: run the sampler as training
     will (same fanouts and batch size, its own seed), count how often each node lands in a
     batch, keep the most visited; ties go to the lower id.
@@ -232,8 +237,10 @@ def hot_nodes(
     Raises:
         ValueError: If `count` < 0 or `num_batches` < 1.
     """
-    if count < 0 or num_batches < 1:
-        raise ValueError(f"count={count} must be >= 0 and num_batches={num_batches} >= 1")
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        raise ValueError(f"count={count!r} must be an integer >= 0")
+    if num_batches < 1:
+        raise ValueError(f"num_batches={num_batches} must be >= 1")
     sampler = NeighborSampler(graph, fanouts, batch_size, seed=seed, nodes=graph.train_ids)
     visits = np.zeros(graph.num_nodes, dtype=np.int64)
     drawn = 0
@@ -316,20 +323,21 @@ def train_gnn(
         ValueError: If both tables are None or the graph has no training or test nodes.
     """
     config = config or GnnTrainConfig()
+    _check_inputs(graph, features, embeddings)
+    hot, pinned_rows, pin_s = _pin_hot_features(graph, features, config)
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(deterministic or config.use_deterministic_algorithms)
     try:
-        return _train(graph, features, embeddings, config)
+        result = _train(graph, features, embeddings, config)
     finally:
         torch.use_deterministic_algorithms(deterministic)
+        unpin = getattr(features, "unpin", None)
+        if len(hot) and unpin is not None:
+            unpin(hot)
+    return replace(result, pinned_rows=pinned_rows, pin_s=pin_s)
 
 
-def _train(
-    graph: Graph,
-    features: BenchTable | None,
-    embeddings: BenchTable | None,
-    config: GnnTrainConfig,
-) -> GnnTrainResult:
+def _check_inputs(graph: Graph, features: BenchTable | None, embeddings: BenchTable | None) -> None:
     if features is None and embeddings is None:
         raise ValueError(
             "train_gnn needs a features table, an embeddings table or both; pass at least one"
@@ -339,19 +347,35 @@ def _train(
             f"the graph has {len(graph.train_ids)} training and {len(graph.test_ids)} test "
             "nodes; both must be > 0 (set train_ids/test_ids)"
         )
-    tables = [t for t in (features, embeddings) if t is not None]
-    pin_start = time.perf_counter()
-    pinned_rows = 0
+
+
+def _pin_hot_features(
+    graph: Graph, features: BenchTable | None, config: GnnTrainConfig
+) -> tuple[I64, int, float]:
+    """Pin the hottest nodes' feature rows (`pin_feature_fraction`); (ids, count, seconds)."""
+    start = time.perf_counter()
     pin = getattr(features, "pin", None)
     cache_rows = getattr(features, "cache_rows", None)
-    if config.pin_feature_fraction > 0 and pin is not None and cache_rows:
-        hot = hot_nodes(
-            graph, int(config.pin_feature_fraction * cache_rows), fanouts=config.fanouts,
-            batch_size=config.batch_size, num_batches=config.presample_batches,
-            seed=config.seed + 1,
-        )  # fmt: skip
-        pinned_rows = int(pin(np.sort(hot)))
-    pin_s = time.perf_counter() - pin_start
+    if config.pin_feature_fraction == 0 or pin is None or not cache_rows:
+        return np.zeros(0, dtype=np.int64), 0, 0.0
+    hot = hot_nodes(
+        graph, int(config.pin_feature_fraction * cache_rows), fanouts=config.fanouts,
+        batch_size=config.batch_size, num_batches=config.presample_batches,
+        seed=config.seed + 1,
+    )  # fmt: skip
+    hot = np.sort(hot)
+    before = int(pin(np.zeros(0, dtype=np.int64)))  # rows the caller pinned already
+    pinned = int(pin(hot)) - before
+    return hot, pinned, time.perf_counter() - start
+
+
+def _train(
+    graph: Graph,
+    features: BenchTable | None,
+    embeddings: BenchTable | None,
+    config: GnnTrainConfig,
+) -> GnnTrainResult:
+    tables = [t for t in (features, embeddings) if t is not None]
     torch.manual_seed(config.seed)
     labels = graph.labels
     sampler = NeighborSampler(
@@ -434,8 +458,6 @@ def _train(
         update_ms=tuple(phases["update"]),
         test_accuracy=accuracy,
         num_test=num_test,
-        pinned_rows=pinned_rows,
-        pin_s=pin_s,
     )
 
 
