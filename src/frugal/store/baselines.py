@@ -58,6 +58,7 @@ __all__ = [
 _SECTOR = 512
 _FALLOC_FL_KEEP_SIZE_PUNCH_HOLE = 0x01 | 0x02
 _COMPACTION_BYTES = 256 << 20  # log bytes one compaction step copies out of the way
+_COMPACTION_READ_BYTES = 16 << 20  # records read at a time while compacting (bounds its RAM)
 _SCAN_ROWS = 1 << 20
 
 
@@ -543,7 +544,7 @@ class HybridLogTable(_RowsOfLastGet):
         for start in range(0, self.num_rows, _SCAN_ROWS):
             part = self.index[start : start + _SCAN_ROWS]
             ids = start + np.flatnonzero((part >= self.begin) & (part < until))
-            step = max(1, self.capacity // 2)
+            step = max(1, min(self.capacity // 2, _COMPACTION_READ_BYTES // self.stride))
             for first in range(0, len(ids), step):
                 chunk = ids[first : first + step].astype(np.int64)
                 rows = self._disk_read(self.index[chunk])
