@@ -207,6 +207,10 @@ def test_rewriting_rows_keeps_the_log_within_its_space_bound_and_every_row_intac
             backend.write_rows(ids, _rows(ids, 1000.0 * rnd))
             expected[ids] = 1000.0 * rnd
             assert backend.live_records() == 5000
+            # A write never runs more than two segments past the bound, whatever the
+            # cleaner thread is doing; once it has caught up, the log is within the bound.
+            assert backend.disk_records() <= 1.5 * 5000 + 5 * 1024
+            backend.wait_for_cleaning(timeout_s=60)
             assert backend.disk_records() <= 1.5 * 5000 + 3 * 1024
         assert backend.cleaned_segments > 0 and backend.cleaned_records > 0
         # Only the segments in use are on disk; the live counts match a recount.
@@ -237,6 +241,7 @@ def test_cleaning_keeps_the_checkpoints_segments_until_the_next_checkpoint(
     for rnd in range(40):  # 40 x 600 random rows: garbage spread over the segments
         part = np.sort(rng.choice(2000, size=600, replace=False)).astype(np.int64)
         backend.write_rows(part, _rows(part, 100.0 + rnd))
+    backend.wait_for_cleaning(timeout_s=60)
     assert backend.cleaned_segments > 0 and backend.deleted_segments > 0
     assert {0, 1} <= backend._retired  # emptied, but checkpoint 1 reads them
     assert {"log.0.dat", "log.1.dat"} <= set(_segment_files(tmp_path))
@@ -338,6 +343,7 @@ def test_an_empty_checkpoint_pins_no_segment_and_recovers_a_fresh_tail(tmp_path:
         part = np.sort(rng.choice(2000, size=600, replace=False)).astype(np.int64)
         backend.write_rows(part, _rows(part, 10.0 + rnd))
     # The first segment (sequence 0) was deleted (its slot may hold a newer one).
+    backend.wait_for_cleaning(timeout_s=60)
     assert backend.deleted_segments > 0
     assert all(segment.sequence > 0 for segment in backend._segments.values())
     assert backend.disk_records() <= 1.5 * 2000 + 3 * 1024
@@ -350,5 +356,93 @@ def test_an_empty_checkpoint_pins_no_segment_and_recovers_a_fresh_tail(tmp_path:
         backend.write_rows(ids[:5], _rows(ids[:5], 7.0))
         assert backend.read_rows(ids[:5], out[:5]).all()
         assert np.array_equal(out[:5], _rows(ids[:5], 7.0))
+    finally:
+        backend.close()
+
+
+def test_a_checkpoint_being_taken_keeps_its_segments_from_the_cleaner(tmp_path: Path) -> None:
+    # Between checkpoint() and finish_checkpoint() (the store fsyncs the MANIFEST between
+    # them) the cleaner may empty the segments the new index points into; it must retire
+    # them, not delete them, or a crash right after the MANIFEST is written loses the rows.
+    backend = _small_segments(tmp_path, 2000)
+    ids = np.arange(2000, dtype=np.int64)
+    backend.write_rows(ids, _rows(ids, 1.0))
+    backend.sync()
+    info = backend.checkpoint(1)  # not finished: checkpoint 1 is being taken
+    rng = np.random.default_rng(4)
+    for rnd in range(40):
+        part = np.sort(rng.choice(2000, size=600, replace=False)).astype(np.int64)
+        backend.write_rows(part, _rows(part, 100.0 + rnd))
+    backend.wait_for_cleaning(timeout_s=60)
+    assert backend.cleaned_segments > 0
+    assert {0, 1} <= backend._retired
+    backend.sync()
+    backend.close()  # a crash before finish_checkpoint
+    backend = _small_segments(tmp_path, 2000, 1, manifest_info=info)
+    try:
+        out = np.empty((2000, ADAM16.width), dtype=np.float32)
+        assert backend.read_rows(ids, out).all()
+        assert np.array_equal(out, _rows(ids, 1.0))
+    finally:
+        backend.close()
+
+
+def test_rows_rewritten_while_the_cleaner_copies_them_keep_their_newest_value(
+    tmp_path: Path,
+) -> None:
+    # Many small writes race the cleaner thread's copies; its compare-and-set must never
+    # put back an older record over a newer one.
+    backend = _small_segments(tmp_path, 3000)
+    expected = np.zeros(3000, dtype=np.float32)
+    ids = np.arange(3000, dtype=np.int64)
+    rng = np.random.default_rng(5)
+    try:
+        backend.write_rows(ids, _rows(ids, 0.0))
+        for rnd in range(1, 401):
+            part = np.sort(rng.choice(3000, size=150, replace=False)).astype(np.int64)
+            backend.write_rows(part, _rows(part, 10.0 * rnd))
+            expected[part] = 10.0 * rnd
+        backend.wait_for_cleaning(timeout_s=60)
+        assert backend.cleaned_records > 0
+        out = np.empty((3000, ADAM16.width), dtype=np.float32)
+        assert backend.read_rows(ids, out).all()
+        assert np.array_equal(out, _rows(ids, 0.0) + expected[:, None])
+        assert backend.live_per_slot.sum() == 3000
+        assert backend.disk_records() <= 1.5 * 3000 + 3 * 1024
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("where", [3, 216 - 16], ids=["row", "footer id"])
+def test_a_corrupt_record_found_by_the_cleaner_fails_the_next_write(
+    tmp_path: Path, where: int
+) -> None:
+    # The cleaner reads segments in order and finds live records by their footer's id; a
+    # damaged footer hides the record from that pass, and the index finds it instead.
+    backend = _small_segments(tmp_path, 2000)
+    ids = np.arange(2000, dtype=np.int64)
+    backend.write_rows(ids, _rows(ids, 1.0))
+    backend.sync()
+    address = int(backend.location[7])  # row 7, in segment 0
+    with (tmp_path / "log.0.dat").open("r+b") as fh:
+        fh.seek(HEADER_BYTES + address * 216 + where)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0x01]))
+    rest = ids[ids != 7]
+    rng = np.random.default_rng(6)
+
+    def rewrite_until_the_cleaner_copies_row_7() -> None:
+        for rnd in range(200):
+            part = np.sort(rng.choice(rest, size=600, replace=False))
+            backend.write_rows(part, _rows(part, 10.0 + rnd))
+            backend.wait_for_cleaning(timeout_s=60)
+
+    try:
+        with pytest.raises(StoreCorruptionError, match=r"row id 7 at offset .* restore it"):
+            rewrite_until_the_cleaner_copies_row_7()
+        # The cleaner stopped; every write after it says so too.
+        with pytest.raises(StoreCorruptionError, match=r"row id 7"):
+            backend.write_rows(rest[:3], _rows(rest[:3], 0.0))
     finally:
         backend.close()

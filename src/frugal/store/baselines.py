@@ -614,12 +614,7 @@ class HybridLogTable(_RowsOfLastGet):
         if never.any():
             rows[never] = init_rows(ids[never], self.spec, self.seed)
         if reading:
-            try:
-                disk_rows = self._disk_read(disk_addresses)
-            finally:
-                with self.lock:
-                    self._disk_readers -= 1
-                    self._punch_freed()
+            disk_rows = self._disk_read_once(disk_addresses)
             self.disk_reads += len(disk_addresses)
             rows[on_disk] = disk_rows
             if self.mlkv and copy_to_tail:  # MLKV: a read from disk copies it to the tail
@@ -627,6 +622,18 @@ class HybridLogTable(_RowsOfLastGet):
                     still = self.index[ids[on_disk]] == disk_addresses  # not updated meanwhile
                     self._append(ids[on_disk][still], disk_rows[still])
         return rows
+
+    def _disk_read_once(self, addresses: I64) -> F32:
+        """`_disk_read` for a caller that counted itself in `_disk_readers` under the lock.
+
+        The count is dropped, and holes freed meanwhile punched, whatever the read does.
+        """
+        try:
+            return self._disk_read(addresses)
+        finally:
+            with self.lock:
+                self._disk_readers -= 1
+                self._punch_freed()
 
     # --- BenchTable ----------------------------------------------------------------------------
 
@@ -653,12 +660,7 @@ class HybridLogTable(_RowsOfLastGet):
             if len(ids) == 0:
                 return
             self._disk_readers += 1
-        try:
-            rows = self._disk_read(addresses)
-        finally:
-            with self.lock:
-                self._disk_readers -= 1
-                self._punch_freed()
+        rows = self._disk_read_once(addresses)
         self.prefetch_reads += len(addresses)
         with self.lock:
             still = self.index[ids] == addresses

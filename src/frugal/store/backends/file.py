@@ -30,8 +30,12 @@ record as garbage. When the segments hold more than `max_space_amplification` x 
 records plus two segments, the cleaner copies the live records of the segment with the
 fewest of them to the tail and deletes it (greedy cleaning, as in log-structured file systems,
 Rosenblum & Ousterhout, SOSP 1991; FASTER, SIGMOD 2018, compacts its hybrid log the same way).
-It runs in the writing thread under the append lock, so a write-back never races a copy of
-the same row; readers keep the segment files they started with open until they finish.
+The cleaner is a thread of its own, so write-backs go on while it copies: it reads a chunk of
+live records without the append lock, then appends, under the lock, only the rows whose
+address has not changed meanwhile (a compare-and-set: a row rewritten since is not copied
+back over its newer record). A write waits for the cleaner only when the log passes its bound
+by two more segments. Segments holding only garbage are deleted at once, with no copy.
+Readers keep the segment files they started with open until they finish.
 
 Checkpoints (crash safety): records are never overwritten, so the checkpoint of epoch e is
 `location` saved as `index.<e>.npy` plus the tail address and the segments the index points
@@ -52,6 +56,7 @@ import json
 import mmap
 import os
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -64,7 +69,7 @@ import numpy.typing as npt
 from frugal._typing import F32, I64, Bool
 from frugal.store.backends.base import save_array_atomic
 from frugal.store.backends.registry import BackendArgs, register_backend
-from frugal.store.errors import StoreCorruptionError
+from frugal.store.errors import StoreCorruptionError, StoreError
 from frugal.store.rows import splitmix64
 
 __all__ = ["FileBackend", "record_bytes", "segment_shift_for"]
@@ -81,6 +86,9 @@ ADDRESS_BITS = 31  # int32 addresses
 SEGMENT_TARGET_BYTES = 256 << 20  # records per segment: the largest power of two within it
 MIN_SEGMENT_SHIFT = 12
 CLEAN_MIN_RECORDS = 65536  # never clean a log smaller than this
+WAIT_SLACK_SEGMENTS = 2  # a write waits for the cleaner this many segments past the bound
+CLEAN_WAIT_S = 600.0  # the longest a write waits for the cleaner
+CLEANER_POLL_S = 1.0
 SCAN_ROWS = 1 << 20  # rows of `location` scanned at a time (bounds temporary memory)
 _UINT32 = 0xFFFFFFFF
 
@@ -255,6 +263,12 @@ class FileBackend:
         """Segment files deleted since open (cleaned or all garbage)."""
         self._segments: dict[int, _Segment] = {}  # replaced, never mutated (readers keep one)
         self._retired: set[int] = set()  # cleaned, but pinned: deleted after a checkpoint
+        # The cleaner thread: woken by writes past the bound; writes wait on it past the
+        # bound plus WAIT_SLACK_SEGMENTS. Both share the append lock.
+        self._clean_wake = threading.Condition(self._append_lock)
+        self._cleaning: int | None = None  # the slot being copied (nobody else deletes it)
+        self._cleaner_error: BaseException | None = None
+        self._stopping = False
         self.live_per_slot = np.zeros(0, dtype=np.int64)  # live records per segment slot
         try:
             if epoch is None:
@@ -280,6 +294,10 @@ class FileBackend:
         self._count_live()
         self._next_pinned = self._pinned
         self.pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="frugal-file-io")
+        self._cleaner = threading.Thread(
+            target=self._cleaner_main, name="frugal-file-cleaner", daemon=True
+        )
+        self._cleaner.start()
 
     def _init_geometry(self) -> None:
         self.segment_records = 1 << self.shift
@@ -763,23 +781,27 @@ class FileBackend:
                 os.posix_fadvise(segment.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def write_rows(self, ids: I64, rows: F32) -> None:
-        """Append records at the tail, then clean segments if the log grew too large.
+        """Append records at the tail; wake the cleaner if the log grew past its bound.
 
-        See `StoreBackend.write_rows`; ids are unique.
+        See `StoreBackend.write_rows`; ids are unique. The write waits for the cleaner only
+        while the log is more than two segments past its bound (and the cleaner can act).
 
         Raises:
             OSError: On an I/O failure (e.g. a full disk); earlier records are untouched.
-            StoreCorruptionError: If all 2^31 record addresses are in use.
+            StoreCorruptionError: If all 2^31 record addresses are in use, or the cleaner
+                found a corrupt record.
+            StoreError: If the cleaner did not bring the log back within its bound in
+                `CLEAN_WAIT_S` seconds.
         """
         if len(ids) == 0:
             return
         with self._append_lock:
+            self._raise_cleaner_error()
             self._append_locked(ids, rows)
-            # Each cleaning frees at least 1 - 1/max_space_amplification of a segment, so a
-            # write of n records waits for at most about 3n/segment_records of them (at 1.5).
-            for _ in range(len(self._segments)):  # (each segment at most once per write)
-                if not self._clean_one():
-                    break
+            self._drop_garbage_segments()
+            if self._over_bound(0):
+                self._clean_wake.notify_all()
+                self._wait_for_cleaner(WAIT_SLACK_SEGMENTS, CLEAN_WAIT_S)
 
     # --- cleaning ----------------------------------------------------------------------------
 
@@ -794,52 +816,212 @@ class FileBackend:
         """Records `location` points at (one per written row)."""
         return int(self.live_per_slot.sum())
 
-    def _clean_one(self) -> bool:
-        """Clean the segment with the fewest live records if the log is over its bound.
+    def wait_for_cleaning(self, timeout_s: float = CLEAN_WAIT_S) -> None:
+        """Block until the log is within its space bound, or the cleaner can free no more.
 
-        Returns whether a segment was cleaned. The caller holds `_append_lock`.
+        Args:
+            timeout_s: The longest to wait, in seconds.
+
+        Raises:
+            StoreError: If the cleaner is still working after `timeout_s`.
+            StoreCorruptionError: If the cleaner found a corrupt record.
         """
-        tail_slot = self.tail >> self.shift
-        for slot in [s for s in self._segments if s != tail_slot and s not in self._retired]:
-            if self.live_per_slot[slot] == 0:  # all garbage: free to drop, no copy
-                self._drop_empty(slot)
-        # Retired segments are not counted: the next checkpoint deletes them.
-        on_disk = self.disk_records() - len(self._retired) * self.segment_records
-        bound = self.max_space_amplification * self.live_records() + 2 * self.segment_records
-        if on_disk <= max(self.clean_min_records, bound):
-            return False
-        candidates = [s for s in self._segments if s != tail_slot and s not in self._retired]
-        if not candidates:
-            return False
-        # Over the bound, the segments average under 1/max_space_amplification live records,
-        # so the emptiest one costs at most that fraction of a segment to copy.
-        slot = min(candidates, key=lambda s: (int(self.live_per_slot[s]), s))
-        self._clean(slot)
-        return True
+        with self._append_lock:
+            self._raise_cleaner_error()
+            self._drop_garbage_segments()
+            if self._over_bound(0):
+                self._clean_wake.notify_all()
+            self._wait_for_cleaner(0, timeout_s)
 
-    def _clean(self, slot: int) -> None:
-        """Copy segment `slot`'s live records to the tail, then delete (or retire) it."""
+    def _raise_cleaner_error(self) -> None:
+        if self._cleaner_error is not None:
+            raise self._cleaner_error
+
+    def _wait_for_cleaner(self, slack_segments: int, timeout_s: float) -> None:
+        """Wait (lock held) while the log is past its bound plus `slack_segments`.
+
+        Only while the cleaner is copying or has a segment to copy: a log it cannot clean
+        (every segment pinned by a checkpoint) does not block writes.
+        """
+        deadline = time.monotonic() + timeout_s
+        while self._over_bound(slack_segments) and (
+            self._cleaning is not None or self._victim() is not None
+        ):
+            self._raise_cleaner_error()
+            if not self._cleaner.is_alive():
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StoreError(
+                    f"{self.directory}: the log's cleaner did not bring its "
+                    f"{self.disk_records()} records back within the bound for "
+                    f"{self.live_records()} live rows in {timeout_s:.0f} s; the disk is too "
+                    "slow for this write rate: raise max_space_amplification"
+                )
+            self._clean_wake.wait(min(remaining, CLEANER_POLL_S))
+        self._raise_cleaner_error()
+
+    def _over_bound(self, slack_segments: int) -> bool:
+        """Whether the log holds more records than its bound allows (lock held).
+
+        Retired segments are not counted: the next checkpoint deletes them.
+        """
+        on_disk = self.disk_records() - len(self._retired) * self.segment_records
+        bound = (
+            self.max_space_amplification * self.live_records()
+            + (2 + slack_segments) * self.segment_records
+        )
+        return on_disk > max(self.clean_min_records, bound)
+
+    def _victim(self) -> int | None:
+        """The full segment with the fewest live records, if the log is past its bound.
+
+        Over the bound, the segments average under 1/max_space_amplification live records, so
+        the emptiest one costs at most that fraction of a segment to copy (lock held).
+        """
+        if not self._over_bound(0):
+            return None
+        tail_slot = self.tail >> self.shift
+        candidates = [
+            s
+            for s in self._segments
+            if s not in (tail_slot, self._cleaning) and s not in self._retired
+        ]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda s: (int(self.live_per_slot[s]), s))
+
+    def _drop_garbage_segments(self) -> None:
+        """Delete (or retire) the full segments no live row points into (lock held)."""
+        tail_slot = self.tail >> self.shift
+        for slot in list(self._segments):
+            if (
+                slot not in (tail_slot, self._cleaning)
+                and slot not in self._retired
+                and self.live_per_slot[slot] == 0
+            ):
+                self._drop_empty(slot)
+
+    def _cleaner_main(self) -> None:
+        """The cleaner thread: copy the emptiest segment whenever the log is past its bound."""
+        slot: int | None = None
+        try:
+            while True:
+                with self._append_lock:
+                    if slot is not None:  # the copy of `slot` is done
+                        self._cleaning = None
+                        if self.live_per_slot[slot] == 0:
+                            self.cleaned_segments += 1
+                            self._drop_empty(slot)
+                        self._clean_wake.notify_all()
+                    slot = None
+                    while not self._stopping:
+                        self._drop_garbage_segments()
+                        slot = self._victim()
+                        if slot is not None:
+                            break
+                        self._clean_wake.wait(CLEANER_POLL_S)
+                    if slot is None:
+                        return
+                    self._cleaning = slot
+                self._copy_live(slot)
+        except BaseException as exc:  # raised again by the next write
+            with self._append_lock:
+                self._cleaner_error = exc
+                self._cleaning = None
+                self._clean_wake.notify_all()
+
+    def _copy_live(self, slot: int) -> None:
+        """Copy segment `slot`'s live records to the tail, reading the segment in order.
+
+        Each chunk (half the I/O buffer) is read sequentially without the append lock; a
+        record is live if `location` of its footer's id still holds its address. Live records
+        are checked, then appended under the lock only where that address is unchanged (a
+        row rewritten meanwhile has a newer record). No row moves into `slot` (only the tail
+        receives records), so one pass finds them all, unless a footer is damaged: then the
+        rows still counted in `slot` are found through the index and their check fails.
+        """
+        stride, base = self.stride, slot << self.shift
+        chunk = max(1, (self.max_io_bytes // 2) // stride)
+        for first in range(0, self.segment_records, chunk):
+            if self._stopping:
+                return
+            count = min(chunk, self.segment_records - first)
+            with self._reading() as segments:
+                records = self._read_sequential(segments[slot], first, count)
+            ids = records[:, stride - 16 : stride - 8].copy().view(np.int64).ravel()
+            addresses = base + first + np.arange(count, dtype=np.int64)
+            known = (ids >= 0) & (ids < self.num_rows)
+            live = known.copy()
+            live[known] = self.location[ids[known]] == addresses[known]
+            self._copy_records(records[live], ids[live], addresses[live], segments[slot])
+        with self._append_lock:
+            left = int(self.live_per_slot[slot])
+        if left:
+            self._copy_live_by_index(slot)
+
+    def _read_sequential(self, segment: _Segment, first: int, count: int) -> npt.NDArray[np.uint8]:
+        """The (count, S) records `first`.. of a full segment, in one sequential read."""
+        start = HEADER_BYTES + first * self.stride
+        offset = _floor(start, self.align)
+        length = _ceil(start + count * self.stride, self.align) - offset
+        buf = mmap.mmap(-1, length)
+        done = os.preadv(segment.fd, [buf], offset)
+        if done < start + count * self.stride - offset:
+            raise StoreCorruptionError(
+                f"{self.directory}: short read of {done} bytes at offset {offset} of a full "
+                "log segment; the segment is truncated. Restore the store from a copy"
+            )
+        flat = np.frombuffer(buf, dtype=np.uint8)[
+            start - offset : start - offset + count * self.stride
+        ]
+        return flat.reshape(count, self.stride)  # (a view that keeps `buf` alive)
+
+    def _copy_records(
+        self,
+        records_NS: npt.NDArray[np.uint8],
+        ids: I64,
+        addresses: npt.NDArray[np.int64],
+        segment: _Segment,
+    ) -> None:
+        """Check records read for cleaning; append those whose row has not moved since."""
+        if len(ids) == 0:
+            return
+        expected = np.full(len(ids), segment.sequence & _UINT32, dtype=np.uint32)
+        self._check_records(records_NS, ids, addresses, expected)
+        rows = records_NS[:, : self.row_bytes].copy().view(self.dtype)
+        with self._append_lock:
+            unchanged = self.location[ids] == addresses
+            if unchanged.any():
+                self._append_locked(ids[unchanged], rows[unchanged])
+                self.cleaned_records += int(np.count_nonzero(unchanged))
+
+    def _copy_live_by_index(self, slot: int) -> None:
+        """Copy the rows `location` still points into `slot` (a scan of the index in chunks)."""
         low, high = slot << self.shift, (slot + 1) << self.shift
-        step = self._rows_per_io()
-        segments = self._segments
+        step = max(1, self._rows_per_io() // 2)
         for start in range(0, self.num_rows, SCAN_ROWS):
-            part = self.location[start : start + SCAN_ROWS]
+            part = self.location[start : start + SCAN_ROWS].copy()
             found = np.flatnonzero((part >= low) & (part < high))
             for first in range(0, len(found), step):
+                if self._stopping:
+                    return
                 ids = (start + found[first : first + step]).astype(np.int64)
-                addresses = self.location[ids].astype(np.int64)
-                records, expected = self._read_records(segments, addresses)
-                self._check_records(records, ids, addresses, expected)
-                rows = records[:, : self.row_bytes].copy().view(self.dtype)
-                self._append_locked(ids, rows)
-                self.cleaned_records += len(ids)
-        self.live_per_slot[slot] = 0
-        self.cleaned_segments += 1
-        self._drop_empty(slot)
+                with self._reading() as segments:
+                    addresses = self.location[ids].astype(np.int64)
+                    still = (addresses >= low) & (addresses < high)
+                    ids, addresses = ids[still], addresses[still]
+                    if len(ids) == 0:
+                        continue
+                    records, _ = self._read_records(segments, addresses)
+                self._copy_records(records, ids, addresses, segments[slot])
 
     def _drop_empty(self, slot: int) -> None:
-        """Delete segment `slot`, which no live row points into, or retire it if pinned."""
-        if slot in self._pinned:
+        """Delete segment `slot`, which no live row points into.
+
+        A segment that a checkpoint (taken, or being taken) points into is retired instead.
+        """
+        if slot in self._pinned or slot in self._next_pinned:
             self._retired.add(slot)  # the last checkpoint reads it: keep it until the next
         else:
             self._delete_segment(slot)
@@ -902,7 +1084,11 @@ class FileBackend:
         with self._append_lock:
             self._pinned = self._next_pinned
             tail_slot = self.tail >> self.shift
-            unneeded = [s for s in self._segments if s not in self._pinned and s != tail_slot]
+            unneeded = [
+                s
+                for s in self._segments
+                if s not in self._pinned and s not in (tail_slot, self._cleaning)
+            ]
             for slot in sorted(unneeded):
                 if slot in self._retired or self.live_per_slot[slot] == 0:
                     self._delete_segment(slot)
@@ -928,7 +1114,11 @@ class FileBackend:
         }
 
     def close(self) -> None:
-        """Stop the I/O threads and close the segments."""
+        """Stop the cleaner (between two chunks) and the I/O threads; close the segments."""
+        with self._append_lock:
+            self._stopping = True
+            self._clean_wake.notify_all()
+        self._cleaner.join(timeout=CLEAN_WAIT_S)  # it stops after its current chunk
         self.pool.shutdown(wait=True)
         with self._segments_lock:
             fds = [segment.fd for segment in self._segments.values()] + self._closing
