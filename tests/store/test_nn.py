@@ -529,3 +529,28 @@ def test_pickling_a_store_module_names_what_to_save_instead(tmp_path: Path) -> N
             with pytest.raises(TypeError, match=r"cannot be pickled .* save model\.state_dict\(\)"):
                 attempt()
         torch.save(model.state_dict(), io.BytesIO())  # what the message suggests works
+
+
+def test_the_optimizers_state_dict_round_trips_through_torch_save(tmp_path: Path) -> None:
+    # A standard checkpoint loop saves the optimizer's state_dict beside the model's; the
+    # rows (and their optimizer state) travel with the module's, this only checks the shape.
+    spec = RowSpec(embedding_dim=DIM)
+    with EmbeddingStore.create(tmp_path / "s", num_rows=NUM_ROWS, spec=spec) as store:
+        bag = StoreEmbeddingBag(store)
+        opt = StoreSparseOptimizer(bag)
+        out = bag(torch.tensor([[1, 2]]))
+        with pytest.raises(RuntimeError, match=r"1 forwards are pending; .* before state_dict"):
+            opt.state_dict()
+        out.sum().backward()
+        opt.step()
+        torch.save({"model": bag.state_dict(), "opt": opt.state_dict()}, tmp_path / "c.pt")
+        saved = torch.load(tmp_path / "c.pt", weights_only=True)
+        opt.load_state_dict(saved["opt"])
+        assert saved["opt"]["num_store_modules"] == 1
+        with pytest.raises(ValueError, match="saved for 2 store modules but this optimizer has 1"):
+            opt.load_state_dict(saved["opt"] | {"num_store_modules": 2})
+        with pytest.raises(
+            ValueError,
+            match=r"takes what StoreSparseOptimizer\.state_dict.*keys \['param_groups', 'state'\]",
+        ):
+            opt.load_state_dict(torch.optim.SGD([torch.zeros(1)]).state_dict())

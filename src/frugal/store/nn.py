@@ -601,6 +601,49 @@ class StoreSparseOptimizer:
                 module.pending.pop(0)
             module.step += 1
 
+    def state_dict(self) -> dict[str, Any]:
+        """What `torch.optim.Optimizer.state_dict` returns, for checkpoint loops that save it.
+
+        The optimizer's state (Adam moments, Adagrad sums) lives in the store's rows and its
+        hyperparameters in `RowSpec.optimizer`, so both are saved by the modules'
+        `state_dict()`; this holds only the number of store modules, checked on load.
+
+        Raises:
+            RuntimeError: If forwards are pending (call `step()` or `discard()` first).
+        """
+        self._require_no_pending("state_dict()")
+        return {"kind": "frugal.StoreSparseOptimizer", "num_store_modules": len(self.modules)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Accept what `state_dict()` returned (the rows come back with the modules').
+
+        Raises:
+            ValueError: If `state_dict` is not one of this class's, or was saved for another
+                number of store modules.
+            RuntimeError: If forwards are pending (call `step()` or `discard()` first).
+        """
+        kind = state_dict.get("kind") if isinstance(state_dict, dict) else None
+        if kind != "frugal.StoreSparseOptimizer":
+            keys = sorted(map(str, state_dict))[:5] if isinstance(state_dict, dict) else []
+            raise ValueError(
+                "load_state_dict takes what StoreSparseOptimizer.state_dict() returned; got "
+                f"a {type(state_dict).__name__} with keys {keys}"
+            )
+        if state_dict.get("num_store_modules") != len(self.modules):
+            raise ValueError(
+                f"the state was saved for {state_dict.get('num_store_modules')} store modules "
+                f"but this optimizer has {len(self.modules)}; build it over the same modules"
+            )
+        self._require_no_pending("load_state_dict()")
+
+    def _require_no_pending(self, what: str) -> None:
+        pending = sum(len(module.pending) for module in self.modules)
+        if pending:
+            raise RuntimeError(
+                f"{pending} forwards are pending; call loss.backward() and step() (or "
+                f"discard()) before {what}"
+            )
+
     def discard(self) -> int:
         """Drop every pending forward without updating its rows; return how many.
 
