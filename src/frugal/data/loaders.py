@@ -73,20 +73,25 @@ class DataConfig:
         return Path(self.cache_dir).expanduser() if self.cache_dir else cache_root()
 
 
-def _info(dataset: str | DatasetInfo) -> DatasetInfo:
+def _info(dataset: str | DatasetInfo, loader: str | None = None) -> DatasetInfo:
+    """The record of `dataset`; with `loader`, one that has that form ("events", "path", ...).
+
+    Raises:
+        TypeError: If `dataset` is neither a name nor a `DatasetInfo`.
+        ConfigError: If the name is unknown, or the dataset has no `loader` form.
+    """
     if isinstance(dataset, DatasetInfo):
-        return dataset
-    if not isinstance(dataset, str):
+        info = dataset
+    elif isinstance(dataset, str):
+        info = get_dataset_info(dataset)
+    else:
         raise TypeError(f"dataset must be a name or a DatasetInfo, got {type(dataset).__name__}")
-    return get_dataset_info(dataset)
-
-
-def _require_loader(info: DatasetInfo, loader: str) -> None:
-    if loader not in info.loaders:
+    if loader is not None and loader not in info.loaders:
         raise ConfigError(
             f"dataset {info.name!r} is {info.kind} data and has no {loader} form; it loads "
             f"with: {', '.join('load_' + name for name in info.loaders)}"
         )
+    return info
 
 
 def _prepare(info: DatasetInfo, config: DataConfig) -> tuple[list[LocatedFile], str | None]:
@@ -103,7 +108,7 @@ def _prepare(info: DatasetInfo, config: DataConfig) -> tuple[list[LocatedFile], 
 
 def _load_cached(
     info: DatasetInfo,
-    config: DataConfig,
+    config: DataConfig | None,
     suffix: str,
     *,
     parse: Callable[[list[Path]], T],
@@ -115,8 +120,10 @@ def _load_cached(
     """Parse a dataset, or read its cache entry; a bad entry is discarded and rebuilt.
 
     A cache entry is trusted only if it reads back and reproduces the record's counts, so a
-    truncated, overwritten or foreign file is parsed again instead of returned.
+    truncated, overwritten or foreign file is parsed again instead of returned. `config`
+    None means `DataConfig()`.
     """
+    config = config or DataConfig()
     files, key = _prepare(info, config)
     cached = config.root() / "parsed" / f"{key}{suffix}" if key else None
     if cached is not None and cached.exists():
@@ -325,11 +332,10 @@ def load_events(dataset: str | DatasetInfo, config: DataConfig | None = None) ->
         DatasetChecksumError: If a file does not match its pinned SHA-256.
         DatasetStatsError: If the parse does not reproduce the pinned counts.
     """
-    info = _info(dataset)
-    _require_loader(info, "events")
+    info = _info(dataset, "events")
     return _load_cached(
         info,
-        config or DataConfig(),
+        config,
         ".npz",
         parse=lambda paths: _EVENT_PARSERS[info.file_format](paths, info),
         read=_read_events,
@@ -397,11 +403,10 @@ def load_triples(dataset: str | DatasetInfo, config: DataConfig | None = None) -
         DatasetChecksumError: If a file does not match its pinned SHA-256.
         DatasetStatsError: If the entity, relation or triple counts differ from the record.
     """
-    info = _info(dataset)
-    _require_loader(info, "triples")
+    info = _info(dataset, "triples")
     return _load_cached(
         info,
-        config or DataConfig(),
+        config,
         ".npz",
         parse=lambda paths: _parse_kg_tsv(paths, info),
         read=_read_triples,
@@ -452,15 +457,14 @@ def load_table(dataset: str | DatasetInfo, config: DataConfig | None = None) -> 
         DatasetChecksumError: If a file does not match its pinned SHA-256.
         DatasetStatsError: If the row or column count differs from the record.
     """
-    info = _info(dataset)
-    _require_loader(info, "table")
+    info = _info(dataset, "table")
 
     def write(path: Path, table: pd.DataFrame) -> None:
         atomic_write(path, lambda tmp: table.to_parquet(tmp, index=False))
 
     return _load_cached(
         info,
-        config or DataConfig(),
+        config,
         ".parquet",
         parse=_TABLE_PARSERS[info.file_format],
         read=pd.read_parquet,
@@ -517,8 +521,7 @@ def load_documents(dataset: str | DatasetInfo, config: DataConfig | None = None)
     """
     if isinstance(dataset, str) and is_text_file(dataset):
         return read_text_documents(Path(dataset))
-    info = _info(dataset)
-    _require_loader(info, "documents")
+    info = _info(dataset, "documents")
 
     def read(path: Path) -> tuple[str, ...]:
         documents = json.loads(path.read_text(encoding="utf-8"))
@@ -531,7 +534,7 @@ def load_documents(dataset: str | DatasetInfo, config: DataConfig | None = None)
 
     return _load_cached(
         info,
-        config or DataConfig(),
+        config,
         ".json",
         parse=_TEXT_PARSERS[info.file_format],
         read=read,
@@ -561,8 +564,7 @@ def dataset_path(dataset: str | DatasetInfo, config: DataConfig | None = None) -
         DatasetMissingError: If its package is not installed.
         DatasetChecksumError: If the file does not match its pinned SHA-256.
     """
-    info = _info(dataset)
-    _require_loader(info, "path")
+    info = _info(dataset, "path")
     files, _ = _prepare(info, config or DataConfig())
     return files[0].path
 

@@ -176,8 +176,23 @@ class _State:
         pp = open_path(weight)[0]
         return float(dp.max() + 2.0 * pp), groups, dp, weight, pp
 
+    def try_random_swap(self, rng: np.random.Generator) -> tuple[float, I64, F64, F64, float]:
+        """`try_swap` of a swap drawn by `_draw_swap` (state unchanged)."""
+        return self.try_swap(*_draw_swap(rng, *self.groups.shape))
+
     def accept(self, groups: I64, dp: F64, weight: F64, pp: float) -> None:
         self.groups, self.dp, self.weight, self.pp = groups, dp, weight, pp
+
+
+def _draw_swap(rng: np.random.Generator, g: int, k: int) -> tuple[int, int, int, int]:
+    """A random swap (a, x, b, y): member x of group a with member y of group b, a != b.
+
+    Two distinct groups are drawn first, then the two members (the order every search's
+    seeded results depend on). Needs g >= 2.
+    """
+    a, b = rng.choice(g, size=2, replace=False)
+    x, y = rng.integers(0, k, size=2)
+    return int(a), int(x), int(b), int(y)
 
 
 def structured_seeds(topology: Topology, num_stages: int, num_replicas: int) -> list[I64]:
@@ -219,6 +234,13 @@ def _paper_result(
     """A paper-cost search's result: `groups` priced by `paper_cost` at (c_pp_gb, c_dp_gb, hop)."""
     c_pp_gb, c_dp_gb, hop = pricing
     cost = paper_cost(topology, groups, c_pp_gb=c_pp_gb, c_dp_gb=c_dp_gb, hop_NN=hop)
+    return _search_result(groups, cost, start, candidates, history)
+
+
+def _search_result(
+    groups: I64, cost: PaperCost, start: float, candidates: int, history: list[tuple[int, float]]
+) -> SearchResult:
+    """A search's result, timed from `start` (a `time.perf_counter()` reading) to now."""
     return SearchResult(
         groups=groups,
         cost=cost,
@@ -276,11 +298,9 @@ def swap_search(
             history.append((candidates, state.total))
     assert best_state is not None
     state = best_state
-    g, k = state.groups.shape
+    g = state.groups.shape[0]
     while candidates < budget and g > 1 and time.perf_counter() - start < time_limit_s:
-        a, b = rng.choice(g, size=2, replace=False)
-        x, y = rng.integers(0, k, size=2)
-        total, groups, dp, weight, pp = state.try_swap(int(a), int(x), int(b), int(y))
+        total, groups, dp, weight, pp = state.try_random_swap(rng)
         candidates += 1
         if total < state.total - 1e-12:
             state.accept(groups, dp, weight, pp)
@@ -345,8 +365,7 @@ def _perturb(groups: I64, rng: np.random.Generator, swaps: int) -> None:
     if g < 2:
         return
     for _ in range(swaps):
-        a, b = rng.choice(g, size=2, replace=False)
-        x, y = rng.integers(0, k, size=2)
+        a, x, b, y = _draw_swap(rng, g, k)
         groups[a, x], groups[b, y] = groups[b, y], groups[a, x]
 
 
@@ -452,9 +471,7 @@ def memetic_search(
         for _ in range(max_steps):
             if g < 2 or rejected >= stall or out_of_time():
                 return
-            a, b = rng.choice(g, size=2, replace=False)
-            x, y = rng.integers(0, k, size=2)
-            total, groups, dp, weight, pp = state.try_swap(int(a), int(x), int(b), int(y))
+            total, groups, dp, weight, pp = state.try_random_swap(rng)
             candidates += 1
             # Lexicographic acceptance: lower cost, or equal cost and a lower tie-breaker
             # (walks the plateaus of the max terms, where strict improvement stalls).
@@ -548,13 +565,7 @@ def random_search(
             break
     assert best is not None
     assert best_groups is not None
-    return SearchResult(
-        groups=best_groups,
-        cost=best,
-        candidates=budget,
-        search_s=time.perf_counter() - start,
-        history=tuple(history),
-    )
+    return _search_result(best_groups, best, start, budget, history)
 
 
 @dataclass(frozen=True, slots=True)
