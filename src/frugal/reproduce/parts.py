@@ -223,27 +223,28 @@ def _store_pick(
 
 def _store_versus(
     result: BenchResult[StoreSummary],
-    claim: str,
-    *,
     workload: str,
     ratio: float,
-    window: int,
     baseline: str,
-    baseline_window: int,
     target: float,
+    *,
+    windows: tuple[int, int],
     unit: str,
+    label: str | None = None,
 ) -> Verdict:
-    """A verdict on frugal's samples/s over `baseline`'s in one cell of the store bench.
+    """A verdict on "frugal >= `target` x `baseline`" in one cell of the store bench.
 
-    The cell is `workload` at memory:data `ratio`, staleness 0; frugal's row is the one at
-    lookahead `window`, the baseline's the one at `baseline_window` (0 for a system without a
-    lookahead). Unmeasured when either row is missing.
+    The cell is `workload` at memory:data `ratio`, staleness 0; `windows` are the lookaheads
+    of frugal's row and of the baseline's (0 for a system without one). The value is frugal's
+    samples/s over the baseline's, unmeasured when either row is missing. The claim starts
+    with "`label`: " when a label is given and names the rate in `unit`.
     """
-    ours = _store_pick(result, "frugal", ratio, window, workload)
-    other = _store_pick(result, baseline, ratio, baseline_window, workload)
+    ours = _store_pick(result, "frugal", ratio, windows[0], workload)
+    other = _store_pick(result, baseline, ratio, windows[1], workload)
+    claim = f"frugal >= {target}x {baseline} {unit} at memory:data {ratio}"
     return _versus(
         "store",
-        claim,
+        claim if label is None else f"{label}: {claim}",
         ours=None if ours is None else float(ours["samples_per_s"]),
         baseline_name=baseline,
         baseline=None if other is None else float(other["samples_per_s"]),
@@ -260,17 +261,10 @@ def _store_verdicts(result: BenchResult[StoreSummary]) -> list[Verdict]:
         (0.10, "mlkv", 1.3, window),
         (0.25, "ram", 0.5, 0),
     ):
+        windows = (window, baseline_window)
         out.append(
             _store_versus(
-                result,
-                f"frugal >= {target}x {baseline} samples/s at memory:data {ratio}",
-                workload="criteo_zipf",
-                ratio=ratio,
-                window=window,
-                baseline=baseline,
-                baseline_window=baseline_window,
-                target=target,
-                unit="samples/s",
+                result, "criteo_zipf", ratio, baseline, target, windows=windows, unit="samples/s"
             )
         )
     # MLKV's other two workloads, with the store issue's targets at memory:data 0.1
@@ -284,17 +278,17 @@ def _store_verdicts(result: BenchResult[StoreSummary]) -> list[Verdict]:
             ("rocksdb_offload", targets[0], 0),
             ("mlkv", targets[1], w_window),
         ):
+            windows = (w_window, baseline_window)
             out.append(
                 _store_versus(
                     result,
-                    f"{label}: frugal >= {target}x {baseline} {unit} at memory:data 0.1",
-                    workload=workload,
-                    ratio=0.10,
-                    window=w_window,
-                    baseline=baseline,
-                    baseline_window=baseline_window,
-                    target=target,
+                    workload,
+                    0.10,
+                    baseline,
+                    target,
+                    windows=windows,
                     unit=unit,
+                    label=label,
                 )
             )
     identical = result.summary.bit_identical_at_staleness_0
