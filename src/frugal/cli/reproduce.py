@@ -19,27 +19,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from frugal.reproduce.parts import PART_NAMES
 
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--quick",
-        dest="mode",
-        action="store_const",
-        const="quick",
-        help="small presets, about 13 minutes on 2 cores (the default)",
-    )
-    mode.add_argument(
-        "--full",
-        dest="mode",
-        action="store_const",
-        const="full",
-        help="the real benchmarks (hours; resumable)",
-    )
-    mode.add_argument(
-        "--smoke",
-        dest="mode",
-        action="store_const",
-        const="smoke",
-        help="tiny settings that only check the job runs end to end (CI)",
-    )
+    for name, help_text in (
+        ("quick", "small presets, about 13 minutes on 2 cores (the default)"),
+        ("full", "the real benchmarks (hours; resumable)"),
+        ("smoke", "tiny settings that only check the job runs end to end (CI)"),
+    ):
+        mode.add_argument(
+            f"--{name}", dest="mode", action="store_const", const=name, help=help_text
+        )
     parser.set_defaults(mode="quick")
     parser.add_argument(
         "--only",

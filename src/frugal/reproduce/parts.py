@@ -172,6 +172,32 @@ def _save(fig: Any, path: Path) -> None:
     plt.close(fig)
 
 
+def _log_x_lines(
+    path: Path,
+    title: str,
+    lines: Mapping[str, list[tuple[float, float]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    legend_fontsize: int,
+) -> None:
+    """Draw one marked line per label over a log x axis and save the figure to `path`.
+
+    `lines` maps each legend label to its (x, y) points, in any order (drawn sorted by x, then
+    y); a label without points draws nothing.
+    """
+    fig, ax = _figure_axes(title)
+    for label, points in lines.items():
+        if points:
+            xs, ys = zip(*sorted(points), strict=True)
+            ax.plot(xs, ys, marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=legend_fontsize)
+    _save(fig, path)
+
+
 # ---------------------------------------------------------------------------------------------
 # store (MLKV)
 
@@ -195,6 +221,38 @@ def _store_pick(
     return None
 
 
+def _store_versus(
+    result: BenchResult[StoreSummary],
+    workload: str,
+    ratio: float,
+    baseline: str,
+    target: float,
+    *,
+    windows: tuple[int, int],
+    unit: str,
+    label: str | None = None,
+) -> Verdict:
+    """A verdict on "frugal >= `target` x `baseline`" in one cell of the store bench.
+
+    The cell is `workload` at memory:data `ratio`, staleness 0; `windows` are the lookaheads
+    of frugal's row and of the baseline's (0 for a system without one). The value is frugal's
+    samples/s over the baseline's, unmeasured when either row is missing. The claim starts
+    with "`label`: " when a label is given and names the rate in `unit`.
+    """
+    ours = _store_pick(result, "frugal", ratio, windows[0], workload)
+    other = _store_pick(result, baseline, ratio, windows[1], workload)
+    claim = f"frugal >= {target}x {baseline} {unit} at memory:data {ratio}"
+    return _versus(
+        "store",
+        claim if label is None else f"{label}: {claim}",
+        ours=None if ours is None else float(ours["samples_per_s"]),
+        baseline_name=baseline,
+        baseline=None if other is None else float(other["samples_per_s"]),
+        target=target,
+        unit=unit,
+    )
+
+
 def _store_verdicts(result: BenchResult[StoreSummary]) -> list[Verdict]:
     window = result.summary.lookahead
     out = []
@@ -203,20 +261,10 @@ def _store_verdicts(result: BenchResult[StoreSummary]) -> list[Verdict]:
         (0.10, "mlkv", 1.3, window),
         (0.25, "ram", 0.5, 0),
     ):
-        ours = _store_pick(result, "frugal", ratio, window)
-        other = _store_pick(result, baseline, ratio, baseline_window)
-        ours_v = None if ours is None else float(ours["samples_per_s"])
-        other_v = None if other is None else float(other["samples_per_s"])
-        claim = f"frugal >= {target}x {baseline} samples/s at memory:data {ratio}"
+        windows = (window, baseline_window)
         out.append(
-            _versus(
-                "store",
-                claim,
-                ours=ours_v,
-                baseline_name=baseline,
-                baseline=other_v,
-                target=target,
-                unit="samples/s",
+            _store_versus(
+                result, "criteo_zipf", ratio, baseline, target, windows=windows, unit="samples/s"
             )
         )
     # MLKV's other two workloads, with the store issue's targets at memory:data 0.1
@@ -230,17 +278,17 @@ def _store_verdicts(result: BenchResult[StoreSummary]) -> list[Verdict]:
             ("rocksdb_offload", targets[0], 0),
             ("mlkv", targets[1], w_window),
         ):
-            ours = _store_pick(result, "frugal", 0.10, w_window, workload)
-            other = _store_pick(result, baseline, 0.10, baseline_window, workload)
+            windows = (w_window, baseline_window)
             out.append(
-                _versus(
-                    "store",
-                    f"{label}: frugal >= {target}x {baseline} {unit} at memory:data 0.1",
-                    ours=None if ours is None else float(ours["samples_per_s"]),
-                    baseline_name=baseline,
-                    baseline=None if other is None else float(other["samples_per_s"]),
-                    target=target,
+                _store_versus(
+                    result,
+                    workload,
+                    0.10,
+                    baseline,
+                    target,
+                    windows=windows,
                     unit=unit,
+                    label=label,
                 )
             )
     identical = result.summary.bit_identical_at_staleness_0
@@ -261,23 +309,23 @@ def _store_figure(result: BenchResult[StoreSummary], path: Path) -> None:
     rows = [r for r in _rows(result) if r["workload"] == "criteo_zipf"]
     rows = [r for r in rows if r["staleness_bound"] == 0]
     window = result.summary.lookahead
-    fig, ax = _figure_axes("store: Criteo-shaped Zipf trace, samples/s vs memory budget")
+    lines: dict[str, list[tuple[float, float]]] = {}
     for system in sorted({r["system"] for r in rows}):
         wanted = window if system in ("mlkv", "frugal") else 0
-        points = sorted(
+        label = f"{system} (W={wanted})" if system in ("mlkv", "frugal") else system
+        lines[label] = [
             (r["memory_ratio"], r["samples_per_s"])
             for r in rows
             if r["system"] == system and r["lookahead"] == wanted
-        )
-        if points:
-            xs, ys = zip(*points, strict=True)
-            label = f"{system} (W={wanted})" if system in ("mlkv", "frugal") else system
-            ax.plot(xs, ys, marker="o", label=label)
-    ax.set_xscale("log")
-    ax.set_xlabel("memory : data ratio")
-    ax.set_ylabel("samples/s (median after warm-up)")
-    ax.legend(fontsize=8)
-    _save(fig, path)
+        ]
+    _log_x_lines(
+        path,
+        "store: Criteo-shaped Zipf trace, samples/s vs memory budget",
+        lines,
+        xlabel="memory : data ratio",
+        ylabel="samples/s (median after warm-up)",
+        legend_fontsize=8,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,12 +360,17 @@ def _planner_validation(mode: Mode, out: Path, progress: Progress, result: Resul
     return BenchResult(summary=summary, rows=rows, document=document)
 
 
-def _planner_verdicts(result: BenchResult[PlannerSummary]) -> list[Verdict]:
-    rows = [
+def _planner_rows(result: BenchResult[PlannerSummary]) -> list[dict[str, Any]]:
+    """The bench's own placements (ok rows): not the paper-cost curves, nor validation runs."""
+    return [
         r
         for r in _rows(result)
         if r.get("objective") != "paper" and "num_layers" in r and not r.get("validation")
     ]
+
+
+def _planner_verdicts(result: BenchResult[PlannerSummary]) -> list[Verdict]:
+    rows = _planner_rows(result)
     world = [r for r in rows if r["scenario"] == "world"]
     out = []
     if world:
@@ -429,11 +482,7 @@ def _planner_verdicts(result: BenchResult[PlannerSummary]) -> list[Verdict]:
 def _planner_figure(result: BenchResult[PlannerSummary], path: Path) -> None:
     import numpy as np
 
-    rows = [
-        r
-        for r in _rows(result)
-        if r.get("objective") != "paper" and "num_layers" in r and not r.get("validation")
-    ]
+    rows = _planner_rows(result)
     fig, ax = _figure_axes("planner: predicted iteration time per scenario and method")
     if rows:
         cell = min((r["num_layers"], r["global_batch"]) for r in rows)
@@ -732,22 +781,23 @@ def _pipeline_verdicts(result: BenchResult[PipelineSummary]) -> list[Verdict]:
 
 def _pipeline_figure(result: BenchResult[PipelineSummary], path: Path) -> None:
     rows = _rows(result)
-    fig, ax = _figure_axes("pipeline: speed-up over FP32 vs link bandwidth, per codec")
     fp32 = {r["rho"]: r["tokens_per_s"] for r in rows if r.get("method") == "fp32"}
-    for method in dict.fromkeys(r["method"] for r in rows):
-        points = sorted(
+    lines = {
+        method: [
             (r["link_mbps"], r["tokens_per_s"] / fp32[r["rho"]])
             for r in rows
             if r["method"] == method and r["rho"] in fp32 and r.get("link_mbps")
-        )
-        if points:
-            xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, marker="o", label=method)
-    ax.set_xscale("log")
-    ax.set_xlabel("emulated link bandwidth (Mbit/s)")
-    ax.set_ylabel("tokens/s over FP32")
-    ax.legend(fontsize=7)
-    _save(fig, path)
+        ]
+        for method in dict.fromkeys(r["method"] for r in rows)
+    }
+    _log_x_lines(
+        path,
+        "pipeline: speed-up over FP32 vs link bandwidth, per codec",
+        lines,
+        xlabel="emulated link bandwidth (Mbit/s)",
+        ylabel="tokens/s over FP32",
+        legend_fontsize=7,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -756,14 +756,10 @@ def run_node_classification(
             nodes, end_t, np.full(len(nodes), events.num_events), finder, memory_ND,
             last_update_N, rng,
         )  # fmt: skip
-    assert events.node_label is not None  # checked by _labelled_nodes
-    labels = events.node_label[nodes]
-    num_classes = len(events.label_names)
-    result = fit_node_classifier(
-        z.detach(), labels, num_classes, seed,
+    return _fit_labelled_nodes(
+        z.detach(), events, nodes, seed,
         max_steps=max_steps, eval_every=eval_every, patience=patience,
     )  # fmt: skip
-    return {**result, "num_classes": num_classes, "num_labelled_nodes": len(nodes)}
 
 
 def degree_features(events: TemporalEvents) -> Tensor:
@@ -818,9 +814,23 @@ def node_classification_floor(protocol: Protocol, seed: int) -> dict[str, Any]:
     events = protocol.split.events
     nodes = _labelled_nodes(events)
     x = degree_features(events)[torch.from_numpy(nodes)]
-    num_classes = len(events.label_names)
+    return _fit_labelled_nodes(x, events, nodes, seed, standardize=True)
+
+
+def _fit_labelled_nodes(
+    x_ND: Tensor, events: TemporalEvents, nodes: I64, seed: int, **options: Any
+) -> dict[str, Any]:
+    """`fit_node_classifier` on `x_ND`, the features of the labelled `nodes`, (len(nodes), D).
+
+    `nodes` come from `_labelled_nodes(events)`; `options` go to `fit_node_classifier`.
+
+    Returns:
+        Its metrics plus "num_classes" (C, the dataset's label names) and
+        "num_labelled_nodes".
+    """
     assert events.node_label is not None  # checked by _labelled_nodes
-    result = fit_node_classifier(x, events.node_label[nodes], num_classes, seed, standardize=True)
+    num_classes = len(events.label_names)
+    result = fit_node_classifier(x_ND, events.node_label[nodes], num_classes, seed, **options)
     return {**result, "num_classes": num_classes, "num_labelled_nodes": len(nodes)}
 
 
