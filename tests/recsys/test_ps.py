@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,12 @@ import torch
 
 from frugal.recsys.batch import KJTBatch
 from frugal.recsys.client import EmbeddingClient
-from frugal.recsys.config import RecsysTrainConfig, prefetch_depth, staleness_bound
+from frugal.recsys.config import (
+    RecsysTrainConfig,
+    prefetch_depth,
+    shard_budget_bytes,
+    staleness_bound,
+)
 from frugal.recsys.errors import PSUnavailableError
 from frugal.recsys.ps import (
     NUM_VIRTUAL_SHARDS,
@@ -251,3 +257,106 @@ def test_prefetch_depth_is_capped_by_k_and_async_runs_ahead_k() -> None:
     assert prefetch_depth(RecsysTrainConfig(mode="sync")) == 1
     with pytest.raises(ValueError, match=r"prefetch_depth=0 must be >= 1 \(lookups started ahead"):
         RecsysTrainConfig(prefetch_depth=0)
+
+
+TABLES = (40_000, 40_000)
+
+
+def _push_rounds(shard: EmbeddingShard, rounds: int, seed: int) -> None:
+    """Deterministic pushes: 300 rows of each of the two tables a round, each read first."""
+    rng = np.random.default_rng(seed)
+    for step in range(rounds):
+        ids = [np.sort(rng.choice(TABLES[0], size=300, replace=False)) for _ in TABLES]
+        ids_t = torch.from_numpy(np.concatenate(ids).astype(np.int64))
+        counts = torch.tensor([300, 300])
+        _, versions = shard.lookup(ids_t, counts, torch.float32, step=step)
+        grads = torch.from_numpy(rng.standard_normal((600, 8)).astype(np.float32))
+        shard.push(ids_t, counts, grads, versions, 1.0, step)
+
+
+def _minimum_budget(directory: Path) -> int:
+    """The budget the store names as the least for a shard over TABLES."""
+    config = EmbeddingShard.Config(embedding_dim=8, backend="file", memory_budget_bytes=1)
+    with pytest.raises(ValueError, match=r"set it to at least (\d+)") as info:
+        EmbeddingShard(directory, TABLES, config)
+    return int(str(info.value).rsplit(" ", 1)[1])
+
+
+def _out_of_core_shard(directory: Path) -> EmbeddingShard:
+    """A shard whose cache holds about 10% of its 80,000 rows (36 B each)."""
+    budget = _minimum_budget(directory / "probe") + 80_000 * 36 // 10
+    config = EmbeddingShard.Config(embedding_dim=8, backend="file", memory_budget_bytes=budget)
+    return EmbeddingShard(directory / "shard", TABLES, config)
+
+
+def test_an_out_of_core_shard_trains_the_same_rows_as_one_in_ram(tmp_path: Path) -> None:
+    # Most rows live on disk (direct I/O where the file system has it) and come back through
+    # the cache; every row must end bit-identical to the in-RAM shard's.
+    in_ram = EmbeddingShard(tmp_path / "ram", TABLES, EmbeddingShard.Config(embedding_dim=8))
+    on_disk = _out_of_core_shard(tmp_path / "disk")
+    try:
+        for shard in (in_ram, on_disk):
+            _push_rounds(shard, 40, seed=7)
+        stats = on_disk.stats()["store"]
+        assert stats["capacity_rows"] < 80_000 // 5  # the cache cannot hold the table
+        assert stats["misses"] > 0 and stats["bytes_read"] > 0 and stats["bytes_written"] > 0
+        assert in_ram.stats()["store"]["bytes_read"] == 0
+        ids = np.arange(TABLES[0], dtype=np.int64)
+        for table in (0, 1):
+            np.testing.assert_array_equal(
+                in_ram.peek_table(table, ids, cols="all"), on_disk.peek_table(table, ids, "all")
+            )
+            np.testing.assert_array_equal(
+                in_ram.row_versions(table, ids), on_disk.row_versions(table, ids)
+            )
+    finally:
+        in_ram.close()
+        on_disk.close()
+
+
+def test_lookahead_hints_prefetch_the_rows_of_a_coming_lookup(tmp_path: Path) -> None:
+    shard = _out_of_core_shard(tmp_path)
+    try:
+        _push_rounds(shard, 40, seed=8)  # 24,000 row updates: most rows evicted to disk
+        written = np.flatnonzero(shard.row_versions(0, np.arange(TABLES[0])) > 0)[:200]
+        ids = torch.from_numpy(written.astype(np.int64))
+        counts = torch.tensor([len(ids), 0])
+        expected, _ = shard.lookup(ids, counts, torch.float32)  # an untracked read
+        before = shard.stats()["store"]
+        shard.lookahead(ids, counts, step=100)
+        shard.lookahead(torch.tensor([39_999]), torch.tensor([0, 1]), step=100)  # never written
+        deadline = time.monotonic() + 30
+        while shard.stats()["store"]["prefetched"] == before["prefetched"]:
+            assert time.monotonic() < deadline, "the hint prefetched nothing"
+            time.sleep(0.01)
+        rows, _ = shard.lookup(ids, counts, torch.float32, step=100)
+        after = shard.stats()["store"]
+        torch.testing.assert_close(rows, expected, rtol=0, atol=0)
+        assert after["prefetched"] > before["prefetched"]
+        assert after["hits"] - before["hits"] == len(ids)  # every row was resident or loading
+        assert after["misses"] == before["misses"]
+    finally:
+        shard.close()
+
+
+def test_a_shard_budget_below_the_minimum_names_one_that_is_accepted(tmp_path: Path) -> None:
+    minimum = _minimum_budget(tmp_path / "a")
+    config = EmbeddingShard.Config(embedding_dim=8, backend="file", memory_budget_bytes=minimum)
+    EmbeddingShard(tmp_path / "b", TABLES, config).close()
+
+
+def test_ps_budget_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"needs backend='file' \(backend='memory' keeps"):
+        EmbeddingShard.Config(memory_budget_bytes=1 << 20)
+    with pytest.raises(ValueError, match=r"set store_backend = \"file\""):
+        RecsysTrainConfig(ps_memory_ratio=0.1)
+    with pytest.raises(ValueError, match="name the same budget; give one of them"):
+        RecsysTrainConfig(store_backend="file", ps_memory_ratio=0.1, ps_memory_budget_bytes=9)
+    with pytest.raises(ValueError, match=r"ps_memory_ratio=1.5 must be in \(0, 1\]"):
+        RecsysTrainConfig(store_backend="file", ps_memory_ratio=1.5)
+    with pytest.raises(ValueError, match="ps_lookahead=-1 must be >= 0"):
+        RecsysTrainConfig(ps_lookahead=-1)
+    config = RecsysTrainConfig(store_backend="file", ps_memory_ratio=0.25, embedding_dim=8)
+    # 1,000 rows of 8 floats + row-wise Adagrad's 1: 36 B each
+    assert shard_budget_bytes(config, 1000) == 9000
+    assert shard_budget_bytes(RecsysTrainConfig(), 1000) is None

@@ -325,8 +325,8 @@ def test_bad_input_raises_and_changes_nothing(
 def test_bad_configs() -> None:
     with pytest.raises(ValueError, match="staleness_bound=-1"):
         EmbeddingStore.Config(staleness_bound=-1)
-    with pytest.raises(ValueError, match=r"memory_budget_bytes=1000 must be >= 131072"):
-        EmbeddingStore.Config(memory_budget_bytes=1000)
+    with pytest.raises(ValueError, match=r"memory_budget_bytes=0 must be >= 1 \(the store names"):
+        EmbeddingStore.Config(memory_budget_bytes=0)
     with pytest.raises(ValueError, match=r"momentum=0\.5 applies to kind='sgd' only"):
         OptimizerConfig(kind="adam", momentum=0.5)
 
@@ -601,3 +601,17 @@ def test_small_bad_inputs_of_the_store_api_get_clear_answers(tmp_path: Path) -> 
         for attempt in (lambda: pickle.dumps(store), lambda: copy.deepcopy(store)):
             with pytest.raises(TypeError, match="EmbeddingStore cannot be pickled or copied"):
                 attempt()
+
+
+def test_a_budget_below_the_floor_names_a_minimum_that_is_accepted(tmp_path: Path) -> None:
+    # One error, one value: the floor (128 KiB) and the table's own needs are named together.
+    spec = RowSpec(embedding_dim=8)
+    with pytest.raises(ValueError, match=r"set it to at least (\d+)") as info:
+        EmbeddingStore.create(
+            tmp_path / "a", num_rows=100, spec=spec,
+            config=EmbeddingStore.Config(memory_budget_bytes=1000),
+        )  # fmt: skip
+    minimum = int(str(info.value).rsplit(" ", 1)[1])
+    assert minimum == 128 << 10  # a 100-row table needs no more than the floor
+    config = EmbeddingStore.Config(memory_budget_bytes=minimum)
+    EmbeddingStore.create(tmp_path / "b", num_rows=100, spec=spec, config=config).close()

@@ -117,15 +117,34 @@ class EmbeddingClient:
             owner_slices=slices,
         )
 
-    def lookup(self, batch: KJTBatch) -> PendingLookup:
-        """Start the lookups of a batch: one call per owner shard holding any of its ids."""
+    def lookup(self, batch: KJTBatch, step: int | None = None) -> PendingLookup:
+        """Start the lookups of a batch: one call per owner shard holding any of its ids.
+
+        `step`: the training step reading them (the step a `hint` named), or None for an
+        evaluation read (see `EmbeddingShard.lookup`).
+        """
         pending = self.route(batch)
         for p, (lo, hi) in pending.owner_slices.items():
             ids = torch.from_numpy(pending.unique_ids[pending.owner_order[lo:hi]])
+            counts = torch.from_numpy(pending.owner_counts[p])
             pending.handles[p] = self.transport.call(
-                p, "lookup", ids, torch.from_numpy(pending.owner_counts[p]), self.wire_dtype
+                p, "lookup", ids, counts, self.wire_dtype, step
             )
         return pending
+
+    def hint(self, batch: KJTBatch, step: int) -> list[Handle]:
+        """Tell each owner shard which of its rows the lookup of `step` will read.
+
+        The shards' stores prefetch those rows from disk meanwhile (MLKV's lookahead on
+        Persia's PS). Fire and forget: the handles only report a failed hint.
+        """
+        pending = self.route(batch)
+        handles = []
+        for p, (lo, hi) in pending.owner_slices.items():
+            ids = torch.from_numpy(pending.unique_ids[pending.owner_order[lo:hi]])
+            counts = torch.from_numpy(pending.owner_counts[p])
+            handles.append(self.transport.call(p, "lookahead", ids, counts, step))
+        return handles
 
     def wait(self, pending: PendingLookup) -> LookupResult:
         """Wait for a batch's rows; return them as an fp32 leaf with `requires_grad`.

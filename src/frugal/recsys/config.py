@@ -10,9 +10,15 @@ from frugal.config import check_types
 from frugal.recsys.client import WireDtype
 from frugal.recsys.datasets import RecsysDataConfig
 from frugal.recsys.models import DENSE_MODELS, ModelName
-from frugal.store import OptimizerConfig
+from frugal.store import OptimizerConfig, RowSpec
 
-__all__ = ["Mode", "RecsysTrainConfig", "prefetch_depth", "staleness_bound"]
+__all__ = [
+    "Mode",
+    "RecsysTrainConfig",
+    "prefetch_depth",
+    "shard_budget_bytes",
+    "staleness_bound",
+]
 
 Mode = Literal["sync", "hybrid", "async"]
 
@@ -64,6 +70,15 @@ class RecsysTrainConfig:
     """Precision of embeddings and their gradients on the wire."""
     store_backend: Literal["memory", "file"] = "memory"
     """`frugal.store` backend of the PS shards."""
+    ps_memory_ratio: float | None = None
+    """Memory budget of each PS shard's store as a fraction of its rows' bytes (shard
+    capacity x row bytes), in (0, 1]; None holds every row in RAM. Rows then live on disk:
+    needs store_backend = "file". Give this or ps_memory_budget_bytes, not both."""
+    ps_memory_budget_bytes: int | None = None
+    """The same budget in bytes per shard (cache, key map and I/O buffers), >= 1."""
+    ps_lookahead: int = 0
+    """Steps ahead whose ids each trainer hints to the owning PS shards, whose stores then
+    prefetch those rows from disk, >= 0 (0: no hints; useful with a memory budget)."""
     timeout_s: float = 60.0
     """Longest wait for any collective, RPC, permit or queue, > 0."""
     seed: int = 0
@@ -123,6 +138,43 @@ class RecsysTrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps={self.max_steps} must be >= 1 or None")
+        self._check_ps_budget()
+
+    def _check_ps_budget(self) -> None:
+        ratio, budget = self.ps_memory_ratio, self.ps_memory_budget_bytes
+        if ratio is not None and budget is not None:
+            raise ValueError(
+                f"ps_memory_ratio={ratio} and ps_memory_budget_bytes={budget} name the same "
+                "budget; give one of them"
+            )
+        if ratio is not None and not 0 < ratio <= 1:
+            raise ValueError(
+                f"ps_memory_ratio={ratio} must be in (0, 1] (a fraction of the shard's rows); "
+                "leave it unset to hold every row in RAM"
+            )
+        if budget is not None and budget < 1:
+            raise ValueError(f"ps_memory_budget_bytes={budget} must be >= 1")
+        if (ratio is not None or budget is not None) and self.store_backend != "file":
+            raise ValueError(
+                'a PS memory budget keeps rows on disk: set store_backend = "file" (it is '
+                f"{self.store_backend!r}, which holds every row in RAM)"
+            )
+        if self.ps_lookahead < 0:
+            raise ValueError(f"ps_lookahead={self.ps_lookahead} must be >= 0 (0: no hints)")
+
+
+def shard_budget_bytes(config: RecsysTrainConfig, capacity_rows: int) -> int | None:
+    """Memory budget of one PS shard's store, bytes, or None (every row in RAM).
+
+    `ps_memory_budget_bytes`, or `ps_memory_ratio` x `capacity_rows` x the row's bytes
+    (embedding plus sparse-optimizer state).
+    """
+    if config.ps_memory_budget_bytes is not None:
+        return config.ps_memory_budget_bytes
+    if config.ps_memory_ratio is None:
+        return None
+    spec = RowSpec(embedding_dim=config.embedding_dim, optimizer=config.embedding_optimizer)
+    return max(1, int(config.ps_memory_ratio * capacity_rows * spec.row_bytes))
 
 
 def staleness_bound(mode: Mode, staleness: int, world_size: int) -> int:

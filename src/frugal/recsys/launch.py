@@ -12,7 +12,7 @@ from typing import Any
 
 from frugal.config import ConfigError, config_to_dict
 from frugal.launch import MemoryEstimate, TorchrunJob, check_job, run_torchrun
-from frugal.recsys.config import RecsysTrainConfig
+from frugal.recsys.config import RecsysTrainConfig, shard_budget_bytes
 from frugal.recsys.datasets import load_recsys_data
 from frugal.recsys.errors import RecsysError
 from frugal.recsys.ps import shard_capacity, shard_memory_bytes
@@ -50,7 +50,7 @@ def memory_estimate(config: RecsysTrainConfig) -> MemoryEstimate:
     data_bytes = train.nbytes + test.nbytes
     spec = RowSpec(embedding_dim=config.embedding_dim, optimizer=config.embedding_optimizer)
     capacity = shard_capacity(train.num_embeddings, config.nproc)
-    shard = shard_memory_bytes(capacity, spec.row_bytes)
+    shard = shard_memory_bytes(capacity, spec.row_bytes, shard_budget_bytes(config, capacity))
     n = config.nproc
     return MemoryEstimate(
         (

@@ -105,14 +105,22 @@ def _budget_for_all_rows(num_rows: int, row_bytes: int) -> int:
     return max(needed * 8 // 7 + (1 << 20), 1 << 20)
 
 
-def shard_memory_bytes(capacity_rows: int, row_bytes: int) -> int:
+def shard_memory_bytes(
+    capacity_rows: int, row_bytes: int, memory_budget_bytes: int | None = None
+) -> int:
     """RAM an `EmbeddingShard` of `capacity_rows` rows holds, bytes.
 
-    Its store's memory budget (sized to cache every row, see `_budget_for_all_rows`) and that
-    store's key map, plus the shard's version clocks (8 B a row) and their own key map.
+    Its store's memory budget (`memory_budget_bytes`, or None: sized to cache every row, see
+    `_budget_for_all_rows`, plus the store's key map), plus the shard's version clocks (8 B
+    a row) and their own key map.
     """
     keys = HashedKeys.memory_bytes_for(capacity_rows)
-    return _budget_for_all_rows(capacity_rows, row_bytes) + 2 * keys + 8 * capacity_rows
+    store = (
+        _budget_for_all_rows(capacity_rows, row_bytes) + keys
+        if memory_budget_bytes is None
+        else memory_budget_bytes
+    )
+    return store + keys + 8 * capacity_rows
 
 
 def default_owners(num_shards: int) -> I64:
@@ -173,6 +181,11 @@ class EmbeddingShard:
         """Sparse optimizer applied by the shard (state kept in the row)."""
         backend: Literal["memory", "file"] = "memory"
         """`frugal.store` backend holding the rows."""
+        memory_budget_bytes: int | None = None
+        """Memory budget of the shard's store (cache, key map and I/O buffers), bytes; None
+        sizes the cache to hold every row. With a budget the rows live on disk (`backend`
+        must be "file", read with direct I/O) and the cache holds what fits; lookahead
+        hints (`lookahead`) prefetch the rows of coming batches."""
         seed: int = 0
         """Seed of the initial rows (a row's value depends on its (table, id) key only)."""
         timeout_s: float = 60.0
@@ -184,6 +197,17 @@ class EmbeddingShard:
                 raise ValueError(f"embedding_dim={self.embedding_dim} must be >= 1")
             if self.timeout_s <= 0:
                 raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+            if self.memory_budget_bytes is not None:
+                if self.memory_budget_bytes < 1:
+                    raise ValueError(
+                        f"memory_budget_bytes={self.memory_budget_bytes} must be >= 1 (or None "
+                        "to hold every row in RAM)"
+                    )
+                if self.backend != "file":
+                    raise ValueError(
+                        f"memory_budget_bytes={self.memory_budget_bytes} needs backend='file' "
+                        f"(backend={self.backend!r} keeps every row in RAM whatever the budget)"
+                    )
 
     def __init__(
         self,
@@ -204,7 +228,9 @@ class EmbeddingShard:
                 of `num_embeddings`); a new row beyond it raises `KeySpaceFullError`.
 
         Raises:
-            ValueError: If the table count or `capacity_rows` is out of range.
+            ValueError: If the table count or `capacity_rows` is out of range, or the
+                memory budget is below the store's minimum for this capacity (the error
+                names the minimum).
         """
         num_tables = len(num_embeddings)
         if capacity_rows is None:
@@ -217,12 +243,18 @@ class EmbeddingShard:
         self.num_tables = num_tables
         self.capacity_rows = capacity_rows
         spec = RowSpec(embedding_dim=config.embedding_dim, optimizer=config.optimizer)
-        budget = _budget_for_all_rows(capacity_rows, spec.row_bytes)
+        out_of_core = config.memory_budget_bytes is not None
+        budget = (
+            config.memory_budget_bytes
+            if config.memory_budget_bytes is not None
+            else _budget_for_all_rows(capacity_rows, spec.row_bytes)
+            + HashedKeys.memory_bytes_for(capacity_rows)
+        )
         store_config = EmbeddingStore.Config(
             backend=config.backend,
-            memory_budget_bytes=budget + HashedKeys.memory_bytes_for(capacity_rows),
+            memory_budget_bytes=budget,
             staleness_bound=None,
-            use_direct_io=False,
+            use_direct_io=out_of_core,
         )
         self.store = EmbeddingStore.create(
             directory,
@@ -255,7 +287,11 @@ class EmbeddingShard:
         return versions
 
     def lookup(
-        self, ids: Tensor, counts: Tensor, wire_dtype: torch.dtype = torch.float16
+        self,
+        ids: Tensor,
+        counts: Tensor,
+        wire_dtype: torch.dtype = torch.float16,
+        step: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Read rows and their versions (rows never written read as their initial value).
 
@@ -263,15 +299,46 @@ class EmbeddingShard:
             ids: int64 ids grouped by table in table order, shape (U,).
             counts: int64 number of ids of each table, shape (T,).
             wire_dtype: Precision the rows travel in (float16, bfloat16 or float32).
+            step: The training step reading them (the step its `lookahead` named): the
+                store's cache counts hits and misses and uses up the step's hints. None (an
+                evaluation read) touches no hint and counts nothing.
 
         Returns:
             (rows (U, E) in `wire_dtype`, versions int64 (U,)).
         """
         keys = self._keys(ids.numpy(), counts.numpy())
         with self.lock:
-            rows_UE = self.store.peek(keys, cols="emb")
+            if step is None:
+                rows_UE = self.store.peek(keys, cols="emb")
+            else:  # rows written before through the cache; the others are initial values
+                rows_UE = np.empty((len(keys), self.config.embedding_dim), dtype=np.float32)
+                present = self._present(keys)
+                rows_UE[present] = self.store.read(keys[present], step, cols="emb")
+                rows_UE[~present] = self.store.peek(keys[~present], cols="emb")
             versions = self._versions_of(keys)
         return torch.from_numpy(rows_UE).to(wire_dtype), torch.from_numpy(versions)
+
+    def _present(self, keys: I64) -> npt.NDArray[np.bool_]:
+        """Which keys have a row in the store (were written), without inserting any."""
+        assert self.store.keys is not None  # a hashed key space
+        present: npt.NDArray[np.bool_] = self.store.keys.lookup(keys) >= 0
+        return present
+
+    def lookahead(self, ids: Tensor, counts: Tensor, step: int) -> None:
+        """Hint that the rows of `ids` will be looked up at `step`; the store prefetches them.
+
+        Rows never written have nothing on disk and are skipped. Never changes a value.
+
+        Args:
+            ids: int64 ids grouped by table in table order, shape (U,).
+            counts: int64 number of ids of each table, shape (T,).
+            step: The step whose lookup will read them, >= 0.
+        """
+        keys = self._keys(ids.numpy(), counts.numpy())
+        with self.lock:
+            present = self._present(keys)
+            if present.any():
+                self.store.lookahead(keys[present], step)
 
     def push(
         self,
@@ -383,15 +450,36 @@ class EmbeddingShard:
             self._versions[slots] = versions
 
     def stats(self) -> dict[str, Any]:
-        """The lag histogram (list, 257 bins), its max, and updates applied per table."""
+        """The lag histogram, its max, updates applied per table, and the store's cache.
+
+        Keys: lag_hist (list, 257 bins), lag_max, updates_applied (per table), and store:
+        capacity_rows, memory_budget_bytes, direct_io, hits, misses, hit_ratio, prefetched
+        (rows), bytes_read, bytes_written, stall_s (time lookups waited for disk).
+        """
         with self.lock:
             count = self._version_keys.num_keys
             tables = self._version_keys.keys_by_row[:count] >> ID_BITS
             applied = np.bincount(tables, weights=self._versions[:count], minlength=self.num_tables)
+            store = self.store.stats()
         return {
             "lag_hist": self.lags.hist.tolist(),
             "lag_max": self.lags.maximum,
             "updates_applied": [int(v) for v in applied],
+            "store": {
+                key: store[key]
+                for key in (
+                    "capacity_rows",
+                    "memory_budget_bytes",
+                    "direct_io",
+                    "hits",
+                    "misses",
+                    "hit_ratio",
+                    "prefetched",
+                    "bytes_read",
+                    "bytes_written",
+                    "stall_s",
+                )
+            },
         }
 
     def close(self) -> None:

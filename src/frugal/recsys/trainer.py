@@ -40,6 +40,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,13 @@ from frugal.recsys.checkpoint import (
     read_latest,
 )
 from frugal.recsys.client import EmbeddingClient, LookupResult, PendingLookup
-from frugal.recsys.config import Mode, RecsysTrainConfig, prefetch_depth, staleness_bound
+from frugal.recsys.config import (
+    Mode,
+    RecsysTrainConfig,
+    prefetch_depth,
+    shard_budget_bytes,
+    staleness_bound,
+)
 from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
 from frugal.recsys.errors import PSUnavailableError, RecsysError, StalenessBoundError
 from frugal.recsys.loader import BatchSource
@@ -151,6 +158,40 @@ def _allreduce_grads(params: list[nn.Parameter], world_size: int) -> None:
         p.grad = grad.view_as(p)  # views of this step's fresh buffer
 
 
+class _Hints:
+    """Send each batch's ids to the owning shards `window` steps before its lookup.
+
+    The shards' stores prefetch the rows from disk meanwhile (MLKV's lookahead on the PS).
+    Hints are fire and forget; their handles are checked (and a failed hint raised) once
+    more than `_MAX_OPEN` are in flight, and all at `finish()`.
+    """
+
+    _MAX_OPEN = 256
+
+    def __init__(self, client: EmbeddingClient, source: BatchSource, window: int) -> None:
+        self.client, self.source, self.window = client, source, window
+        self.next_step = 0  # the first step not hinted yet
+        self.open: deque[Handle] = deque()
+
+    def before(self, step: int) -> None:
+        """Hint every step up to `step + window` not hinted yet (from `step` on)."""
+        if self.window == 0:
+            return
+        self.next_step = max(self.next_step, step)
+        last = min(step + self.window, self.source.num_steps - 1)
+        while self.next_step <= last:
+            batch = self.source.batch(self.next_step)
+            self.open.extend(self.client.hint(batch, batch.batch_id))
+            self.next_step += 1
+        while len(self.open) > self._MAX_OPEN:
+            self.open.popleft().wait()
+
+    def finish(self) -> None:
+        """Wait for the hints in flight (raising the first failure)."""
+        while self.open:
+            self.open.popleft().wait()
+
+
 def _params_sha256(model: nn.Module) -> str:
     return hashlib.sha256(
         parameters_to_vector(model.parameters()).detach().numpy().tobytes()
@@ -190,21 +231,29 @@ class _Trainer:
             self.train.dense_dim,
             config.hidden,
         )
+        capacity_rows = shard_capacity(self.train.num_embeddings, world_size)
         shard_config = EmbeddingShard.Config(
             embedding_dim=config.embedding_dim,
             optimizer=config.embedding_optimizer,
             backend=config.store_backend,
+            memory_budget_bytes=shard_budget_bytes(config, capacity_rows),
             seed=config.seed,
             timeout_s=config.timeout_s,
         )
         shard_dir = out_dir / "ps" / f"rank{rank}"
         shutil.rmtree(shard_dir, ignore_errors=True)  # rows come back from checkpoints only
-        self.shard = EmbeddingShard(
-            shard_dir,
-            self.train.num_embeddings,
-            shard_config,
-            capacity_rows=shard_capacity(self.train.num_embeddings, world_size),
-        )
+        try:
+            self.shard = EmbeddingShard(
+                shard_dir, self.train.num_embeddings, shard_config, capacity_rows=capacity_rows
+            )
+        except ValueError as exc:
+            if config.ps_memory_ratio is None or "memory_budget_bytes" not in str(exc):
+                raise
+            raise ValueError(
+                f"ps_memory_ratio={config.ps_memory_ratio} gives each PS shard "
+                f"{shard_config.memory_budget_bytes} bytes for its {capacity_rows:,} rows: {exc}. "
+                "Raise ps_memory_ratio, or give that budget as ps_memory_budget_bytes"
+            ) from exc
         self.params = list(self.model.parameters())  # walked every step: list them once
         self.optimizer = _DenseSGD(self.params, config.dense_lr)
         self.resumed_from: int | None = None
@@ -227,6 +276,7 @@ class _Trainer:
             config.wire_dtype,
         )
         self.source = BatchSource(self.train, config, rank, world_size, start_sample, total_samples)
+        self.hints = _Hints(self.client, self.source, config.ps_lookahead)
         self.bound = staleness_bound(config.mode, config.staleness, world_size)
         self.timings = _Timings()
         self.losses: list[float] = []
@@ -412,8 +462,9 @@ class _Trainer:
             if self.is_boundary(step):
                 self.checkpoint(step)  # every push before it is acknowledged already
             batch = self.source.batch(step)
+            self.hints.before(step)
             start = time.perf_counter()
-            result = self.client.wait(self.client.lookup(batch))
+            result = self.client.wait(self.client.lookup(batch, batch.batch_id))
             self.timings.lookup_wait_ms.append((time.perf_counter() - start) * 1e3)
             self._forward_backward(result)
             self._dense_step()
@@ -429,6 +480,7 @@ class _Trainer:
             dist.barrier()
             self.timings.push_wait_ms.append((time.perf_counter() - start) * 1e3)
             self._mark(step)
+        self.hints.finish()
 
     def run_ahead(self) -> None:
         """Hybrid and async: lookups (and dense pulls) run ahead under K permits."""
@@ -455,7 +507,8 @@ class _Trainer:
                     self.timings.permit_wait_ms.append((time.perf_counter() - start) * 1e3)
                     if stop.is_set():
                         return
-                    pending = self.client.lookup(batch)
+                    self.hints.before(step)
+                    pending = self.client.lookup(batch, batch.batch_id)
                     dense = (
                         [self.transport.call(p, "dense_pull") for p in range(self.world_size)]
                         if is_async
@@ -517,6 +570,7 @@ class _Trainer:
                 self._mark(step)
             permits.drain()
             self._mark(self.source.num_steps)
+            self.hints.finish()
         finally:
             stop.set()
             producer.join(timeout=self.config.timeout_s)

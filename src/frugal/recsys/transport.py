@@ -31,7 +31,9 @@ class ShardServer:
         self.rtt_s = rtt_ms / 1000.0
 
     def handle(self, op: str, args: tuple[Any, ...]) -> Any:
-        """Run `op` ("lookup", "push", "dense_pull", "dense_push", "stats") after the delay.
+        """Run an operation of the shard (or the dense chunk) after the delay.
+
+        `op` is "lookup", "lookahead", "push", "stats", "dense_pull" or "dense_push".
 
         Raises:
             ValueError: If `op` is unknown or needs a dense shard this server lacks.
@@ -40,6 +42,8 @@ class ShardServer:
             time.sleep(self.rtt_s)
         if op == "lookup":
             return self.shard.lookup(*args)
+        if op == "lookahead":
+            return self.shard.lookahead(*args)
         if op == "push":
             return self.shard.push(*args)
         if op == "stats":

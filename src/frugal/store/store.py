@@ -305,10 +305,10 @@ class EmbeddingStore:
         def __post_init__(self) -> None:
             check_types(self)
             BACKENDS.check(self.backend)
-            if self.memory_budget_bytes < _MIN_BUDGET_BYTES:
+            if self.memory_budget_bytes < 1:
                 raise ValueError(
-                    f"memory_budget_bytes={self.memory_budget_bytes} must be >= "
-                    f"{_MIN_BUDGET_BYTES} (128 KiB)"
+                    f"memory_budget_bytes={self.memory_budget_bytes} must be >= 1 (the store "
+                    "names the minimum for a table when it opens; 128 KiB at the least)"
                 )
             if self.staleness_bound is not None and self.staleness_bound < 0:
                 raise ValueError(
@@ -363,7 +363,7 @@ class EmbeddingStore:
         backend_args = layout.backend_args
         backend_type = BACKENDS.get(self.backend_name)
         index_kind, capacity = layout.index_kind, layout.capacity
-        if capacity < _MIN_CACHED_ROWS:  # checked before any file is written
+        if capacity < _MIN_CACHED_ROWS or budget < _MIN_BUDGET_BYTES:  # before any file
             needed = layout.fixed_bytes + _MIN_CACHED_ROWS * layout.bytes_per_slot
             if needed > physical_memory_bytes():
                 raise ValueError(
@@ -375,8 +375,8 @@ class EmbeddingStore:
             raise ValueError(
                 f"memory_budget_bytes={budget} leaves room for {max(capacity, 0)} cached rows "
                 f"after the {index_kind} slot index, backend and I/O buffers "
-                f"({layout.fixed_bytes} bytes); a store needs {_MIN_CACHED_ROWS}, so set it to "
-                f"at least {minimum}"
+                f"({layout.fixed_bytes} bytes); a store needs {_MIN_CACHED_ROWS} and at least "
+                f"{_MIN_BUDGET_BYTES} bytes, so set it to at least {minimum}"
             )
         if self.key_space == "hashed":
             self.keys = HashedKeys(self.num_rows)
@@ -430,9 +430,12 @@ class EmbeddingStore:
         """
 
         def fits(candidate: int) -> bool:
-            return self._memory_layout(candidate, info).capacity >= _MIN_CACHED_ROWS
+            return (
+                candidate >= _MIN_BUDGET_BYTES
+                and self._memory_layout(candidate, info).capacity >= _MIN_CACHED_ROWS
+            )
 
-        low, high = budget, max(budget + 1, _MIN_BUDGET_BYTES)
+        low, high = max(budget, _MIN_BUDGET_BYTES - 1), max(budget + 1, _MIN_BUDGET_BYTES)
         while not fits(high):
             layout = self._memory_layout(high, info)
             low = high
