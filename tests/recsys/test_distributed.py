@@ -160,15 +160,21 @@ def test_out_of_core_shards_with_lookahead_train_exactly_as_in_ram(tmp_path: Pat
     )
     common: dict[str, Any] = {
         "data": data, "mode": "sync", "staleness": 1, "store_backend": "file",
-        "max_steps": 80, "embedding_dim": 32,
+        "max_steps": 60, "embedding_dim": 32,
     }  # fmt: skip
     in_ram = _config(**common)
     out_of_core = _config(**common, ps_memory_ratio=0.35, ps_lookahead=4)
-    ram, ooc = _run(tmp_path, [(in_ram, "ram"), (out_of_core, "ooc")])
+    hybrid = _config(
+        **(common | {"mode": "hybrid", "staleness": 4}), ps_memory_ratio=0.35, ps_lookahead=4
+    )
+    ram, ooc, ooc_hybrid = _run(
+        tmp_path, [(in_ram, "ram"), (out_of_core, "ooc"), (hybrid, "ooc-hybrid")]
+    )
+    assert ooc_hybrid["steps"] == ram["steps"] and abs(ooc_hybrid["test_auc"] - ram["test_auc"]) < 0.02
     assert ooc["ranks"][0]["dense_params_sha256"] == ram["ranks"][0]["dense_params_sha256"]
     assert ooc["test_auc"] == ram["test_auc"]
     assert ooc["staleness_hist"] == ram["staleness_hist"]
-    for rank in ooc["ranks"]:
+    for rank in ooc["ranks"] + ooc_hybrid["ranks"]:
         store = rank["shard"]["store"]
         assert store["capacity_rows"] < 251_024 // 10  # most rows live on disk only
         assert store["prefetched"] > 0 and store["bytes_read"] > 0  # rows came from disk
