@@ -76,6 +76,10 @@ class RecsysTrainConfig:
     needs store_backend = "file". Give this or ps_memory_budget_bytes, not both."""
     ps_memory_budget_bytes: int | None = None
     """The same budget in bytes per shard (cache, key map and I/O buffers), >= 1."""
+    ps_admit_after: int = 1
+    """Pushes of an id before its PS shard gives it a row, >= 1 (1: on the first push);
+    until then it reads its initial value and its gradients are dropped (a count-min
+    sketch's frequency filter, `EmbeddingShard.Config.admit_after`)."""
     ps_lookahead: int = 0
     """Steps ahead whose ids each trainer hints to the owning PS shards, whose stores then
     prefetch those rows from disk, >= 0 (0: no hints; useful with a memory budget)."""
@@ -158,6 +162,10 @@ class RecsysTrainConfig:
             raise ValueError(
                 'a PS memory budget keeps rows on disk: set store_backend = "file" (it is '
                 f"{self.store_backend!r}, which holds every row in RAM)"
+            )
+        if self.ps_admit_after < 1:
+            raise ValueError(
+                f"ps_admit_after={self.ps_admit_after} must be >= 1 (1 admits every id)"
             )
         if self.ps_lookahead < 0:
             raise ValueError(f"ps_lookahead={self.ps_lookahead} must be >= 0 (0: no hints)")

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from frugal._typing import I64
 from frugal.config import check_types
+from frugal.recsys.admission import CountMinSketch
 from frugal.recsys.errors import PSUnavailableError
 from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
 from frugal.store.keys import HashedKeys
@@ -188,6 +189,14 @@ class EmbeddingShard:
         hints (`lookahead`) prefetch the rows of coming batches."""
         seed: int = 0
         """Seed of the initial rows (a row's value depends on its (table, id) key only)."""
+        admit_after: int = 1
+        """Pushes of an id before it takes a row, >= 1 (1: every id on its first push).
+        Until then its lookups read the initial value and its gradients are dropped; the
+        counts are a count-min sketch's (`frugal.recsys.admission`), so an id may be admitted
+        early when all its counters collide, never late."""
+        admission_sketch_width: int = 1 << 20
+        """Counters per row of the admission sketch (4 rows of uint16: 8 MiB at 2^20), a
+        power of two; used when admit_after > 1."""
         timeout_s: float = 60.0
         """Longest wait of a sequenced push for the one before it, > 0."""
 
@@ -197,6 +206,16 @@ class EmbeddingShard:
                 raise ValueError(f"embedding_dim={self.embedding_dim} must be >= 1")
             if self.timeout_s <= 0:
                 raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+            if self.admit_after < 1:
+                raise ValueError(
+                    f"admit_after={self.admit_after} must be >= 1 (1 admits every id on its "
+                    "first push)"
+                )
+            width = self.admission_sketch_width
+            if width < 16 or width & (width - 1):
+                raise ValueError(
+                    f"admission_sketch_width={width} must be a power of two >= 16 (e.g. {1 << 20})"
+                )
             if self.memory_budget_bytes is not None:
                 if self.memory_budget_bytes < 1:
                     raise ValueError(
@@ -271,6 +290,13 @@ class EmbeddingShard:
         self.lags = _LagLog()
         self._turn = 0  # next sequence number a sequenced push may apply
         self._turn_changed = threading.Condition(self.lock)
+        self.sketch = (
+            CountMinSketch(config.admission_sketch_width, seed=config.seed)
+            if config.admit_after > 1
+            else None
+        )
+        self.rejected_updates = 0
+        """Row updates dropped because their id was not admitted yet."""
 
     def _keys(self, ids: I64, counts: I64) -> I64:
         if len(counts) != self.num_tables:
@@ -384,6 +410,9 @@ class EmbeddingShard:
             try:
                 if len(keys):
                     lag = self._versions_of(keys) - read
+                    admitted = self._admit(keys)
+                    keys, grads_UE = keys[admitted], grads_UE[admitted]
+                if len(keys):
                     self.store.apply_gradients(keys, grads_UE, step)
                     slots = self._version_keys.lookup_or_insert(keys)
                     self._versions[slots] += 1
@@ -392,6 +421,21 @@ class EmbeddingShard:
                     self._turn += 1
                     self._turn_changed.notify_all()
         return self.lags.record(lag)
+
+    def _admit(self, keys: I64) -> npt.NDArray[np.bool_]:
+        """Which pushed keys update a row: those with one, and new ones counted often enough.
+
+        Counts a push of every key without a row; the lock is held.
+        """
+        admitted = np.ones(len(keys), dtype=bool)
+        if self.sketch is None:
+            return admitted
+        new = ~self._present(keys)
+        if new.any():
+            counts = self.sketch.add(keys[new])
+            admitted[new] = counts >= self.config.admit_after
+            self.rejected_updates += int(np.count_nonzero(~admitted))
+        return admitted
 
     def peek_table(
         self, table: int, ids: I64, cols: Literal["emb", "all"] = "emb"
@@ -452,7 +496,8 @@ class EmbeddingShard:
     def stats(self) -> dict[str, Any]:
         """The lag histogram, its max, updates applied per table, and the store's cache.
 
-        Keys: lag_hist (list, 257 bins), lag_max, updates_applied (per table), and store:
+        Keys: lag_hist (list, 257 bins), lag_max, updates_applied (per table),
+        rejected_updates (of ids not admitted yet, see `Config.admit_after`), and store:
         capacity_rows, memory_budget_bytes, direct_io, hits, misses, hit_ratio, prefetched
         (rows), bytes_read, bytes_written, stall_s (time lookups waited for disk).
         """
@@ -465,6 +510,7 @@ class EmbeddingShard:
             "lag_hist": self.lags.hist.tolist(),
             "lag_max": self.lags.maximum,
             "updates_applied": [int(v) for v in applied],
+            "rejected_updates": self.rejected_updates,
             "store": {
                 key: store[key]
                 for key in (

@@ -238,6 +238,7 @@ class _Trainer:
             backend=config.store_backend,
             memory_budget_bytes=shard_budget_bytes(config, capacity_rows),
             seed=config.seed,
+            admit_after=config.ps_admit_after,
             timeout_s=config.timeout_s,
         )
         shard_dir = out_dir / "ps" / f"rank{rank}"
