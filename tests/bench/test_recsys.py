@@ -86,3 +86,30 @@ def test_bench_data_settings_reach_every_run_but_dataset_and_seed_come_per_run()
     assert RecsysBenchConfig.quick().data.zipf_num_embeddings == 20_000
     with pytest.raises(ValueError, match="set per run from datasets and seeds"):
         RecsysBenchConfig(data=RecsysDataConfig(dataset="adult"))
+
+
+def test_out_of_core_cells_are_summarised_apart_from_the_grid() -> None:
+    config = RecsysBenchConfig(
+        datasets=("criteo_zipf",), staleness=(4, 16), rtt_ms=(5.0,), seeds=(0,),
+        out_of_core_ratios=(0.25, 0.1), out_of_core_embedding_dim=64,
+    )  # fmt: skip
+    cell = config.out_of_core_config("criteo_zipf", 0.1, 0)
+    assert (cell.mode, cell.staleness, cell.rtt_ms, cell.embedding_dim) == ("hybrid", 4, 5.0, 64)
+    assert (cell.store_backend, cell.ps_memory_ratio, cell.ps_lookahead) == ("file", 0.1, 4)
+    assert config.out_of_core_config("criteo_zipf", None, 0).ps_memory_ratio is None
+    grid = [_row("sync", None, 0.70, 100.0), _row("hybrid", 4, 0.699, 250.0)]
+    ooc = [
+        _row("hybrid", 4, 0.690, 400.0) | {"ps_memory_ratio": None, "ps_hit_ratio": 1.0},
+        _row("hybrid", 4, 0.690, 360.0) | {"ps_memory_ratio": 0.25, "ps_hit_ratio": 0.97},
+        _row("hybrid", 4, 0.6895, 300.0) | {"ps_memory_ratio": 0.1, "ps_hit_ratio": 0.9},
+    ]
+    summary = _summary(config, grid + [r | {"cell": "out_of_core"} for r in ooc])
+    # the grid's hybrid ratio ignores the out-of-core hybrid rows
+    assert summary.datasets["criteo_zipf"].throughput_hybrid_over_sync == pytest.approx(2.5)
+    entry = summary.out_of_core["criteo_zipf"]
+    assert entry.throughput_over_in_ram == pytest.approx({"0.25": 0.9, "0.1": 0.75})
+    assert entry.auc_gap_vs_in_ram == pytest.approx({"0.25": 0.0, "0.1": -0.0005})
+    assert entry.ps_hit_ratio == {"0.25": 0.97, "0.1": 0.9}
+    assert _summary(replace(config, out_of_core_ratios=()), grid).out_of_core == {}
+    with pytest.raises(ValueError, match=r"ps_memory_ratio=1.5 must be in \(0, 1\]"):
+        replace(config, out_of_core_ratios=(1.5,))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -444,5 +447,98 @@ def test_a_corrupt_record_found_by_the_cleaner_fails_the_next_write(
         # The cleaner stopped; every write after it says so too.
         with pytest.raises(StoreCorruptionError, match=r"row id 7"):
             backend.write_rows(rest[:3], _rows(rest[:3], 0.0))
+    finally:
+        backend.close()
+
+
+class _Interleaved(FileBackend):
+    """Runs `hook` once where `read_rows` has read the addresses but not the segment map."""
+
+    hook: Callable[[], None] | None = None
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[dict[int, Any]]:
+        if self.hook is not None:
+            hook, self.hook = self.hook, None
+            hook()
+        with super()._reading() as segments:
+            yield segments
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["slot reused", "segment gone"])
+def test_a_read_whose_segment_is_deleted_under_it_reads_the_rows_new_address(
+    tmp_path: Path, reuse: bool
+) -> None:
+    # Row 5's address is read, then (before the reader takes the segment map) its segment
+    # is emptied and deleted, and with `reuse` its slot begun again with other rows at that
+    # index. The read must return the row's newest value: no false corruption error, never
+    # an older record.
+    backend = _Interleaved(
+        tmp_path, 1024, ADAM16.width, None, segment_shift=10, clean_min_records=0
+    )
+    ids = np.arange(1024, dtype=np.int64)
+    backend.write_rows(ids, _rows(ids, 1000.0))  # segment 0, row i at index i
+
+    def rewrite() -> None:
+        backend.write_rows(ids, _rows(ids, 2000.0))
+        backend.write_rows(ids, _rows(ids, 3000.0))
+        if reuse:  # slot 0 again, rows in reverse order
+            backend.write_rows(ids[::-1].copy(), _rows(ids[::-1].copy(), 4000.0))
+
+    backend.hook = rewrite
+    out = np.empty((1, ADAM16.width), dtype=np.float32)
+    try:
+        assert backend.read_rows(np.array([5]), out).all()
+        assert out[0, 0] == (4005.0 if reuse else 3005.0)
+        assert (0 in backend._segments) == reuse
+    finally:
+        backend.close()
+
+
+def test_deleted_segments_are_closed_while_other_reads_keep_running(tmp_path: Path) -> None:
+    # Two readers read back to back, so some read is always running; a deleted segment's fd
+    # must still be closed once the reads that began before its deletion have ended.
+    backend = _small_segments(tmp_path, 5000)
+    ids = np.arange(5000, dtype=np.int64)
+    backend.write_rows(ids, _rows(ids, 0.0))
+    done = threading.Event()
+
+    def reader(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        out = np.empty((512, ADAM16.width), dtype=np.float32)
+        while not done.is_set():
+            backend.read_rows(np.sort(rng.choice(5000, 512, replace=False)), out)
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in (1, 2)]
+    most_open = 0
+    try:
+        for thread in threads:
+            thread.start()
+        rng = np.random.default_rng(0)
+        for _ in range(150):
+            some = np.sort(rng.choice(5000, 2000, replace=False)).astype(np.int64)
+            backend.write_rows(some, _rows(some, 1.0))
+            most_open = max(most_open, len(backend._closing))
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    try:
+        assert backend.deleted_segments > 50
+        assert most_open < 20  # (it grew without bound: ~900 after 10 s)
+        assert backend._closing == []  # no read runs: every deleted fd is closed
+    finally:
+        backend.close()
+
+
+def test_a_checkpoints_index_points_at_durable_records_only(tmp_path: Path) -> None:
+    # The cleaner may append after the store's sync(); checkpoint() syncs what it finds.
+    backend = _small_segments(tmp_path, 2000)
+    ids = np.arange(2000, dtype=np.int64)
+    try:
+        backend.write_rows(ids, _rows(ids, 1.0))  # not synced
+        assert backend._unsynced
+        backend.checkpoint(1)
+        assert backend._unsynced == set()
     finally:
         backend.close()

@@ -47,6 +47,7 @@ __all__ = [
     "RECSYS_BENCH",
     "RecsysBenchConfig",
     "RecsysDatasetSummary",
+    "RecsysOutOfCoreSummary",
     "RecsysSummary",
     "run_recsys_bench",
 ]
@@ -58,6 +59,7 @@ _ROW_KEYS = (
     "lookup_wait_ms", "allreduce_ms", "permit_wait_ms", "compute_ms", "push_enqueue_ms",
     "push_wait_ms", "step_ms", "cpu_ms_per_step", "train_loss_first", "train_loss_last",
     "steps", "world_size", "alpha_max", "staleness_hist",
+    "ps_hit_ratio", "ps_bytes_read_per_step", "ps_stall_s",
 )  # fmt: skip
 
 
@@ -97,6 +99,17 @@ class RecsysBenchConfig(BenchConfig):
     """The data of every run: criteo_zipf's samples, ids per feature, features and Zipf
     exponent, the test split. Its `dataset` and `seed` come from `datasets` and `seeds`, so
     leave them unset."""
+    out_of_core_ratios: tuple[float, ...] = ()
+    """PS memory budgets (`ps_memory_ratio`: fractions of each shard's row bytes, in
+    (0, 1]) of the out-of-core cells: hybrid at the summary's K and the largest rtt on each
+    dataset and seed, once with every row cached on the file backend (the reference) and
+    once per ratio, with `out_of_core_lookahead` hints. () runs none."""
+    out_of_core_lookahead: int = 4
+    """`ps_lookahead` of the out-of-core cells, >= 0."""
+    out_of_core_embedding_dim: int | None = None
+    """Embedding width of the out-of-core cells (None: `embedding_dim`). A hashed shard pays
+    about 38 B of RAM per row for its key map and record addresses, so small rows leave a
+    small budget no cache: give rows several times wider than that."""
     timeout_s: float = 120.0
     """Per-call timeout inside a run (RPC, collective, permit), > 0."""
     job_timeout_s: float = 7200.0
@@ -130,6 +143,8 @@ class RecsysBenchConfig(BenchConfig):
         # the train Config validates the remaining fields, and each dataset's id
         for dataset in self.datasets:
             self.train_config("sync", dataset, 1, self.rtt_ms[0], self.seeds[0])
+            for ratio in self.out_of_core_ratios:
+                self.out_of_core_config(dataset, ratio, self.seeds[0])
 
     QUICK: ClassVar = {
         "staleness": (4, 16),
@@ -175,6 +190,24 @@ class RecsysBenchConfig(BenchConfig):
             seed=seed,
         )
 
+    def out_of_core_config(
+        self, dataset: DatasetName, ratio: float | None, seed: int
+    ) -> RecsysTrainConfig:
+        """An out-of-core cell: hybrid on the file backend, `ratio` None for the reference."""
+        base = self.train_config("hybrid", dataset, _out_of_core_k(self), max(self.rtt_ms), seed)
+        return replace(
+            base,
+            store_backend="file",
+            ps_memory_ratio=ratio,
+            ps_lookahead=self.out_of_core_lookahead,
+            embedding_dim=self.out_of_core_embedding_dim or self.embedding_dim,
+        )
+
+
+def _out_of_core_k(config: RecsysBenchConfig) -> int:
+    """Hybrid's K in the summary (and the out-of-core cells): the K nearest 4."""
+    return min(config.staleness, key=lambda v: (abs(v - 4), v))
+
 
 def _cells(
     config: RecsysBenchConfig, dataset: DatasetName, rtt_ms: float
@@ -191,8 +224,10 @@ def _cells(
     return cells
 
 
-def _row(result: dict[str, Any]) -> dict[str, Any]:
+def _row(result: dict[str, Any], cell: str = "grid") -> dict[str, Any]:
     row = {key: result.get(key) for key in _ROW_KEYS}
+    row["cell"] = cell
+    row["ps_memory_ratio"] = result["config"].get("ps_memory_ratio")
     row["logloss"] = result["test_logloss"]
     if row["mode"] == "sync":
         row["staleness"] = None  # K does not apply: every read sees every earlier step
@@ -230,6 +265,22 @@ class RecsysDatasetSummary(Summary):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RecsysOutOfCoreSummary(Summary):
+    """One dataset's out-of-core cells against the reference with every row cached.
+
+    Keys are the PS memory ratios (as text); values are means over the seeds, None where a
+    side did not run.
+    """
+
+    throughput_over_in_ram: dict[str, float | None]
+    """samples/s at the ratio over the reference's."""
+    auc_gap_vs_in_ram: dict[str, float | None]
+    """Test AUC at the ratio minus the reference's."""
+    ps_hit_ratio: dict[str, float | None]
+    """The shards' cache hit ratio (lookups served from RAM)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RecsysSummary(Summary):
     """The `"summary"` of `frugal recsys bench`'s `results.json`."""
 
@@ -243,6 +294,8 @@ class RecsysSummary(Summary):
     staleness_within_bound: bool
     """Every run's measured staleness stayed within its bound."""
     max_staleness_seen: int
+    out_of_core: dict[str, RecsysOutOfCoreSummary] = field(default_factory=dict)
+    """Per dataset, the out-of-core cells (empty when `out_of_core_ratios` is ())."""
 
 
 def _summary(
@@ -251,8 +304,9 @@ def _summary(
     teacher_test_auc: dict[str, float | None] | None = None,
 ) -> RecsysSummary:
     rtt = max(config.rtt_ms)
-    k = min(config.staleness, key=lambda v: (abs(v - 4), v))
+    k = _out_of_core_k(config)
     k_async = min(config.async_staleness or config.staleness, key=lambda v: (abs(v - 4), v))
+    every_row, rows = rows, [r for r in rows if r.get("cell") != "out_of_core"]
     datasets: dict[str, RecsysDatasetSummary] = {}
     for dataset in config.datasets:
         at = [r for r in rows if r["dataset"] == dataset and r["rtt_ms"] == rtt]
@@ -330,8 +384,35 @@ def _summary(
         staleness=k,
         async_staleness=k_async,
         datasets=datasets,
-        staleness_within_bound=all(r["max_staleness_seen"] <= r["staleness_bound"] for r in rows),
-        max_staleness_seen=max(r["max_staleness_seen"] for r in rows),
+        staleness_within_bound=all(
+            r["max_staleness_seen"] <= r["staleness_bound"] for r in every_row
+        ),
+        max_staleness_seen=max(r["max_staleness_seen"] for r in every_row),
+        out_of_core={
+            dataset: _out_of_core_summary(config, [r for r in every_row if r["dataset"] == dataset])
+            for dataset in config.datasets
+            if config.out_of_core_ratios
+        },
+    )
+
+
+def _out_of_core_summary(
+    config: RecsysBenchConfig, rows: list[dict[str, Any]]
+) -> RecsysOutOfCoreSummary:
+    cells = [r for r in rows if r.get("cell") == "out_of_core"]
+    reference = [r for r in cells if r["ps_memory_ratio"] is None]
+    ref_tput, ref_auc = _mean(reference, "samples_per_s"), _mean(reference, "test_auc")
+    tput: dict[str, float | None] = {}
+    gap: dict[str, float | None] = {}
+    hits: dict[str, float | None] = {}
+    for ratio in config.out_of_core_ratios:
+        at = [r for r in cells if r["ps_memory_ratio"] == ratio]
+        t, a = _mean(at, "samples_per_s"), _mean(at, "test_auc")
+        tput[f"{ratio:g}"] = t / ref_tput if t is not None and ref_tput else None
+        gap[f"{ratio:g}"] = a - ref_auc if a is not None and ref_auc is not None else None
+        hits[f"{ratio:g}"] = _mean(at, "ps_hit_ratio")
+    return RecsysOutOfCoreSummary(
+        throughput_over_in_ram=tput, auc_gap_vs_in_ram=gap, ps_hit_ratio=hits
     )
 
 
@@ -373,6 +454,20 @@ def run_recsys_bench(
         rows += [_row(result) for result in results]
         if progress is not None:
             progress(f"rtt {rtt:g} ms: {len(results)} runs done")
+    if config.out_of_core_ratios:
+        runs = [
+            (
+                config.out_of_core_config(dataset, ratio, seed),
+                runs_dir / f"{dataset}-seed{seed}-ooc-{'ram' if ratio is None else f'{ratio:g}'}",
+            )
+            for dataset in config.datasets
+            for seed in config.seeds
+            for ratio in (None, *config.out_of_core_ratios)
+        ]
+        results = launch_runs(runs, runs_dir / "out_of_core", timeout_s=config.job_timeout_s)
+        rows += [_row(result, "out_of_core") for result in results]
+        if progress is not None:
+            progress(f"out of core: {len(results)} runs done")
     teacher: dict[str, float | None] = {
         dataset: teacher_auc(config.train_config("sync", dataset, 1, 0.0, config.seeds[0]).data)
         for dataset in config.datasets

@@ -699,6 +699,12 @@ def _summarise(
         "total_samples": reports[0]["total_samples"],
         "resumed_from_samples": reports[0]["resumed_from_samples"],
         "checkpoints_written": reports[0]["checkpoints_written"],
+        # the PS shards' stores (all ranks): cache hits, disk reads, waits for disk
+        "ps_hit_ratio": float(np.mean([r["shard"]["store"]["hit_ratio"] for r in reports])),
+        "ps_bytes_read_per_step": sum(r["shard"]["store"]["bytes_read"] for r in reports)
+        / max(1, reports[0]["steps"]),
+        "ps_stall_s": sum(r["shard"]["store"]["stall_s"] for r in reports),
+        "rejected_updates": sum(r["shard"]["rejected_updates"] for r in reports),
     }
     for key in (
         "step_ms",

@@ -248,9 +248,13 @@ class FileBackend:
         self.clean_min_records = int(clean_min_records)
         self._weights = _checksum_weights((self.stride - 4) // 4)
         self._append_lock = threading.Lock()  # appends and cleaning (see the docstring)
-        self._segments_lock = threading.Lock()  # `_segments`, `_active_reads`, `_closing`
-        self._active_reads = 0
-        self._closing: list[int] = []  # fds of deleted segments, closed once no read runs
+        self._segments_lock = threading.Lock()  # `_segments`, `_epoch`, `_readers`, `_closing`
+        # Deleted segments' fds are closed once every read that began before the deletion
+        # has ended (epoch-based reclamation): each deletion starts a new epoch, each read
+        # counts under the epoch it began in.
+        self._epoch = 0
+        self._readers: dict[int, int] = {}  # epoch -> reads begun in it and still running
+        self._closing: list[tuple[int, int]] = []  # (epoch of the deletion, fd)
         self._tail_block = b""  # the tail segment's bytes after its last full sector
         self._unsynced: set[int] = set()  # slots appended to since the last sync
         self.align = align_bytes or SECTOR_BYTES
@@ -541,28 +545,43 @@ class FileBackend:
     def _reading(self) -> Iterator[dict[int, _Segment]]:
         """Yield the segment map; segments deleted meanwhile stay open until the read ends."""
         with self._segments_lock:
-            self._active_reads += 1
+            epoch = self._epoch
+            self._readers[epoch] = self._readers.get(epoch, 0) + 1
             segments = self._segments
         try:
             yield segments
         finally:
             with self._segments_lock:
-                self._active_reads -= 1
-                closing = self._closing if self._active_reads == 0 else []
-                if closing:
-                    self._closing = []
+                self._readers[epoch] -= 1
+                if not self._readers[epoch]:
+                    del self._readers[epoch]
+                closing = self._closable()
             for fd in closing:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
+    def _closable(self) -> list[int]:
+        """Take the deleted segments' fds no running read can hold (`_segments_lock` held)."""
+        oldest = min(self._readers, default=self._epoch + 1)
+        closing = [fd for epoch, fd in self._closing if epoch <= oldest]
+        if closing:
+            self._closing = [(epoch, fd) for epoch, fd in self._closing if epoch > oldest]
+        return closing
+
     def _read_records(
-        self, segments: dict[int, _Segment], addresses: npt.NDArray[np.int64]
+        self,
+        segments: dict[int, _Segment],
+        addresses: npt.NDArray[np.int64],
+        *,
+        missing_ok: bool = False,
     ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint32]]:
         """Read records by address (any order).
 
         Segments missing from `segments` (begun after the caller took it) are looked up in
         the current map. Returns the (N, S) record bytes in the given order and the sequence
-        number of the segment each was read from.
+        number of the segment each was read from. A segment in neither map raises
+        `StoreCorruptionError`, or with `missing_ok` reads as zero bytes that fail their
+        check (the caller retries from the current `location`).
         """
         stride = self.stride
         order = np.argsort(addresses, kind="stable")
@@ -582,6 +601,10 @@ class FileBackend:
                 continue
             slot = int(slots[first])
             segment = segments.get(slot) or self._segments.get(slot)
+            if segment is None and missing_ok:  # deleted since the address was read
+                sequences[order[first:last]] = _UINT32  # never a segment's sequence
+                positions[first:last] = -1
+                continue
             if segment is None:
                 raise StoreCorruptionError(
                     f"{self.directory}: address {int(ordered[first])} is in segment {slot}, "
@@ -606,12 +629,13 @@ class FileBackend:
                     )
 
         self._parallel(runs, read)
-        result = np.empty((len(addresses), stride), dtype=np.uint8)
-        if len(addresses):
+        result = np.zeros((len(addresses), stride), dtype=np.uint8)
+        found = positions >= 0
+        if found.any():
             windows = np.lib.stride_tricks.sliding_window_view(
                 np.frombuffer(buf, dtype=np.uint8), stride
             )
-            result[order] = windows[positions]
+            result[order[found]] = windows[positions[found]]
         return result, sequences
 
     def _bad_records(
@@ -660,8 +684,12 @@ class FileBackend:
                 match, or its segment is missing.
             OSError: On an I/O failure.
         """
+        # `location` before the segment map: every segment an address names was begun before
+        # the map was taken, so it is in the map, or was deleted (a retry reads the row's
+        # new address); read the other way round, a slot deleted and reused in between
+        # would be read from its old file, maybe an older record of the same row.
+        addresses = self.location[ids].astype(np.int64)
         with self._reading() as segments:
-            addresses = self.location[ids].astype(np.int64)  # after `segments` was taken
             present: Bool = addresses >= 0
             if not present.any():
                 return present
@@ -671,12 +699,13 @@ class FileBackend:
                 where = found[start : start + step]
                 part = addresses[where]
                 for _ in range(3):
-                    records, expected = self._read_records(segments, part)
+                    records, expected = self._read_records(segments, part, missing_ok=True)
                     bad = self._bad_records(records, ids[where], expected)
                     if not bad.any():
                         break
-                    # The cleaner may have moved a row into a slot reused since `segments`
-                    # was taken: read again where its address changed, from the current map.
+                    # The cleaner or a write-back moved the row since its address was read
+                    # (its old segment deleted, maybe its slot reused): read again where
+                    # its address changed, from the current map.
                     fresh = self.location[ids[where]].astype(np.int64)
                     if np.array_equal(fresh[bad], part[bad]):
                         break
@@ -1030,10 +1059,9 @@ class FileBackend:
         with self._segments_lock:
             segment = self._segments[slot]
             self._segments = {s: g for s, g in self._segments.items() if s != slot}
-            self._closing.append(segment.fd)
-            closing = self._closing if self._active_reads == 0 else []
-            if closing:
-                self._closing = []
+            self._epoch += 1  # reads begun before now may still use the segment's fd
+            self._closing.append((self._epoch, segment.fd))
+            closing = self._closable()
         self._unsynced.discard(slot)
         self.deleted_segments += 1
         with contextlib.suppress(FileNotFoundError):
@@ -1059,6 +1087,11 @@ class FileBackend:
             checkpoint needs, and the index file's sha256.
         """
         with self._append_lock:
+            # The cleaner may have appended since the store's sync: the index must point at
+            # durable records only.
+            for slot in sorted(self._unsynced):
+                os.fdatasync(self._segments[slot].fd)
+            self._unsynced.clear()
             name = f"index.{epoch}.npy"
             digest = save_array_atomic(self.directory / name, self.location)
             tail_slot = self.tail >> self.shift
@@ -1121,7 +1154,8 @@ class FileBackend:
         self._cleaner.join(timeout=CLEAN_WAIT_S)  # it stops after its current chunk
         self.pool.shutdown(wait=True)
         with self._segments_lock:
-            fds = [segment.fd for segment in self._segments.values()] + self._closing
+            fds = [segment.fd for segment in self._segments.values()]
+            fds += [fd for _, fd in self._closing]
             self._segments, self._closing = {}, []
         for fd in fds:
             with contextlib.suppress(OSError):
