@@ -375,8 +375,8 @@ class EmbeddingStore:
             raise ValueError(
                 f"memory_budget_bytes={budget} leaves room for {max(capacity, 0)} cached rows "
                 f"after the {index_kind} slot index, backend and I/O buffers "
-                f"({layout.fixed_bytes} bytes); a store needs {_MIN_CACHED_ROWS} and at least "
-                f"{_MIN_BUDGET_BYTES} bytes, so set it to at least {minimum}"
+                f"({layout.fixed_bytes} bytes); a store needs {_MIN_CACHED_ROWS} cached rows and "
+                f"{_MIN_BUDGET_BYTES} bytes or more, so set it to at least {minimum}"
             )
         if self.key_space == "hashed":
             self.keys = HashedKeys(self.num_rows)
