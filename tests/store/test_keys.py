@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from frugal.store import EmbeddingStore, KeySpaceFullError, OptimizerConfig, RowSpec, init_rows
+from frugal.store.errors import StoreError
 from frugal.store.keys import HashedKeys
 
 SPEC = RowSpec(embedding_dim=4, optimizer=OptimizerConfig(kind="sgd", lr=0.5))
@@ -88,6 +89,9 @@ def test_table_hash_does_not_depend_on_the_order_keys_arrived(tmp_path: Path) ->
                 store.get(keys[k : k + 1])
                 store.apply_gradients(keys[k : k + 1], np.full((1, 4), k, dtype=np.float32))
             hashes.append(store.table_sha256())
+            # ...nor on the chunking (it follows the memory budget): each key is hashed with
+            # its row, not a chunk's keys then its rows.
+            assert store.table_sha256(chunk_rows=3) == hashes[-1]
     assert hashes[0] == hashes[1]
 
 
@@ -140,3 +144,116 @@ def test_checkpoint_records_the_last_step_used(tmp_path: Path) -> None:
         store.apply_gradients(np.array([1]), np.ones((1, 4), dtype=np.float32), step=3)
         store.checkpoint()
         assert store.step == 3
+
+
+def test_deletes_and_reinserts_agree_with_a_dict_and_reuse_freed_rows() -> None:
+    """Random inserts and deletes (through tombstone rebuilds) against a dict reference."""
+    rng = np.random.default_rng(1)
+    capacity = 600
+    keys_map = HashedKeys(capacity)
+    reference: dict[int, int] = {}
+    free: list[int] = []  # the map's free stack, top last
+    used = 0
+    rebuilds_seen = 0
+    for _ in range(60):
+        batch = rng.integers(0, 2000, 50, dtype=np.int64) << np.int64(rng.integers(0, 40))
+        new = [k for k in dict.fromkeys(batch.tolist()) if k not in reference]
+        room = capacity - len(reference)
+        if len(new) > room:  # delete enough of the oldest keys first
+            in_batch = set(batch.tolist())
+            oldest = [k for k in reference if k not in in_batch]
+            victims = np.array(oldest[: len(new) - room + 10], dtype=np.int64)
+            freed = keys_map.delete(np.concatenate([victims, victims[:3]]))  # repeats ignored
+            expected_rows = [reference.pop(k) for k in sorted(victims.tolist())]
+            assert freed.tolist() == expected_rows  # rows in key order
+            free.extend(expected_rows)
+            rebuilds_seen += keys_map._tombstones == 0
+        before_free = list(free)
+        for key in new:  # recycled rows first (stack top first), then fresh rows
+            if free:
+                reference[key] = free.pop()
+            else:
+                reference[key] = used
+                used += 1
+        rows = keys_map.lookup_or_insert(batch)
+        assert rows.tolist() == [reference[k] for k in batch.tolist()]
+        recycled = keys_map.take_recycled()
+        assert recycled.tolist() == sorted(set(before_free) - set(free))
+        assert keys_map.num_keys == len(reference)
+    assert rebuilds_seen > 0  # the tombstones forced at least one rebuild
+    live = keys_map.live_rows()
+    assert sorted(live.tolist()) == sorted(reference.values())
+    absent = np.array([k for k in range(2000) if k not in reference][:50], dtype=np.int64)
+    assert (keys_map.lookup(absent) == -1).all()
+
+    rebuilt = HashedKeys(capacity)  # a checkpoint with holes restores the same map
+    rebuilt.restore(keys_map.keys_by_row[: keys_map.rows_used])
+    everything = np.array(list(reference), dtype=np.int64)
+    assert rebuilt.lookup(everything).tolist() == keys_map.lookup(everything).tolist()
+    assert rebuilt.num_keys == len(reference)
+    holes = np.flatnonzero(keys_map.keys_by_row[: keys_map.rows_used] < 0)
+    got = rebuilt.lookup_or_insert(np.array([2**61 + 1], dtype=np.int64))
+    assert got.tolist() == ([int(holes.min())] if len(holes) else [keys_map.rows_used])
+
+
+def test_a_full_map_takes_new_keys_after_a_delete() -> None:
+    keys_map = HashedKeys(3)
+    keys_map.lookup_or_insert(np.array([10, 20, 30]))
+    with pytest.raises(KeySpaceFullError):
+        keys_map.lookup_or_insert(np.array([40]))
+    assert keys_map.delete(np.array([20, 99])).tolist() == [1]
+    assert keys_map.lookup(np.array([20])).tolist() == [-1]
+    assert keys_map.lookup_or_insert(np.array([40, 10])).tolist() == [1, 0]
+    assert keys_map.take_recycled().tolist() == [1]
+    assert keys_map.take_recycled().tolist() == []
+    with pytest.raises(ValueError, match="distinct and >= 0"):
+        HashedKeys(4).restore(np.array([5, -2], dtype=np.int64))
+
+
+@pytest.mark.parametrize("backend", ["memory", "file"])
+def test_a_deleted_key_reads_its_initial_value_and_its_row_is_reset_for_the_next(
+    tmp_path: Path, backend: str
+) -> None:
+    """A new key that takes a deleted key's row reads its own initial value.
+
+    Also where the old key's trained row reached the disk (a small cache evicts it).
+    """
+    spec = RowSpec(embedding_dim=64, optimizer=OptimizerConfig(kind="sgd", lr=0.5))
+    budget = 600_000 if backend == "memory" else 1 << 18  # the memory backend holds every row
+    config = EmbeddingStore.Config(backend=backend, memory_budget_bytes=budget)
+    path = tmp_path / "s"
+    with EmbeddingStore.create(
+        path, num_rows=1200, spec=spec, key_space="hashed", seed=3, config=config
+    ) as store:
+        assert store.cache_rows < 800  # a third of the trained rows or more are evicted
+        keys = np.arange(1000, 2200, dtype=np.int64)
+        for chunk in np.array_split(keys, 8):  # train every key once: rows on disk
+            store.get(chunk)
+            store.apply_gradients(chunk, np.ones((len(chunk), 64), dtype=np.float32))
+        store.flush()
+        trained = store.peek(keys)
+        assert not np.array_equal(trained, init_rows(keys, spec, 3))
+        with pytest.raises(KeySpaceFullError):
+            store.get(np.array([5]))
+        store.get(keys[:2])
+        with pytest.raises(StoreError, match="key 1000 has an open read"):
+            store.delete(keys[:4])
+        assert store.stats()["num_keys"] == 1200  # nothing deleted
+        store.release(keys[:2])
+        assert store.delete(np.concatenate([keys[:50], [7]])) == 50
+        assert store.stats()["num_keys"] == 1150
+        assert np.array_equal(store.peek(keys[:50]), init_rows(keys[:50], spec, 3))
+        newcomers = np.arange(5, 55, dtype=np.int64)  # take the 50 freed rows
+        got = store.get(newcomers, cols="all")
+        assert np.array_equal(got, init_rows(newcomers, spec, 3))
+        store.apply_gradients(newcomers, np.ones((50, 64), dtype=np.float32))
+        assert np.array_equal(store.peek(keys[50:]), trained[50:])  # the others untouched
+        after = store.peek(newcomers)
+        sha = store.table_sha256()
+    with EmbeddingStore.open(path) as store:  # the key map with its holes reopens
+        assert store.stats()["num_keys"] == 1200
+        assert np.array_equal(store.peek(newcomers), after)
+        assert np.array_equal(store.peek(keys[:50]), init_rows(keys[:50], spec, 3))
+        assert store.table_sha256() == sha
+        with pytest.raises(ValueError, match="needs a hashed key space"):
+            EmbeddingStore.create(tmp_path / "d", num_rows=4, spec=spec).delete([1])

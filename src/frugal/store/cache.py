@@ -711,6 +711,15 @@ class RowCache:
                 self.cond.notify_all()
             return len(slots)
 
+    def open_reads(self, ids: I64) -> I64:
+        """Those of sorted unique `ids` that are resident with an open read (a get not closed)."""
+        with self.cond:
+            slots = self.index.lookup(ids)
+            resident = slots >= 0
+            held = np.zeros(len(ids), dtype=bool)
+            held[resident] = self.readers[slots[resident]] > 0
+            return ids[held]
+
     def _install(self, slots: npt.NDArray[np.int64], rows: F32) -> None:
         self.closes += 1
         self.slab[slots] = rows

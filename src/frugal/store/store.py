@@ -482,6 +482,10 @@ class EmbeddingStore:
         num_keys = self.keys.num_keys
         rows = self.keys.lookup_or_insert(keys)
         self._changed |= self.keys.num_keys != num_keys  # the key map is checkpointed too
+        recycled = self.keys.take_recycled()
+        if len(recycled):  # rows of deleted keys: their data is the old keys'; reset it first
+            initial = init_rows(self._keys_of(recycled), self.spec, self.seed)
+            self.cache.write(recycled, initial, self._last_step)
         return rows
 
     def _keys_path(self, epoch: int) -> Path:
@@ -656,7 +660,7 @@ class EmbeddingStore:
         file_hashes: dict[str, str] = dict(backend_info.pop("file_sha256", {}))
         if self.keys is not None:  # before the MANIFEST names the epoch
             file_hashes[self._keys_path(epoch).name] = save_array_atomic(
-                self._keys_path(epoch), self.keys.keys_by_row[: self.keys.num_keys]
+                self._keys_path(epoch), self.keys.keys_by_row[: self.keys.rows_used]
             )
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -959,6 +963,46 @@ class EmbeddingStore:
         unique, _ = _unique(flat[flat >= 0])
         self.cache.release(unique)
 
+    def delete(self, ids: Any) -> int:
+        """Remove keys of a hashed key space; return how many were present.
+
+        A deleted key reads as its initial value again (as if never seen), and its row goes
+        back to the key map's free list for the next new key (`KeySpaceFullError` is then
+        raised only when the live keys fill the store). For expiry and eviction of rows
+        (e.g. a recommender's parameter server dropping ids unseen for T steps); the row's
+        bytes on disk are reused by the next key that takes the row. Absent keys are ignored.
+
+        Args:
+            ids: Integer keys of any shape; duplicates are fine.
+
+        Returns:
+            Keys that were present and are deleted now.
+
+        Raises:
+            ValueError: If the key space is dense (rows there always exist).
+            StoreError: If a key has an open read (a `get` not yet closed by `put`,
+                `apply_gradients` or `release`), or the store is closed; nothing is deleted.
+        """
+        self._check_open()
+        if self.keys is None:
+            raise ValueError(
+                "delete() needs a hashed key space (create the store with key_space='hashed'); "
+                "a dense store's rows 0..num_rows-1 always exist: put() their initial values"
+            )
+        keys = np.unique(_validate_keys(ids))
+        rows = self.keys.lookup(keys)
+        present = rows >= 0
+        open_rows = self.cache.open_reads(np.sort(rows[present]))
+        if len(open_rows):
+            key = int(self._keys_of(open_rows[:1])[0])
+            raise StoreError(
+                f"key {key} has an open read ({len(open_rows)} of the keys do); close the reads "
+                "with put, apply_gradients or release before deleting; nothing was deleted"
+            )
+        deleted = self.keys.delete(keys[present])
+        self._changed |= len(deleted) > 0
+        return len(deleted)
+
     def pin(self, ids: Any, step: int = 0) -> int:
         """Load these rows into the cache and never evict them until `unpin`.
 
@@ -1098,8 +1142,8 @@ class EmbeddingStore:
         elif self.keys is None:
             order = np.arange(self.num_rows, dtype=np.int64)
         else:
-            seen = self.keys.keys_by_row[: self.keys.num_keys]
-            order = np.argsort(seen, kind="stable").astype(np.int64)
+            live = self.keys.live_rows()
+            order = live[np.argsort(self.keys.keys_by_row[live], kind="stable")]
         for start in range(0, len(order), chunk_rows):
             ids = order[start : start + chunk_rows]
             sorted_ids = np.sort(ids)  # the backend reads in row order; hash in key order
@@ -1110,9 +1154,10 @@ class EmbeddingStore:
                     self._keys_of(sorted_ids[~present]), self.spec, self.seed
                 )
             rows = rows[np.searchsorted(sorted_ids, ids)]
-            if self.keys is not None:
-                digest.update(self._keys_of(ids).tobytes())
-            digest.update(rows.tobytes())
+            if self.keys is not None:  # each row after its key: the same bytes for any chunking
+                keys = self._keys_of(ids).astype("<i8").view(np.uint8).reshape(len(ids), 8)
+                rows = np.concatenate([keys, rows.view(np.uint8)], axis=1)
+            digest.update(np.ascontiguousarray(rows).tobytes())
         return digest.hexdigest()
 
     @property
