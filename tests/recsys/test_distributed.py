@@ -190,3 +190,37 @@ def test_out_of_core_shards_with_lookahead_train_exactly_as_in_ram(tmp_path: Pat
         assert store["hit_ratio"] > 0.9  # the hints made nearly every lookup a hit
     for rank in ram["ranks"]:
         assert rank["shard"]["store"]["bytes_read"] == 0
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_admission_eviction_and_expiry_train_a_stream_of_10x_the_capacity(tmp_path: Path) -> None:
+    # Each shard holds 1,500 rows; the stream brings more than ten times as many distinct
+    # ids. Without eviction the run stops at a full shard; with admission (an id's second
+    # push) and LRU eviction, or with expiry alone, it trains to the end, at an AUC cost
+    # measured against an unbounded table.
+    data = RecsysDataConfig(
+        dataset="criteo_zipf", zipf_num_samples=40_000, zipf_num_embeddings=50_000
+    )
+    common: dict[str, Any] = {"data": data, "mode": "hybrid", "staleness": 4, "max_steps": 60}
+    bounded: dict[str, Any] = common | {"ps_capacity_rows": 1_500, "ps_admit_after": 2}
+    unbounded, evicting, expiring = _run(
+        tmp_path,
+        [
+            (_config(**common), "unbounded"),
+            (_config(**bounded, ps_when_full="evict_lru"), "evicting"),
+            (_config(**bounded, ps_expire_after_steps=2), "expiring"),
+        ],
+    )
+    assert unbounded["live_rows"] >= 10 * 2 * 1_500  # 10x the two shards' capacity
+    assert unbounded["evicted_rows"] == unbounded["expired_rows"] == 0
+    for run in (evicting, expiring):
+        assert run["steps"] == unbounded["steps"] == 60
+        assert run["live_rows"] <= 2 * 1_500 and run["rejected_updates"] > 0
+        assert 0.5 < run["test_auc"] <= unbounded["test_auc"] + 0.02
+    assert evicting["evicted_rows"] > 0 and evicting["expired_rows"] == 0
+    assert expiring["expired_rows"] > 0 and expiring["evicted_rows"] == 0
+    (tmp_path / "full").mkdir()
+    with pytest.raises(AssertionError, match="KeySpaceFullError"):
+        _run(tmp_path / "full", [(_config(**bounded, timeout_s=10.0), "full")])

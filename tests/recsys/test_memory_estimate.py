@@ -12,18 +12,17 @@ from frugal.recsys.config import RecsysTrainConfig
 from frugal.recsys.datasets import load_recsys_data
 from frugal.recsys.launch import TRAINER_BASELINE_BYTES, memory_estimate
 from frugal.recsys.ps import EmbeddingShard, shard_capacity, shard_memory_bytes
-from frugal.store.keys import HashedKeys
 
 
-def test_a_shards_estimate_is_its_store_budget_keys_and_version_clocks(tmp_path: Path) -> None:
+def test_a_shards_estimate_is_its_store_budget_and_row_clocks(tmp_path: Path) -> None:
     config = EmbeddingShard.Config(embedding_dim=8)
     shard = EmbeddingShard(tmp_path / "shard", (1000, 500), config, capacity_rows=900)
     try:
         row_bytes = 4 * shard.row_width
         held = (
             shard.store.config.memory_budget_bytes  # the store's budget and its key map
-            + HashedKeys.memory_bytes_for(900)  # the version clocks' key map
             + shard._versions.nbytes
+            + shard._last_push.nbytes
         )
         assert shard_memory_bytes(900, row_bytes) == held
     finally:

@@ -28,7 +28,7 @@ from frugal.recsys.ps import (
     virtual_shard,
 )
 from frugal.recsys.transport import LocalTransport, ShardServer
-from frugal.store import KeySpaceFullError
+from frugal.store import KeySpaceFullError, OptimizerConfig
 
 
 def _batch() -> KJTBatch:
@@ -230,9 +230,10 @@ def test_hashed_keys_take_any_id_below_2_56_up_to_the_capacity(tmp_path: Path) -
         assert shard.row_versions(0, big).tolist() == [0, 0]  # table 0's rows untouched
         assert not np.array_equal(shard.peek_table(1, big), before)
         assert shard.stats()["updates_applied"] == [0, 2]
-        (ids0, _, _), (ids1, rows1, v1) = shard.updated_rows()
+        (ids0, _, _, _), (ids1, rows1, v1, last1) = shard.updated_rows()
         assert len(ids0) == 0 and sorted(ids1.tolist()) == sorted(big.tolist())
         assert rows1.shape == (2, shard.row_width) and v1.tolist() == [1, 1]
+        assert last1.tolist() == [0, 0]  # pushed at step 0
         with pytest.raises(ValueError, match=r"id 72057594037927936 is outside \[0, 2\^56\)"):
             shard.lookup(torch.tensor([1 << 56]), torch.tensor([1, 0]))
         with pytest.raises(KeySpaceFullError):  # a third and fourth new row: capacity 3
@@ -360,3 +361,102 @@ def test_ps_budget_settings_are_checked() -> None:
     # 1,000 rows of 8 floats + row-wise Adagrad's 1: 36 B each
     assert shard_budget_bytes(config, 1000) == 9000
     assert shard_budget_bytes(RecsysTrainConfig(), 1000) is None
+
+
+def _push(
+    shard: EmbeddingShard, ids: list[int], step: int, versions: list[int] | None = None
+) -> int:
+    """Push a gradient of ones for `ids` of table 0 at `step`; return the largest lag."""
+    read = torch.tensor(versions if versions is not None else [0] * len(ids), dtype=torch.int64)
+    grads = torch.ones(len(ids), shard.config.embedding_dim)
+    return shard.push(torch.tensor(ids), torch.tensor([len(ids)]), grads, read, 1.0, step)
+
+
+def test_expiry_and_lru_eviction_follow_a_hand_computed_trace(tmp_path: Path) -> None:
+    sgd = OptimizerConfig(kind="sgd", lr=0.5)
+    config = EmbeddingShard.Config(
+        embedding_dim=2, optimizer=sgd, expire_after_steps=3, when_full="evict_lru"
+    )
+    shard = EmbeddingShard(tmp_path / "s", (100,), config, capacity_rows=4)
+    fresh = EmbeddingShard(
+        tmp_path / "f", (100,), EmbeddingShard.Config(embedding_dim=2, optimizer=sgd)
+    )
+    try:
+        initial = fresh.peek_table(0, np.arange(10))
+
+        def live() -> dict[int, int]:
+            ids, _, _, last = shard.updated_rows()[0]
+            return dict(zip(ids.tolist(), last.tolist(), strict=True))
+
+        _push(shard, [1, 2], 0)
+        _push(shard, [3], 1)
+        _push(shard, [1, 4], 2)
+        assert live() == {1: 2, 2: 0, 3: 1, 4: 2}  # full: 4 of 4 rows
+        # Step 3: nothing is older than 3 - 3 = 0; id 5 needs a row: the least recently
+        # pushed one goes (id 2, last pushed at 0).
+        _push(shard, [5], 3)
+        assert live() == {1: 2, 3: 1, 4: 2, 5: 3}
+        assert (shard.stats()["evicted_rows"], shard.stats()["expired_rows"]) == (1, 0)
+        # Step 5: id 3 (last pushed at 1 < 5 - 3) expires; id 2 comes back fresh.
+        assert _push(shard, [2], 5, versions=[1]) == 0  # read before its deletion: lag 0
+        assert live() == {1: 2, 4: 2, 5: 3, 2: 5}
+        assert shard.stats()["expired_rows"] == 1
+        np.testing.assert_array_equal(shard.peek_table(0, np.array([3])), initial[[3]])
+        np.testing.assert_array_equal(shard.peek_table(0, np.array([2])), initial[[2]] - 0.5)
+        assert shard.row_versions(0, np.array([1, 2, 3])).tolist() == [2, 1, 0]
+        # Step 9: everything is older than 9 - 3 = 6.
+        _push(shard, [6], 9)
+        assert live() == {6: 9}
+        stats = shard.stats()
+        assert (stats["expired_rows"], stats["evicted_rows"], stats["live_rows"]) == (5, 1, 1)
+        assert stats["updates_applied"] == [8]  # every update ever applied, deleted rows too
+    finally:
+        shard.close()
+        fresh.close()
+
+
+def test_a_full_shard_without_eviction_names_the_settings_that_help(tmp_path: Path) -> None:
+    shard = EmbeddingShard(
+        tmp_path / "s", (100,), EmbeddingShard.Config(embedding_dim=2), capacity_rows=2
+    )
+    try:
+        _push(shard, [1, 2], 0)
+        with pytest.raises(KeySpaceFullError, match='when_full="evict_lru"'):
+            _push(shard, [3], 1)
+        assert shard.updated_rows()[0][0].tolist() == [1, 2]  # nothing lost
+    finally:
+        shard.close()
+    with pytest.raises(ValueError, match="expire_after_steps=0 must be >= 1"):
+        EmbeddingShard.Config(expire_after_steps=0)
+
+
+def test_a_checkpoint_keeps_last_pushes_and_an_older_one_restarts_expiry(tmp_path: Path) -> None:
+    from frugal.recsys.checkpoint import export_shard_rows, import_shard_rows
+
+    config = EmbeddingShard.Config(embedding_dim=2, expire_after_steps=4)
+    shard = EmbeddingShard(tmp_path / "a", (100,), config)
+    path = tmp_path / "shard0.npz"
+    try:
+        _push(shard, [1, 2], 3)
+        _push(shard, [2], 7)
+        export_shard_rows(shard, path)
+        expected = shard.updated_rows()[0]
+    finally:
+        shard.close()
+    restored = EmbeddingShard(tmp_path / "b", (100,), config)
+    try:
+        assert import_shard_rows(restored, default_owners(1), 0, [path], step=50) == 2
+        for got, want in zip(restored.updated_rows()[0], expected, strict=True):
+            np.testing.assert_array_equal(got, want)
+        _push(restored, [9], 8)  # id 1 (last pushed at 3 < 8 - 4) expires as it would have
+        assert restored.updated_rows()[0][0].tolist() == [2, 9]
+    finally:
+        restored.close()
+    with np.load(path) as data:  # a file from before expiry existed: no last pushes
+        np.savez(tmp_path / "old.npz", **{k: data[k] for k in data.files if "last_push" not in k})
+    older = EmbeddingShard(tmp_path / "c", (100,), config)
+    try:
+        import_shard_rows(older, default_owners(1), 0, [tmp_path / "old.npz"], step=50)
+        assert older.updated_rows()[0][3].tolist() == [50, 50]
+    finally:
+        older.close()

@@ -74,10 +74,11 @@ def export_shard_rows(shard: EmbeddingShard, path: Path) -> None:
         OSError: If the file cannot be written.
     """
     arrays: dict[str, npt.NDArray[Any]] = {}
-    for t, (ids, rows, versions) in enumerate(shard.updated_rows()):
+    for t, (ids, rows, versions, last_push) in enumerate(shard.updated_rows()):
         arrays[f"ids{t}"] = ids
         arrays[f"rows{t}"] = rows
         arrays[f"versions{t}"] = versions
+        arrays[f"last_push{t}"] = last_push
     tmp = path.with_name(path.name + ".part")
     with tmp.open("wb") as fh:
         np.savez(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub wants positional arrays
@@ -87,7 +88,11 @@ def export_shard_rows(shard: EmbeddingShard, path: Path) -> None:
 
 
 def import_shard_rows(
-    shard: EmbeddingShard, owners: npt.NDArray[np.int64], rank: int, paths: list[Path]
+    shard: EmbeddingShard,
+    owners: npt.NDArray[np.int64],
+    rank: int,
+    paths: list[Path],
+    step: int = 0,
 ) -> int:
     """Load, from old shard files, the rows whose virtual shard `rank` owns under `owners`.
 
@@ -96,6 +101,8 @@ def import_shard_rows(
         owners: The new owner of each virtual shard, int64 (1024,).
         rank: This shard's index in the new owner table.
         paths: Every old shard's file (any old shard count).
+        step: The push step rows count as last pushed at where a file does not record it
+            (files written before expiry existed): expiry then restarts from the resume.
 
     Returns:
         Rows loaded.
@@ -117,7 +124,8 @@ def import_shard_rows(
                     )
                 mine = owners[virtual_shard(t, ids)] == rank
                 if mine.any():
-                    shard.load_rows(t, ids[mine], rows[mine], data[f"versions{t}"][mine])
+                    last_push = data[f"last_push{t}"][mine] if f"last_push{t}" in data else step
+                    shard.load_rows(t, ids[mine], rows[mine], data[f"versions{t}"][mine], last_push)
                     loaded += int(mine.sum())
     return loaded
 

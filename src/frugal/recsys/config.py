@@ -80,6 +80,16 @@ class RecsysTrainConfig:
     """Pushes of an id before its PS shard gives it a row, >= 1 (1: on the first push);
     until then it reads its initial value and its gradients are dropped (a count-min
     sketch's frequency filter, `EmbeddingShard.Config.admit_after`)."""
+    ps_capacity_rows: int | None = None
+    """Rows each PS shard can hold, >= 1 (None: its share of the tables' declared sizes,
+    `shard_capacity`). Below the ids the stream brings, set ps_when_full or
+    ps_expire_after_steps, else a full shard stops training with `KeySpaceFullError`."""
+    ps_when_full: Literal["error", "evict_lru"] = "error"
+    """What a push of new ids into a full PS shard does: "error" raises; "evict_lru" deletes
+    the rows pushed least recently (`EmbeddingShard.Config.when_full`)."""
+    ps_expire_after_steps: int | None = None
+    """Delete rows no trainer pushed for more than this many training steps, >= 1 (None:
+    never); an expired id starts again from its initial value."""
     ps_lookahead: int = 0
     """Steps ahead whose ids each trainer hints to the owning PS shards, whose stores then
     prefetch those rows from disk, >= 0 (0: no hints; useful with a memory budget)."""
@@ -166,6 +176,16 @@ class RecsysTrainConfig:
         if self.ps_admit_after < 1:
             raise ValueError(
                 f"ps_admit_after={self.ps_admit_after} must be >= 1 (1 admits every id)"
+            )
+        if self.ps_capacity_rows is not None and self.ps_capacity_rows < 1:
+            raise ValueError(
+                f"ps_capacity_rows={self.ps_capacity_rows} must be >= 1, or None for the "
+                "tables' declared sizes"
+            )
+        if self.ps_expire_after_steps is not None and self.ps_expire_after_steps < 1:
+            raise ValueError(
+                f"ps_expire_after_steps={self.ps_expire_after_steps} must be >= 1, or None to "
+                "keep rows"
             )
         if self.ps_lookahead < 0:
             raise ValueError(f"ps_lookahead={self.ps_lookahead} must be >= 0 (0: no hints)")

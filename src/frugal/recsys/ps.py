@@ -34,7 +34,7 @@ from frugal.config import check_types
 from frugal.recsys.admission import CountMinSketch
 from frugal.recsys.errors import PSUnavailableError
 from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
-from frugal.store.keys import HashedKeys
+from frugal.store.keys import HashedKeys, KeySpaceFullError
 from frugal.store.rows import splitmix64
 
 __all__ = [
@@ -112,16 +112,15 @@ def shard_memory_bytes(
     """RAM an `EmbeddingShard` of `capacity_rows` rows holds, bytes.
 
     Its store's memory budget (`memory_budget_bytes`, or None: sized to cache every row, see
-    `_budget_for_all_rows`, plus the store's key map), plus the shard's version clocks (8 B
-    a row) and their own key map.
+    `_budget_for_all_rows`, plus the store's key map), plus the shard's per-row clocks
+    (version and last push step, 16 B a row, indexed by the store's rows).
     """
-    keys = HashedKeys.memory_bytes_for(capacity_rows)
     store = (
-        _budget_for_all_rows(capacity_rows, row_bytes) + keys
+        _budget_for_all_rows(capacity_rows, row_bytes) + HashedKeys.memory_bytes_for(capacity_rows)
         if memory_budget_bytes is None
         else memory_budget_bytes
     )
-    return store + keys + 8 * capacity_rows
+    return store + 16 * capacity_rows
 
 
 def default_owners(num_shards: int) -> I64:
@@ -197,6 +196,16 @@ class EmbeddingShard:
         admission_sketch_width: int = 1 << 20
         """Counters per row of the admission sketch (4 rows of uint16: 8 MiB at 2^20), a
         power of two; used when admit_after > 1."""
+        expire_after_steps: int | None = None
+        """Delete rows not pushed for more than this many push steps (the `step` of `push`:
+        a trainer's batch id, world_size per training step), >= 1; None keeps every row. An
+        expired id reads its initial value again and its row is free for new ids. Checked
+        every max(1, expire_after_steps // 8) steps, so a row lives at most 1.125x that
+        long unseen."""
+        when_full: Literal["error", "evict_lru"] = "error"
+        """What a push of new ids into a full shard does: "error" raises
+        `KeySpaceFullError`; "evict_lru" deletes the rows pushed least recently (at least
+        1/64 of the capacity at once, to amortise the scan) and goes on."""
         timeout_s: float = 60.0
         """Longest wait of a sequenced push for the one before it, > 0."""
 
@@ -210,6 +219,11 @@ class EmbeddingShard:
                 raise ValueError(
                     f"admit_after={self.admit_after} must be >= 1 (1 admits every id on its "
                     "first push)"
+                )
+            if self.expire_after_steps is not None and self.expire_after_steps < 1:
+                raise ValueError(
+                    f"expire_after_steps={self.expire_after_steps} must be >= 1, or None to "
+                    "keep rows however long they go unseen"
                 )
             width = self.admission_sketch_width
             if width < 16 or width & (width - 1):
@@ -284,8 +298,12 @@ class EmbeddingShard:
             key_space="hashed",
         )
         self.row_width = spec.width
-        self._version_keys = HashedKeys(capacity_rows)  # key -> slot of its version clock
+        assert self.store.keys is not None  # a hashed key space
+        self._key_map = self.store.keys  # key -> store row; clocks below are per store row
         self._versions = np.zeros(capacity_rows, dtype=np.int64)
+        self._last_push = np.zeros(capacity_rows, dtype=np.int64)  # step of the row's last push
+        self._next_expiry_check = 0
+        self._applied = np.zeros(num_tables, dtype=np.int64)  # row updates per table, ever
         self.lock = threading.Lock()
         self.lags = _LagLog()
         self._turn = 0  # next sequence number a sequenced push may apply
@@ -297,6 +315,10 @@ class EmbeddingShard:
         )
         self.rejected_updates = 0
         """Row updates dropped because their id was not admitted yet."""
+        self.expired_rows = 0
+        """Rows deleted because they went unpushed for more than `expire_after_steps`."""
+        self.evicted_rows = 0
+        """Rows deleted to make room in a full shard (`when_full="evict_lru"`)."""
 
     def _keys(self, ids: I64, counts: I64) -> I64:
         if len(counts) != self.num_tables:
@@ -308,8 +330,8 @@ class EmbeddingShard:
         return table_keys(tables, ids)
 
     def _versions_of(self, keys: I64) -> I64:
-        slots = self._version_keys.lookup(keys)
-        versions: I64 = np.where(slots >= 0, self._versions[np.maximum(slots, 0)], 0)
+        rows = self._key_map.lookup(keys)
+        versions: I64 = np.where(rows >= 0, self._versions[np.maximum(rows, 0)], 0)
         return versions
 
     def lookup(
@@ -346,8 +368,7 @@ class EmbeddingShard:
 
     def _present(self, keys: I64) -> npt.NDArray[np.bool_]:
         """Which keys have a row in the store (were written), without inserting any."""
-        assert self.store.keys is not None  # a hashed key space
-        present: npt.NDArray[np.bool_] = self.store.keys.lookup(keys) >= 0
+        present: npt.NDArray[np.bool_] = self._key_map.lookup(keys) >= 0
         return present
 
     def lookahead(self, ids: Tensor, counts: Tensor, step: int) -> None:
@@ -409,18 +430,78 @@ class EmbeddingShard:
                 )
             try:
                 if len(keys):
-                    lag = self._versions_of(keys) - read
+                    # A row deleted (expired, evicted) since it was read restarts at version
+                    # 0: its lag counts as 0, the read value being gone.
+                    lag = np.maximum(self._versions_of(keys) - read, 0)
                     admitted = self._admit(keys)
                     keys, grads_UE = keys[admitted], grads_UE[admitted]
+                self._expire(step, keys)
                 if len(keys):
+                    self._make_room(keys)
                     self.store.apply_gradients(keys, grads_UE, step)
-                    slots = self._version_keys.lookup_or_insert(keys)
-                    self._versions[slots] += 1
+                    rows = self._key_map.lookup(keys)
+                    self._versions[rows] += 1
+                    self._last_push[rows] = step
+                    self._applied += np.bincount(keys >> ID_BITS, minlength=self.num_tables)
             finally:
                 if seq is not None:
                     self._turn += 1
                     self._turn_changed.notify_all()
         return self.lags.record(lag)
+
+    def _delete(self, keys: I64) -> int:
+        """Delete these present keys' rows from the store and clear their clocks (lock held)."""
+        rows = self._key_map.lookup(keys)
+        self._versions[rows] = 0
+        self._last_push[rows] = 0
+        return self.store.delete(keys)
+
+    def _expire(self, step: int, protect: I64) -> None:
+        """Delete rows last pushed more than `expire_after_steps` before `step` (lock held).
+
+        Scans the live rows once every max(1, T // 8) steps; `protect` (the keys being
+        pushed now) stay.
+        """
+        after = self.config.expire_after_steps
+        if after is None or step < self._next_expiry_check:
+            return
+        self._next_expiry_check = step + max(1, after // 8)
+        live = self._key_map.live_rows()
+        old = live[self._last_push[live] < step - after]
+        if len(old) == 0:
+            return
+        keys = self._key_map.keys_by_row[old]
+        keys = keys[~np.isin(keys, protect)]
+        self.expired_rows += self._delete(keys)
+
+    def _make_room(self, keys: I64) -> None:
+        """Before a push: evict least recently pushed rows if its new ids do not fit (lock held).
+
+        Raises:
+            KeySpaceFullError: If `when_full="error"` and the new ids do not fit.
+        """
+        new = np.unique(keys[~self._present(keys)])
+        need = self._key_map.num_keys + len(new) - self.capacity_rows
+        if need <= 0:
+            return
+        if self.config.when_full == "error":
+            raise KeySpaceFullError(
+                f"{len(new)} new ids do not fit the PS shard: {self._key_map.num_keys} of its "
+                f"{self.capacity_rows} rows are taken; raise its capacity, admit fewer ids "
+                '(admit_after), or let it evict (when_full="evict_lru", expire_after_steps)'
+            )
+        live = self._key_map.live_rows()
+        live_keys = self._key_map.keys_by_row[live]
+        candidates = ~np.isin(live_keys, keys)  # the ids of this push stay
+        live, live_keys = live[candidates], live_keys[candidates]
+        count = min(len(live), max(need, self.capacity_rows // 64))
+        if count < need:
+            raise KeySpaceFullError(
+                f"a push of {len(new)} new ids needs {need} free rows but only {len(live)} "
+                f"rows of the shard's {self.capacity_rows} are not in the push; raise its capacity"
+            )
+        order = np.lexsort((live_keys, self._last_push[live]))[:count]  # oldest first, by key
+        self.evicted_rows += self._delete(live_keys[order])
 
     def _admit(self, keys: I64) -> npt.NDArray[np.bool_]:
         """Which pushed keys update a row: those with one, and new ones counted often enough.
@@ -455,21 +536,23 @@ class EmbeddingShard:
         with self.lock:
             return self._versions_of(keys)
 
-    def updated_rows(self) -> list[tuple[I64, npt.NDArray[np.float32], I64]]:
-        """Per table, the rows updated at least once: (ids sorted, rows (N, W), versions).
+    def updated_rows(self) -> list[tuple[I64, npt.NDArray[np.float32], I64, I64]]:
+        """Per table, the rows updated at least once and not deleted since.
+
+        Each table's entry is (ids sorted, rows (N, W), versions (N,), last push steps (N,)).
 
         Rows hold the vector and the optimizer state (width `row_width`). Call it while no
         push is in flight for a consistent snapshot.
         """
         with self.lock:
-            count = self._version_keys.num_keys
-            keys = self._version_keys.keys_by_row[:count].copy()
-            versions = self._versions[:count].copy()
+            live = self._key_map.live_rows()
+            keys = self._key_map.keys_by_row[live]
             order = np.argsort(keys, kind="stable")
-            keys, versions = keys[order], versions[order]
+            keys, live = keys[order], live[order]
+            versions, last_push = self._versions[live], self._last_push[live]
             rows = (
                 self.store.peek(keys, cols="all")
-                if count
+                if len(keys)
                 else np.empty((0, self.row_width), np.float32)
             )
         tables = keys >> ID_BITS
@@ -477,11 +560,26 @@ class EmbeddingShard:
         out = []
         for t in range(self.num_tables):
             lo, hi = int(bounds[t]), int(bounds[t + 1])
-            out.append((keys[lo:hi] & ID_MASK, rows[lo:hi], versions[lo:hi]))
+            out.append((keys[lo:hi] & ID_MASK, rows[lo:hi], versions[lo:hi], last_push[lo:hi]))
         return out
 
-    def load_rows(self, table: int, ids: I64, rows: npt.NDArray[np.float32], versions: I64) -> None:
-        """Overwrite rows (vector + optimizer state, (N, W)) and their version clocks.
+    def load_rows(
+        self,
+        table: int,
+        ids: I64,
+        rows: npt.NDArray[np.float32],
+        versions: I64,
+        last_push: I64 | int = 0,
+    ) -> None:
+        """Overwrite rows (vector + optimizer state, (N, W)), version clocks and last pushes.
+
+        Args:
+            table: The table of `ids`.
+            ids: Unique ids, (N,).
+            rows: Vector + optimizer state, float32 (N, W).
+            versions: Updates applied to each row, int64 (N,).
+            last_push: Step of each row's last push (for `expire_after_steps`), (N,) or
+                one step for all.
 
         Raises:
             ValueError: If the rows are not `row_width` wide or ids repeat.
@@ -490,27 +588,31 @@ class EmbeddingShard:
         keys = table_keys(np.full(len(ids), table, dtype=np.int64), ids)
         with self.lock:
             self.store.put(keys, np.ascontiguousarray(rows, dtype=np.float32))
-            slots = self._version_keys.lookup_or_insert(keys)
-            self._versions[slots] = versions
+            store_rows = self._key_map.lookup(keys)
+            self._versions[store_rows] = versions
+            self._last_push[store_rows] = last_push
+            self._applied[table] += int(np.sum(versions))  # the updates the rows carry
 
     def stats(self) -> dict[str, Any]:
         """The lag histogram, its max, updates applied per table, and the store's cache.
 
         Keys: lag_hist (list, 257 bins), lag_max, updates_applied (per table),
-        rejected_updates (of ids not admitted yet, see `Config.admit_after`), and store:
+        rejected_updates (of ids not admitted yet, see `Config.admit_after`), expired_rows
+        and evicted_rows (deleted by `expire_after_steps` and `when_full`), live_rows, and store:
         capacity_rows, memory_budget_bytes, direct_io, hits, misses, hit_ratio, prefetched
         (rows), bytes_read, bytes_written, stall_s (time lookups waited for disk).
         """
         with self.lock:
-            count = self._version_keys.num_keys
-            tables = self._version_keys.keys_by_row[:count] >> ID_BITS
-            applied = np.bincount(tables, weights=self._versions[:count], minlength=self.num_tables)
+            applied = self._applied.copy()
             store = self.store.stats()
         return {
             "lag_hist": self.lags.hist.tolist(),
             "lag_max": self.lags.maximum,
             "updates_applied": [int(v) for v in applied],
             "rejected_updates": self.rejected_updates,
+            "expired_rows": self.expired_rows,
+            "evicted_rows": self.evicted_rows,
+            "live_rows": int(self._key_map.num_keys),
             "store": {
                 key: store[key]
                 for key in (

@@ -231,7 +231,10 @@ class _Trainer:
             self.train.dense_dim,
             config.hidden,
         )
-        capacity_rows = shard_capacity(self.train.num_embeddings, world_size)
+        capacity_rows = config.ps_capacity_rows or shard_capacity(
+            self.train.num_embeddings, world_size
+        )
+        expire = config.ps_expire_after_steps
         shard_config = EmbeddingShard.Config(
             embedding_dim=config.embedding_dim,
             optimizer=config.embedding_optimizer,
@@ -239,6 +242,9 @@ class _Trainer:
             memory_budget_bytes=shard_budget_bytes(config, capacity_rows),
             seed=config.seed,
             admit_after=config.ps_admit_after,
+            # A push's step is the trainer's batch id: world_size of them per training step.
+            expire_after_steps=None if expire is None else expire * world_size,
+            when_full=config.ps_when_full,
             timeout_s=config.timeout_s,
         )
         shard_dir = out_dir / "ps" / f"rank{rank}"
@@ -316,7 +322,10 @@ class _Trainer:
                     f"{compat.get(key)!r}; resume with the same {key} or use a new checkpoint_dir"
                 )
         paths = [folder / f"shard{r}.npz" for r in range(int(manifest["world_size"]))]
-        import_shard_rows(self.shard, default_owners(self.world_size), self.rank, paths)
+        resume_batch_id = int(manifest["samples_done"]) // config.batch_size
+        import_shard_rows(
+            self.shard, default_owners(self.world_size), self.rank, paths, resume_batch_id
+        )
         dense = torch.load(folder / "dense.pt", weights_only=True)
         self.model.load_state_dict(dense["model"])
         self.optimizer.load_state_dict(dense["optimizer"])
@@ -705,6 +714,9 @@ def _summarise(
         / max(1, reports[0]["steps"]),
         "ps_stall_s": sum(r["shard"]["store"]["stall_s"] for r in reports),
         "rejected_updates": sum(r["shard"]["rejected_updates"] for r in reports),
+        "expired_rows": sum(r["shard"]["expired_rows"] for r in reports),
+        "evicted_rows": sum(r["shard"]["evicted_rows"] for r in reports),
+        "live_rows": sum(r["shard"]["live_rows"] for r in reports),
     }
     for key in (
         "step_ms",

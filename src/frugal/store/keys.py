@@ -11,9 +11,10 @@ and inserts reuse, and puts its row on a free list that the next new keys take f
 tombstones fill a quarter of the table it is rebuilt from the live keys, so probes stay as
 short as at load 1/2.
 
-Memory: 12 bytes per table slot (int64 key + int32 row) at 2-4 slots per row, plus 12 bytes
-per row for the reverse map (row -> key) that checkpoints and initial values use and the
-free-row stack.
+Memory: 12 bytes per table slot (int64 key + int32 row) at 2-4 slots per row, plus 8 bytes
+per row for the reverse map (row -> key) that checkpoints and initial values use; a map that
+deletes keys also holds 4 bytes per freed row not yet handed out again (at most 4 bytes a
+row; nothing for a map that never deletes).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class HashedKeys:
         """Keys present now."""
         self.rows_used = 0
         """Rows handed out at least once: rows >= it were never used."""
-        self._free_rows = np.empty(self.capacity, dtype=np.int32)  # stack: top at _num_free - 1
+        self._free_rows = np.empty(0, dtype=np.int32)  # stack, top at _num_free - 1; grows
         self._num_free = 0
         self._tombstones = 0
         self._recycled: list[I64] = []  # rows freed and handed out again, until taken
@@ -74,7 +75,7 @@ class HashedKeys:
     def memory_bytes_for(capacity: int) -> int:
         """Bytes a map of this capacity holds (known before it is built)."""
         size = 1 << max(4, int(2 * capacity - 1).bit_length())
-        return 12 * size + 12 * capacity
+        return 12 * size + 8 * capacity
 
     def _home(self, keys: I64) -> I64:
         with np.errstate(over="ignore"):
@@ -169,6 +170,7 @@ class HashedKeys:
         self._keys[slots] = _TOMBSTONE
         self._rows[slots] = -1
         self.keys_by_row[rows] = _EMPTY
+        self._reserve_free(self._num_free + len(rows))
         self._free_rows[self._num_free : self._num_free + len(rows)] = rows
         self._num_free += len(rows)
         self.num_keys -= len(rows)
@@ -176,6 +178,13 @@ class HashedKeys:
         if self._tombstones * 4 > self._size:
             self._rebuild()
         return rows
+
+    def _reserve_free(self, count: int) -> None:
+        """Grow the free-row stack (doubling, up to the capacity) to hold `count` rows."""
+        if count > len(self._free_rows):
+            grown = np.empty(min(self.capacity, max(count, 2 * len(self._free_rows))), np.int32)
+            grown[: self._num_free] = self._free_rows[: self._num_free]
+            self._free_rows = grown
 
     def live_rows(self) -> I64:
         """Rows that hold a key now, in increasing order (int64)."""
@@ -234,5 +243,5 @@ class HashedKeys:
         self.num_keys = len(live)
         self.rows_used = n
         free = np.flatnonzero(keys_by_row < 0)[::-1]  # the lowest free row on top
-        self._free_rows[: len(free)] = free
+        self._free_rows = free.astype(np.int32)
         self._num_free = len(free)
