@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from frugal.bench.recsys import RecsysBenchConfig, _cells, _summary
+from frugal.bench.recsys import RecsysBenchConfig, _cells, _summary, distinct_train_ids
 from frugal.recsys.config import RecsysTrainConfig
+from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
 
 
 def _row(mode: str, k: int | None, auc: float, tput: float, seed: int = 0) -> dict:
@@ -113,3 +114,47 @@ def test_out_of_core_cells_are_summarised_apart_from_the_grid() -> None:
     assert _summary(replace(config, out_of_core_ratios=()), grid).out_of_core == {}
     with pytest.raises(ValueError, match=r"ps_memory_ratio=1.5 must be in \(0, 1\]"):
         replace(config, out_of_core_ratios=(1.5,))
+
+
+def test_bounded_table_cells_size_the_shards_and_compare_with_the_unbounded_run() -> None:
+    data = {"zipf_num_samples": 20_000, "zipf_num_embeddings": 5_000}
+    config = RecsysBenchConfig(
+        datasets=("criteo_zipf",), staleness=(4, 16), rtt_ms=(5.0,), seeds=(0,),
+        bounded_id_ratios=(10.0,), bounded_expire_after_steps=50,
+        data=RecsysDataConfig(**data),
+    )  # fmt: skip
+    cell = config.bounded_config("criteo_zipf", 10.0, 0, distinct_ids=40_001)
+    assert (cell.mode, cell.staleness, cell.rtt_ms) == ("hybrid", 4, 5.0)
+    assert cell.ps_capacity_rows == 2_001  # ceil(40001 / (10 x 2 shards))
+    assert (cell.ps_when_full, cell.ps_admit_after, cell.ps_expire_after_steps) == (
+        "evict_lru",
+        2,
+        50,
+    )
+    train, _ = load_recsys_data(config.train_config("sync", "criteo_zipf", 1, 5.0, 0).data)
+    distinct = sum(len(set(values.tolist())) for values in train.values)
+    assert (
+        distinct_train_ids(config.train_config("sync", "criteo_zipf", 1, 5.0, 0).data) == distinct
+    )
+    grid = [_row("sync", None, 0.70, 100.0), _row("hybrid", 4, 0.699, 250.0)]
+    grid = [r | {"steps": 39} for r in grid]
+    bounded = _row("hybrid", 4, 0.690, 200.0) | {
+        "cell": "bounded", "id_ratio": 10.0, "steps": 39, "evicted_rows": 7.0,
+        "expired_rows": 3.0, "rejected_updates": 11.0,
+    }  # fmt: skip
+    summary = _summary(config, [*grid, bounded]).bounded["criteo_zipf"]
+    assert summary.distinct_ids == distinct
+    assert summary.capacity_rows == {"10": -(-distinct // 20)}
+    assert summary.completed == {"10": True}
+    assert summary.auc_cost_vs_unbounded == pytest.approx({"10": 0.009})
+    assert summary.throughput_over_unbounded == pytest.approx({"10": 0.8})
+    assert (summary.evicted_rows, summary.expired_rows) == ({"10": 7.0}, {"10": 3.0})
+    short = _summary(config, [*grid, bounded | {"steps": 20}]).bounded["criteo_zipf"]
+    assert short.completed == {"10": False}
+    # the grid's hybrid figures ignore the bounded row
+    assert (
+        _summary(config, [*grid, bounded]).datasets["criteo_zipf"].throughput_hybrid_over_sync
+        == 2.5
+    )
+    with pytest.raises(ValueError, match=r"bounded_id_ratios=\(1.0,\) must each be > 1"):
+        replace(config, bounded_id_ratios=(1.0,))

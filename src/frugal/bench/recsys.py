@@ -21,6 +21,8 @@ References:
 
 from __future__ import annotations
 
+import functools
+import math
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,7 +41,13 @@ from frugal.bench.harness import (
 )
 from frugal.config import check_types
 from frugal.recsys.config import Mode, RecsysTrainConfig
-from frugal.recsys.datasets import RECSYS_TEACHERS, DatasetName, RecsysDataConfig, teacher_auc
+from frugal.recsys.datasets import (
+    RECSYS_TEACHERS,
+    DatasetName,
+    RecsysDataConfig,
+    load_recsys_data,
+    teacher_auc,
+)
 from frugal.recsys.launch import launch_runs
 from frugal.recsys.models import ModelName
 
@@ -60,6 +68,7 @@ _ROW_KEYS = (
     "push_wait_ms", "step_ms", "cpu_ms_per_step", "train_loss_first", "train_loss_last",
     "steps", "world_size", "alpha_max", "staleness_hist",
     "ps_hit_ratio", "ps_bytes_read_per_step", "ps_stall_s",
+    "rejected_updates", "expired_rows", "evicted_rows", "live_rows",
 )  # fmt: skip
 
 
@@ -110,6 +119,16 @@ class RecsysBenchConfig(BenchConfig):
     """Embedding width of the out-of-core cells (None: `embedding_dim`). A hashed shard pays
     about 38 B of RAM per row for its key map and record addresses, so small rows leave a
     small budget no cache: give rows several times wider than that."""
+    bounded_id_ratios: tuple[float, ...] = ()
+    """Distinct ids of the training split per row the PS shards hold, each > 1 (10: the
+    shards hold a tenth of the ids the stream brings), of the bounded-table cells: hybrid at
+    the summary's K and the largest rtt on each dataset and seed, with LRU eviction
+    (`ps_when_full="evict_lru"`), `bounded_admit_after` and `bounded_expire_after_steps`,
+    against the grid's unbounded hybrid run. () runs none."""
+    bounded_admit_after: int = 2
+    """`ps_admit_after` of the bounded-table cells, >= 1."""
+    bounded_expire_after_steps: int | None = None
+    """`ps_expire_after_steps` of the bounded-table cells, >= 1 or None."""
     timeout_s: float = 120.0
     """Per-call timeout inside a run (RPC, collective, permit), > 0."""
     job_timeout_s: float = 7200.0
@@ -140,11 +159,18 @@ class RecsysBenchConfig(BenchConfig):
                 "run from datasets and seeds; leave them unset and list the runs' datasets and "
                 "seeds there (e.g. --set 'datasets=[\"criteo_zipf\"]' --set 'seeds=[0, 1]')"
             )
+        if any(ratio <= 1 for ratio in self.bounded_id_ratios):
+            raise ValueError(
+                f"bounded_id_ratios={self.bounded_id_ratios} must each be > 1 (distinct ids per "
+                "row of PS capacity; 10 holds a tenth of them)"
+            )
         # the train Config validates the remaining fields, and each dataset's id
         for dataset in self.datasets:
             self.train_config("sync", dataset, 1, self.rtt_ms[0], self.seeds[0])
             for ratio in self.out_of_core_ratios:
                 self.out_of_core_config(dataset, ratio, self.seeds[0])
+            if self.bounded_id_ratios:
+                self.bounded_config(dataset, self.bounded_id_ratios[0], self.seeds[0], 1)
 
     QUICK: ClassVar = {
         "staleness": (4, 16),
@@ -203,6 +229,26 @@ class RecsysBenchConfig(BenchConfig):
             embedding_dim=self.out_of_core_embedding_dim or self.embedding_dim,
         )
 
+    def bounded_config(
+        self, dataset: DatasetName, ratio: float, seed: int, distinct_ids: int
+    ) -> RecsysTrainConfig:
+        """A bounded-table cell: each shard holds distinct_ids / (ratio x nproc) rows."""
+        base = self.train_config("hybrid", dataset, _out_of_core_k(self), max(self.rtt_ms), seed)
+        return replace(
+            base,
+            ps_capacity_rows=max(1, math.ceil(distinct_ids / (ratio * self.nproc))),
+            ps_when_full="evict_lru",
+            ps_admit_after=self.bounded_admit_after,
+            ps_expire_after_steps=self.bounded_expire_after_steps,
+        )
+
+
+@functools.lru_cache(maxsize=4)
+def distinct_train_ids(data: RecsysDataConfig) -> int:
+    """Distinct (table, id) pairs in the training split of `data`."""
+    train, _ = load_recsys_data(data)
+    return sum(len(np.unique(values)) for values in train.values)
+
 
 def _out_of_core_k(config: RecsysBenchConfig) -> int:
     """Hybrid's K in the summary (and the out-of-core cells): the K nearest 4."""
@@ -228,6 +274,7 @@ def _row(result: dict[str, Any], cell: str = "grid") -> dict[str, Any]:
     row = {key: result.get(key) for key in _ROW_KEYS}
     row["cell"] = cell
     row["ps_memory_ratio"] = result["config"].get("ps_memory_ratio")
+    row["ps_capacity_rows"] = result["config"].get("ps_capacity_rows")
     row["logloss"] = result["test_logloss"]
     if row["mode"] == "sync":
         row["staleness"] = None  # K does not apply: every read sees every earlier step
@@ -281,6 +328,30 @@ class RecsysOutOfCoreSummary(Summary):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RecsysBoundedSummary(Summary):
+    """One dataset's bounded-table cells against the grid's unbounded hybrid run.
+
+    Keys are the id ratios (as text); values are means over the seeds, None where a side did
+    not run.
+    """
+
+    distinct_ids: int
+    """Distinct (table, id) pairs of the training split (the first seed's)."""
+    capacity_rows: dict[str, int]
+    """Rows of each PS shard."""
+    completed: dict[str, bool]
+    """Every seed's run trained all its steps (no full shard stopped it)."""
+    auc_cost_vs_unbounded: dict[str, float | None]
+    """Test AUC of the unbounded run minus the bounded one's (> 0: the bound costs AUC)."""
+    throughput_over_unbounded: dict[str, float | None]
+    """samples/s of the bounded run over the unbounded one's."""
+    evicted_rows: dict[str, float | None]
+    expired_rows: dict[str, float | None]
+    rejected_updates: dict[str, float | None]
+    """Updates dropped by admission (ids not pushed `bounded_admit_after` times yet)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RecsysSummary(Summary):
     """The `"summary"` of `frugal recsys bench`'s `results.json`."""
 
@@ -296,6 +367,8 @@ class RecsysSummary(Summary):
     max_staleness_seen: int
     out_of_core: dict[str, RecsysOutOfCoreSummary] = field(default_factory=dict)
     """Per dataset, the out-of-core cells (empty when `out_of_core_ratios` is ())."""
+    bounded: dict[str, RecsysBoundedSummary] = field(default_factory=dict)
+    """Per dataset, the bounded-table cells (empty when `bounded_id_ratios` is ())."""
 
 
 def _summary(
@@ -306,7 +379,7 @@ def _summary(
     rtt = max(config.rtt_ms)
     k = _out_of_core_k(config)
     k_async = min(config.async_staleness or config.staleness, key=lambda v: (abs(v - 4), v))
-    every_row, rows = rows, [r for r in rows if r.get("cell") != "out_of_core"]
+    every_row, rows = rows, [r for r in rows if r.get("cell", "grid") == "grid"]
     datasets: dict[str, RecsysDatasetSummary] = {}
     for dataset in config.datasets:
         at = [r for r in rows if r["dataset"] == dataset and r["rtt_ms"] == rtt]
@@ -388,12 +461,60 @@ def _summary(
             r["max_staleness_seen"] <= r["staleness_bound"] for r in every_row
         ),
         max_staleness_seen=max(r["max_staleness_seen"] for r in every_row),
+        bounded={
+            dataset: _bounded_summary(
+                config, dataset, [r for r in every_row if r["dataset"] == dataset]
+            )
+            for dataset in config.datasets
+            if config.bounded_id_ratios
+        },
         out_of_core={
             dataset: _out_of_core_summary(config, [r for r in every_row if r["dataset"] == dataset])
             for dataset in config.datasets
             if config.out_of_core_ratios
         },
     )
+
+
+def _bounded_summary(
+    config: RecsysBenchConfig, dataset: DatasetName, rows: list[dict[str, Any]]
+) -> RecsysBoundedSummary:
+    k, rtt = _out_of_core_k(config), max(config.rtt_ms)
+    reference = [
+        r
+        for r in rows
+        if r.get("cell", "grid") == "grid"
+        and (r["mode"], r["staleness"], r["rtt_ms"]) == ("hybrid", k, rtt)
+    ]
+    ref_tput, ref_auc = _mean(reference, "samples_per_s"), _mean(reference, "test_auc")
+    cells = [r for r in rows if r.get("cell") == "bounded"]
+    seed = config.seeds[0]  # the first seed's stream sizes the reported capacity
+    distinct = distinct_train_ids(config.train_config("sync", dataset, 1, rtt, seed).data)
+    fields: dict[str, dict[str, Any]] = {
+        name: {}
+        for name in (
+            "capacity_rows", "completed", "auc_cost_vs_unbounded", "throughput_over_unbounded",
+            "evicted_rows", "expired_rows", "rejected_updates",
+        )
+    }  # fmt: skip
+    for ratio in config.bounded_id_ratios:
+        key = f"{ratio:g}"
+        at = [r for r in cells if r["id_ratio"] == ratio]
+        t, a = _mean(at, "samples_per_s"), _mean(at, "test_auc")
+        fields["capacity_rows"][key] = config.bounded_config(
+            dataset, ratio, seed, distinct
+        ).ps_capacity_rows
+        steps = {r["seed"]: r["steps"] for r in reference}
+        fields["completed"][key] = bool(at) and all(r["steps"] == steps.get(r["seed"]) for r in at)
+        fields["auc_cost_vs_unbounded"][key] = (
+            ref_auc - a if a is not None and ref_auc is not None else None
+        )
+        fields["throughput_over_unbounded"][key] = (
+            t / ref_tput if t is not None and ref_tput else None
+        )
+        for name in ("evicted_rows", "expired_rows", "rejected_updates"):
+            fields[name][key] = _mean(at, name)
+    return RecsysBoundedSummary(distinct_ids=distinct, **fields)
 
 
 def _out_of_core_summary(
@@ -468,6 +589,30 @@ def run_recsys_bench(
         rows += [_row(result, "out_of_core") for result in results]
         if progress is not None:
             progress(f"out of core: {len(results)} runs done")
+    if config.bounded_id_ratios:
+        cells = [
+            (dataset, seed, ratio)
+            for dataset in config.datasets
+            for seed in config.seeds
+            for ratio in config.bounded_id_ratios
+        ]
+        runs = [
+            (
+                config.bounded_config(
+                    dataset,
+                    ratio,
+                    seed,
+                    distinct_train_ids(config.train_config("sync", dataset, 1, 0.0, seed).data),
+                ),
+                runs_dir / f"{dataset}-seed{seed}-bounded-{ratio:g}",
+            )
+            for dataset, seed, ratio in cells
+        ]
+        results = launch_runs(runs, runs_dir / "bounded", timeout_s=config.job_timeout_s)
+        for (_, _, ratio), run_result in zip(cells, results, strict=True):
+            rows.append(_row(run_result, "bounded") | {"id_ratio": ratio})
+        if progress is not None:
+            progress(f"bounded tables: {len(results)} runs done")
     teacher: dict[str, float | None] = {
         dataset: teacher_auc(config.train_config("sync", dataset, 1, 0.0, config.seeds[0]).data)
         for dataset in config.datasets
