@@ -117,7 +117,7 @@ class RecsysBenchConfig(BenchConfig):
     """`ps_lookahead` of the out-of-core cells, >= 0."""
     out_of_core_embedding_dim: int | None = None
     """Embedding width of the out-of-core cells (None: `embedding_dim`). A hashed shard pays
-    about 38 B of RAM per row for its key map and record addresses, so small rows leave a
+    20-28 B of RAM per row for its key map and record addresses, so small rows leave a
     small budget no cache: give rows several times wider than that."""
     bounded_id_ratios: tuple[float, ...] = ()
     """Distinct ids of the training split per row the PS shards hold, each > 1 (10: the

@@ -2,19 +2,20 @@
 
 A store with `key_space="hashed"` accepts any id in [0, 2^63) (raw feature hashes, user ids)
 and gives each new key a free row on first use, up to a fixed capacity. The map is a
-power-of-two table of keys and rows at load factor <= 1/2, probed linearly from a Fibonacci
-hash; lookups, inserts and deletes are numpy operations over the whole batch (one vectorised
-round per probe distance), never a Python loop per key.
+power-of-two table of rows at load factor <= 1/2, probed linearly from a Fibonacci hash; a
+slot holds only the row (int32), whose key is read back from the row -> key array that
+checkpoints need anyway. Lookups, inserts and deletes are numpy operations over the whole
+batch (one vectorised round per probe distance), never a Python loop per key.
 
 Deleting a key (expiry, eviction) leaves a tombstone in its slot, which lookups probe past
 and inserts reuse, and puts its row on a free list that the next new keys take first. When
 tombstones fill a quarter of the table it is rebuilt from the live keys, so probes stay as
 short as at load 1/2.
 
-Memory: 12 bytes per table slot (int64 key + int32 row) at 2-4 slots per row, plus 8 bytes
-per row for the reverse map (row -> key) that checkpoints and initial values use; a map that
-deletes keys also holds 4 bytes per freed row not yet handed out again (at most 4 bytes a
-row; nothing for a map that never deletes).
+Memory: 4 bytes per table slot (an int32 row) at 2-4 slots per row, plus 8 bytes per row
+for the row -> key array: 16-24 bytes a row. A map that deletes keys also holds 4 bytes per
+freed row not yet handed out again (at most 4 bytes a row; nothing for a map that never
+deletes).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from frugal.store.slot_index import first_of_each
 __all__ = ["HashedKeys", "KeySpaceFullError"]
 
 _FIBONACCI = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio
-_EMPTY = np.int64(-1)
-_TOMBSTONE = np.int64(-2)  # a deleted key's slot: probes go on past it, inserts may take it
+_EMPTY = np.int64(-1)  # a never-used row's key; an empty slot
+_TOMBSTONE = -2  # a deleted key's slot: probes go on past it, inserts may take it
 
 
 class KeySpaceFullError(StoreError):
@@ -59,8 +60,7 @@ class HashedKeys:
         self._size = size
         self._shift = np.uint64(64 - (size.bit_length() - 1))
         self._mask = np.int64(size - 1)
-        self._keys = np.full(size, _EMPTY, dtype=np.int64)
-        self._rows = np.full(size, -1, dtype=np.int32)
+        self._rows = np.full(size, -1, dtype=np.int32)  # slot -> row; -1 empty, -2 tombstone
         self.keys_by_row = np.full(self.capacity, _EMPTY, dtype=np.int64)
         self.num_keys = 0
         """Keys present now."""
@@ -75,7 +75,7 @@ class HashedKeys:
     def memory_bytes_for(capacity: int) -> int:
         """Bytes a map of this capacity holds (known before it is built)."""
         size = 1 << max(4, int(2 * capacity - 1).bit_length())
-        return 12 * size + 8 * capacity
+        return 4 * size + 8 * capacity
 
     def _home(self, keys: I64) -> I64:
         with np.errstate(over="ignore"):
@@ -88,10 +88,11 @@ class HashedKeys:
         pending = np.arange(len(keys))
         slots = self._home(keys)
         while len(pending):
-            found = self._keys[slots]
-            hit = found == keys[pending]
+            row = self._rows[slots]
+            hit = self.keys_by_row[np.maximum(row, 0)] == keys[pending]
+            hit &= row >= 0
             found_slots[pending[hit]] = slots[hit]
-            alive = ~hit & (found != _EMPTY)  # an empty slot ends the probe: not present
+            alive = ~hit & (row != -1)  # an empty slot ends the probe: not present
             pending, slots = pending[alive], (slots[alive] + 1) & self._mask
         return found_slots
 
@@ -167,8 +168,7 @@ class HashedKeys:
         slots = self._slots_of(np.unique(keys))
         slots = slots[slots >= 0]
         rows = self._rows[slots].astype(np.int64)
-        self._keys[slots] = _TOMBSTONE
-        self._rows[slots] = -1
+        self._rows[slots] = _TOMBSTONE
         self.keys_by_row[rows] = _EMPTY
         self._reserve_free(self._num_free + len(rows))
         self._free_rows[self._num_free : self._num_free + len(rows)] = rows
@@ -194,7 +194,6 @@ class HashedKeys:
     def _rebuild(self) -> None:
         """Re-place every live key in an empty table (drops tombstones); rows keep their keys."""
         live = self.live_rows()
-        self._keys.fill(_EMPTY)
         self._rows.fill(-1)
         self._tombstones = 0
         self._insert(self.keys_by_row[live], live)
@@ -208,12 +207,11 @@ class HashedKeys:
         pending = np.arange(len(keys))
         slots = self._home(keys)
         while len(pending):
-            free = self._keys[slots] < 0
+            free = self._rows[slots] < 0
             # Among keys probing the same free slot, the first claims it; the rest move on.
             winner = first_of_each(slots) & free
             claimed = slots[winner]
-            self._tombstones -= int(np.count_nonzero(self._keys[claimed] == _TOMBSTONE))
-            self._keys[claimed] = keys[pending[winner]]
+            self._tombstones -= int(np.count_nonzero(self._rows[claimed] == _TOMBSTONE))
             self._rows[claimed] = rows[pending[winner]].astype(np.int32)
             pending, slots = pending[~winner], (slots[~winner] + 1) & self._mask
 
@@ -233,7 +231,6 @@ class HashedKeys:
         present = keys_by_row[live]
         if n and (keys_by_row.min() < -1 or len(np.unique(present)) != len(present)):
             raise ValueError("checkpointed keys must be distinct and >= 0 (-1 for a free row)")
-        self._keys.fill(_EMPTY)
         self._rows.fill(-1)
         self.keys_by_row.fill(_EMPTY)
         self._tombstones = 0
