@@ -44,6 +44,17 @@ def test_feature_names_must_match_the_data(capsys: pytest.CaptureFixture[str]) -
     assert "'workclass'" in err
 
 
+def test_dense_optimizer_settings_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["recsys", "train", "--set", 'dense_optimizer="lamb"']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dense_optimizer = 'lamb' is not allowed" in err[0]
+    assert "'sgd', 'adam', 'adamw'" in err[0]
+    assert main(["recsys", "train", "--set", "dense_weight_decay=0.1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dense_weight_decay=0.1 applies to adam and adamw only" in err[0]
+    assert "set dense_optimizer to 'adam' or 'adamw'" in err[0]
+
+
 def test_bench_rejects_a_grid_without_sync(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["recsys", "bench", "--quick", "--set", 'modes=["hybrid"]']) == 2
     assert "must include 'sync'" in capsys.readouterr().err

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from frugal.cli.main import main
 from frugal.config import config_to_dict
 from frugal.launch import TorchrunJob, run_torchrun
 from frugal.recsys.config import RecsysTrainConfig, staleness_bound
-from frugal.recsys.datasets import RecsysDataConfig
+from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
+from frugal.recsys.models import build_model
 
 
 def _config(**fields: Any) -> RecsysTrainConfig:
@@ -91,11 +94,38 @@ def _rows(folder: Path) -> dict[tuple[int, int], np.ndarray]:
     return rows
 
 
+def _dense(folder: Path) -> dict[str, Any]:
+    """A checkpoint's dense model and optimizer state."""
+    dense: dict[str, Any] = torch.load(folder / "dense.pt", weights_only=True)
+    return dense
+
+
+def _assert_same_dense(a: Path, b: Path) -> None:
+    """Two checkpoints hold bit-identical dense parameters and optimizer states."""
+    first, second = _dense(a), _dense(b)
+    assert first["model"].keys() == second["model"].keys()
+    for key, value in first["model"].items():
+        torch.testing.assert_close(second["model"][key], value, rtol=0, atol=0)
+    assert first["optimizer"]["param_groups"] == second["optimizer"]["param_groups"]
+    assert first["optimizer"]["state"].keys() == second["optimizer"]["state"].keys()
+    for index, state in first["optimizer"]["state"].items():
+        assert state.keys() == second["optimizer"]["state"][index].keys()
+        for key, value in state.items():
+            torch.testing.assert_close(
+                second["optimizer"]["state"][index][key], value, rtol=0, atol=0
+            )
+
+
+def _final(checkpoints: Path) -> Path:
+    return checkpoints / (checkpoints / "LATEST").read_text().strip()
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # a torchrun restart and a second job; slow under load
 def test_killed_rank_resumes_and_loads_onto_one_shard(tmp_path: Path) -> None:
     checkpoints = tmp_path / "ckpt"
+    adam: dict[str, Any] = {"dense_optimizer": "adam", "dense_lr": 2e-3}
     config = _config(
         mode="hybrid",
         staleness=4,
@@ -104,6 +134,7 @@ def test_killed_rank_resumes_and_loads_onto_one_shard(tmp_path: Path) -> None:
         checkpoint_every_steps=10,
         max_restarts=1,
         fail_at_step=25,  # rank 1 is SIGKILLed at step 25; torchrun restarts both
+        **adam,
     )
     (result,) = _run(tmp_path, [(config, "killed")])
     # resumed from the step-20 checkpoint; every sample of the job consumed exactly once
@@ -119,7 +150,7 @@ def test_killed_rank_resumes_and_loads_onto_one_shard(tmp_path: Path) -> None:
     # one shard and its final checkpoint holds exactly the same rows
     one = _config(
         mode="hybrid", staleness=4, max_steps=40, nproc=1, checkpoint_dir=str(checkpoints),
-        resume=True,
+        resume=True, **adam,
     )  # fmt: skip
     (again,) = _run(tmp_path, [(one, "one")], nproc=1)
     assert again["steps"] == 0 and again["resumed_from_samples"] == 40 * 256 * 2
@@ -129,6 +160,9 @@ def test_killed_rank_resumes_and_loads_onto_one_shard(tmp_path: Path) -> None:
     for key, row in saved.items():
         np.testing.assert_array_equal(moved[key], row)
     assert abs(again["test_auc"] - result["test_auc"]) < 1e-6  # same model, same tables
+    # and the same Adam state (moments and step count), loaded and written again
+    _assert_same_dense(tmp_path / "at-w2", final)
+    assert float(_dense(final)["optimizer"]["state"][0]["step"]) == 40
     # and `frugal recsys export` writes them shard-free
     assert main(["recsys", "export", str(checkpoints), "--out", str(tmp_path / "t.npz")]) == 0
     with np.load(tmp_path / "t.npz") as exported:
@@ -153,8 +187,8 @@ def test_out_of_core_shards_with_lookahead_train_exactly_as_in_ram(tmp_path: Pat
     # sync with 2 trainers is bit-reproducible, so a PS whose stores keep most rows on disk
     # (prefetched by hints 4 steps ahead) must end bit-identical to one that holds them all.
     # A Zipf stream over 8 x 50k ids: 251k rows per shard of 132 B (D = 32 + Adagrad's
-    # sum), 33 MB; 35% of it as budget leaves the cache 1.5% of the rows once
-    # the per-row maps (key map, record addresses: about 38 B a row) are paid.
+    # sum), 33 MB; 25% of it as budget leaves the cache 4% of the rows once the per-row
+    # maps (key map, record addresses: 20-28 B a row) are paid.
     data = RecsysDataConfig(
         dataset="criteo_zipf", zipf_num_samples=40_000, zipf_num_embeddings=50_000
     )
@@ -163,9 +197,9 @@ def test_out_of_core_shards_with_lookahead_train_exactly_as_in_ram(tmp_path: Pat
         "max_steps": 60, "embedding_dim": 32,
     }  # fmt: skip
     in_ram = _config(**common)
-    out_of_core = _config(**common, ps_memory_ratio=0.35, ps_lookahead=4)
+    out_of_core = _config(**common, ps_memory_ratio=0.25, ps_lookahead=4)
     hybrid = _config(
-        **(common | {"mode": "hybrid", "staleness": 4}), ps_memory_ratio=0.35, ps_lookahead=4
+        **(common | {"mode": "hybrid", "staleness": 4}), ps_memory_ratio=0.25, ps_lookahead=4
     )
     admit = _config(**common, ps_admit_after=2)
     ram, ooc, ooc_hybrid, admitted = _run(
@@ -224,3 +258,85 @@ def test_admission_eviction_and_expiry_train_a_stream_of_10x_the_capacity(tmp_pa
     (tmp_path / "full").mkdir()
     with pytest.raises(AssertionError, match="KeySpaceFullError"):
         _run(tmp_path / "full", [(_config(**bounded, timeout_s=10.0), "full")])
+
+
+@pytest.mark.timeout(400)  # three torchrun jobs, one with a restart
+def test_sync_adamw_steps_as_torch_and_resumes_bit_exactly(tmp_path: Path) -> None:
+    adamw: dict[str, Any] = {
+        "mode": "sync", "staleness": 1, "dense_optimizer": "adamw", "dense_lr": 2e-3,
+        "dense_betas": (0.8, 0.99),  # dense_weight_decay None: AdamW's 0.01
+    }  # fmt: skip
+    one = _config(**adamw, max_steps=1, checkpoint_dir=str(tmp_path / "one"))
+    full = _config(
+        **adamw, max_steps=12, checkpoint_dir=str(tmp_path / "full"), checkpoint_every_steps=4
+    )
+    (_, uninterrupted) = _run(tmp_path, [(one, "one"), (full, "full")])
+    # One step in the trainer is torch.optim.AdamW's step on the AllReduced gradient g, which
+    # the saved first moment gives back: m = (1 - beta1) g after one step.
+    torch.manual_seed(one.seed)
+    train = load_recsys_data(one.data)[0]
+    model = build_model(one.model, len(train.keys), one.embedding_dim, train.dense_dim, one.hidden)
+    after = _dense(_final(tmp_path / "one"))
+    params = list(model.parameters())
+    by_hand = torch.optim.AdamW(params, lr=2e-3, betas=(0.8, 0.99), eps=1e-8, weight_decay=0.01)
+    for index, param in enumerate(params):
+        state = after["optimizer"]["state"][index]
+        assert float(state["step"]) == 1
+        param.grad = state["exp_avg"] / (1 - 0.8)
+        want_sq = (1 - 0.99) * param.grad**2  # v = (1 - beta2) g^2
+        torch.testing.assert_close(state["exp_avg_sq"], want_sq, rtol=1e-5, atol=0)
+    initial = [p.detach().clone() for p in params]
+    by_hand.step()
+    moved = 0.0
+    for (name, param), before in zip(model.named_parameters(), initial, strict=True):
+        value = after["model"][name]
+        torch.testing.assert_close(value, param.detach(), rtol=0, atol=1e-7, msg=name)
+        moved = max(moved, float((value - before).abs().max()))
+    # Adam's first step moves each weight by lr * g / (|g| + eps), about lr (SGD's lr * |g|
+    # would be far smaller); AdamW's decay adds lr * 0.01 * |p|
+    assert moved == pytest.approx(2e-3, rel=0.05)
+    # Killed at step 6 and resumed from the step-4 checkpoint: the same model, bit for bit
+    killed = replace(full, checkpoint_dir=str(tmp_path / "killed"), max_restarts=1, fail_at_step=6)
+    (resumed,) = _run(tmp_path, [(killed, "killed")])
+    assert resumed["resumed_from_samples"] == 4 * 256 * 2 and resumed["steps"] == 8
+    for rank, want in zip(resumed["ranks"], uninterrupted["ranks"], strict=True):
+        assert rank["dense_params_sha256"] == want["dense_params_sha256"]
+    assert resumed["test_auc"] == uninterrupted["test_auc"]
+    _assert_same_dense(_final(tmp_path / "full"), _final(tmp_path / "killed"))
+    assert float(_dense(_final(tmp_path / "full"))["optimizer"]["state"][0]["step"]) == 12
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(400)  # three torchrun jobs, one with a restart
+def test_async_adam_chunks_resume_exactly_and_onto_one_process(tmp_path: Path) -> None:
+    adam: dict[str, Any] = {"mode": "async", "dense_optimizer": "adam", "dense_lr": 2e-3}
+    # Two trainers: the dense chunks (one per rank) each keep their Adam state; the
+    # checkpoints gather it into the model's layout.
+    two = _config(**adam, staleness=2, max_steps=20, checkpoint_dir=str(tmp_path / "two"),
+                  checkpoint_every_steps=10)  # fmt: skip
+    (on_two,) = _run(tmp_path, [(two, "two")])
+    assert on_two["dense_max_staleness_seen"] <= on_two["staleness_bound"]
+    final_two = _final(tmp_path / "two")
+    # two chunks, each stepped once per push: 2 ranks x 20 steps
+    assert float(_dense(final_two)["optimizer"]["state"][0]["step"]) == 40
+    shutil.copytree(final_two, tmp_path / "at-w2")
+    # One trainer with one permit is deterministic: an uninterrupted run, and the finished
+    # two-trainer job loaded onto one process (one chunk cut from the gathered state).
+    single: dict[str, Any] = adam | {"staleness": 1, "nproc": 1, "max_steps": 20}
+    full = _config(**single, checkpoint_dir=str(tmp_path / "full"), checkpoint_every_steps=8)
+    moved = replace(two, nproc=1, resume=True)
+    uninterrupted, on_one = _run(tmp_path, [(full, "full"), (moved, "moved")], nproc=1)
+    assert on_one["steps"] == 0 and on_one["resumed_from_samples"] == 20 * 256 * 2
+    assert abs(on_one["test_auc"] - on_two["test_auc"]) < 1e-6
+    _assert_same_dense(tmp_path / "at-w2", _final(tmp_path / "two"))
+    # Killed at step 12 and resumed from the step-8 checkpoint: the chunk's Adam state is
+    # restored, so the model is the uninterrupted run's, bit for bit.
+    killed = replace(full, checkpoint_dir=str(tmp_path / "killed"), max_restarts=1,
+                     fail_at_step=12)  # fmt: skip
+    (resumed,) = _run(tmp_path, [(killed, "killed")], nproc=1)
+    assert resumed["resumed_from_samples"] == 8 * 256 and resumed["steps"] == 12
+    want = uninterrupted["ranks"][0]["dense_params_sha256"]
+    assert resumed["ranks"][0]["dense_params_sha256"] == want
+    assert resumed["test_auc"] == uninterrupted["test_auc"]
+    _assert_same_dense(_final(tmp_path / "full"), _final(tmp_path / "killed"))

@@ -29,13 +29,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from frugal.config import ConfigError
+from frugal.config import ConfigError, config_to_dict
+from frugal.recsys.config import RecsysTrainConfig, dense_weight_decay
 from frugal.recsys.errors import RecsysError
 from frugal.recsys.ps import EmbeddingShard, virtual_shard
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "check_compat",
     "commit_checkpoint",
+    "compat_fields",
     "export_shard_rows",
     "export_tables",
     "import_shard_rows",
@@ -46,6 +49,16 @@ __all__ = [
 CHECKPOINT_FORMAT = "frugal-recsys-checkpoint"
 CHECKPOINT_VERSION = 1
 _KEEP = 2
+_COMPAT_KEYS = ("data", "model", "hidden", "embedding_dim", "embedding_optimizer",
+                "batch_size", "seed", "dense_lr", "dense_optimizer", "dense_betas", "dense_eps",
+                "dense_weight_decay")  # fmt: skip
+# Compatibility fields added after the first checkpoints, with the value those implied.
+_EARLIER_COMPAT = {
+    "dense_optimizer": "sgd",
+    "dense_betas": [0.9, 0.999],
+    "dense_eps": 1e-8,
+    "dense_weight_decay": 0.0,
+}
 
 
 def _fsync_dir(path: Path) -> None:
@@ -128,6 +141,41 @@ def import_shard_rows(
                     shard.load_rows(t, ids[mine], rows[mine], data[f"versions{t}"][mine], last_push)
                     loaded += int(mine.sum())
     return loaded
+
+
+def compat_fields(config: RecsysTrainConfig) -> dict[str, Any]:
+    """The settings a job resuming from a checkpoint of `config` must share with it.
+
+    The model and its data, the embedding optimizer, and the dense optimizer with its
+    hyperparameters (`dense_weight_decay` resolved: torch's default when None), as plain
+    data for the manifest.
+    """
+    full = config_to_dict(config)
+    compat = {key: full[key] for key in _COMPAT_KEYS}
+    compat["dense_weight_decay"] = dense_weight_decay(config)
+    return compat
+
+
+def check_compat(folder: Path, saved: dict[str, Any], config: RecsysTrainConfig) -> None:
+    """Refuse to resume `config` from a checkpoint whose compatibility fields differ.
+
+    Args:
+        folder: The checkpoint (named in the error).
+        saved: Its manifest's `compat`; a field it lacks (a checkpoint written before the
+            field existed) counts as the value such checkpoints had (dense_optimizer "sgd").
+        config: The resuming job.
+
+    Raises:
+        RecsysError: Naming the first field that differs, both values and the fix.
+    """
+    current = compat_fields(config)
+    for key, value in ({**_EARLIER_COMPAT, **saved}).items():
+        if current.get(key) != value:
+            raise RecsysError(
+                f"{folder}: the checkpoint was written with {key}={value!r}, this job has "
+                f"{key}={current.get(key)!r}; resume with {key}={value!r} or use a new "
+                "checkpoint_dir (which trains from scratch)"
+            )
 
 
 def commit_checkpoint(directory: Path, tmp: Path, manifest: dict[str, Any]) -> Path:

@@ -9,12 +9,14 @@ from typing import Literal
 from frugal.config import check_types
 from frugal.recsys.client import WireDtype
 from frugal.recsys.datasets import RecsysDataConfig
+from frugal.recsys.dense import DenseOptimizerName
 from frugal.recsys.models import DENSE_MODELS, ModelName
 from frugal.store import OptimizerConfig, RowSpec
 
 __all__ = [
     "Mode",
     "RecsysTrainConfig",
+    "dense_weight_decay",
     "prefetch_depth",
     "shard_budget_bytes",
     "staleness_bound",
@@ -55,7 +57,19 @@ class RecsysTrainConfig:
     embedding_dim: int = 8
     """Embedding width, >= 1."""
     dense_lr: float = 0.05
-    """SGD learning rate of the dense parameters, > 0."""
+    """Learning rate of the dense optimizer, > 0 (0.05 suits sgd; adam and adamw usually want
+    about 1e-3, torch's default)."""
+    dense_optimizer: DenseOptimizerName = "sgd"
+    """Optimizer of the dense parameters: sgd (plain, no momentum), adam or adamw
+    (torch.optim.Adam / AdamW). sync and hybrid step it on the whole model after the
+    AllReduce; async steps each PS chunk once per push (world_size steps per training step)."""
+    dense_betas: tuple[float, float] = (0.9, 0.999)
+    """adam/adamw: decays of the first and second moment estimates, each in [0, 1)."""
+    dense_eps: float = 1e-8
+    """adam/adamw: epsilon added to the denominator, > 0."""
+    dense_weight_decay: float | None = None
+    """adam: L2 penalty added to the gradient; adamw: decoupled decay (p *= 1 - lr * decay);
+    >= 0. None: torch's default, 0 for adam and 0.01 for adamw. sgd has none."""
     embedding_optimizer: OptimizerConfig = field(
         default_factory=lambda: OptimizerConfig(kind="rowwise_adagrad", lr=0.05, eps=1e-10)
     )
@@ -152,7 +166,39 @@ class RecsysTrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps={self.max_steps} must be >= 1 or None")
+        self._check_dense_optimizer()
         self._check_ps_budget()
+
+    def _check_dense_optimizer(self) -> None:
+        beta1, beta2 = self.dense_betas
+        if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
+            raise ValueError(
+                f"dense_betas={self.dense_betas} must each be in [0, 1) (moment decays; "
+                "torch's default is (0.9, 0.999))"
+            )
+        if self.dense_eps <= 0:
+            raise ValueError(f"dense_eps={self.dense_eps} must be > 0 (torch's default is 1e-8)")
+        if self.dense_weight_decay is not None and self.dense_weight_decay < 0:
+            raise ValueError(
+                f"dense_weight_decay={self.dense_weight_decay} must be >= 0 (or None: 0 for adam, "
+                "0.01 for adamw)"
+            )
+        if self.dense_optimizer != "sgd":
+            return
+        defaults = RecsysTrainConfig.__dataclass_fields__
+        for name in ("dense_betas", "dense_eps"):
+            if getattr(self, name) != defaults[name].default:
+                raise ValueError(
+                    f"{name}={getattr(self, name)} applies to adam and adamw only, but "
+                    "dense_optimizer='sgd'; set dense_optimizer to 'adam' or 'adamw', or drop "
+                    f"{name}"
+                )
+        if self.dense_weight_decay:
+            raise ValueError(
+                f"dense_weight_decay={self.dense_weight_decay} applies to adam and adamw only "
+                "(plain SGD has no weight decay), but dense_optimizer='sgd'; set "
+                "dense_optimizer to 'adam' or 'adamw', or drop dense_weight_decay"
+            )
 
     def _check_ps_budget(self) -> None:
         ratio, budget = self.ps_memory_ratio, self.ps_memory_budget_bytes
@@ -203,6 +249,16 @@ def shard_budget_bytes(config: RecsysTrainConfig, capacity_rows: int) -> int | N
         return None
     spec = RowSpec(embedding_dim=config.embedding_dim, optimizer=config.embedding_optimizer)
     return max(1, int(config.ps_memory_ratio * capacity_rows * spec.row_bytes))
+
+
+def dense_weight_decay(config: RecsysTrainConfig) -> float:
+    """The dense optimizer's weight decay: `dense_weight_decay`, or torch's default for it.
+
+    None gives 0.0 for sgd and adam and 0.01 for adamw (torch.optim.AdamW's default).
+    """
+    if config.dense_weight_decay is not None:
+        return config.dense_weight_decay
+    return 0.01 if config.dense_optimizer == "adamw" else 0.0
 
 
 def staleness_bound(mode: Mode, staleness: int, world_size: int) -> int:

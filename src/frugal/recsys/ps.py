@@ -20,6 +20,7 @@ Shape legend: U unique ids in a call, E embedding_dim, T tables, C dense chunk s
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +33,7 @@ from torch import Tensor
 from frugal._typing import I64
 from frugal.config import check_types
 from frugal.recsys.admission import CountMinSketch
+from frugal.recsys.dense import DenseOptimizer
 from frugal.recsys.errors import PSUnavailableError
 from frugal.store import EmbeddingStore, OptimizerConfig, RowSpec
 from frugal.store.keys import HashedKeys, KeySpaceFullError
@@ -636,16 +638,32 @@ class EmbeddingShard:
 
 
 class DenseShard:
-    """A chunk of the flattened dense parameters, updated by SGD pushes (async mode).
+    """A chunk of the flattened dense parameters, stepped by its own optimizer (async mode).
 
-    Stale-synchronous rule: `pull` reports how many pushes every rank has had applied, so a
-    client computes step t only once each rank's step t - K + 1 push is applied.
+    Every push is one optimizer step on the chunk (as an asynchronous PS applies each worker's
+    update): with Adam the chunk keeps its own moments and step count, so it takes
+    world_size Adam steps per training step. Stale-synchronous rule: `pull` reports how many
+    pushes every rank has had applied, so a client computes step t only once each rank's step
+    t - K + 1 push is applied.
     """
 
-    def __init__(self, params: Tensor, lr: float, world_size: int) -> None:
-        """Hold `params` (float32 (C,)), applying `params -= lr * grad` per push."""
+    def __init__(
+        self,
+        params: Tensor,
+        world_size: int,
+        *,
+        optimizer: Callable[[Sequence[Tensor]], DenseOptimizer],
+    ) -> None:
+        """Hold a copy of `params` (float32 (C,)), stepped per push by `optimizer([params])`.
+
+        Args:
+            params: The chunk's initial values, float32 (C,).
+            world_size: Ranks that push.
+            optimizer: Builds the chunk's optimizer over the one tensor it is given (e.g.
+                `functools.partial(build_dense_optimizer, kind="adam", lr=1e-3)`).
+        """
         self.params = params.detach().clone()
-        self.lr = lr
+        self.optimizer = optimizer([self.params])
         self.version = 0
         self.applied = [0] * world_size
         self.lock = threading.Lock()
@@ -660,8 +678,22 @@ class DenseShard:
         """Apply one rank's gradient chunk (already divided by world_size); return its lag."""
         with self.lock:
             lag = self.version - version_read
-            self.params.add_(grad.to(torch.float32), alpha=-self.lr)
+            self.params.grad = grad.to(torch.float32)
+            try:
+                self.optimizer.step()
+            finally:
+                self.params.grad = None
             self.version += 1
             self.applied[rank] += 1
         self.lags.record(np.array([lag], dtype=np.int64))
         return lag
+
+    def optimizer_state_dict(self) -> dict[str, Any]:
+        """The chunk optimizer's `state_dict()` (call while no push is in flight)."""
+        with self.lock:
+            return self.optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the chunk optimizer's state (`frugal.recsys.dense.chunk_state` of a model's)."""
+        with self.lock:
+            self.optimizer.load_state_dict(state_dict)

@@ -21,6 +21,10 @@ Modes (Persia, section 3):
   pulled with the lookup (so up to K steps before use) under the stale-synchronous rule
   (step t is computed only once every rank's step t - K push is applied); no AllReduce.
 
+The dense optimizer (`dense_optimizer`: sgd, adam or adamw, `frugal.recsys.dense`) steps the
+whole model after the AllReduce in sync and hybrid, and each PS chunk once per push in async;
+checkpoints hold its state in the model's layout (async chunks gathered by rank 0).
+
 References:
     Persia: An Open, Hybrid System Scaling Deep Learning-based Recommenders up to 100
     Trillion Parameters, KDD 2022, arXiv 2111.05897 (sections 3 and 4).
@@ -56,7 +60,9 @@ from frugal.disk import guard_write
 from frugal.launch.group import init_group
 from frugal.recsys.batch import KJTBatch, RecsysData
 from frugal.recsys.checkpoint import (
+    check_compat,
     commit_checkpoint,
+    compat_fields,
     export_shard_rows,
     import_shard_rows,
     read_latest,
@@ -65,11 +71,18 @@ from frugal.recsys.client import EmbeddingClient, LookupResult, PendingLookup
 from frugal.recsys.config import (
     Mode,
     RecsysTrainConfig,
+    dense_weight_decay,
     prefetch_depth,
     shard_budget_bytes,
     staleness_bound,
 )
 from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
+from frugal.recsys.dense import (
+    DenseOptimizer,
+    build_dense_optimizer,
+    chunk_state,
+    merge_chunk_states,
+)
 from frugal.recsys.errors import PSUnavailableError, RecsysError, StalenessBoundError
 from frugal.recsys.loader import BatchSource
 from frugal.recsys.metrics import log_loss, roc_auc
@@ -121,31 +134,16 @@ def _alpha_max(config: RecsysDataConfig) -> float:
     return top
 
 
-class _DenseSGD:
-    """Plain SGD on the dense parameters: `p -= lr * p.grad`.
-
-    What torch.optim.SGD does without momentum or weight decay (bit-identical results,
-    checked); used instead of it because its first construction imports torch._dynamo:
-    seconds of start-up per trainer process.
-    """
-
-    def __init__(self, params: list[nn.Parameter], lr: float) -> None:
-        self.params, self.lr = params, lr
-
-    @torch.no_grad()
-    def step(self) -> None:
-        grads = [p.grad for p in self.params if p.grad is not None]
-        torch._foreach_add_([p for p in self.params if p.grad is not None], grads, alpha=-self.lr)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"kind": "sgd", "lr": self.lr}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != "sgd" or state.get("lr") != self.lr:
-            raise RecsysError(
-                f"the checkpoint's dense optimizer is {state}, this job's sgd lr={self.lr}; "
-                "resume with the same dense_lr"
-            )
+def _dense_optimizer(config: RecsysTrainConfig) -> functools.partial[DenseOptimizer]:
+    """`build_dense_optimizer` with the config's settings: call it on the parameters."""
+    return functools.partial(
+        build_dense_optimizer,
+        kind=config.dense_optimizer,
+        lr=config.dense_lr,
+        betas=config.dense_betas,
+        eps=config.dense_eps,
+        weight_decay=dense_weight_decay(config),
+    )
 
 
 def _allreduce_grads(params: list[nn.Parameter], world_size: int) -> None:
@@ -262,17 +260,22 @@ class _Trainer:
                 "Raise ps_memory_ratio, or give that budget as ps_memory_budget_bytes"
             ) from exc
         self.params = list(self.model.parameters())  # walked every step: list them once
-        self.optimizer = _DenseSGD(self.params, config.dense_lr)
+        self.optimizer = _dense_optimizer(config)(self.params)
         self.resumed_from: int | None = None
         start_sample, total_samples = self._maybe_resume()
         self.chunks = (
             parameters_to_vector(self.model.parameters()).detach().tensor_split(world_size)
         )
-        dense = (
-            DenseShard(self.chunks[rank], config.dense_lr, world_size)
-            if config.mode == "async"
-            else None
-        )
+        dense = None
+        if config.mode == "async":
+            dense = DenseShard(self.chunks[rank], world_size, optimizer=_dense_optimizer(config))
+            if total_samples is not None:  # resumed: this chunk's part of the checkpoint's state
+                start = sum(len(c) for c in self.chunks[:rank])
+                dense.load_optimizer_state_dict(
+                    chunk_state(
+                        self.optimizer.state_dict(), self.params, start, start + len(dense.params)
+                    )
+                )
         self.server = ShardServer(self.shard, dense, config.rtt_ms)
         self.transport = transport
         self.client = EmbeddingClient(
@@ -297,13 +300,6 @@ class _Trainer:
         self.gate_open_until = 0  # the run-ahead may read steps < this (checkpoint quiescing)
 
     # --- checkpoints -----------------------------------------------------------------------
-    def _compat(self) -> dict[str, Any]:
-        """Fields a resumed job must share with the checkpoint."""
-        full = config_to_dict(self.config)
-        keys = ("data", "model", "hidden", "embedding_dim", "embedding_optimizer",
-                "batch_size", "seed", "dense_lr")  # fmt: skip
-        return {key: full[key] for key in keys}
-
     def _maybe_resume(self) -> tuple[int, int | None]:
         """Load the newest checkpoint if asked to (or restarted); return the cursor."""
         config = self.config
@@ -314,13 +310,7 @@ class _Trainer:
         if found is None:
             return 0, None
         folder, manifest = found
-        compat = self._compat()
-        for key, value in manifest["compat"].items():
-            if compat.get(key) != value:
-                raise RecsysError(
-                    f"{folder}: the checkpoint was written with {key}={value!r}, this job has "
-                    f"{compat.get(key)!r}; resume with the same {key} or use a new checkpoint_dir"
-                )
+        check_compat(folder, manifest["compat"], config)
         paths = [folder / f"shard{r}.npz" for r in range(int(manifest["world_size"]))]
         resume_batch_id = int(manifest["samples_done"]) // config.batch_size
         import_shard_rows(
@@ -344,6 +334,13 @@ class _Trainer:
         if self.server.dense is not None:
             final = self._pull_dense(steps_done)
             vector_to_parameters(torch.cat([c for c, _ in final]), self.model.parameters())
+            # every chunk's optimizer state, in the model's layout (resumable in any mode)
+            states: list[Any] = [None] * self.world_size if self.rank == 0 else []
+            dist.gather_object(
+                self.server.dense.optimizer_state_dict(), states if self.rank == 0 else None
+            )
+            if self.rank == 0:
+                self.optimizer.load_state_dict(merge_chunk_states(states, self.params))
         samples = self.source.samples_done(steps_done)
         directory = Path(self.config.checkpoint_dir)
         tmp = directory / f"step-{samples}.tmp"
@@ -389,7 +386,7 @@ class _Trainer:
                         "world_size": self.world_size,
                         "num_virtual_shards": NUM_VIRTUAL_SHARDS,
                         "owners": default_owners(self.world_size).tolist(),
-                        "compat": self._compat(),
+                        "compat": compat_fields(self.config),
                     },
                 )
         dist.barrier()
