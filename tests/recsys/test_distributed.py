@@ -340,3 +340,28 @@ def test_async_adam_chunks_resume_exactly_and_onto_one_process(tmp_path: Path) -
     assert resumed["ranks"][0]["dense_params_sha256"] == want
     assert resumed["test_auc"] == uninterrupted["test_auc"]
     _assert_same_dense(_final(tmp_path / "full"), _final(tmp_path / "killed"))
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_terabyte_shaped_stream_of_raw_ids_trains_out_of_core(tmp_path: Path) -> None:
+    # Raw 64-bit ids (337.6M of them at full scale; 3.4M here) generated batch by batch,
+    # hashed by the trainers; the shards keep their rows on disk with a 25% budget.
+    data = RecsysDataConfig(
+        dataset="criteo_terabyte_stream",
+        stream_num_samples=30_720,
+        stream_test_samples=4_000,
+        stream_scale=0.01,
+    )
+    config = _config(
+        data=data, mode="hybrid", staleness=4, max_steps=None, embedding_dim=32,
+        store_backend="file", ps_memory_ratio=0.25, ps_lookahead=4,
+    )  # fmt: skip
+    (result,) = _run(tmp_path, [(config, "tb")])
+    assert result["steps"] == 60  # 30,720 samples / (2 x 256)
+    assert result["live_rows"] > 40_000  # distinct hashed ids the shards took
+    assert result["test_auc"] > 0.6  # learns the planted teacher
+    for rank in result["ranks"]:
+        store = rank["shard"]["store"]
+        assert store["direct_io"] and store["capacity_rows"] < rank["shard"]["live_rows"] // 2

@@ -40,6 +40,7 @@ from frugal.bench.harness import (
     write_bench_results,
 )
 from frugal.config import check_types
+from frugal.recsys.batch import RecsysData
 from frugal.recsys.config import Mode, RecsysTrainConfig
 from frugal.recsys.datasets import (
     RECSYS_TEACHERS,
@@ -247,7 +248,15 @@ class RecsysBenchConfig(BenchConfig):
 def distinct_train_ids(data: RecsysDataConfig) -> int:
     """Distinct (table, id) pairs in the training split of `data`."""
     train, _ = load_recsys_data(data)
-    return sum(len(np.unique(values)) for values in train.values)
+    if isinstance(train, RecsysData):
+        return sum(len(np.unique(values)) for values in train.values)
+    distinct = getattr(train, "distinct_ids", None)
+    if distinct is None:
+        raise ValueError(
+            f"{data.dataset}: its training split has no distinct_ids(); the bounded-table "
+            "cells need it to size the shards"
+        )
+    return int(distinct())
 
 
 def _out_of_core_k(config: RecsysBenchConfig) -> int:

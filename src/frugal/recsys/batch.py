@@ -10,13 +10,14 @@ Shape legend: B samples, F features, N ids in a batch, D dense features.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import numpy as np
 
 from frugal._typing import F32, I32, I64
 from frugal.recsys.errors import BadBatchError
 
-__all__ = ["KJTBatch", "RecsysData"]
+__all__ = ["KJTBatch", "RecsysData", "RecsysSplit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +51,12 @@ class KJTBatch:
         bounds = np.concatenate([[0], np.cumsum(per_feature)])
         return [self.values[bounds[f] : bounds[f + 1]] for f in range(len(self.keys))]
 
-    def validate(self, num_embeddings: tuple[int, ...]) -> None:
+    def validate(self, num_embeddings: tuple[int, ...], *, raw_ids: bool = False) -> None:
         """Check ids, lengths, labels and dense values; raise before anything is applied.
 
         Args:
             num_embeddings: Rows of each feature's table; ids must lie in [0, rows).
+            raw_ids: Ids are raw 64-bit hashes (any int64), not range-checked.
 
         Raises:
             BadBatchError: Naming the batch, the feature and the first bad value.
@@ -76,7 +78,7 @@ class KJTBatch:
                 f"{where}: sum(lengths)={int(self.lengths.sum())} != len(values)="
                 f"{len(self.values)} (or a negative length)"
             )
-        for f, ids in enumerate(self.feature_values()):
+        for f, ids in enumerate([] if raw_ids else self.feature_values()):
             bad = (ids < 0) | (ids >= num_embeddings[f])
             if bad.any():
                 raise BadBatchError(
@@ -90,6 +92,47 @@ class KJTBatch:
             raise BadBatchError(f"{where}: labels must be finite and in [0, 1]")
 
 
+class RecsysSplit(Protocol):
+    """What a trainer reads a split through: `RecsysData` (in RAM) or a generated stream."""
+
+    shuffle: ClassVar[bool]
+    """Batches read shuffled samples (a seeded permutation per epoch), else in order."""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Feature (table) names, length F."""
+        ...
+
+    @property
+    def num_embeddings(self) -> tuple[int, ...]:
+        """Rows of each feature's table (nominal where `raw_ids`), length F."""
+        ...
+
+    @property
+    def raw_ids(self) -> bool:
+        """Ids are raw 64-bit hashes that the trainers hash into the PS key space."""
+        ...
+
+    @property
+    def num_samples(self) -> int:
+        """Number of samples S."""
+        ...
+
+    @property
+    def dense_dim(self) -> int:
+        """Number of dense features D."""
+        ...
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the split holds in RAM."""
+        ...
+
+    def batch(self, rows: I64, batch_id: int) -> KJTBatch:
+        """Cut the samples `rows` (in that order) into a KJTBatch."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class RecsysData:
     """A split of a recommender dataset held as per-feature jagged columns.
@@ -101,7 +144,12 @@ class RecsysData:
         offsets: Per feature, int64 offsets of each sample's ids, shape (S + 1,) (F arrays).
         dense: Dense features, float32 (S, D).
         labels: Labels, float32 (S,).
+        raw_ids: Ids are raw 64-bit hashes (any int64, e.g. a feature pipeline's hashes of
+            strings): the trainers hash them into the PS key space
+            (`frugal.recsys.ps.hash_raw_ids`), and `num_embeddings` only sizes the shards.
     """
+
+    shuffle: ClassVar[bool] = True
 
     keys: tuple[str, ...]
     num_embeddings: tuple[int, ...]
@@ -109,6 +157,7 @@ class RecsysData:
     offsets: tuple[I64, ...]
     dense: F32
     labels: F32
+    raw_ids: bool = False
 
     def __post_init__(self) -> None:
         num = len(self.labels)

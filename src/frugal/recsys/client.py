@@ -26,7 +26,7 @@ from torch import Tensor
 
 from frugal._typing import I64
 from frugal.recsys.batch import KJTBatch
-from frugal.recsys.ps import virtual_shard
+from frugal.recsys.ps import hash_raw_ids, virtual_shard
 from frugal.recsys.transport import Handle, Transport
 
 __all__ = ["EmbeddingClient", "LookupResult", "PendingLookup", "WireDtype"]
@@ -68,8 +68,15 @@ class EmbeddingClient:
         num_tables: int,
         embedding_dim: int,
         wire_dtype: WireDtype = "float16",
+        *,
+        raw_ids: bool = False,
     ) -> None:
-        """Route through `transport` with `owners` (vshard -> shard)."""
+        """Route through `transport` with `owners` (vshard -> shard).
+
+        With `raw_ids` the batches' ids are raw 64-bit hashes, hashed into the PS id space
+        (`hash_raw_ids`) before routing: shards, checkpoints and exports see hashed ids.
+        """
+        self.raw_ids = raw_ids
         self.transport = transport
         self.owners = owners
         self.num_shards = int(owners.max()) + 1
@@ -84,6 +91,8 @@ class EmbeddingClient:
         tables, ids, inverses = [], [], []
         offset = 0
         for t, values in enumerate(batch.feature_values()):
+            if self.raw_ids:
+                values = hash_raw_ids(values)
             unique, inverse = np.unique(values, return_inverse=True)
             tables.append(np.full(len(unique), t, dtype=np.int64))
             ids.append(unique)

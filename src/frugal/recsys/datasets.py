@@ -8,6 +8,9 @@
 - `criteo_zipf`: `frugal.data.synthetic.CriteoZipfStream` ids (truncated Zipf per field) with
   13 Gaussian dense features and labels drawn from a planted factorisation-machine teacher
   (first order + rank-8 pairwise, logistic), whose AUC on the test split is the ceiling.
+- `criteo_kaggle_stream`, `criteo_terabyte_stream`: the same teacher over 26 fields at Criteo
+  Kaggle's cardinalities (33.76M ids) or ten times them as raw 64-bit hashes, generated batch
+  by batch (`frugal.recsys.streams`): tables far larger than the samples held in RAM.
 
 Each is a loader in the registry `RECSYS_DATASETS` (`RecsysDataConfig.dataset` names one);
 `RECSYS_DATASETS.register(name, loader)` adds another.
@@ -27,7 +30,7 @@ import numpy.typing as npt
 from frugal.config import check_types
 from frugal.data import load_table
 from frugal.data.synthetic import CriteoZipfStream
-from frugal.recsys.batch import RecsysData
+from frugal.recsys.batch import RecsysData, RecsysSplit
 from frugal.registry import Registry
 from frugal.store.rows import splitmix64
 
@@ -79,6 +82,13 @@ class RecsysDataConfig:
     """criteo_zipf: Zipf exponent, in (0, 4]."""
     test_fraction: float = 0.2
     """Share of samples in the test split (adult, criteo_zipf), in (0, 1)."""
+    stream_num_samples: int = 1_000_000
+    """criteo_*_stream: training samples, >= 1 (generated as read, not held in RAM)."""
+    stream_test_samples: int = 100_000
+    """criteo_*_stream: test samples (held in RAM), >= 100."""
+    stream_scale: float = 1.0
+    """criteo_*_stream: fraction of each large field's ids kept (fields under 1,000 ids
+    stay whole), in (0, 1]; 1 is Criteo Kaggle's 33.76M ids (Terabyte-shaped: 337.6M)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -97,12 +107,21 @@ class RecsysDataConfig:
             raise ValueError(f"zipf_alpha={self.zipf_alpha} must be in (0, 4]")
         if not 0 < self.test_fraction < 1:
             raise ValueError(f"test_fraction={self.test_fraction} must be in (0, 1)")
+        if self.stream_num_samples < 1:
+            raise ValueError(f"stream_num_samples={self.stream_num_samples} must be >= 1")
+        if self.stream_test_samples < 100:
+            raise ValueError(f"stream_test_samples={self.stream_test_samples} must be >= 100")
+        if not 0 < self.stream_scale <= 1:
+            raise ValueError(
+                f"stream_scale={self.stream_scale} must be in (0, 1] (1: Criteo's full "
+                "cardinalities)"
+            )
 
 
 class RecsysDatasetLoader(Protocol):
     """Loads one dataset's (train, test) splits as cut by a `RecsysDataConfig`."""
 
-    def __call__(self, config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
+    def __call__(self, config: RecsysDataConfig) -> tuple[RecsysSplit, RecsysData]:
         """The train and test splits; `load_recsys_data` then applies `max_train_samples`."""
         ...
 
@@ -135,6 +154,7 @@ def _take(data: RecsysData, rows: npt.NDArray[np.int64]) -> RecsysData:
         tuple(offsets),
         data.dense[rows],
         data.labels[rows],
+        raw_ids=data.raw_ids,
     )
 
 
@@ -258,14 +278,39 @@ def _zipf_splits(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
     return train, test
 
 
+def _criteo_stream(config: RecsysDataConfig, *, terabyte: bool) -> tuple[RecsysSplit, RecsysData]:
+    from frugal.recsys.streams import CriteoStream
+
+    train = CriteoStream(
+        config, terabyte=terabyte, first_sample=0, num_samples=config.stream_num_samples
+    )
+    test = CriteoStream(
+        config,
+        terabyte=terabyte,
+        first_sample=config.stream_num_samples,
+        num_samples=config.stream_test_samples,
+    )
+    return train, test.materialize()
+
+
+def _criteo_kaggle_stream(config: RecsysDataConfig) -> tuple[RecsysSplit, RecsysData]:
+    return _criteo_stream(config, terabyte=False)
+
+
+def _criteo_terabyte_stream(config: RecsysDataConfig) -> tuple[RecsysSplit, RecsysData]:
+    return _criteo_stream(config, terabyte=True)
+
+
 RECSYS_DATASETS.register("movielens100k", _movielens)
 RECSYS_DATASETS.register("adult", _adult)
 RECSYS_DATASETS.register("criteo_zipf", _zipf_splits)
+RECSYS_DATASETS.register("criteo_kaggle_stream", _criteo_kaggle_stream)
+RECSYS_DATASETS.register("criteo_terabyte_stream", _criteo_terabyte_stream)
 DATASET_NAMES: tuple[str, ...] = RECSYS_DATASETS.names()
 """The built-in datasets."""
 
 
-def load_recsys_data(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
+def load_recsys_data(config: RecsysDataConfig) -> tuple[RecsysSplit, RecsysData]:
     """Load a dataset's train and test splits.
 
     Args:
@@ -281,7 +326,16 @@ def load_recsys_data(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
     """
     train, test = RECSYS_DATASETS.get(config.dataset)(config)
     if config.max_train_samples is not None and config.max_train_samples < train.num_samples:
-        train = _take(train, np.arange(config.max_train_samples, dtype=np.int64))
+        if isinstance(train, RecsysData):
+            train = _take(train, np.arange(config.max_train_samples, dtype=np.int64))
+        else:
+            head = getattr(train, "head", None)
+            if head is None:
+                raise ValueError(
+                    f"max_train_samples={config.max_train_samples}: {config.dataset}'s "
+                    "training split cannot be cut (its class has no head(n)); leave it unset"
+                )
+            train = head(config.max_train_samples)
     return train, test
 
 
@@ -300,6 +354,24 @@ def _zipf_teacher_auc(config: RecsysDataConfig) -> float:
 
 
 RECSYS_TEACHERS.register("criteo_zipf", _zipf_teacher_auc)
+
+
+def _stream_teacher_auc(config: RecsysDataConfig) -> float:
+    from frugal.recsys.metrics import roc_auc
+    from frugal.recsys.streams import CriteoStream
+
+    terabyte = config.dataset == "criteo_terabyte_stream"
+    test = CriteoStream(
+        config,
+        terabyte=terabyte,
+        first_sample=config.stream_num_samples,
+        num_samples=config.stream_test_samples,
+    )
+    return roc_auc(load_recsys_data(config)[1].labels, test.teacher_logits())
+
+
+RECSYS_TEACHERS.register("criteo_kaggle_stream", _stream_teacher_auc)
+RECSYS_TEACHERS.register("criteo_terabyte_stream", _stream_teacher_auc)
 
 
 def teacher_auc(config: RecsysDataConfig) -> float | None:

@@ -49,7 +49,7 @@ def memory_estimate(config: RecsysTrainConfig) -> MemoryEstimate:
     train, test = load_recsys_data(config.data)
     data_bytes = train.nbytes + test.nbytes
     spec = RowSpec(embedding_dim=config.embedding_dim, optimizer=config.embedding_optimizer)
-    capacity = shard_capacity(train.num_embeddings, config.nproc)
+    capacity = config.ps_capacity_rows or shard_capacity(train.num_embeddings, config.nproc)
     shard = shard_memory_bytes(capacity, spec.row_bytes, shard_budget_bytes(config, capacity))
     n = config.nproc
     return MemoryEstimate(

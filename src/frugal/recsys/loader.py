@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from frugal.recsys.batch import KJTBatch, RecsysData
+from frugal.recsys.batch import KJTBatch, RecsysSplit
 from frugal.recsys.config import RecsysTrainConfig
 
 __all__ = ["BatchSource", "count_total_samples"]
@@ -29,14 +29,15 @@ def count_total_samples(config: RecsysTrainConfig, num_samples: int, world_size:
 class BatchSource:
     """This rank's batches from a sample cursor over seeded per-epoch permutations.
 
-    Global sample g is `perm(g // S)[g % S]`; step s of rank r takes samples
-    `start + (s * W + r) * B + [0, B)`. The cursor (samples consumed) is what a checkpoint
-    stores, so a job resumes on any world size.
+    Global sample g is `perm(g // S)[g % S]` (`g % S` for a split that is not shuffled, e.g.
+    a generated stream); step s of rank r takes samples `start + (s * W + r) * B + [0, B)`.
+    The cursor (samples consumed) is what a checkpoint stores, so a job resumes on any world
+    size.
     """
 
     def __init__(
         self,
-        data: RecsysData,
+        data: RecsysSplit,
         config: RecsysTrainConfig,
         rank: int,
         world_size: int,
@@ -78,9 +79,11 @@ class BatchSource:
         epoch = index // self.data.num_samples
         within = index % self.data.num_samples
         rows = np.empty(size, dtype=np.int64)
-        for e in np.unique(epoch):  # at most two epochs per batch
+        if not self.data.shuffle:
+            rows = within
+        for e in np.unique(epoch) if self.data.shuffle else ():  # at most two epochs per batch
             mask = epoch == e
             rows[mask] = self._perm(int(e))[within[mask]]
         batch = self.data.batch(rows, batch_id=first // size)
-        batch.validate(self.data.num_embeddings)
+        batch.validate(self.data.num_embeddings, raw_ids=self.data.raw_ids)
         return batch

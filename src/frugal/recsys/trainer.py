@@ -58,7 +58,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from frugal.config import config_from_dict, config_to_dict
 from frugal.disk import guard_write
 from frugal.launch.group import init_group
-from frugal.recsys.batch import KJTBatch, RecsysData
+from frugal.recsys.batch import KJTBatch, RecsysData, RecsysSplit
 from frugal.recsys.checkpoint import (
     check_compat,
     commit_checkpoint,
@@ -115,7 +115,7 @@ class _Timings:
 
 
 @functools.lru_cache(maxsize=2)
-def _load_data(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
+def _load_data(config: RecsysDataConfig) -> tuple[RecsysSplit, RecsysData]:
     """The dataset of `config`, loaded once per process (a bench runs many cells on it)."""
     return load_recsys_data(config)
 
@@ -124,14 +124,28 @@ def _load_data(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
 def _alpha_max(config: RecsysDataConfig) -> float:
     """Largest share of training samples that touch one row (Persia's sparsity alpha)."""
     train = _load_data(config)[0]
+    if not isinstance(train, RecsysData):  # a generated stream: its first 100k samples
+        train = _materialize_head(train, 100_000)
     top = 0.0
     for f, values in enumerate(train.values):
         offsets = train.offsets[f]
         sample = np.repeat(np.arange(train.num_samples), np.diff(offsets))
-        pairs = np.unique(values * train.num_samples + sample)  # one per sample
-        counts = np.bincount(pairs // train.num_samples)
+        pairs = np.unique(np.stack([values, sample], axis=1), axis=0)  # one per (id, sample)
+        _, counts = np.unique(pairs[:, 0], return_counts=True)
         top = max(top, float(counts.max()) / train.num_samples if len(counts) else 0.0)
     return top
+
+
+def _materialize_head(split: RecsysSplit, num_samples: int) -> RecsysData:
+    """The first `num_samples` samples of a split as `RecsysData` (one id per feature)."""
+    rows = np.arange(min(num_samples, split.num_samples), dtype=np.int64)
+    batch = split.batch(rows, batch_id=-1)
+    if not (batch.lengths == 1).all():
+        raise ValueError("only a split with one id per (feature, sample) is materialised here")
+    ids_SF = batch.values.reshape(len(split.keys), len(rows)).T
+    return RecsysData.from_columns(
+        split.keys, split.num_embeddings, ids_SF, batch.dense, batch.labels
+    )
 
 
 def _dense_optimizer(config: RecsysTrainConfig) -> functools.partial[DenseOptimizer]:
@@ -284,6 +298,7 @@ class _Trainer:
             len(self.train.keys),
             config.embedding_dim,
             config.wire_dtype,
+            raw_ids=self.train.raw_ids,
         )
         self.source = BatchSource(self.train, config, rank, world_size, start_sample, total_samples)
         self.hints = _Hints(self.client, self.source, config.ps_lookahead)
