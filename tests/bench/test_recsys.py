@@ -94,10 +94,11 @@ def test_out_of_core_cells_are_summarised_apart_from_the_grid() -> None:
         datasets=("criteo_zipf",), staleness=(4, 16), rtt_ms=(5.0,), seeds=(0,),
         out_of_core_ratios=(0.25, 0.1), out_of_core_embedding_dim=64,
     )  # fmt: skip
-    cell = config.out_of_core_config("criteo_zipf", 0.1, 0)
+    cell = config.out_of_core_config("criteo_zipf", 0.1, 0, distinct_ids=80_000)
+    assert cell.ps_capacity_rows == 50_000 + 1024  # 80k x 1.25 / 2 shards, plus slack
     assert (cell.mode, cell.staleness, cell.rtt_ms, cell.embedding_dim) == ("hybrid", 4, 5.0, 64)
     assert (cell.store_backend, cell.ps_memory_ratio, cell.ps_lookahead) == ("file", 0.1, 4)
-    assert config.out_of_core_config("criteo_zipf", None, 0).ps_memory_ratio is None
+    assert config.out_of_core_config("criteo_zipf", None, 0, 1).ps_memory_ratio is None
     grid = [_row("sync", None, 0.70, 100.0), _row("hybrid", 4, 0.699, 250.0)]
     ooc = [
         _row("hybrid", 4, 0.690, 400.0) | {"ps_memory_ratio": None, "ps_hit_ratio": 1.0},

@@ -169,7 +169,7 @@ class RecsysBenchConfig(BenchConfig):
         for dataset in self.datasets:
             self.train_config("sync", dataset, 1, self.rtt_ms[0], self.seeds[0])
             for ratio in self.out_of_core_ratios:
-                self.out_of_core_config(dataset, ratio, self.seeds[0])
+                self.out_of_core_config(dataset, ratio, self.seeds[0], 1)
             if self.bounded_id_ratios:
                 self.bounded_config(dataset, self.bounded_id_ratios[0], self.seeds[0], 1)
 
@@ -218,12 +218,20 @@ class RecsysBenchConfig(BenchConfig):
         )
 
     def out_of_core_config(
-        self, dataset: DatasetName, ratio: float | None, seed: int
+        self, dataset: DatasetName, ratio: float | None, seed: int, distinct_ids: int
     ) -> RecsysTrainConfig:
-        """An out-of-core cell: hybrid on the file backend, `ratio` None for the reference."""
+        """An out-of-core cell: hybrid on the file backend, `ratio` None for the reference.
+
+        Each shard holds the rows the stream brings (`distinct_ids`, split over the shards,
+        25 % + 1024 rows of slack for the hashed split), not the tables' declared sizes, so
+        `ratio` is memory over the rows the shard really holds (a Criteo-sized declaration
+        with a short stream would otherwise leave every touched row in the cache).
+        """
         base = self.train_config("hybrid", dataset, _out_of_core_k(self), max(self.rtt_ms), seed)
+        capacity = math.ceil(distinct_ids * 1.25 / self.nproc) + 1024
         return replace(
             base,
+            ps_capacity_rows=capacity,
             store_backend="file",
             ps_memory_ratio=ratio,
             ps_lookahead=self.out_of_core_lookahead,
@@ -587,7 +595,12 @@ def run_recsys_bench(
     if config.out_of_core_ratios:
         runs = [
             (
-                config.out_of_core_config(dataset, ratio, seed),
+                config.out_of_core_config(
+                    dataset,
+                    ratio,
+                    seed,
+                    distinct_train_ids(config.train_config("sync", dataset, 1, 0.0, seed).data),
+                ),
                 runs_dir / f"{dataset}-seed{seed}-ooc-{'ram' if ratio is None else f'{ratio:g}'}",
             )
             for dataset in config.datasets
