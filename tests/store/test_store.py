@@ -134,9 +134,9 @@ def test_auto_slot_index_caches_more_rows_of_a_large_table(tmp_path: Path) -> No
             ids = np.arange(0, 1 << 20, 997, dtype=np.int64)
             assert np.array_equal(store.peek(ids), init_rows(ids, spec, 0))
     # 6 MiB - 4 MiB of addresses - 4 KiB of segment counts - 768 KiB of I/O buffer =
-    # 1,306,624 B; 84 B per slot (32 B row + 52 B metadata); 13,058 slots at 100 B would want
-    # 65,536 cells (256 KiB), which leaves (1,306,624 - 262,144) // 84 = 12,434 slots.
-    assert capacities["auto"] == 12_434
+    # 1,306,624 B; 92 B per slot (32 B row + 60 B metadata); 12,098 slots at 108 B would want
+    # 65,536 cells (256 KiB), which leaves (1,306,624 - 262,144) // 92 = 11,353 slots.
+    assert capacities["auto"] == 11_353
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

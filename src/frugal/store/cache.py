@@ -7,6 +7,9 @@ open-read counter r, last access step and next use step.
 - Eviction `lookahead` (default, store.md 2.4): rows with no hint go first, least recently used
   first; then hinted rows, farthest next use first (Belady within the hinted window). Rows
   with open reads or still loading are never evicted. `lru` ignores hints (ablation).
+  Victims come from two queues of slots bucketed by step (`_StepQueue`: unhinted rows by
+  last access, hinted rows by next use), so choosing k victims costs about O(k), not a scan
+  of every slot.
 - `prefetch(ids, step)` loads missing rows in the background, evicting only rows needed later
   than `step` (or not at all), and never blocks the caller. Rows hinted for steps after the
   next never fill more than the capacity minus the largest get, so a window longer than the
@@ -29,6 +32,7 @@ Shape legend: N ids in a call, C cache slots, W row width.
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +44,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from frugal._typing import F32, I64
+from frugal._typing import F32, I32, I64, Bool
 from frugal.store.backends.base import StoreBackend
 from frugal.store.errors import (
     CacheTooSmallError,
@@ -76,9 +80,17 @@ _SLOT_RECORD = np.dtype(
 )
 
 
+_QUEUED_PER_SLOT = 2
+"""Eviction-queue entries (int32) allowed per slot before the queues are rebuilt."""
+
+
 def slot_overhead_bytes() -> int:
-    """Memory per cache slot besides its row: the slot record (48) and free-stack entry (4)."""
-    return _SLOT_RECORD.itemsize + 4
+    """Memory per cache slot besides its row.
+
+    The slot record (48), the free-stack entry (4) and the eviction queues' entries (8: at
+    most two int32 entries a slot, stale ones included, see `RowCache._enqueue`).
+    """
+    return _SLOT_RECORD.itemsize + 4 + 4 * _QUEUED_PER_SLOT
 
 
 _NEARLY_FULL_BYTES = 1 << 20
@@ -114,6 +126,104 @@ class _Pending:
     ids: I64
     rows: F32
     done: bool = False
+
+
+_Check = Callable[[int, I32], tuple[Bool, Bool]]
+"""`check(key, slots)` -> (ready, keep) masks over `slots`, the entries of bucket `key`."""
+
+
+class _StepQueue:
+    """Cache slots in buckets keyed by a step, taken bucket by bucket in key order.
+
+    Deletion is lazy: when a slot's key changes, the slot is added under its new key and its
+    old entry stays where it is, to be dropped when its bucket is opened (the caller's
+    `check` tells stale entries from current ones). So nothing ever searches the queue for a
+    slot, and:
+
+    - `add` of n slots costs O(n) when they share a key (a batch's rows: one get, one step),
+      O(n log n) otherwise;
+    - `take` costs O(b log b) for the b entries of the buckets it opens (those it takes,
+      those that stay because they cannot go now, and stale ones, dropped for good), plus
+      O(log B) per bucket for B buckets. Each stale entry is dropped once, so over the
+      queue's life it costs O(1); only entries that stay are looked at again.
+
+    Stale entries accumulate in buckets that are never opened (rows read again and again);
+    `size` counts them, and the owner rebuilds the queue when it grows too large.
+
+    Buckets are a dict key -> chunks (int32 slot arrays, one per `add`) with a heap of the
+    keys beside it. Ties (slots of one bucket) come out in slot order.
+    """
+
+    def __init__(self, *, largest_first: bool) -> None:
+        self._sign = -1 if largest_first else 1
+        self._buckets: dict[int, list[I32]] = {}
+        self._heap: list[int] = []  # sign * key of each bucket, and only those
+        self.size = 0
+        """Entries held, stale ones included."""
+
+    def clear(self) -> None:
+        self._buckets.clear()
+        self._heap.clear()
+        self.size = 0
+
+    def add(self, slots: npt.NDArray[np.int64], keys: I64) -> None:
+        """Queue `slots` under `keys` (one key per slot)."""
+        if len(slots) == 0:
+            return
+        first = int(keys[0])
+        if (keys == first).all():
+            self._put(first, slots.astype(np.int32))
+            return
+        order = np.argsort(keys)
+        keys, sorted_slots = keys[order], slots[order].astype(np.int32)
+        cuts = (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()
+        for start, end in zip([0, *cuts], [*cuts, len(keys)], strict=True):
+            self._put(int(keys[start]), sorted_slots[start:end])
+
+    def _put(self, key: int, slots: I32) -> None:
+        chunks = self._buckets.get(key)
+        if chunks is None:
+            self._buckets[key] = [slots]
+            heapq.heappush(self._heap, self._sign * key)
+        else:
+            chunks.append(slots)
+        self.size += len(slots)
+
+    def take(self, want: int, check: _Check, *, above: int | None = None) -> I64:
+        """Remove and return up to `want` slots that `check` finds ready, in key order.
+
+        Buckets are opened in key order (smallest first, or largest first) until `want`
+        slots are taken or, with `above` (largest-first queues), the next key is not above
+        it. An opened bucket's
+        entries are deduplicated and checked: `ready` ones may be taken, `keep` ones are
+        current but cannot go now (they stay queued), the rest are stale and dropped.
+        """
+        taken: list[I32] = []
+        back: list[tuple[int, I32]] = []
+        got = 0
+        while got < want and self._heap:
+            key = self._sign * self._heap[0]
+            if above is not None and key <= above:
+                break
+            heapq.heappop(self._heap)
+            chunks = self._buckets.pop(key)
+            self.size -= sum(len(chunk) for chunk in chunks)
+            # Sorted and deduplicated: a slot queued twice under one key (its key moved away
+            # and back, or it was requeued while still queued) comes out once, and ties come
+            # out in slot order however they were queued (a call queues its rows in id order,
+            # which should not decide which of them go first).
+            slots = np.unique(np.concatenate(chunks))
+            ready, keep = check(key, slots)
+            ready_slots = slots[ready]
+            n = min(want - got, len(ready_slots))
+            taken.append(ready_slots[:n])
+            got += n
+            rest = np.concatenate([ready_slots[n:], slots[keep]])
+            if len(rest):
+                back.append((key, rest))
+        for key, rest in back:  # after the loop, or it would open them again
+            self._put(key, rest)
+        return np.concatenate(taken).astype(np.int64) if taken else np.empty(0, np.int64)
 
 
 class RowCache:
@@ -163,6 +273,7 @@ class RowCache:
         self.next_use[:] = NEVER
         self.next_use2 = self.meta["next_use2"]
         self.next_use2[:] = NEVER
+        self.hinted_count = 0  # slots with a hint (next_use != NEVER), kept as hints change
         # id -> slot: a dense array over the table's rows, or a hash table over the slots
         # (frugal.store.slot_index; the store picks the one that leaves more cache).
         self.index: SlotIndex = (
@@ -173,9 +284,15 @@ class RowCache:
         # Stack of free slot numbers: free_slots[:free_count], the top at free_count - 1.
         self.free_slots = np.arange(capacity - 1, -1, -1, dtype=np.int32)
         self.free_count = capacity
-        # Choosing victims scans every slot, so each scan frees a batch of slots (about 3%
-        # of the cache, bounded by the write-back buffer): O(capacity) work per batch of
-        # misses, not per call (at 730k slots one scan takes ~25 ms).
+        # Eviction order: occupied slots queued by step, lazily (see `_StepQueue`). In
+        # lookahead mode unhinted rows by last access (oldest first) and hinted rows by
+        # next use (latest first); in lru mode every row by last access.
+        self._cold = _StepQueue(largest_first=False)
+        self._hot = _StepQueue(largest_first=True)
+        self._queue_limit = _QUEUED_PER_SLOT * capacity + 64
+        # Misses short of free slots evict a batch of unhinted rows (about 3% of the cache,
+        # bounded by the write-back buffer) and keep the surplus free: write-backs go out in
+        # larger sorted runs, and the next misses take free slots without opening the queues.
         self.evict_batch = max(1, min(capacity // 32, max_pending_rows // 4))
         self.pending: list[_Pending] = []
         self.pending_rows = 0
@@ -254,25 +371,6 @@ class RowCache:
             )
         self._wait(deadline, "open reads to free cache slots")
 
-    def _evict_keys(self, protect: npt.NDArray[np.int64] | None) -> npt.NDArray[np.int64]:
-        """Eviction order key per slot (smallest first); unevictable slots get the maximum.
-
-        `protect`: slots that must stay (the rows of the call being served).
-        """
-        if self.eviction == "lru":
-            keys = self.last_access.copy()
-        else:
-            keys = np.where(
-                self.next_use == NEVER,
-                self.last_access - (np.int64(1) << 61),
-                (np.int64(1) << 40) - self.next_use,
-            )
-        blocked = (self.slot_state != VALID) | (self.readers > 0) | (self.pinned != 0)
-        keys[blocked] = np.iinfo(np.int64).max
-        if protect is not None:
-            keys[protect] = np.iinfo(np.int64).max
-        return keys
-
     def _push_free(self, slots: npt.NDArray[np.int64]) -> None:
         self.free_slots[self.free_count : self.free_count + len(slots)] = slots
         self.free_count += len(slots)
@@ -286,34 +384,123 @@ class RowCache:
     ) -> npt.NDArray[np.int64]:
         """Take `count` slots (fewer if `later_than` limits eviction); evict as needed.
 
-        When the free slots run short, one scan evicts up to `evict_batch` rows (at least
-        the shortfall), in eviction order; the surplus stays free for the next calls. The
-        surplus is taken from rows without a hint only: a row the lookahead says is needed
-        is evicted only to serve a call that has no other room.
+        When the free slots run short, the eviction queues give up to `evict_batch` victims
+        (at least the shortfall), in eviction order; the surplus stays free for the next
+        calls. The surplus is taken from rows without a hint only: a row the lookahead says
+        is needed is evicted only to serve a call that has no other room.
         """
         need = count - self.free_count
         if need > 0:
-            keys = self._evict_keys(protect)
-            if later_than is not None:  # a prefetch may evict only rows needed after it
-                keys[(self.next_use != NEVER) & (self.next_use <= later_than)] = np.iinfo(
-                    np.int64
-                ).max
-            evictable = int(np.count_nonzero(keys != np.iinfo(np.int64).max))
-            if evictable < need and later_than is None:
-                raise _CacheFullError(count)  # nothing taken; the caller may wait
-            # Keys below 0 are unhinted rows (LRU mode: every evictable row).
-            spare = evictable if self.eviction == "lru" else int(np.count_nonzero(keys < 0))
-            evict = min(max(need, min(self.evict_batch, spare)), evictable)
-            if evict > 0:
-                victims = (
-                    np.argpartition(keys, evict - 1)[:evict]
-                    if evict < len(keys)
-                    else np.arange(len(keys))
-                )
-                victims = victims.astype(np.int64)
+            victims = self._victims(need, protect=protect, later_than=later_than)
+            if len(victims):
                 self._evict(victims)
                 self._push_free(victims)
         return self._pop_free(min(count, self.free_count))
+
+    def _victims(
+        self, need: int, *, protect: npt.NDArray[np.int64] | None, later_than: int | None
+    ) -> npt.NDArray[np.int64]:
+        """Choose at least `need` slots to evict, up to `evict_batch` if unhinted rows allow.
+
+        Lookahead: unhinted rows first, least recently accessed first, up to
+        max(need, evict_batch); then, only for the rest of `need`, hinted rows, the one
+        needed latest first. `lru`: rows by last access alone. Never rows that are loading,
+        have open reads, are pinned or are in `protect` (the rows of the call being served);
+        with `later_than` (a prefetch), no row hinted for a step up to `later_than`, and
+        fewer than `need` may come back.
+
+        The result is what a scan of every slot for the smallest keys in that order picks
+        (up to ties, which come out in slot order), at the cost of `_StepQueue.take` over
+        the buckets opened: about the victims plus the entries passed over, not O(C). Only a
+        refusal opens every bucket (O(C), as the scan was), and it is followed by a wait.
+
+        Raises:
+            _CacheFullError: Without `later_than`, if fewer than `need` rows can be evicted
+                now (nothing is taken).
+        """
+        guard = np.sort(protect) if protect is not None and len(protect) else None
+        lru = self.eviction == "lru"
+
+        def stuck(record: npt.NDArray[np.void], slots: I32) -> Bool:
+            """Current entries that cannot be evicted now."""
+            out: Bool = (record["state"] != VALID) | (record["readers"] > 0)
+            if guard is not None:
+                pos = np.minimum(np.searchsorted(guard, slots), len(guard) - 1)
+                out |= guard[pos] == slots
+            if lru and later_than is not None:  # NEVER is above any step
+                out |= record["next_use"] <= later_than
+            return out
+
+        def cold(key: int, slots: I32) -> tuple[Bool, Bool]:
+            record = self.meta[slots]
+            # Free slots' entries are stale; pinned ones are dropped too (`unpin` requeues).
+            current = (record["state"] != FREE) & (record["pinned"] == 0)
+            current &= record["last_access"] == key
+            if not lru:
+                current &= record["next_use"] == NEVER
+            blocked = stuck(record, slots)
+            return current & ~blocked, current & blocked
+
+        def hot(key: int, slots: I32) -> tuple[Bool, Bool]:
+            record = self.meta[slots]
+            current = (record["state"] != FREE) & (record["pinned"] == 0)
+            current &= record["next_use"] == key
+            blocked = stuck(record, slots)
+            return current & ~blocked, current & blocked
+
+        victims = self._cold.take(max(need, self.evict_batch), cold)
+        if len(victims) < need and not lru:  # unhinted rows ran out: the latest-needed next
+            more = self._hot.take(need - len(victims), hot, above=later_than)
+            victims = np.concatenate([victims, more])
+        if len(victims) < need and later_than is None:
+            self._enqueue(victims)  # back where they were: nothing is taken
+            raise _CacheFullError(need)
+        return victims
+
+    def _order_state(self, slots: npt.NDArray[np.int64]) -> tuple[I64, I64]:
+        """What the eviction order of `slots` depends on, for `_requeue` after a change."""
+        return self.last_access[slots], self.next_use[slots]
+
+    def _requeue(self, slots: npt.NDArray[np.int64], before: tuple[I64, I64]) -> None:
+        """Queue those `slots` whose eviction key changed since `before` (`_order_state`)."""
+        last_access, next_use = before
+        changed = self.last_access[slots] != last_access
+        if self.eviction != "lru":  # the key is next use if hinted, else last access
+            now = self.next_use[slots]
+            changed = (now != next_use) | ((now == NEVER) & changed)
+        self._enqueue(slots[changed])
+
+    def _enqueue(self, slots: npt.NDArray[np.int64]) -> None:
+        """Queue unique occupied `slots` for eviction under their current keys.
+
+        Every occupied unpinned slot has an entry under its current key (earlier entries go
+        stale), so callers queue a slot whenever its key changes or it becomes occupied or
+        unpinned. O(N) for one key, O(N log N) for several; when the queues hold more than
+        `_QUEUED_PER_SLOT` entries a slot (stale entries of rows read again and again),
+        `_rebuild_queues` runs: O(C log C) once per at least C entries queued.
+        """
+        self._queue(slots)
+        if self._cold.size + self._hot.size > self._queue_limit:
+            self._rebuild_queues()
+
+    def _queue(self, slots: npt.NDArray[np.int64]) -> None:
+        """Add `slots` to the queue of their class under their current keys."""
+        if len(slots) == 0:
+            return
+        if self.eviction == "lru":
+            self._cold.add(slots, self.last_access[slots])
+            return
+        next_use = self.next_use[slots]
+        hinted = next_use != NEVER
+        cold = slots[~hinted]
+        self._cold.add(cold, self.last_access[cold])
+        self._hot.add(slots[hinted], next_use[hinted])
+
+    def _rebuild_queues(self) -> None:
+        """Queue every occupied unpinned slot afresh, dropping all stale entries: O(C log C)."""
+        self._cold.clear()
+        self._hot.clear()
+        self._queue(np.flatnonzero((self.slot_state != FREE) & (self.pinned == 0)))
 
     def _evict(self, victims: npt.NDArray[np.int64]) -> None:
         ids = self.slot_ids[victims]
@@ -339,6 +526,7 @@ class RowCache:
         The slots are not yet on the free list; the caller pushes them when it is done.
         """
         self.index.remove(ids, slots)
+        self.hinted_count -= int(np.count_nonzero(self.next_use[slots] != NEVER))
         self.pinned_count -= int(np.count_nonzero(self.pinned[slots]))
         self.pinned[slots] = 0
         self.slot_ids[slots] = -1
@@ -486,6 +674,7 @@ class RowCache:
                     self.index.insert(miss_ids, new)
                     self.slot_state[new] = LOADING
                     self.last_access[new] = step
+                    self._enqueue(new)
                     self.cond.release()
                     try:
                         self._load(miss_ids, new, background=False)
@@ -543,8 +732,10 @@ class RowCache:
                 rows = full.copy() if columns is None else full[:, :columns].copy()
             else:  # fancy indexing copies already: one gather, of the wanted columns only
                 rows = self.slab[slots] if columns is None else self.slab[slots, :columns]
+            before = self._order_state(slots)
             self.last_access[slots] = step
             self._consume_hints(slots, step)
+            self._requeue(slots, before)
             if waited:
                 self.stats.stall_s += time.perf_counter() - start
         return rows
@@ -597,13 +788,14 @@ class RowCache:
         """Let rows of `ids` (None: all) be evicted again; returns the rows still pinned."""
         with self.cond:
             if ids is None:
-                self.pinned[:] = 0
-                self.pinned_count = 0
+                slots = np.flatnonzero(self.pinned)
             else:
                 slots = self.index.lookup(ids)
                 slots = slots[slots >= 0]
-                self.pinned_count -= int(np.count_nonzero(self.pinned[slots]))
-                self.pinned[slots] = 0
+                slots = slots[self.pinned[slots] != 0]
+            self.pinned_count -= len(slots)
+            self.pinned[slots] = 0
+            self._enqueue(slots)  # their queue entries were dropped while they were pinned
             self.cond.notify_all()
             return self.pinned_count
 
@@ -616,17 +808,21 @@ class RowCache:
         """
         used = self.next_use[slots] <= step
         chosen = slots[used]
-        self.next_use[chosen] = self.next_use2[chosen]
+        following = self.next_use2[chosen]
+        self.hinted_count -= int(np.count_nonzero(following == NEVER))
+        self.next_use[chosen] = following
         self.next_use2[chosen] = NEVER
 
     def _hint(self, slots: npt.NDArray[np.int64], step: int) -> None:
-        """Record that resident `slots` are needed at `step` (keeps the two nearest steps)."""
+        """Record that resident unique `slots` are needed at `step` (keeps the two nearest)."""
         first, second = self.next_use[slots], self.next_use2[slots]
         earlier = step < first
+        self.hinted_count += int(np.count_nonzero(first == NEVER))
         self.next_use2[slots] = np.where(
             earlier, first, np.minimum(second, np.where(step > first, step, second))
         )
         self.next_use[slots] = np.minimum(first, step)
+        self._enqueue(slots[earlier])  # their next use moved: a new eviction key
 
     def write(self, ids: I64, rows: F32, step: int) -> None:
         """Overwrite rows of sorted unique ids (resident or not) and close their open reads."""
@@ -634,6 +830,7 @@ class RowCache:
         with self.cond:
             self._check()
             self._last_read.pop(threading.get_ident(), None)  # its reads close here, not in update
+            new = np.empty(0, dtype=np.int64)
             while True:
                 slots = self.index.lookup(ids)
                 resident = slots >= 0
@@ -662,6 +859,7 @@ class RowCache:
                 self.last_access[new] = step
                 break
             self._install(slots, rows)
+            self._enqueue(new)  # valid now (resident rows keep their keys: no access counted)
 
     def update(self, ids: I64, step: int, fn: Callable[[F32], None]) -> None:
         """Apply `fn` in place to the rows of sorted unique ids and close their open reads.
@@ -680,14 +878,14 @@ class RowCache:
                 rows, slots = last[1], last[3]
                 fn(rows)
                 self._install(slots, rows)
-                self.last_access[slots] = step
+                self._access(slots, step)
                 return
             slots = self.index.lookup(ids)
             if (slots >= 0).all() and (self.slot_state[slots] == VALID).all():
                 rows = self.slab[slots]
                 fn(rows)
                 self._install(slots, rows)
-                self.last_access[slots] = step
+                self._access(slots, step)
                 return
         rows = self.get(ids, step, count_read=False)
         fn(rows)
@@ -720,6 +918,12 @@ class RowCache:
             held[resident] = self.readers[slots[resident]] > 0
             return ids[held]
 
+    def _access(self, slots: npt.NDArray[np.int64], step: int) -> None:
+        """Set the last access of unique `slots` to `step` and requeue those it moves."""
+        before = self._order_state(slots)
+        self.last_access[slots] = step
+        self._requeue(slots, before)
+
     def _install(self, slots: npt.NDArray[np.int64], rows: F32) -> None:
         self.closes += 1
         self.slab[slots] = rows
@@ -743,9 +947,8 @@ class RowCache:
             # that a get's misses would evict rows prefetched for later steps, which are then
             # read again (a small cache with a long window read more and ran slower than with
             # a short one). The next step's rows only need to fit.
-            hinted = int(np.count_nonzero(self.next_use != NEVER))
             margin = 0 if step <= self.last_get_step + 1 else self.largest_get
-            room = self.capacity - hinted - margin
+            room = self.capacity - self.hinted_count - margin
             if room <= 0:
                 return
             missing_ids = missing_ids[:room]
@@ -758,7 +961,9 @@ class RowCache:
             self.slot_state[new] = LOADING
             self.next_use[new] = step
             self.next_use2[new] = NEVER
+            self.hinted_count += len(new)  # free slots had no hint
             self.last_access[new] = step
+            self._enqueue(new)
             self.stats.prefetched += len(load_ids)
         future: Future[None] = self.reader.submit(self._load, load_ids, new)
         del future
