@@ -29,11 +29,13 @@ def test_staleness_with_sync_exits_2(flags: list[str], capsys: pytest.CaptureFix
     assert len(err) == 1 and "does not apply to --mode sync" in err[0]
 
 
-def test_unknown_dataset_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["recsys", "train", "--dataset", "criteo"])
-    assert exit_info.value.code == 2
-    assert "invalid choice: 'criteo'" in capsys.readouterr().err
+def test_unknown_dataset_exits_2_naming_every_registered_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["recsys", "train", "--dataset", "criteo"]) == 2
+    err = capsys.readouterr().err
+    assert "dataset='criteo' is not a registered recsys dataset" in err
+    assert "criteo_kaggle_stream, criteo_terabyte_stream" in err
 
 
 def test_feature_names_must_match_the_data(capsys: pytest.CaptureFixture[str]) -> None:

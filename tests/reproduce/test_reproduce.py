@@ -319,3 +319,30 @@ def test_the_planner_part_folds_its_validation_into_the_bench_result(
     assert folded.rows == [{"scenario": "world"}, {"validation": True, "method": "ours"}]
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["summary"]["sim_vs_measured_max_error"] == 0.07  # a resumed part reads it back
+
+
+def test_recsys_rows_for_out_of_core_and_bounded_tables_appear_only_when_measured() -> None:
+    from frugal.bench.recsys import RecsysBoundedSummary, RecsysOutOfCoreSummary
+    from tests.bench._summaries import recsys_summary
+
+    plain = parts_module._recsys_table_verdicts(recsys_summary())
+    assert plain == []
+    ooc = RecsysOutOfCoreSummary(
+        throughput_over_in_ram={"1": 1.0, "0.25": 0.95, "0.1": 0.85},
+        auc_gap_vs_in_ram={"1": 0.0, "0.25": 0.0, "0.1": -0.0004},
+        ps_hit_ratio={"1": 1.0, "0.25": 0.99, "0.1": 0.97},
+    )
+    bounded = RecsysBoundedSummary(
+        distinct_ids=1000, capacity_rows={"10": 50}, completed={"10": True},
+        auc_cost_vs_unbounded={"10": 0.0123}, throughput_over_unbounded={"10": 0.9},
+        evicted_rows={"10": 5.0}, expired_rows={"10": 0.0}, rejected_updates={"10": 7.0},
+    )  # fmt: skip
+    summary = recsys_summary(out_of_core={"z": ooc}, bounded={"z": bounded})
+    rows = parts_module._recsys_table_verdicts(summary)
+    assert [r.claim[:32] for r in rows] == [
+        "z: hybrid with PS shards at memo",
+        "z: |AUC(memory:data 0.1) - AUC(e",
+        "z: PS shards holding 1/10 of the",
+    ]
+    assert (rows[0].value, rows[0].met, rows[1].value, rows[1].met) == (0.85, True, 0.0004, True)
+    assert "AUC cost vs unbounded +0.0123" in rows[2].claim and rows[2].met

@@ -32,7 +32,9 @@ def add_actions(children: Any) -> None:
     """Add the actions of `frugal recsys` to its subparsers."""
     train = children.add_parser("train", help="train with N torchrun processes on 127.0.0.1")
     train.add_argument(
-        "--dataset", choices=("movielens100k", "adult", "criteo_zipf"), help="dataset id"
+        "--dataset",
+        help="dataset id: movielens100k, adult, criteo_zipf, criteo_kaggle_stream, "
+        "criteo_terabyte_stream, or one registered in RECSYS_DATASETS",
     )
     train.add_argument("--mode", choices=("sync", "hybrid", "async"), help="training mode")
     train.add_argument("--staleness", type=int, metavar="K", help="permits per trainer (K)")
