@@ -261,6 +261,22 @@ def test_a_format_1_checkpoint_reads_as_a_full_one_and_a_newer_format_is_refused
     (folder / "MANIFEST.json").write_text(json.dumps(manifest | {"format_version": 3}))
     with pytest.raises(RecsysError, match=r"format_version=3.*upgrade frugal"):
         read_chain(folder)
+    # a job resumed from a format-1 checkpoint writes its first delta on top of it
+    old = tmp_path / "old"
+    shard = EmbeddingShard(tmp_path / "s", TABLES, CONFIG, capacity_rows=32)
+    _train(shard, range(3))
+    first = _checkpoint(shard, old, 3, None)
+    written = json.loads((first / "MANIFEST.json").read_text())
+    version_1 = {k: v for k, v in written.items() if k not in ("kind", "base", "chain")}
+    (first / "MANIFEST.json").write_text(json.dumps(version_1 | {"format_version": 1}))
+    _train(shard, range(3, 9))
+    _checkpoint(shard, old, 9, first)
+    assert [m.get("kind") for _, m in read_chain(old / "step-9")] == [None, "delta"]
+    restored = EmbeddingShard(tmp_path / "r", TABLES, CONFIG, capacity_rows=32)
+    import_chain(restored, default_owners(1), 0, read_chain(old / "step-9"))
+    assert _state([restored], 0) == _state([shard], 0)
+    restored.close()
+    shard.close()
 
 
 def test_a_snapshot_serves_the_chain_and_refuses_another_models_tables(
