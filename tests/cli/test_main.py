@@ -99,7 +99,7 @@ PINNED_SURFACE = {
         "--staleness",
         "-h",
     ],
-    "recsys export": ["--help", "--out", "--overwrite", "-h", "CHECKPOINT"],
+    "recsys export": ["--help", "--incremental-since", "--out", "--overwrite", "-h", "CHECKPOINT"],
     "recsys bench": [
         "--config",
         "--help",

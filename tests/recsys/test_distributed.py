@@ -15,9 +15,14 @@ import torch
 from frugal.cli.main import main
 from frugal.config import config_to_dict
 from frugal.launch import TorchrunJob, run_torchrun
+from frugal.recsys.checkpoint import read_chain
 from frugal.recsys.config import RecsysTrainConfig, staleness_bound
 from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
+from frugal.recsys.metrics import log_loss, roc_auc
 from frugal.recsys.models import build_model
+from frugal.recsys.ps import table_keys
+from frugal.recsys.serving import Snapshot
+from frugal.store import RowSpec, init_rows
 
 
 def _config(**fields: Any) -> RecsysTrainConfig:
@@ -80,17 +85,27 @@ def test_sync_and_hybrid_train_and_ranks_agree(tmp_path: Path) -> None:
 
 
 def _rows(folder: Path) -> dict[tuple[int, int], np.ndarray]:
-    """(table, id) -> row (vector + optimizer state, version) over every shard file."""
-    rows = {}
-    for path in sorted(folder.glob("shard*.npz")):
-        with np.load(path) as data:
-            t = 0
-            while f"ids{t}" in data:
-                for i, row, version in zip(
-                    data[f"ids{t}"], data[f"rows{t}"], data[f"versions{t}"], strict=True
-                ):
-                    rows[(t, int(i))] = np.append(row, version)
-                t += 1
+    """(table, id) -> row (vector + optimizer state, version, last push) at checkpoint `folder`.
+
+    Replays its chain by hand: the full checkpoint's shard files, then each delta's (its
+    deleted ids go, its rows replace).
+    """
+    rows: dict[tuple[int, int], np.ndarray] = {}
+    for checkpoint, manifest in read_chain(folder):
+        files = sorted(checkpoint.glob("shard*.npz"))
+        assert len(files) == manifest["world_size"]
+        for path in files:
+            with np.load(path) as data:
+                t = 0
+                while f"ids{t}" in data:
+                    for i in data.get(f"deleted{t}", []):
+                        rows.pop((t, int(i)), None)  # (an id may be new since the base)
+                    for i, row, version, last in zip(
+                        data[f"ids{t}"], data[f"rows{t}"], data[f"versions{t}"],
+                        data[f"last_push{t}"], strict=True,
+                    ):  # fmt: skip
+                        rows[(t, int(i))] = np.append(row, [version, last])
+                    t += 1
     return rows
 
 
@@ -365,3 +380,105 @@ def test_a_terabyte_shaped_stream_of_raw_ids_trains_out_of_core(tmp_path: Path) 
     for rank in result["ranks"]:
         store = rank["shard"]["store"]
         assert store["direct_io"] and store["capacity_rows"] < rank["shard"]["live_rows"] // 2
+
+
+def _predict(snapshot: Snapshot, config: RecsysTrainConfig) -> np.ndarray:
+    """The snapshot's click probabilities on the test split, in the trainer's 2048 chunks."""
+    test = load_recsys_data(config.data)[1]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each trainer process runs
+    try:
+        return np.concatenate(
+            [
+                snapshot.predict(test.batch(np.arange(lo, min(lo + 2048, test.num_samples)), -1))
+                for lo in range(0, test.num_samples, 2048)
+            ]
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # four torchrun jobs, one with a restart, one failing
+def test_incremental_checkpoints_with_expiry_resume_exactly_and_serve_the_model(
+    tmp_path: Path,
+) -> None:
+    # sync is bit-reproducible; with expiry the shards delete rows between checkpoints, so a
+    # delta that lost its deletions would bring rows back on resume and change the model.
+    # 3 steps x 2 trainers = 6 push steps: expiry is checked at every push step, so a resumed
+    # run checks at the same steps as an uninterrupted one.
+    common: dict[str, Any] = {
+        "mode": "sync", "staleness": 1, "max_steps": 30, "checkpoint_every_steps": 5,
+        "checkpoint_full_every": 3, "ps_expire_after_steps": 3,
+    }  # fmt: skip
+    step = 256 * 2  # samples per step
+    full = _config(**common, checkpoint_dir=str(tmp_path / "full"))
+    (uninterrupted,) = _run(tmp_path, [(full, "full")])
+    assert uninterrupted["expired_rows"] > 0
+    # checkpoints after steps 5 (full), 10, 15 (deltas), 20 (full), 25, 30 (deltas); the
+    # chains of the newest two are kept
+    folders = sorted((tmp_path / "full").glob("step-*"), key=lambda f: int(f.name[5:]))
+    assert [f.name for f in folders] == [f"step-{s * step}" for s in (20, 25, 30)]
+    manifests = [m for _, m in read_chain(folders[-1])]
+    assert [m["kind"] for m in manifests] == ["full", "delta", "delta"]
+    deleted = 0
+    for folder in folders[1:]:
+        for path in folder.glob("shard*.npz"):
+            with np.load(path) as data:
+                deleted += sum(len(data[k]) for k in data.files if k.startswith("deleted"))
+    assert deleted > 0  # the deltas record deletions
+    # Killed at step 17, restarted from step 15 (full 5, deltas 10 and 15): the same model
+    killed = replace(full, checkpoint_dir=str(tmp_path / "killed"), max_restarts=1,
+                     fail_at_step=17)  # fmt: skip
+    (resumed,) = _run(tmp_path, [(killed, "killed")])
+    assert resumed["resumed_from_samples"] == 15 * step and resumed["steps"] == 15
+    for rank, want in zip(resumed["ranks"], uninterrupted["ranks"], strict=True):
+        assert rank["dense_params_sha256"] == want["dense_params_sha256"]
+    assert resumed["test_auc"] == uninterrupted["test_auc"]
+    assert resumed["test_logloss"] == uninterrupted["test_logloss"]
+    final = _final(tmp_path / "killed")
+    saved = _rows(final)
+    assert saved.keys() == _rows(_final(tmp_path / "full")).keys()
+    for key, row in _rows(_final(tmp_path / "full")).items():
+        np.testing.assert_array_equal(saved[key], row)
+    # A snapshot of the killed run's chain serves the trainer's evaluation, sample for sample
+    # as far as the AUC and log loss tell (both are computed from the same probabilities).
+    snapshot = Snapshot.open(tmp_path / "killed")
+    assert snapshot.samples_done == 30 * step and snapshot.source == str(final)
+    probabilities = _predict(snapshot, full)
+    test = load_recsys_data(full.data)[1]
+    assert roc_auc(test.labels, probabilities) == resumed["test_auc"]
+    assert log_loss(test.labels, probabilities) == resumed["test_logloss"]
+    # Loaded onto one process (nothing left to train): the chain's rows move to one shard,
+    # whose checkpoint, full now, replaces the last delta; the open snapshot is unaffected.
+    one = replace(killed, nproc=1, resume=True, max_restarts=0, fail_at_step=None)
+    (again,) = _run(tmp_path, [(one, "one")], nproc=1)
+    assert again["steps"] == 0 and again["test_auc"] == resumed["test_auc"]
+    assert read_chain(final)[0][1]["kind"] == "full" and len(list(final.glob("shard*"))) == 1
+    moved = _rows(final)
+    assert moved.keys() == saved.keys()
+    for key, row in saved.items():
+        np.testing.assert_array_equal(moved[key], row)
+    np.testing.assert_array_equal(_predict(snapshot, full), probabilities)
+    width = full.embedding_dim
+    with np.load(final / "shard0.npz") as data:
+        for t in range(len(test.keys)):
+            trained = data[f"ids{t}"]
+            np.testing.assert_array_equal(snapshot.lookup(t, trained), data[f"rows{t}"][:, :width])
+            # ids without a row (never trained, or expired) read the PS's initial values
+            others = np.setdiff1d(np.arange(test.num_embeddings[t] + 5), trained)
+            spec = RowSpec(embedding_dim=width, optimizer=full.embedding_optimizer)
+            keys = table_keys(np.full(len(others), t, dtype=np.int64), others)
+            want = init_rows(keys, spec, full.seed)[:, :width]
+            np.testing.assert_array_equal(snapshot.lookup(t, others), want)
+    # A chain whose full checkpoint is gone cannot be resumed: a clear error, nothing deleted
+    broken = tmp_path / "broken"
+    shutil.copytree(tmp_path / "full", broken)
+    shutil.rmtree(broken / f"step-{20 * step}")
+    listing = sorted(str(p) for p in broken.rglob("*"))
+    lost = replace(full, checkpoint_dir=str(broken), resume=True, nproc=1)
+    (tmp_path / "lost").mkdir()
+    with pytest.raises(AssertionError, match=f"step-{20 * step}, which is missing"):
+        _run(tmp_path / "lost", [(lost, "lost")], nproc=1)
+    assert sorted(str(p) for p in broken.rglob("*")) == listing

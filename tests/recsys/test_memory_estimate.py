@@ -23,6 +23,7 @@ def test_a_shards_estimate_is_its_store_budget_and_row_clocks(tmp_path: Path) ->
             shard.store.config.memory_budget_bytes  # the store's budget and its key map
             + shard._versions.nbytes
             + shard._last_push.nbytes
+            + shard._changed.nbytes
         )
         assert shard_memory_bytes(900, row_bytes) == held
     finally:

@@ -56,6 +56,12 @@ def add_actions(children: Any) -> None:
         help="checkpoint_dir or one of its step-S folders (S = samples trained)",
     )
     export.add_argument("--out", required=True, metavar="FILE", help="the .npz file to write")
+    export.add_argument(
+        "--incremental-since",
+        metavar="STEP_FOLDER",
+        help="an earlier step-S folder of the same chain: write only the rows changed and "
+        "the ids deleted since it",
+    )
     add_overwrite_argument(export, "the .npz file")
     export.set_defaults(handler=_export)
     add_bench(
@@ -132,7 +138,8 @@ def _export(args: argparse.Namespace) -> int:
 
     out = output_file(args.out)
     refuse_earlier_output(out, args)
-    counts = export_tables(Path(args.checkpoint), out)
+    since = None if args.incremental_since is None else Path(args.incremental_since)
+    counts = export_tables(Path(args.checkpoint), out, since=since)
     print(json.dumps(counts, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

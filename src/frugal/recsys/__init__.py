@@ -4,7 +4,9 @@ Embedding tables live on parameter-server shards backed by `frugal.store` and tr
 asynchronously with a bounded, measured staleness; the dense network trains synchronously
 (AllReduce every step). `launch_training` runs a job under torchrun; the benchmark comparing
 sync, hybrid and async side by side is `frugal.bench.recsys`. The trainer module
-(`frugal.recsys.trainer`) is what each torchrun process runs.
+(`frugal.recsys.trainer`) is what each torchrun process runs. Checkpoints are full or
+incremental (`frugal.recsys.checkpoint`); `Snapshot` serves one read-only (embedding
+lookups, click predictions).
 """
 
 from frugal.recsys.config import Mode, RecsysTrainConfig, staleness_bound
@@ -16,6 +18,7 @@ from frugal.recsys.errors import (
     StalenessBoundError,
 )
 from frugal.recsys.launch import launch_runs, launch_training
+from frugal.recsys.serving import Snapshot
 
 __all__ = [
     "BadBatchError",
@@ -24,6 +27,7 @@ __all__ = [
     "RecsysDataConfig",
     "RecsysError",
     "RecsysTrainConfig",
+    "Snapshot",
     "StalenessBoundError",
     "launch_runs",
     "launch_training",

@@ -1,13 +1,26 @@
-"""Consistent checkpoints of a training job, and resume (also onto another shard count).
+"""Consistent checkpoints of a training job, incremental ones, and resume (onto any shard count).
 
 A checkpoint is taken at a step boundary after quiescing: the run-ahead stops at the
 boundary, every permit comes back (all pushes applied) and a barrier passes. Then, into
-`step-N.tmp/` (N = samples consumed, the data-loader cursor): each shard writes the rows it
-has updated (ids, vector + optimizer state, version clock) per table; rank 0 writes the dense
-model and optimizer. After a second barrier rank 0 writes `MANIFEST.json` (cursor, world
-size, virtual-shard owners, compatibility fields, sha256 of every file), fsyncs, renames the
-folder to `step-N/` and swaps `LATEST` by temporary file + rename; the two newest
-checkpoints are kept. A folder without a manifest (a crash mid-checkpoint) is ignored.
+`step-N.tmp/` (N = samples consumed, the data-loader cursor): each shard writes its rows per
+table (`frugal.recsys.shard_files`: ids, vector + optimizer state, version clock, last push);
+rank 0 writes the dense model and optimizer (`dense.pt`). After a second barrier rank 0
+writes `MANIFEST.json` (cursor, world size, virtual-shard owners, compatibility fields, the
+resolved config, sha256 of every file), fsyncs, renames the folder to `step-N/` and swaps
+`LATEST` by temporary file + rename. A folder without a manifest (a crash mid-checkpoint) is
+ignored.
+
+Incremental checkpoints (format 2). A *full* checkpoint's shard files hold every live row; a
+*delta* holds only the rows written since the checkpoint before it (its `base`) and the ids
+deleted (expired, evicted) since then. Its manifest names the base's folder and the sha256
+of the base's manifest, which itself covers the base's files and its own base: a chain
+full -> delta -> ... -> delta is checked link by link, so a missing or rewritten base is an
+error, never a silent resurrection of deleted rows. Replaying a chain (resume, export,
+serving) loads the full checkpoint, then each delta in order: its deletions delete, its rows
+overwrite. The trainer writes a full checkpoint every `checkpoint_full_every` checkpoints (1:
+always full, format 1's behaviour). Retention keeps the chains of the two newest checkpoints
+(LATEST and the one it replaced), so no base a kept checkpoint needs is ever deleted.
+Format-1 checkpoints (full, no base) are read as full checkpoints.
 
 Rows are owned by virtual shard, so loading onto P' shards only needs the new owner table:
 each new shard takes, from every old shard file, the rows whose virtual shard it owns.
@@ -23,32 +36,50 @@ import hashlib
 import json
 import os
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from frugal._typing import I64
 from frugal.config import ConfigError, config_to_dict
 from frugal.recsys.config import RecsysTrainConfig, dense_weight_decay
 from frugal.recsys.errors import RecsysError
-from frugal.recsys.ps import EmbeddingShard, virtual_shard
+from frugal.recsys.ps import EmbeddingShard
+from frugal.recsys.shard_files import (
+    RowStream,
+    export_shard_rows,
+    import_shard_rows,
+    read_array,
+    table_count,
+)
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "CHECKPOINT_VERSION",
+    "EXPORT_FORMAT",
     "check_compat",
     "commit_checkpoint",
     "compat_fields",
     "export_shard_rows",
     "export_tables",
+    "import_chain",
     "import_shard_rows",
+    "manifest_sha256",
+    "read_chain",
     "read_checkpoint",
     "read_latest",
+    "replay_table",
+    "resolve_checkpoint",
+    "shard_paths",
 ]
 
 CHECKPOINT_FORMAT = "frugal-recsys-checkpoint"
-CHECKPOINT_VERSION = 1
-_KEEP = 2
+CHECKPOINT_VERSION = 2
+"""2: incremental checkpoints (`kind`, `base`, `chain`), `deleted{t}` in shard files."""
+EXPORT_FORMAT = "frugal-recsys-export"
 _COMPAT_KEYS = ("data", "model", "hidden", "embedding_dim", "embedding_optimizer",
                 "batch_size", "seed", "dense_lr", "dense_optimizer", "dense_betas", "dense_eps",
                 "dense_weight_decay")  # fmt: skip
@@ -59,6 +90,7 @@ _EARLIER_COMPAT = {
     "dense_eps": 1e-8,
     "dense_weight_decay": 0.0,
 }
+_MAX_CHAIN = 100_000  # longer base links than this are a cycle (a hand-edited manifest)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -77,70 +109,13 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def export_shard_rows(shard: EmbeddingShard, path: Path) -> None:
-    """Write the rows this shard has updated (version > 0), per table, to `path` (.npz).
-
-    Untouched rows are not written: they equal the store's seeded initial value. Call it
-    only while the shard is quiescent (no push in flight).
+def manifest_sha256(folder: Path) -> str:
+    """sha256 of a checkpoint's `MANIFEST.json` (what a delta built on it records).
 
     Raises:
-        OSError: If the file cannot be written.
+        OSError: If the manifest cannot be read.
     """
-    arrays: dict[str, npt.NDArray[Any]] = {}
-    for t, (ids, rows, versions, last_push) in enumerate(shard.updated_rows()):
-        arrays[f"ids{t}"] = ids
-        arrays[f"rows{t}"] = rows
-        arrays[f"versions{t}"] = versions
-        arrays[f"last_push{t}"] = last_push
-    tmp = path.with_name(path.name + ".part")
-    with tmp.open("wb") as fh:
-        np.savez(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub wants positional arrays
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def import_shard_rows(
-    shard: EmbeddingShard,
-    owners: npt.NDArray[np.int64],
-    rank: int,
-    paths: list[Path],
-    step: int = 0,
-) -> int:
-    """Load, from old shard files, the rows whose virtual shard `rank` owns under `owners`.
-
-    Args:
-        shard: A fresh shard (its stores at their initial values).
-        owners: The new owner of each virtual shard, int64 (1024,).
-        rank: This shard's index in the new owner table.
-        paths: Every old shard's file (any old shard count).
-        step: The push step rows count as last pushed at where a file does not record it
-            (files written before expiry existed): expiry then restarts from the resume.
-
-    Returns:
-        Rows loaded.
-
-    Raises:
-        RecsysError: If a file does not match the shard's tables or row width.
-    """
-    loaded = 0
-    for path in paths:
-        with np.load(path) as data:
-            for t in range(shard.num_tables):
-                if f"ids{t}" not in data:
-                    raise RecsysError(f"{path}: no table {t}; the checkpoint has other tables")
-                ids, rows = data[f"ids{t}"], data[f"rows{t}"]
-                if rows.shape[1:] != (shard.row_width,):
-                    raise RecsysError(
-                        f"{path}: table {t} rows are {rows.shape[1:]} wide, the shard's "
-                        f"{shard.row_width}; resume with the same embedding_dim and optimizer"
-                    )
-                mine = owners[virtual_shard(t, ids)] == rank
-                if mine.any():
-                    last_push = data[f"last_push{t}"][mine] if f"last_push{t}" in data else step
-                    shard.load_rows(t, ids[mine], rows[mine], data[f"versions{t}"][mine], last_push)
-                    loaded += int(mine.sum())
-    return loaded
+    return _sha256(folder / "MANIFEST.json")
 
 
 def compat_fields(config: RecsysTrainConfig) -> dict[str, Any]:
@@ -178,25 +153,47 @@ def check_compat(folder: Path, saved: dict[str, Any], config: RecsysTrainConfig)
             )
 
 
-def commit_checkpoint(directory: Path, tmp: Path, manifest: dict[str, Any]) -> Path:
-    """Seal `tmp` as a checkpoint: manifest with sha256s, fsync, rename, swap LATEST.
+def commit_checkpoint(
+    directory: Path, tmp: Path, manifest: dict[str, Any], *, base: Path | None = None
+) -> Path:
+    """Seal `tmp` as a checkpoint: manifest with sha256s, fsync, rename, swap LATEST, prune.
 
     Args:
         directory: The checkpoint folder (holds `step-N/` folders and `LATEST`).
         tmp: The `step-N.tmp/` folder every rank has written into.
         manifest: Fields to record (cursor, world size, owners, compatibility fields).
+        base: For a delta (shard files written with `incremental=True`), the sealed
+            checkpoint in `directory` its changes are relative to; None for a full one.
 
     Returns:
         The final folder.
 
     Raises:
+        ValueError: If `base` is not a sealed checkpoint of `directory` or has the new
+            checkpoint's name.
         OSError: If a write fails (the previous checkpoint stays LATEST).
     """
+    final = tmp.with_name(tmp.name.removesuffix(".tmp"))
+    chain: dict[str, Any] = {"kind": "full", "base": None, "chain": []}
+    if base is not None:
+        if base.parent != directory or base.name == final.name:
+            raise ValueError(
+                f"base={base} must be another checkpoint of {directory} than {final.name}"
+            )
+        if not (base / "MANIFEST.json").is_file():
+            raise ValueError(f"base={base} is not a sealed checkpoint (no MANIFEST.json)")
+        base_manifest = json.loads((base / "MANIFEST.json").read_text())
+        chain = {
+            "kind": "delta",
+            "base": {"folder": base.name, "manifest_sha256": manifest_sha256(base)},
+            "chain": [*base_manifest.get("chain", []), base.name],
+        }
     files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
     document = {
         "format": CHECKPOINT_FORMAT,
         "format_version": CHECKPOINT_VERSION,
         **manifest,
+        **chain,
         "files": files,
     }
     with (tmp / "MANIFEST.json").open("w") as fh:
@@ -204,27 +201,64 @@ def commit_checkpoint(directory: Path, tmp: Path, manifest: dict[str, Any]) -> P
         fh.flush()
         os.fsync(fh.fileno())
     _fsync_dir(tmp)
-    final = tmp.with_name(tmp.name.removesuffix(".tmp"))
-    if final.exists():
+    replaced: list[str] = []  # a checkpoint of the same step (a resumed finished job) goes,
+    if final.exists():  # its bases stay as the fallback
+        try:
+            replaced = _chain_names(final)
+        except ValueError:  # a damaged folder: its bases, if any, are unknown
+            replaced = []
         shutil.rmtree(final)
     os.replace(tmp, final)
+    latest = directory / "LATEST"
+    previous = latest.read_text().strip() if latest.is_file() else None
     latest_tmp = directory / "LATEST.tmp"
     latest_tmp.write_text(final.name + "\n")
     with latest_tmp.open("rb") as fh:
         os.fsync(fh.fileno())
-    os.replace(latest_tmp, directory / "LATEST")
+    os.replace(latest_tmp, latest)
     _fsync_dir(directory)
-    sealed = sorted(
-        (p for p in directory.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp")),
-        key=lambda p: int(p.name.split("-")[1]),
-    )
-    for old in sealed[:-_KEEP]:
-        shutil.rmtree(old, ignore_errors=True)
+    _prune(directory, [*chain["chain"], final.name, *replaced], previous)
     return final
+
+
+def _chain_names(folder: Path) -> list[str]:
+    """The bases a sealed checkpoint's manifest lists (format 1: none).
+
+    Raises:
+        ValueError: If the manifest is unreadable or its chain malformed.
+    """
+    try:
+        manifest = json.loads((folder / "MANIFEST.json").read_text())
+    except OSError as exc:
+        raise ValueError(f"{folder}: no readable manifest") from exc
+    names = manifest.get("chain", []) if isinstance(manifest, dict) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{folder}: malformed chain {names!r}")
+    return names
+
+
+def _prune(directory: Path, keep: list[str], previous: str | None) -> None:
+    """Delete sealed checkpoints outside the chains of the new and the previous LATEST.
+
+    The previous LATEST stays (a fallback, as the two newest full checkpoints did in format
+    1) with every base it needs. If its manifest cannot be read its chain is unknown, and
+    nothing is deleted.
+    """
+    kept = set(keep)
+    if previous is not None and previous not in kept:
+        try:
+            kept.update([previous, *_chain_names(directory / previous)])
+        except ValueError:
+            return
+    for old in directory.glob("step-*"):
+        if old.is_dir() and not old.name.endswith(".tmp") and old.name not in kept:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def read_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest sealed checkpoint and its manifest, or None if there is none.
+
+    Only that folder's files are checked; `read_chain` checks the bases a delta needs.
 
     Raises:
         RecsysError: If LATEST names a missing folder, or its manifest is missing, of another
@@ -243,13 +277,24 @@ def read_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     return folder, read_checkpoint(folder)
 
 
+def resolve_checkpoint(path: Path) -> tuple[Path, dict[str, Any]]:
+    """A checkpoint_dir's LATEST, or a `step-N` folder itself, with its checked manifest.
+
+    Raises:
+        ConfigError: If `path` is not a checkpoint (see `read_checkpoint`).
+        RecsysError: If it is damaged.
+    """
+    found = read_latest(path)
+    return found if found is not None else (path, read_checkpoint(path))
+
+
 def read_checkpoint(folder: Path) -> dict[str, Any]:
     """The manifest of a sealed `step-N` folder, after checking every file's sha256.
 
     Raises:
         ConfigError: If `folder` is missing, a file, or holds no manifest (not a checkpoint).
-        RecsysError: If the manifest is not JSON, of another format or lacks a field, or a
-            file is corrupt.
+        RecsysError: If the manifest is not JSON, of another format or a newer version, or
+            lacks a field, or a file is corrupt.
     """
     manifest_path = folder / "MANIFEST.json"
     if not folder.exists():
@@ -268,7 +313,13 @@ def read_checkpoint(folder: Path) -> dict[str, Any]:
         raise RecsysError(f"{manifest_path} is not valid JSON ({exc}); {damaged}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
         raise RecsysError(f"{manifest_path}: not a frugal recsys checkpoint")
-    _require(manifest_path, manifest, ("files",))
+    version = manifest.get("format_version", 1)
+    if not isinstance(version, int) or version > CHECKPOINT_VERSION:
+        raise RecsysError(
+            f"{manifest_path}: format_version={version!r}, but this frugal reads versions "
+            f"1 to {CHECKPOINT_VERSION}; upgrade frugal to read it"
+        )
+    _require(manifest_path, manifest, ("files", "base"))
     for name, digest in manifest["files"].items():
         if _sha256(folder / name) != digest:
             raise RecsysError(f"{folder / name}: sha256 mismatch; the checkpoint is corrupt")
@@ -278,11 +329,19 @@ def read_checkpoint(folder: Path) -> dict[str, Any]:
 def _require(manifest_path: Path, manifest: dict[str, Any], fields: tuple[str, ...]) -> None:
     """Raise RecsysError naming the manifest's missing or malformed fields."""
     compat = manifest.get("compat")
+    base = manifest.get("base")
     checks = {
         "files": isinstance(manifest.get("files"), dict),
         "world_size": isinstance(manifest.get("world_size"), int),
         "compat": isinstance(compat, dict),
         "compat.embedding_dim": isinstance(compat, dict) and "embedding_dim" in compat,
+        "base": base is None
+        or (
+            isinstance(base, dict)
+            and isinstance(base.get("folder"), str)
+            and "/" not in base["folder"]
+            and isinstance(base.get("manifest_sha256"), str)
+        ),
     }
     lacking = [field for field in fields if not checks[field]]
     if lacking:
@@ -292,46 +351,255 @@ def _require(manifest_path: Path, manifest: dict[str, Any], fields: tuple[str, .
         )
 
 
-def export_tables(checkpoint: Path, out_path: Path) -> dict[str, int]:
-    """Write every trained row of a checkpoint as (ids, vectors) per table, one shard-free file.
+def _full_checkpoints(directory: Path) -> list[str]:
+    """Sealed full checkpoints of a folder, by name (for error messages)."""
+    names = []
+    for folder in sorted(directory.glob("step-*")):
+        try:
+            manifest = json.loads((folder / "MANIFEST.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(manifest, dict) and manifest.get("base") is None:
+            names.append(folder.name)
+    return names
 
-    The result is an `.npz` with `ids{t}` (int64, sorted) and `vectors{t}` (float32, (N, E))
-    for each table t; rows never updated keep their seeded initial value and are not listed.
+
+def _chain_fix(delta: Path, base: Path) -> str:
+    """What to do about a delta whose base is missing or altered."""
+    fulls = [name for name in _full_checkpoints(delta.parent) if name != delta.name]
+    if not fulls:
+        return (
+            f"restore {base.name} from a copy ({delta.parent} holds no full checkpoint), or "
+            "start a new checkpoint_dir"
+        )
+    return (
+        f"restore {base.name} from a copy, or use a full checkpoint of {delta.parent} "
+        f"({', '.join(fulls)}: give its folder to export or serving, or write its name into "
+        "LATEST to resume from it), or start a new checkpoint_dir"
+    )
+
+
+def read_chain(
+    folder: Path, manifest: dict[str, Any] | None = None
+) -> list[tuple[Path, dict[str, Any]]]:
+    """The checkpoints to replay for `folder`: its full base first, `folder` last.
+
+    Each link is checked: the base a delta names must exist, its manifest must have the
+    sha256 the delta recorded, and its files their sha256s.
 
     Args:
-        checkpoint: A sealed `step-N` folder, or a checkpoint folder (its LATEST is used).
-        out_path: The `.npz` file to write.
+        folder: A sealed checkpoint (full or delta).
+        manifest: Its manifest, if `read_checkpoint` already checked it.
 
     Returns:
-        Rows written per table, keyed `table{t}`.
+        (folder, manifest) pairs, full checkpoint first.
 
     Raises:
-        RecsysError: If there is no sealed checkpoint there or its files fail their sha256.
+        RecsysError: If a base is missing or was altered (the message names the delta, the
+            base, both sha256s where they differ, and the fix), or a file is corrupt.
+        ConfigError: If `folder` is not a checkpoint.
     """
-    found = read_latest(checkpoint)
-    if found is not None:
-        folder, manifest = found
-    else:
-        folder, manifest = checkpoint, read_checkpoint(checkpoint)
+    if manifest is None:
+        manifest = read_checkpoint(folder)
+    chain = [(folder, manifest)]
+    while (base := manifest.get("base")) is not None:
+        delta = folder
+        folder = delta.parent / base["folder"]
+        if not (folder / "MANIFEST.json").is_file():
+            raise RecsysError(
+                f"{delta} is an incremental checkpoint on top of {folder}, which is missing "
+                f"(moved or deleted by hand: retention keeps every base it needs); "
+                f"{_chain_fix(delta, folder)}"
+            )
+        digest = manifest_sha256(folder)
+        if digest != base["manifest_sha256"]:
+            raise RecsysError(
+                f"{delta} is an incremental checkpoint on top of {folder}, whose MANIFEST.json "
+                f"has sha256 {digest}, not the {base['manifest_sha256']} it had when {delta.name} "
+                f"was written: {folder.name} was replaced or altered; {_chain_fix(delta, folder)}"
+            )
+        if len(chain) >= _MAX_CHAIN:
+            raise RecsysError(f"{delta}: the chain of bases loops; the manifests were edited")
+        manifest = read_checkpoint(folder)
+        chain.append((folder, manifest))
+    chain.reverse()
+    return chain
+
+
+def shard_paths(folder: Path, manifest: dict[str, Any]) -> list[Path]:
+    """The shard files of a checkpoint, `shard0.npz` ... one per rank that wrote it.
+
+    Raises:
+        RecsysError: If the manifest lacks `world_size`.
+    """
+    _require(folder / "MANIFEST.json", manifest, ("world_size",))
+    return [folder / f"shard{r}.npz" for r in range(int(manifest["world_size"]))]
+
+
+def import_chain(
+    shard: EmbeddingShard,
+    owners: I64,
+    rank: int,
+    chain: list[tuple[Path, dict[str, Any]]],
+    step: int = 0,
+) -> int:
+    """Replay a chain (`read_chain`) onto a fresh shard: the rows its virtual shards own.
+
+    The full checkpoint first, then each delta (its deletions delete, its rows overwrite).
+    The shard's change tracking is then cleared: it holds the chain's last checkpoint, on
+    which the next delta can build.
+
+    Args:
+        shard: A fresh shard (its stores at their initial values).
+        owners: The new owner of each virtual shard, int64 (1024,).
+        rank: This shard's index in the new owner table.
+        chain: The checkpoints, full first.
+        step: Last push step of rows whose file does not record one (format-1 files
+            written before expiry existed).
+
+    Returns:
+        Rows loaded (a row changed in several checkpoints counts once per checkpoint).
+
+    Raises:
+        RecsysError: If a file does not match the shard's tables or row width.
+    """
+    loaded = 0
+    for folder, manifest in chain:
+        loaded += import_shard_rows(shard, owners, rank, shard_paths(folder, manifest), step)
+    shard.clear_changes()
+    return loaded
+
+
+def replay_table(
+    chain: list[tuple[Path, dict[str, Any]]], table: int, embedding_dim: int
+) -> tuple[I64, npt.NDArray[np.float32], I64]:
+    """One table's rows after replaying `chain`, and the ids its deltas deleted.
+
+    Given a chain from a full checkpoint, the result is that table's state at the chain's
+    last checkpoint. Given only deltas (the ones after a checkpoint S), it is the change
+    since S: the rows written since and the ids deleted since and absent at the end (an id
+    created and deleted in between may be listed: deleting it is a no-op).
+
+    Args:
+        chain: Checkpoints in order, e.g. `read_chain(...)` or a tail of it.
+        table: The table index.
+        embedding_dim: Columns of each row kept (the vector, not the optimizer state).
+
+    Returns:
+        (ids sorted int64 (N,), vectors float32 (N, E), deleted ids sorted int64 (M,)).
+
+    Raises:
+        RecsysError: If a shard file lacks the table or is damaged.
+    """
+    ids: I64 = np.empty(0, dtype=np.int64)
+    vectors = np.empty((0, embedding_dim), dtype=np.float32)
+    deleted: I64 = np.empty(0, dtype=np.int64)
+    for folder, manifest in chain:
+        new_ids: list[I64] = []
+        new_vectors: list[npt.NDArray[np.float32]] = []
+        gone: list[I64] = []
+        for path in shard_paths(folder, manifest):
+            with zipfile.ZipFile(path) as archive:
+                members = {name.removesuffix(".npy") for name in archive.namelist()}
+                if f"ids{table}" not in members:
+                    raise RecsysError(
+                        f"{path}: no table {table}; the chain's checkpoints hold other tables"
+                    )
+                new_ids.append(read_array(archive, f"ids{table}"))
+                if f"deleted{table}" in members:
+                    gone.append(read_array(archive, f"deleted{table}"))
+                with RowStream(archive, f"rows{table}") as rows:
+                    if rows.shape[1] < embedding_dim:
+                        raise RecsysError(
+                            f"{path}: table {table} rows are {rows.shape[1]} wide, narrower "
+                            f"than embedding_dim={embedding_dim}; the manifest is damaged"
+                        )
+                    new_vectors.extend(
+                        chunk[:, :embedding_dim].copy() for _, chunk in rows.chunks()
+                    )
+        added = np.concatenate(new_ids) if new_ids else np.empty(0, dtype=np.int64)
+        removed = np.concatenate(gone) if gone else np.empty(0, dtype=np.int64)
+        stay = ~np.isin(ids, np.concatenate([added, removed]))
+        ids = np.concatenate([ids[stay], added])
+        vectors = np.concatenate([vectors[stay], *new_vectors])
+        deleted = np.union1d(deleted, removed)
+        deleted = deleted[~np.isin(deleted, added)]
+    order = np.argsort(ids, kind="stable")
+    return ids[order], vectors[order], deleted
+
+
+def _write_member(archive: zipfile.ZipFile, name: str, array: npt.NDArray[Any]) -> None:
+    with archive.open(f"{name}.npy", "w", force_zip64=True) as fh:
+        np.lib.format.write_array(fh, array, allow_pickle=False)  # C order
+
+
+def export_tables(checkpoint: Path, out_path: Path, *, since: Path | None = None) -> dict[str, int]:
+    """Write a checkpoint's trained rows as (ids, vectors) per table, one shard-free file.
+
+    The result is an `.npz` with `ids{t}` (int64, sorted) and `vectors{t}` (float32, (N, E))
+    for each table t, and `meta` (a JSON string: the format, `kind` "full" or
+    "incremental", the checkpoint, the compatibility fields, the model's inputs and the
+    training config, for `frugal.recsys.serving.Snapshot`). A full export lists every row
+    the chain ends with; rows never updated (or deleted since) keep their seeded initial
+    value and are not listed. With `since`, only the rows written between `since` and
+    `checkpoint` are listed, plus `deleted{t}`: the ids deleted in between and absent at
+    `checkpoint`. Tables are written one at a time.
+
+    Args:
+        checkpoint: A sealed `step-N` folder, or a checkpoint folder (its LATEST is used);
+            full or incremental (its chain is replayed).
+        out_path: The `.npz` file to write (written to `.part`, then renamed).
+        since: An earlier checkpoint of the same chain (a `step-S` folder) for an
+            incremental export.
+
+    Returns:
+        Rows written per table, keyed `table{t}`; with `since`, also `deleted{t}`.
+
+    Raises:
+        RecsysError: If there is no sealed checkpoint there, a file fails its sha256, a
+            base is missing or altered, or `since` is not in the checkpoint's chain.
+        ConfigError: If `checkpoint` is not a checkpoint.
+    """
+    folder, manifest = resolve_checkpoint(checkpoint)
     _require(folder / "MANIFEST.json", manifest, ("world_size", "compat", "compat.embedding_dim"))
     embedding_dim = int(manifest["compat"]["embedding_dim"])
-    per_table: dict[int, list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]]] = {}
-    for rank in range(int(manifest["world_size"])):
-        with np.load(folder / f"shard{rank}.npz") as data:
-            t = 0
-            while f"ids{t}" in data:
-                rows = data[f"rows{t}"][:, :embedding_dim].astype(np.float32)
-                per_table.setdefault(t, []).append((data[f"ids{t}"], rows))
-                t += 1
-    arrays: dict[str, npt.NDArray[Any]] = {}
-    counts = {}
-    for t, parts in sorted(per_table.items()):
-        ids = np.concatenate([p[0] for p in parts])
-        vectors = np.concatenate([p[1] for p in parts])
-        order = np.argsort(ids, kind="stable")
-        arrays[f"ids{t}"], arrays[f"vectors{t}"] = ids[order], vectors[order]
-        counts[f"table{t}"] = len(ids)
+    chain = read_chain(folder, manifest)
+    if since is not None:
+        names = [f.name for f, _ in chain]
+        if since.resolve().parent != folder.resolve().parent or since.name not in names:
+            raise RecsysError(
+                f"--incremental-since {since} is not in the chain of {folder} ({', '.join(names)}"
+                f" in {folder.parent}): give one of those; after a full checkpoint (the chain's "
+                f"first, {names[0]}) only a full export has every change"
+            )
+        chain = chain[names.index(since.name) + 1 :]
+    num_tables = table_count(shard_paths(folder, manifest)[0])
+    meta: dict[str, Any] = {
+        "format": EXPORT_FORMAT,
+        "format_version": 1,
+        "kind": "full" if since is None else "incremental",
+        "checkpoint": folder.name,
+        "since": None if since is None else since.name,
+        "samples_done": manifest.get("samples_done"),
+        "num_tables": num_tables,
+        **{key: manifest[key] for key in ("compat", "features", "dense_dim") if key in manifest},
+        "config": manifest.get("config"),
+    }
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with out_path.open("wb") as fh:
-        np.savez(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub wants positional arrays
+    tmp = out_path.with_name(out_path.name + ".part")
+    counts: dict[str, int] = {}
+    try:
+        with tmp.open("wb") as fh, zipfile.ZipFile(fh, "w", allowZip64=True) as archive:
+            for t in range(num_tables):
+                ids, vectors, deleted = replay_table(chain, t, embedding_dim)
+                _write_member(archive, f"ids{t}", ids)
+                _write_member(archive, f"vectors{t}", vectors)
+                counts[f"table{t}"] = len(ids)
+                if since is not None:
+                    _write_member(archive, f"deleted{t}", deleted)
+                    counts[f"deleted{t}"] = len(deleted)
+            _write_member(archive, "meta", np.array(json.dumps(meta)))
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return counts

@@ -117,6 +117,11 @@ class RecsysTrainConfig:
     """Folder of checkpoints (None: no checkpoints)."""
     checkpoint_every_steps: int | None = None
     """Checkpoint every N steps (and at the end when checkpoint_dir is set), >= 1."""
+    checkpoint_full_every: int = 8
+    """Every how many checkpoints one is full, >= 1; the others are incremental (only the
+    rows written and the ids deleted since the checkpoint before). A chain holds one full
+    checkpoint and at most checkpoint_full_every - 1 incremental ones; 1 writes only full
+    checkpoints (each rewrites every row)."""
     resume: bool = False
     """Start from the newest checkpoint in checkpoint_dir if any (restarts always resume)."""
     max_restarts: int = 0
@@ -135,6 +140,11 @@ class RecsysTrainConfig:
             raise ValueError(
                 f"checkpoint_every_steps={self.checkpoint_every_steps} needs checkpoint_dir "
                 "and a value >= 1"
+            )
+        if self.checkpoint_full_every < 1:
+            raise ValueError(
+                f"checkpoint_full_every={self.checkpoint_full_every} must be >= 1 (1: every "
+                "checkpoint full; 8: a full one, then 7 incremental ones)"
             )
         folder = Path(self.checkpoint_dir) if self.checkpoint_dir is not None else None
         if folder is not None and folder.exists() and not folder.is_dir():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
@@ -133,14 +134,15 @@ def shard_memory_bytes(
 
     Its store's memory budget (`memory_budget_bytes`, or None: sized to cache every row, see
     `_budget_for_all_rows`, plus the store's key map), plus the shard's per-row clocks
-    (version and last push step, 16 B a row, indexed by the store's rows).
+    (version and last push step, 16 B a row, indexed by the store's rows) and its
+    changed-since-the-last-checkpoint flags (1 B a row).
     """
     store = (
         _budget_for_all_rows(capacity_rows, row_bytes) + HashedKeys.memory_bytes_for(capacity_rows)
         if memory_budget_bytes is None
         else memory_budget_bytes
     )
-    return store + 16 * capacity_rows
+    return store + 17 * capacity_rows
 
 
 def default_owners(num_shards: int) -> I64:
@@ -182,7 +184,7 @@ class EmbeddingShard:
     write, up to `capacity_rows`). One store and one mutex for all tables: a lookup or a push
     is one vectorised store call, and a read sees a push wholly or not at all. Reads are
     untracked (`EmbeddingStore.peek`, never inserting): the PS bounds staleness with permits and
-    measures it with version clocks (updates applied per row, kept in a second hashed map).
+    measures it with version clocks (updates applied per row, one per store row).
 
     `push(..., seq=n)` applies pushes in sequence order (push n waits for push n - 1): sync
     trainers number their pushes `step * world_size + rank`, so every run applies them in
@@ -322,6 +324,10 @@ class EmbeddingShard:
         self._key_map = self.store.keys  # key -> store row; clocks below are per store row
         self._versions = np.zeros(capacity_rows, dtype=np.int64)
         self._last_push = np.zeros(capacity_rows, dtype=np.int64)  # step of the row's last push
+        # Change tracking for incremental checkpoints: which store rows were written since
+        # `clear_changes`, and the keys deleted since then (a row's flag dies with its key).
+        self._changed = np.zeros(capacity_rows, dtype=bool)
+        self._deleted_keys: list[I64] = []
         self._next_expiry_check = 0
         self._applied = np.zeros(num_tables, dtype=np.int64)  # row updates per table, ever
         self.lock = threading.Lock()
@@ -462,6 +468,7 @@ class EmbeddingShard:
                     rows = self._key_map.lookup(keys)
                     self._versions[rows] += 1
                     self._last_push[rows] = step
+                    self._changed[rows] = True
                     self._applied += np.bincount(keys >> ID_BITS, minlength=self.num_tables)
             finally:
                 if seq is not None:
@@ -474,6 +481,8 @@ class EmbeddingShard:
         rows = self._key_map.lookup(keys)
         self._versions[rows] = 0
         self._last_push[rows] = 0
+        self._changed[rows] = False
+        self._deleted_keys.append(keys.copy())
         return self.store.delete(keys)
 
     def _expire(self, step: int, protect: I64) -> None:
@@ -583,6 +592,67 @@ class EmbeddingShard:
             out.append((keys[lo:hi] & ID_MASK, rows[lo:hi], versions[lo:hi], last_push[lo:hi]))
         return out
 
+    def row_clocks(self, *, changed_only: bool = False) -> list[tuple[I64, I64, I64]]:
+        """Per table, the ids of the live rows with their version clocks and last pushes.
+
+        Read the rows themselves with `peek_table(table, ids, cols="all")`, a chunk at a time
+        (a checkpoint streams them this way). Call it while no push is in flight.
+
+        Args:
+            changed_only: Only the rows written (pushed or loaded) since `clear_changes`.
+
+        Returns:
+            Per table, (ids sorted, versions, last push steps), each int64 (N,).
+        """
+        with self.lock:
+            live = self._key_map.live_rows()
+            if changed_only:
+                live = live[self._changed[live]]
+            keys = self._key_map.keys_by_row[live]
+            order = np.argsort(keys, kind="stable")
+            keys, live = keys[order], live[order]
+            versions, last_push = self._versions[live], self._last_push[live]
+        bounds = np.searchsorted(keys >> ID_BITS, np.arange(self.num_tables + 1))
+        return [
+            (keys[lo:hi] & ID_MASK, versions[lo:hi], last_push[lo:hi])
+            for lo, hi in pairwise(bounds.tolist())
+        ]
+
+    def deleted_ids(self) -> list[I64]:
+        """Per table, the ids deleted (expired, evicted) since `clear_changes` and absent now.
+
+        An id deleted and pushed again since is live, so `row_clocks` lists it instead.
+
+        Returns:
+            Per table, sorted unique ids, int64.
+        """
+        with self.lock:
+            keys = (
+                np.unique(np.concatenate(self._deleted_keys))
+                if self._deleted_keys
+                else np.empty(0, dtype=np.int64)
+            )
+            keys = keys[~self._present(keys)]
+        bounds = np.searchsorted(keys >> ID_BITS, np.arange(self.num_tables + 1))
+        return [keys[lo:hi] & ID_MASK for lo, hi in pairwise(bounds.tolist())]
+
+    def clear_changes(self) -> None:
+        """Forget the changes tracked so far: a checkpoint now holds every row as it is."""
+        with self.lock:
+            self._changed[:] = False
+            self._deleted_keys = []
+
+    def delete_rows(self, table: int, ids: I64) -> int:
+        """Delete the rows of `ids` in `table` that exist (replaying a checkpoint's deletions).
+
+        Returns:
+            Rows deleted (ids without a row are skipped).
+        """
+        keys = table_keys(np.full(len(ids), table, dtype=np.int64), ids)
+        with self.lock:
+            keys = keys[self._present(keys)]
+            return self._delete(keys) if len(keys) else 0
+
     def load_rows(
         self,
         table: int,
@@ -609,9 +679,12 @@ class EmbeddingShard:
         with self.lock:
             self.store.put(keys, np.ascontiguousarray(rows, dtype=np.float32))
             store_rows = self._key_map.lookup(keys)
+            # the updates the rows carry, less those of the rows they overwrite (a replayed
+            # checkpoint chain loads a row once per checkpoint that changed it)
+            self._applied[table] += int(np.sum(versions)) - int(self._versions[store_rows].sum())
             self._versions[store_rows] = versions
             self._last_push[store_rows] = last_push
-            self._applied[table] += int(np.sum(versions))  # the updates the rows carry
+            self._changed[store_rows] = True
 
     def stats(self) -> dict[str, Any]:
         """The lag histogram, its max, updates applied per table, and the store's cache.

@@ -63,8 +63,8 @@ from frugal.recsys.checkpoint import (
     check_compat,
     commit_checkpoint,
     compat_fields,
-    export_shard_rows,
-    import_shard_rows,
+    import_chain,
+    read_chain,
     read_latest,
 )
 from frugal.recsys.client import EmbeddingClient, LookupResult, PendingLookup
@@ -95,6 +95,7 @@ from frugal.recsys.ps import (
     default_owners,
     shard_capacity,
 )
+from frugal.recsys.shard_files import write_shard_file
 from frugal.recsys.transport import Handle, RpcTransport, ShardServer
 
 __all__ = ["Mode", "RecsysTrainConfig", "staleness_bound", "train_rank"]
@@ -276,6 +277,9 @@ class _Trainer:
         self.params = list(self.model.parameters())  # walked every step: list them once
         self.optimizer = _dense_optimizer(config)(self.params)
         self.resumed_from: int | None = None
+        # The last checkpoint this process wrote or resumed from, and the incremental ones
+        # its chain holds: the shard's change tracking is relative to it.
+        self.last_checkpoint: tuple[str, int] | None = None
         start_sample, total_samples = self._maybe_resume()
         self.chunks = (
             parameters_to_vector(self.model.parameters()).detach().tensor_split(world_size)
@@ -326,11 +330,10 @@ class _Trainer:
             return 0, None
         folder, manifest = found
         check_compat(folder, manifest["compat"], config)
-        paths = [folder / f"shard{r}.npz" for r in range(int(manifest["world_size"]))]
+        chain = read_chain(folder, manifest)  # the full checkpoint, then the deltas
         resume_batch_id = int(manifest["samples_done"]) // config.batch_size
-        import_shard_rows(
-            self.shard, default_owners(self.world_size), self.rank, paths, resume_batch_id
-        )
+        import_chain(self.shard, default_owners(self.world_size), self.rank, chain, resume_batch_id)
+        self.last_checkpoint = (folder.name, len(chain) - 1)
         dense = torch.load(folder / "dense.pt", weights_only=True)
         self.model.load_state_dict(dense["model"])
         self.optimizer.load_state_dict(dense["optimizer"])
@@ -358,7 +361,14 @@ class _Trainer:
                 self.optimizer.load_state_dict(merge_chunk_states(states, self.params))
         samples = self.source.samples_done(steps_done)
         directory = Path(self.config.checkpoint_dir)
-        tmp = directory / f"step-{samples}.tmp"
+        name = f"step-{samples}"
+        tmp = directory / f"{name}.tmp"
+        # A delta builds on the last checkpoint, unless the chain is long enough (compaction)
+        # or nothing was trained since (the new folder would replace its own base).
+        last = self.last_checkpoint
+        incremental = (
+            last is not None and last[0] != name and last[1] + 1 < self.config.checkpoint_full_every
+        )
         if self.rank == 0:
             for stale in directory.glob("step-*.tmp"):  # an earlier run's unfinished one
                 shutil.rmtree(stale, ignore_errors=True)
@@ -372,11 +382,18 @@ class _Trainer:
             if previous is not None
             else "no earlier checkpoint was written"
         )
-        # The new checkpoint is at least as large as the last one (updated rows only grow).
-        needed = (
-            sum(f.stat().st_size for f in previous.iterdir())
-            if previous is not None and previous.is_dir()
-            else 0
+        clocks = self.shard.row_clocks(changed_only=incremental)
+        deleted = self.shard.deleted_ids() if incremental else None
+        # Bytes every rank's shard file takes (ids, rows, versions, last pushes, deletions),
+        # plus the dense model (as large as the last one).
+        row_bytes = 4 * self.shard.row_width + 24
+        needed_here = torch.tensor(
+            [sum(len(c[0]) for c in clocks) * row_bytes + 8 * sum(len(d) for d in deleted or [])]
+        )
+        dist.all_reduce(needed_here)
+        dense_file = previous / "dense.pt" if previous is not None else None
+        needed = int(needed_here) + (
+            dense_file.stat().st_size if dense_file is not None and dense_file.is_file() else 0
         )
         # The unfinished folder goes if the disk fills; LATEST still names the last one.
         partial = [tmp / f"shard{self.rank}.npz.part", *([tmp] if self.rank == 0 else [])]
@@ -384,7 +401,7 @@ class _Trainer:
             directory, what=what, needed_bytes=needed, kept=kept, fix=_DISK_FULL_FIX,
             partial=partial,
         ):  # fmt: skip
-            export_shard_rows(self.shard, tmp / f"shard{self.rank}.npz")
+            write_shard_file(self.shard, tmp / f"shard{self.rank}.npz", clocks, deleted)
             if self.rank == 0:
                 torch.save(
                     {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
@@ -402,9 +419,16 @@ class _Trainer:
                         "num_virtual_shards": NUM_VIRTUAL_SHARDS,
                         "owners": default_owners(self.world_size).tolist(),
                         "compat": compat_fields(self.config),
+                        "features": list(self.train.keys),
+                        "dense_dim": self.train.dense_dim,
+                        "config": config_to_dict(self.config),
                     },
+                    base=directory / last[0] if incremental and last is not None else None,
                 )
+        # The files hold every change so far; no push runs before the barrier below.
+        self.shard.clear_changes()
         dist.barrier()
+        self.last_checkpoint = (name, last[1] + 1 if incremental and last is not None else 0)
         self.checkpoints_written += 1
 
     def _open_gate(self, step: int) -> None:

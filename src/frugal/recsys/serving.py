@@ -1,0 +1,391 @@
+"""Serving a trained model read-only: embedding lookups and click predictions from a checkpoint.
+
+`Snapshot.open(path)` reads one sealed checkpoint (a `checkpoint_dir`, whose LATEST is used,
+or a `step-N` folder; full or incremental, whose chain it replays) or a full export of
+`frugal recsys export`, and serves
+
+- `lookup(table, ids)`: the vectors the PS would return; ids never trained (or deleted by
+  expiry or eviction) read the seeded initial value the PS gives them, `init_rows` of the key
+  `(table << 56) | id` under the training seed;
+- `predict(batch)`: click probabilities of the trained dense model (`dense.pt`, built with
+  `frugal.recsys.models.build_model` from the manifest's settings), with the embeddings
+  pooled as the trainer pools them (`EmbeddingClient`: rows in the training's `wire_dtype`,
+  sum-pooled per feature), so it equals the trainer's own evaluation sample by sample.
+
+Training may go on writing checkpoints meanwhile. A snapshot loads everything it needs at
+`open` (each table's ids and vectors, 8 + 4E bytes a trained row, not the optimizer state;
+and the dense model) and keeps no file open, so retention deleting its folders later cannot
+break it; opening a `checkpoint_dir` whose LATEST moves on and prunes the chain being read
+starts over from the new LATEST. The price is RAM: tables larger than memory cannot be served
+this way.
+
+Shape legend: N ids, E embedding_dim, B samples.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from frugal._typing import F32, I64
+from frugal.config import ConfigError, config_from_dict
+from frugal.recsys.batch import KJTBatch
+from frugal.recsys.checkpoint import (
+    EXPORT_FORMAT,
+    read_chain,
+    replay_table,
+    resolve_checkpoint,
+    shard_paths,
+)
+from frugal.recsys.client import EmbeddingClient, WireDtype
+from frugal.recsys.errors import RecsysError
+from frugal.recsys.models import build_model
+from frugal.recsys.ps import ID_BITS, NUM_VIRTUAL_SHARDS, table_keys
+from frugal.recsys.shard_files import read_array, table_count
+from frugal.store import OptimizerConfig, RowSpec, init_rows
+
+__all__ = ["Snapshot"]
+
+_ATTEMPTS = 3  # opens of a checkpoint_dir restarted when LATEST moves on mid-read
+_MODEL_KEYS = ("data", "model", "hidden", "embedding_dim")  # what tables and a dense model share
+
+
+@dataclass(frozen=True, slots=True)
+class _Tables:
+    """Trained rows of every table (ids sorted) and what a snapshot needs to describe them."""
+
+    ids: list[I64]
+    vectors: list[F32]
+    info: dict[str, Any]  # compat, features, dense_dim, config, samples_done
+    source: str
+
+
+class _Done:
+    """A handle whose result is already there (the snapshot answers in the caller's thread)."""
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    def wait(self) -> Any:
+        return self._value
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        fn()
+
+
+class _SnapshotTransport:
+    """Serves the `lookup` calls of an `EmbeddingClient` from a snapshot (one shard)."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+    def call(self, dst: int, op: str, *args: Any) -> _Done:
+        if op != "lookup":
+            raise ValueError(f"a snapshot is read-only: it serves lookups, not {op!r}")
+        ids, counts, wire_dtype, _step = args
+        bounds = np.concatenate([[0], np.cumsum(counts.numpy())])
+        flat = ids.numpy()
+        rows_NE = np.concatenate(
+            [
+                self.snapshot.lookup(t, flat[bounds[t] : bounds[t + 1]])
+                for t in range(self.snapshot.num_tables)
+            ]
+        )
+        versions = torch.zeros(len(flat), dtype=torch.int64)
+        return _Done((torch.from_numpy(rows_NE).to(wire_dtype), versions))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class Snapshot:
+    """A read-only trained model: embedding tables and, from a checkpoint, the dense network.
+
+    Build it with `Snapshot.open`. Thread-safe for concurrent `lookup` and `predict` calls
+    (nothing is written after `open`).
+    """
+
+    def __init__(
+        self, tables: _Tables, dense_state: dict[str, Tensor] | None, dense_info: dict[str, Any]
+    ) -> None:
+        """Use `Snapshot.open`."""
+        compat = tables.info["compat"]
+        self.source = tables.source
+        """Where the tables were read (a step folder or an export file)."""
+        self.samples_done: int | None = tables.info.get("samples_done")
+        """Training samples consumed when the checkpoint was taken."""
+        self.embedding_dim = int(compat["embedding_dim"])
+        """Width E of every vector."""
+        self.num_tables = len(tables.ids)
+        """Tables (features) served."""
+        self.features: tuple[str, ...] | None = (
+            tuple(tables.info["features"]) if "features" in tables.info else None
+        )
+        """Feature names (None for a format-1 checkpoint, which did not record them)."""
+        self._ids, self._vectors = tables.ids, tables.vectors
+        self._seed = int(compat["seed"])
+        optimizer = config_from_dict(
+            OptimizerConfig, compat["embedding_optimizer"], source=f"{self.source} compat"
+        )
+        self._spec = RowSpec(embedding_dim=self.embedding_dim, optimizer=optimizer)
+        self._model: nn.Module | None = None
+        self._client: EmbeddingClient | None = None
+        self._dense_dim: int | None = None
+        self._no_model = (
+            f"{self.source} holds embedding tables only; open it with dense=CHECKPOINT (the "
+            "checkpoint it was exported from) to predict"
+        )
+        if dense_state is None:
+            return
+        if "dense_dim" not in dense_info or self.features is None:
+            self._no_model = (
+                f"{dense_info['source']} (checkpoint format 1) does not record the model's "
+                "inputs (features, dense_dim), so its dense model cannot be built; resume it "
+                "once with this frugal (resume=true: a finished job trains 0 steps and writes "
+                "a format-2 checkpoint), then open that"
+            )
+            return
+        self._build_model(dense_state, dense_info)
+
+    def _build_model(self, state: dict[str, Tensor], info: dict[str, Any]) -> None:
+        assert self.features is not None  # checked by the caller
+        compat = info["compat"]
+        self._dense_dim = int(info["dense_dim"])
+        model = build_model(
+            compat["model"],
+            len(self.features),
+            self.embedding_dim,
+            self._dense_dim,
+            tuple(compat["hidden"]),
+        )
+        model.load_state_dict(state)
+        model.eval()
+        self._model = model
+        config = info.get("config") or {}
+        wire: WireDtype = config.get("wire_dtype", "float16")  # format 1: the default then
+        owners = np.zeros(NUM_VIRTUAL_SHARDS, dtype=np.int64)  # one "shard": this snapshot
+        self._client = EmbeddingClient(
+            _SnapshotTransport(self), owners, self.num_tables, self.embedding_dim, wire
+        )
+
+    @classmethod
+    def open(cls, source: Path | str, *, dense: Path | str | None = None) -> Snapshot:
+        """Read a checkpoint or a full export into memory.
+
+        Args:
+            source: A `checkpoint_dir` (its LATEST), a sealed `step-N` folder (full or
+                incremental), or a full `.npz` export of `frugal recsys export`.
+            dense: The checkpoint whose dense model `predict` uses (default: `source`'s own,
+                when it is a checkpoint). Its model must be the tables' (same data, model,
+                hidden widths, embedding_dim and feature count).
+
+        Returns:
+            The snapshot; `predict` needs a dense model (`source` a checkpoint, or `dense`).
+
+        Raises:
+            ConfigError: If a path is not a checkpoint or export.
+            RecsysError: If a checkpoint is damaged (sha256, a missing or altered base), an
+                export is incremental or not frugal's, or the dense model is another
+                model's (the message names the setting that differs).
+        """
+        path = Path(source)
+        if path.is_file():
+            tables = _read_export(path)
+            dense_state, dense_info = None, None
+        else:
+            tables, dense_state, dense_info = _read_checkpoint_tables(path)
+        if dense is not None:
+            folder, manifest = resolve_checkpoint(Path(dense))
+            dense_state = _load_dense(folder)
+            dense_info = _info(folder, manifest)
+        if dense_info is not None:
+            _check_same_model(tables, dense_info)
+        return cls(tables, dense_state, dense_info or {})
+
+    def lookup(self, table: int, ids: I64 | list[int]) -> F32:
+        """Vectors of `ids` in `table`: the trained ones, else the PS's seeded initial value.
+
+        Args:
+            table: Table index, in [0, num_tables).
+            ids: Ids, each in [0, 2^56).
+
+        Returns:
+            float32 (N, E).
+
+        Raises:
+            ValueError: If `table` or an id is out of range.
+        """
+        if not 0 <= table < self.num_tables:
+            raise ValueError(
+                f"table={table}, but {self.source} has {self.num_tables} tables "
+                f"(0..{self.num_tables - 1})"
+            )
+        ids_N = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if len(ids_N) and (ids_N.min() < 0 or ids_N.max() >= 1 << ID_BITS):
+            bad = int(ids_N[(ids_N < 0) | (ids_N >= 1 << ID_BITS)][0])
+            raise ValueError(f"id {bad} is outside [0, 2^{ID_BITS}); hash larger ids first")
+        known, vectors = self._ids[table], self._vectors[table]
+        where = np.minimum(np.searchsorted(known, ids_N), max(len(known) - 1, 0))
+        found = known[where] == ids_N if len(known) else np.zeros(len(ids_N), dtype=bool)
+        out_NE = np.empty((len(ids_N), self.embedding_dim), dtype=np.float32)
+        out_NE[found] = vectors[where[found]]
+        missing = ids_N[~found]
+        keys = table_keys(np.full(len(missing), table, dtype=np.int64), missing)
+        out_NE[~found] = init_rows(keys, self._spec, self._seed)[:, : self.embedding_dim]
+        return out_NE
+
+    def predict(self, batch: KJTBatch) -> F32:
+        """Click probabilities of a batch, as the trainer's evaluation computes them.
+
+        Args:
+            batch: Ids per (feature, sample) in the model's feature order, and the dense
+                features (its labels are not used).
+
+        Returns:
+            float32 (B,), sigmoid of the model's logits.
+
+        Raises:
+            RecsysError: If the snapshot has no dense model (an export opened without
+                `dense=`, or a format-1 checkpoint, which lacks the model's inputs).
+            ValueError: If the batch's features or dense width are not the model's.
+        """
+        if self._model is None or self._client is None or self._dense_dim is None:
+            raise RecsysError(self._no_model)
+        if self.features is not None and tuple(batch.keys) != self.features:
+            raise ValueError(
+                f"the batch has features {list(batch.keys)}, the model {list(self.features)}; "
+                "give the model's features in its order"
+            )
+        if batch.dense.ndim != 2 or batch.dense.shape[1] != self._dense_dim:
+            raise ValueError(
+                f"the batch has dense features of shape {batch.dense.shape}, the model takes "
+                f"(B, {self._dense_dim})"
+            )
+        with torch.no_grad():
+            result = self._client.wait(self._client.lookup(batch))
+            logits_B = self._model(self._client.pool(result), torch.from_numpy(batch.dense))
+            probabilities: F32 = torch.sigmoid(logits_B).numpy()
+        return probabilities
+
+
+def _info(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a snapshot needs from a checkpoint's manifest."""
+    if not isinstance(manifest.get("compat"), dict):
+        raise RecsysError(f"{folder}/MANIFEST.json has no compat fields; the checkpoint is damaged")
+    info: dict[str, Any] = {
+        key: manifest[key] for key in ("compat", "features", "dense_dim") if key in manifest
+    }
+    info |= {"config": manifest.get("config"), "source": str(folder)}
+    info["samples_done"] = manifest.get("samples_done")
+    return info
+
+
+def _load_dense(folder: Path) -> dict[str, Tensor]:
+    dense: dict[str, Any] = torch.load(folder / "dense.pt", weights_only=True)
+    model: dict[str, Tensor] = dense["model"]
+    return model
+
+
+def _read_checkpoint_tables(
+    path: Path,
+) -> tuple[_Tables, dict[str, Tensor] | None, dict[str, Any]]:
+    """Replay a checkpoint's chain into memory, with its dense model.
+
+    A `checkpoint_dir` is read at its LATEST; if a file vanishes meanwhile (retention after
+    two newer checkpoints) and LATEST has moved on, the read starts over from the new one.
+    """
+    for attempt in range(_ATTEMPTS):
+        latest = _latest_name(path)
+        folder = path if latest is None else path / latest
+        existed = folder.is_dir()
+        try:
+            folder, manifest = resolve_checkpoint(path)
+            info = _info(folder, manifest)
+            chain = read_chain(folder, manifest)
+            embedding_dim = int(info["compat"]["embedding_dim"])
+            ids, vectors = [], []
+            for t in range(table_count(shard_paths(folder, manifest)[0])):
+                table_ids, table_vectors, _ = replay_table(chain, t, embedding_dim)
+                ids.append(table_ids)
+                vectors.append(table_vectors)
+            state = _load_dense(folder) if "dense.pt" in manifest["files"] else None
+        except (FileNotFoundError, RecsysError, ConfigError):
+            moved = latest is not None and _latest_name(path) != latest
+            if moved and attempt + 1 < _ATTEMPTS:
+                continue
+            if existed and not folder.exists():
+                raise RecsysError(
+                    f"{folder} was deleted while it was being read (a newer checkpoint's "
+                    f"retention); open the checkpoint_dir {folder.parent} to follow LATEST"
+                ) from None
+            raise
+        return _Tables(ids, vectors, info, str(folder)), state, info
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _latest_name(path: Path) -> str | None:
+    """The folder a checkpoint_dir's LATEST names, or None."""
+    try:
+        return (path / "LATEST").read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _read_export(path: Path) -> _Tables:
+    """The tables of a full export file, with its meta."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = {name.removesuffix(".npy") for name in archive.namelist()}
+            if "meta" not in members:
+                raise RecsysError(
+                    f"{path} has no meta: not an export of this frugal (exports before "
+                    "checkpoint format 2 lacked it); export the checkpoint again"
+                )
+            meta = json.loads(read_array(archive, "meta").item())
+            if meta.get("format") != EXPORT_FORMAT:
+                raise RecsysError(
+                    f"{path}: meta format {meta.get('format')!r} is not {EXPORT_FORMAT}"
+                )
+            if meta.get("kind") != "full":
+                raise RecsysError(
+                    f"{path} is an incremental export ({meta.get('since')} to "
+                    f"{meta.get('checkpoint')}): it holds changes only; open a full export "
+                    "or the checkpoint"
+                )
+            count = int(meta["num_tables"])
+            ids = [read_array(archive, f"ids{t}") for t in range(count)]
+            vectors = [read_array(archive, f"vectors{t}") for t in range(count)]
+    except zipfile.BadZipFile as exc:
+        raise RecsysError(f"{path} is not an .npz export ({exc})") from exc
+    info: dict[str, Any] = {
+        key: meta[key] for key in ("compat", "features", "dense_dim") if key in meta
+    }
+    info |= {"config": meta.get("config"), "samples_done": meta.get("samples_done")}
+    return _Tables(ids, vectors, info, str(path))
+
+
+def _check_same_model(tables: _Tables, dense: dict[str, Any]) -> None:
+    """Refuse a dense model trained with other tables than `tables`."""
+    mine, theirs = tables.info["compat"], dense["compat"]
+    for key in _MODEL_KEYS:
+        if mine.get(key) != theirs.get(key):
+            raise RecsysError(
+                f"the tables of {tables.source} were trained with {key}={mine.get(key)!r}, the "
+                f"dense model of {dense['source']} with {key}={theirs.get(key)!r}: a snapshot "
+                "serves one model; give the checkpoint the tables came from as dense="
+            )
+    features = dense.get("features")
+    if features is not None and len(features) != len(tables.ids):
+        raise RecsysError(
+            f"{tables.source} has {len(tables.ids)} tables, the dense model of "
+            f"{dense['source']} takes {len(features)} features: a snapshot serves one model; "
+            "give the checkpoint the tables came from as dense="
+        )
