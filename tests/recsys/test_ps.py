@@ -460,3 +460,46 @@ def test_a_checkpoint_keeps_last_pushes_and_an_older_one_restarts_expiry(tmp_pat
         assert older.updated_rows()[0][3].tolist() == [50, 50]
     finally:
         older.close()
+
+
+def test_a_checkpoint_restores_the_admission_counts_and_the_expiry_schedule(
+    tmp_path: Path,
+) -> None:
+    """A restored shard decides admission and expiry as the original goes on to."""
+    from frugal.recsys.checkpoint import export_shard_rows, import_shard_rows
+
+    config = EmbeddingShard.Config(
+        embedding_dim=2, admit_after=3, admission_sketch_width=64, expire_after_steps=16
+    )
+    original = EmbeddingShard(tmp_path / "a", (100,), config)
+    restored = EmbeddingShard(tmp_path / "b", (100,), config)
+    merged = EmbeddingShard(tmp_path / "c", (100,), config)
+    try:
+        for step, ids in enumerate([[1, 2], [1, 3], [2, 3], [4]]):
+            _push(original, ids, step)
+        path = tmp_path / "shard0.npz"
+        export_shard_rows(original, path)
+        import_shard_rows(restored, default_owners(1), 0, [path])
+        # scans every 16 // 8 = 2 steps: at 0 and 2, the next at 4
+        assert restored.policy_state()["expiry_check"].tolist() == [4]
+        np.testing.assert_array_equal(
+            restored.policy_state()["sketch"], original.policy_state()["sketch"]
+        )
+        # Ids 1, 2, 3 were pushed twice: their third push is admitted in both; 5 is not.
+        for shard in (original, restored):
+            _push(shard, [1, 5], 4)
+        assert restored.updated_rows()[0][0].tolist() == original.updated_rows()[0][0].tolist()
+        assert restored.updated_rows()[0][0].tolist() == [1]
+        # Two old shards' files onto one shard: the counters add up (admission never later).
+        import_shard_rows(merged, default_owners(1), 0, [path, path])
+        sketch = merged.policy_state()["sketch"].astype(np.int64)
+        np.testing.assert_array_equal(sketch, 2 * original_sketch_before(path))
+    finally:
+        for shard in (original, restored, merged):
+            shard.close()
+
+
+def original_sketch_before(path: Path) -> np.ndarray:
+    """The sketch a shard file recorded."""
+    with np.load(path) as data:
+        return data["sketch"].astype(np.int64)

@@ -642,6 +642,47 @@ class EmbeddingShard:
             self._changed[:] = False
             self._deleted_keys = []
 
+    def policy_state(self) -> dict[str, npt.NDArray[Any]]:
+        """What expiry and admission decide with besides the rows: for checkpoints.
+
+        Keys: `expiry_check` (int64 (1,), the push step of the next expiry scan) and, with
+        admission on, `sketch` (uint16 (depth, width), the count-min counters).
+        """
+        with self.lock:
+            state: dict[str, npt.NDArray[Any]] = {
+                "expiry_check": np.array([self._next_expiry_check], dtype=np.int64)
+            }
+            if self.sketch is not None:
+                state["sketch"] = self.sketch.counts.copy()
+            return state
+
+    def load_policy_state(self, states: list[dict[str, npt.NDArray[Any]]]) -> None:
+        """Restore `policy_state()` from one or several shards' checkpointed states.
+
+        One state (this shard's, same shard count) is taken as it is; several (another shard
+        count) merge as the earliest expiry scan and the counters summed, saturating
+        (admission may then come earlier, never later).
+
+        Raises:
+            ValueError: If a sketch's shape differs from this shard's (another
+                `admission_sketch_width`).
+        """
+        with self.lock:
+            checks = [int(s["expiry_check"][0]) for s in states if "expiry_check" in s]
+            if checks:
+                self._next_expiry_check = min(checks)
+            sketches = [s["sketch"] for s in states if "sketch" in s]
+            if self.sketch is None or not sketches:
+                return
+            for counts in sketches:
+                if counts.shape != self.sketch.counts.shape:
+                    raise ValueError(
+                        f"the checkpoint's admission sketch is {counts.shape}, this shard's "
+                        f"{self.sketch.counts.shape}; resume with the same admission_sketch_width"
+                    )
+            total = np.sum([c.astype(np.int64) for c in sketches], axis=0)
+            self.sketch.counts[:] = np.minimum(total, np.iinfo(np.uint16).max)
+
     def delete_rows(self, table: int, ids: I64) -> int:
         """Delete the rows of `ids` in `table` that exist (replaying a checkpoint's deletions).
 

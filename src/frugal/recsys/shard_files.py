@@ -7,7 +7,11 @@ A shard file holds, for each table t:
 - `versions{t}`, `last_push{t}`: int64 (N,), the row's version clock and the push step of
   its last update;
 - in an incremental checkpoint only, `deleted{t}`: int64 ids deleted (expired, evicted) since
-  the checkpoint it builds on and absent now.
+  the checkpoint it builds on and absent now;
+
+and, once per file, the shard's policy state (`EmbeddingShard.policy_state`): `expiry_check`
+(the push step of its next expiry scan) and, with admission on, `sketch` (the count-min
+counters, whole in every file: 8 MiB at the default width).
 
 A full checkpoint's file lists every live row of the shard, an incremental one only the rows
 written since the shard's last checkpoint. The archive is a plain uncompressed `.npz`
@@ -116,6 +120,8 @@ def write_shard_file(
                 if deleted is not None:
                     _write_array(archive, f"deleted{t}", deleted[t])
                 written += len(ids)
+            for name, array in shard.policy_state().items():
+                _write_array(archive, name, array)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -299,4 +305,28 @@ def import_shard_rows(
                                 last_push[lo:hi][take],
                             )
                 loaded += int(mine.sum())
+    _load_policy_state(shard, owners, rank, paths)
     return loaded
+
+
+def _load_policy_state(shard: EmbeddingShard, owners: I64, rank: int, paths: list[Path]) -> None:
+    """Restore the expiry schedule and admission counters the files record (if they do).
+
+    The same shard count restores this rank's own file's state exactly; another merges all.
+    """
+    same_layout = len(paths) == int(owners.max()) + 1 and np.array_equal(
+        owners, np.arange(len(owners)) % len(paths)
+    )
+    chosen = [paths[rank]] if same_layout else paths
+    states: list[dict[str, npt.NDArray[Any]]] = []
+    for path in chosen:
+        with zipfile.ZipFile(path) as archive:
+            members = _members(archive)
+            states.append(
+                {
+                    name: read_array(archive, name)
+                    for name in ("expiry_check", "sketch")
+                    if name in members
+                }
+            )
+    shard.load_policy_state(states)
