@@ -108,6 +108,40 @@ def test_pooling_sums_bags_and_empty_bags_are_zero(tmp_path: Path) -> None:
             s.close()
 
 
+def test_mean_and_max_pooling_per_table_and_their_gradients(tmp_path: Path) -> None:
+    shard = EmbeddingShard(tmp_path / "s", (1000, 1000), EmbeddingShard.Config(embedding_dim=4))
+    transport = LocalTransport([ShardServer(shard, None, 0.0)], timeout_s=5)
+    client = EmbeddingClient(transport, default_owners(1), 2, 4, "float32", pooling=("mean", "max"))
+    try:
+        result = client.wait(client.lookup(_batch()))
+        pooled = client.pool(result)
+        rows = {
+            (int(t), int(i)): result.rows[u]
+            for u, (t, i) in enumerate(
+                zip(result.pending.unique_tables, result.pending.unique_ids, strict=True)
+            )
+        }
+        # feature a (mean): bag [3, 3, 7] and an empty bag; feature b (max): bag [5, 5]
+        torch.testing.assert_close(pooled[0, 0], (2 * rows[(0, 3)] + rows[(0, 7)]) / 3)
+        torch.testing.assert_close(pooled[1, 0], torch.zeros(4))
+        torch.testing.assert_close(pooled[1, 1], rows[(1, 5)])
+        torch.testing.assert_close(pooled[0, 1], rows[(1, 3)])
+        # max's gradient flows to the row it took (one-id bag [900])
+        pooled[2, 1].sum().backward()
+        assert result.rows.grad is not None
+        u = next(k for k, key in enumerate(rows) if key == (1, 900))
+        torch.testing.assert_close(result.rows.grad[u], torch.ones(4))
+        with pytest.raises(ValueError, match="pooling has 3 modes for 2 tables"):
+            EmbeddingClient(transport, default_owners(1), 2, 4, pooling=("sum",) * 3)
+        with pytest.raises(ValueError, match="pooling mode 'avg'"):
+            EmbeddingClient(transport, default_owners(1), 2, 4, pooling=("avg",))
+    finally:
+        transport.close()
+        shard.close()
+    with pytest.raises(ValueError, match=r"pooling=\(\) names no mode"):
+        RecsysTrainConfig(pooling=())
+
+
 def test_version_clocks_measure_the_real_lag(tmp_path: Path) -> None:
     shard = EmbeddingShard(tmp_path / "s", (10,), EmbeddingShard.Config(embedding_dim=2))
     try:

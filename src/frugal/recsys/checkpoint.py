@@ -82,13 +82,14 @@ CHECKPOINT_VERSION = 2
 EXPORT_FORMAT = "frugal-recsys-export"
 _COMPAT_KEYS = ("data", "model", "hidden", "embedding_dim", "embedding_optimizer",
                 "batch_size", "seed", "dense_lr", "dense_optimizer", "dense_betas", "dense_eps",
-                "dense_weight_decay")  # fmt: skip
+                "dense_weight_decay", "pooling")  # fmt: skip
 # Compatibility fields added after the first checkpoints, with the value those implied.
 _EARLIER_COMPAT = {
     "dense_optimizer": "sgd",
     "dense_betas": [0.9, 0.999],
     "dense_eps": 1e-8,
     "dense_weight_decay": 0.0,
+    "pooling": ["sum"],
 }
 _MAX_CHAIN = 100_000  # longer base links than this are a cycle (a hand-edited manifest)
 
@@ -582,7 +583,11 @@ def export_tables(checkpoint: Path, out_path: Path, *, since: Path | None = None
         "since": None if since is None else since.name,
         "samples_done": manifest.get("samples_done"),
         "num_tables": num_tables,
-        **{key: manifest[key] for key in ("compat", "features", "dense_dim") if key in manifest},
+        **{
+            key: manifest[key]
+            for key in ("compat", "features", "dense_dim", "raw_ids")
+            if key in manifest
+        },
         "config": manifest.get("config"),
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -70,12 +70,27 @@ class EmbeddingClient:
         wire_dtype: WireDtype = "float16",
         *,
         raw_ids: bool = False,
+        pooling: tuple[str, ...] = ("sum",),
     ) -> None:
         """Route through `transport` with `owners` (vshard -> shard).
 
         With `raw_ids` the batches' ids are raw 64-bit hashes, hashed into the PS id space
         (`hash_raw_ids`) before routing: shards, checkpoints and exports see hashed ids.
+        `pooling`: "sum", "mean" or "max" for every table (one entry) or per table.
+
+        Raises:
+            ValueError: If `pooling` has neither 1 nor `num_tables` entries, or names
+                another mode.
         """
+        if len(pooling) not in (1, num_tables):
+            raise ValueError(
+                f"pooling has {len(pooling)} modes for {num_tables} tables; give one mode for "
+                f"every table or one per table ({num_tables})"
+            )
+        unknown = sorted(set(pooling) - {"sum", "mean", "max"})
+        if unknown:
+            raise ValueError(f"pooling mode {unknown[0]!r}; choose sum, mean or max")
+        self.pooling = tuple(pooling) * (num_tables if len(pooling) == 1 else 1)
         self.raw_ids = raw_ids
         self.transport = transport
         self.owners = owners
@@ -173,7 +188,7 @@ class EmbeddingClient:
         return LookupResult(pending, rows_UE, versions_U)
 
     def pool(self, result: LookupResult) -> Tensor:
-        """Sum-pool every (feature, sample) bag; empty bags give zeros.
+        """Pool every (feature, sample) bag by its table's mode; empty bags give zeros.
 
         Shapes:
             returns: (B, F, E).
@@ -181,10 +196,18 @@ class EmbeddingClient:
         batch = result.pending.batch
         lengths = torch.from_numpy(batch.lengths.astype(np.int64))
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)[:-1]])
-        pooled = F.embedding_bag(
-            result.pending.inverse, result.rows, offsets, mode="sum", include_last_offset=False
-        )
-        return pooled.reshape(len(batch.keys), batch.batch_size, self.embedding_dim).transpose(0, 1)
+        modes = sorted(set(self.pooling))
+        pooled_by_mode = {
+            mode: F.embedding_bag(
+                result.pending.inverse, result.rows, offsets, mode=mode, include_last_offset=False
+            ).reshape(len(batch.keys), batch.batch_size, self.embedding_dim)
+            for mode in modes
+        }
+        if len(modes) == 1:
+            pooled = pooled_by_mode[modes[0]]
+        else:  # each table's bags from its own mode (bags are feature-major)
+            pooled = torch.stack([pooled_by_mode[mode][f] for f, mode in enumerate(self.pooling)])
+        return pooled.transpose(0, 1)
 
     def push(
         self, result: LookupResult, step: int, world_size: int, seq: int | None = None

@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 Mode = Literal["sync", "hybrid", "async"]
+PoolingMode = Literal["sum", "mean", "max"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,6 +57,10 @@ class RecsysTrainConfig:
     """Samples per trainer per step (B), >= 1."""
     embedding_dim: int = 8
     """Embedding width, >= 1."""
+    pooling: tuple[PoolingMode, ...] = ("sum",)
+    """How each (feature, sample) bag of ids becomes one vector: "sum", "mean" or "max"
+    (`torch.nn.EmbeddingBag`'s modes; an empty bag gives zeros). One entry for every
+    table, or one per table in the data's feature order."""
     dense_lr: float = 0.05
     """Learning rate of the dense optimizer, > 0 (0.05 suits sgd; adam and adamw usually want
     about 1e-3, torch's default)."""
@@ -163,6 +168,10 @@ class RecsysTrainConfig:
             )
         if not 1 <= self.nproc <= 64:
             raise ValueError(f"nproc={self.nproc} must be in [1, 64]")
+        if not self.pooling:
+            raise ValueError(
+                'pooling=() names no mode; give one for every table (e.g. ["sum"]) or one per table'
+            )
         if not self.hidden or min(self.hidden) < 1:
             raise ValueError(f"hidden={self.hidden} must be non-empty widths >= 1")
         for name in ("batch_size", "embedding_dim", "epochs"):

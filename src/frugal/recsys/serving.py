@@ -48,7 +48,7 @@ from frugal.recsys.checkpoint import (
 from frugal.recsys.client import EmbeddingClient, WireDtype
 from frugal.recsys.errors import RecsysError
 from frugal.recsys.models import build_model
-from frugal.recsys.ps import ID_BITS, NUM_VIRTUAL_SHARDS, table_keys
+from frugal.recsys.ps import ID_BITS, NUM_VIRTUAL_SHARDS, hash_raw_ids, table_keys
 from frugal.recsys.shard_files import read_array, table_count
 from frugal.store import OptimizerConfig, RowSpec, init_rows
 
@@ -130,6 +130,9 @@ class Snapshot:
             tuple(tables.info["features"]) if "features" in tables.info else None
         )
         """Feature names (None for a format-1 checkpoint, which did not record them)."""
+        self.raw_ids = bool(tables.info.get("raw_ids", False))
+        """The model was trained on raw 64-bit ids: `lookup` and `predict` hash them as the
+        trainers did (`frugal.recsys.ps.hash_raw_ids`)."""
         self._ids, self._vectors = tables.ids, tables.vectors
         self._seed = int(compat["seed"])
         optimizer = config_from_dict(
@@ -173,7 +176,13 @@ class Snapshot:
         wire: WireDtype = config.get("wire_dtype", "float16")  # format 1: the default then
         owners = np.zeros(NUM_VIRTUAL_SHARDS, dtype=np.int64)  # one "shard": this snapshot
         self._client = EmbeddingClient(
-            _SnapshotTransport(self), owners, self.num_tables, self.embedding_dim, wire
+            _SnapshotTransport(self),
+            owners,
+            self.num_tables,
+            self.embedding_dim,
+            wire,
+            raw_ids=self.raw_ids,
+            pooling=tuple(compat.get("pooling", ["sum"])),
         )
 
     @classmethod
@@ -215,7 +224,7 @@ class Snapshot:
 
         Args:
             table: Table index, in [0, num_tables).
-            ids: Ids, each in [0, 2^56).
+            ids: Ids, each in [0, 2^56); any int64 where `raw_ids` (they are hashed first).
 
         Returns:
             float32 (N, E).
@@ -229,6 +238,8 @@ class Snapshot:
                 f"(0..{self.num_tables - 1})"
             )
         ids_N = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if self.raw_ids:
+            ids_N = hash_raw_ids(ids_N)
         if len(ids_N) and (ids_N.min() < 0 or ids_N.max() >= 1 << ID_BITS):
             bad = int(ids_N[(ids_N < 0) | (ids_N >= 1 << ID_BITS)][0])
             raise ValueError(f"id {bad} is outside [0, 2^{ID_BITS}); hash larger ids first")
@@ -281,7 +292,9 @@ def _info(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(manifest.get("compat"), dict):
         raise RecsysError(f"{folder}/MANIFEST.json has no compat fields; the checkpoint is damaged")
     info: dict[str, Any] = {
-        key: manifest[key] for key in ("compat", "features", "dense_dim") if key in manifest
+        key: manifest[key]
+        for key in ("compat", "features", "dense_dim", "raw_ids")
+        if key in manifest
     }
     info |= {"config": manifest.get("config"), "source": str(folder)}
     info["samples_done"] = manifest.get("samples_done")
@@ -366,7 +379,7 @@ def _read_export(path: Path) -> _Tables:
     except zipfile.BadZipFile as exc:
         raise RecsysError(f"{path} is not an .npz export ({exc})") from exc
     info: dict[str, Any] = {
-        key: meta[key] for key in ("compat", "features", "dense_dim") if key in meta
+        key: meta[key] for key in ("compat", "features", "dense_dim", "raw_ids") if key in meta
     }
     info |= {"config": meta.get("config"), "samples_done": meta.get("samples_done")}
     return _Tables(ids, vectors, info, str(path))

@@ -303,6 +303,7 @@ class _Trainer:
             config.embedding_dim,
             config.wire_dtype,
             raw_ids=self.train.raw_ids,
+            pooling=config.pooling,
         )
         self.source = BatchSource(self.train, config, rank, world_size, start_sample, total_samples)
         self.hints = _Hints(self.client, self.source, config.ps_lookahead)
@@ -421,6 +422,7 @@ class _Trainer:
                         "compat": compat_fields(self.config),
                         "features": list(self.train.keys),
                         "dense_dim": self.train.dense_dim,
+                        "raw_ids": self.train.raw_ids,
                         "config": config_to_dict(self.config),
                     },
                     base=directory / last[0] if incremental and last is not None else None,
