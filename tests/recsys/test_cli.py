@@ -149,3 +149,11 @@ def test_a_checkpoint_dir_that_is_a_file_exits_2_before_training(
     assert main(args) == 2
     assert "is a file; give a folder" in capsys.readouterr().err
     assert afile.read_text() == "keep"
+
+
+def test_a_pooling_list_of_the_wrong_length_exits_2_before_launch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["recsys", "train", "--dataset", "adult", "--set", 'pooling=["sum", "mean"]'])
+    assert code == 2
+    assert "pooling has 2 modes, adult has 8 tables" in capsys.readouterr().err

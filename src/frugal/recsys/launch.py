@@ -62,10 +62,18 @@ def memory_estimate(config: RecsysTrainConfig) -> MemoryEstimate:
 
 
 def _check_features(config: RecsysTrainConfig) -> None:
-    """Refuse a config whose feature names differ from the data's, before any process starts."""
-    if config.features is None:
+    """Refuse, before any process starts, feature names or pooling modes that do not fit."""
+    if config.features is None and len(config.pooling) == 1:
         return
     train, _ = load_recsys_data(config.data)
+    if len(config.pooling) not in (1, len(train.keys)):
+        raise ConfigError(
+            f"pooling has {len(config.pooling)} modes, {config.data.dataset} has "
+            f"{len(train.keys)} tables {list(train.keys)}; give one mode for every table or "
+            f"one per table"
+        )
+    if config.features is None:
+        return
     if tuple(config.features) != train.keys:
         raise ConfigError(
             f"features={list(config.features)} do not match {config.data.dataset}'s features "
