@@ -238,6 +238,10 @@ class RecsysBenchConfig(BenchConfig):
             embedding_dim=self.out_of_core_embedding_dim or self.embedding_dim,
         )
 
+    def distinct_ids(self, dataset: DatasetName, seed: int) -> int:
+        """Distinct (table, id) pairs of the training split a run of `dataset`, `seed` reads."""
+        return distinct_train_ids(self.train_config("sync", dataset, 1, 0.0, seed).data)
+
     def bounded_config(
         self, dataset: DatasetName, ratio: float, seed: int, distinct_ids: int
     ) -> RecsysTrainConfig:
@@ -506,7 +510,7 @@ def _bounded_summary(
     ref_tput, ref_auc = _mean(reference, "samples_per_s"), _mean(reference, "test_auc")
     cells = [r for r in rows if r.get("cell") == "bounded"]
     seed = config.seeds[0]  # the first seed's stream sizes the reported capacity
-    distinct = distinct_train_ids(config.train_config("sync", dataset, 1, rtt, seed).data)
+    distinct = config.distinct_ids(dataset, seed)
     fields: dict[str, dict[str, Any]] = {
         name: {}
         for name in (
@@ -595,12 +599,7 @@ def run_recsys_bench(
     if config.out_of_core_ratios:
         runs = [
             (
-                config.out_of_core_config(
-                    dataset,
-                    ratio,
-                    seed,
-                    distinct_train_ids(config.train_config("sync", dataset, 1, 0.0, seed).data),
-                ),
+                config.out_of_core_config(dataset, ratio, seed, config.distinct_ids(dataset, seed)),
                 runs_dir / f"{dataset}-seed{seed}-ooc-{'ram' if ratio is None else f'{ratio:g}'}",
             )
             for dataset in config.datasets
@@ -620,12 +619,7 @@ def run_recsys_bench(
         ]
         runs = [
             (
-                config.bounded_config(
-                    dataset,
-                    ratio,
-                    seed,
-                    distinct_train_ids(config.train_config("sync", dataset, 1, 0.0, seed).data),
-                ),
+                config.bounded_config(dataset, ratio, seed, config.distinct_ids(dataset, seed)),
                 runs_dir / f"{dataset}-seed{seed}-bounded-{ratio:g}",
             )
             for dataset, seed, ratio in cells
