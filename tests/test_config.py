@@ -219,3 +219,14 @@ def test_commented_toml_has_each_doc_above_its_field_and_loads_back_equal(
     path.write_text(text)
     assert load_config(Root, path) == config
     assert tomllib.loads(text) == tomllib.loads(config_to_toml(config))
+
+
+def test_a_nested_table_overrides_only_the_keys_it_names_of_the_fields_default() -> None:
+    from frugal.recsys.config import RecsysTrainConfig
+
+    # The field's default is row-wise Adagrad at lr 0.05, eps 1e-10 (not the class's sgd).
+    config = config_from_dict(RecsysTrainConfig, {"embedding_optimizer": {"lr": 0.1}})
+    optimizer = config.embedding_optimizer
+    assert (optimizer.kind, optimizer.lr, optimizer.eps) == ("rowwise_adagrad", 0.1, 1e-10)
+    other = config_from_dict(RecsysTrainConfig, {"embedding_optimizer": {"kind": "adagrad"}})
+    assert (other.embedding_optimizer.kind, other.embedding_optimizer.lr) == ("adagrad", 0.05)

@@ -164,7 +164,13 @@ def config_from_dict(
     kwargs: dict[str, Any] = {}
     for name, field in fields.items():
         if name in data:
-            kwargs[name] = _convert(data[name], hints[name], f"{where}{name}", source)
+            value = data[name]
+            default = _field_default(field)
+            if isinstance(value, Mapping) and _is_config_instance(default):
+                # A nested table overrides the keys it names of the field's default (e.g.
+                # `embedding_optimizer.lr` keeps the default's kind), not of its class.
+                value = {**config_to_dict(default), **value}
+            kwargs[name] = _convert(value, hints[name], f"{where}{name}", source)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{source}: missing required key {where}{name}")
     try:
@@ -174,6 +180,19 @@ def config_from_dict(
         if message.startswith(f"{source}:"):  # already names its source (a nested table)
             raise
         raise ConfigError(f"{source}: {f'[{prefix}] ' if prefix else ''}{message}") from exc
+
+
+def _field_default(field: dataclasses.Field[Any]) -> Any:
+    """A field's default value (calling its default_factory), or MISSING."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+def _is_config_instance(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 def check_types(config: object) -> None:
