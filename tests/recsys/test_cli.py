@@ -157,3 +157,30 @@ def test_a_pooling_list_of_the_wrong_length_exits_2_before_launch(
     code = main(["recsys", "train", "--dataset", "adult", "--set", 'pooling=["sum", "mean"]'])
     assert code == 2
     assert "pooling has 2 modes, adult has 8 tables" in capsys.readouterr().err
+
+
+def test_checkpoint_dir_misuse_exits_2_before_launch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from frugal.recsys.checkpoint import compat_fields
+    from frugal.recsys.config import RecsysTrainConfig
+    from frugal.recsys.datasets import RecsysDataConfig
+
+    folder = tmp_path / "ck"
+    (folder / "step-640").mkdir(parents=True)
+    (folder / "LATEST").write_text("step-640\n")
+    earlier = RecsysTrainConfig(data=RecsysDataConfig(dataset="adult"), embedding_dim=4)
+    manifest = {"compat": compat_fields(earlier)}
+    (folder / "step-640" / "MANIFEST.json").write_text(json.dumps(manifest))
+    base = ["recsys", "train", "--dataset", "adult", "--set", f'checkpoint_dir="{folder}"']
+    # a fresh run would replace the earlier run's checkpoints
+    assert main([*base, "--out", str(tmp_path / "a")]) == 2
+    assert "holds an earlier run's checkpoints (LATEST: step-640)" in capsys.readouterr().err
+    # a resume with another embedding_dim is refused before any process starts
+    assert main([*base, "--set", "resume=true", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "written with embedding_dim=4, this job has embedding_dim=8" in err
+    assert not (tmp_path / "b" / "logs").exists()  # nothing was launched
+    assert sorted(p.name for p in folder.iterdir()) == ["LATEST", "step-640"]  # nothing lost
+    assert main(["recsys", "train", "--set", 'checkpoint_dir=""']) == 2
+    assert "checkpoint_dir='' is empty" in capsys.readouterr().err

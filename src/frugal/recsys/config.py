@@ -151,6 +151,11 @@ class RecsysTrainConfig:
                 f"checkpoint_full_every={self.checkpoint_full_every} must be >= 1 (1: every "
                 "checkpoint full; 8: a full one, then 7 incremental ones)"
             )
+        if self.checkpoint_dir is not None and not self.checkpoint_dir.strip():
+            raise ValueError(
+                f"checkpoint_dir={self.checkpoint_dir!r} is empty; give a folder (or leave it "
+                "unset for no checkpoints)"
+            )
         folder = Path(self.checkpoint_dir) if self.checkpoint_dir is not None else None
         if folder is not None and folder.exists() and not folder.is_dir():
             raise ValueError(

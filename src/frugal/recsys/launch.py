@@ -61,6 +61,42 @@ def memory_estimate(config: RecsysTrainConfig) -> MemoryEstimate:
     )
 
 
+def _check_checkpoint_dir(config: RecsysTrainConfig) -> None:
+    """Check the checkpoint folder before any process starts.
+
+    It can be created; a fresh run does not replace an earlier run's checkpoints; a resume
+    matches the checkpoint's settings.
+
+    Raises:
+        ConfigError: Naming the folder, what it holds and the fix.
+    """
+    if config.checkpoint_dir is None:
+        return
+    from frugal.disk import make_folder
+    from frugal.recsys.checkpoint import check_compat
+
+    folder = make_folder(Path(config.checkpoint_dir), what="checkpoint_dir", error=ConfigError)
+    latest = folder / "LATEST"
+    if not latest.is_file():
+        return
+    name = latest.read_text().strip()
+    if not config.resume:
+        raise ConfigError(
+            f"checkpoint_dir {folder} holds an earlier run's checkpoints (LATEST: {name}); a "
+            "fresh run would replace them: set resume=true to go on from them, or give a new "
+            "or empty checkpoint_dir"
+        )
+    try:
+        manifest = json.loads((folder / name / "MANIFEST.json").read_text())
+    except (OSError, ValueError):
+        return  # the trainers report a damaged checkpoint with the full check
+    if isinstance(manifest, dict) and isinstance(manifest.get("compat"), dict):
+        try:
+            check_compat(folder / name, manifest["compat"], config)
+        except RecsysError as exc:
+            raise ConfigError(str(exc)) from exc
+
+
 def _check_features(config: RecsysTrainConfig) -> None:
     """Refuse, before any process starts, feature names or pooling modes that do not fit."""
     if config.features is None and len(config.pooling) == 1:
@@ -134,6 +170,7 @@ def launch_runs(
         raise ValueError(f"runs of one job need one nproc, got {sorted(nprocs)}; split the job")
     for run_config, _ in runs:
         _check_features(run_config)
+        _check_checkpoint_dir(run_config)
     config = runs[0][0]
     estimates = [memory_estimate(c) for c in dict.fromkeys(c for c, _ in runs)]
     config_path = job_dir / "job.json"
