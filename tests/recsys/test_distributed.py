@@ -482,3 +482,23 @@ def test_incremental_checkpoints_with_expiry_resume_exactly_and_serve_the_model(
     with pytest.raises(AssertionError, match=f"step-{20 * step}, which is missing"):
         _run(tmp_path / "lost", [(lost, "lost")], nproc=1)
     assert sorted(str(p) for p in broken.rglob("*")) == listing
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_resume_with_a_larger_max_steps_extends_the_run(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    for job in "abc":
+        (tmp_path / job).mkdir()
+    common: dict[str, Any] = {
+        "nproc": 1, "mode": "sync", "checkpoint_dir": str(folder), "checkpoint_every_steps": 10,
+    }  # fmt: skip
+    (first,) = _run(tmp_path / "a", [(_config(**common, max_steps=20), "a")], nproc=1)
+    (longer,) = _run(tmp_path / "b", [(_config(**common, max_steps=30, resume=True), "b")], nproc=1)
+    assert (first["steps"], longer["steps"]) == (20, 10)  # 10 more steps, from step 20
+    assert longer["samples_done"] == 30 * 256
+    before = sorted(p.name for p in folder.iterdir())
+    (again,) = _run(tmp_path / "c", [(_config(**common, max_steps=30, resume=True), "c")], nproc=1)
+    assert again["steps"] == 0
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing rewritten or pruned

@@ -84,7 +84,7 @@ from frugal.recsys.dense import (
     merge_chunk_states,
 )
 from frugal.recsys.errors import PSUnavailableError, RecsysError, StalenessBoundError
-from frugal.recsys.loader import BatchSource
+from frugal.recsys.loader import BatchSource, count_total_samples
 from frugal.recsys.metrics import log_loss, roc_auc
 from frugal.recsys.models import build_model
 from frugal.recsys.permits import Permits
@@ -339,7 +339,12 @@ class _Trainer:
         self.model.load_state_dict(dense["model"])
         self.optimizer.load_state_dict(dense["optimizer"])
         self.resumed_from = int(manifest["samples_done"])
-        return int(manifest["samples_done"]), int(manifest["total_samples"])
+        total = int(manifest["total_samples"])
+        saved = manifest.get("config") or {}
+        if (saved.get("max_steps"), saved.get("epochs")) != (config.max_steps, config.epochs):
+            # The job asks for another length than the checkpoint's run: extend (or cut) it.
+            total = count_total_samples(config, self.train.num_samples, self.world_size)
+        return int(manifest["samples_done"]), total
 
     def is_boundary(self, step: int) -> bool:
         """Whether a checkpoint is taken before computing `step` (0 < step < num_steps)."""
@@ -823,7 +828,9 @@ def _train_one(
         else:
             trainer.run_ahead()
         dist.barrier()  # every push of every rank is applied
-        if config.checkpoint_dir is not None:
+        if config.checkpoint_dir is not None and (
+            trainer.resumed_from is None or trainer.source.num_steps > 0
+        ):  # a resumed job that trained nothing keeps its checkpoints as they are
             trainer.checkpoint(trainer.source.num_steps)
         report = trainer.rank_report()
         reports: list[Any] = [None] * world_size
