@@ -403,3 +403,25 @@ def test_a_snapshot_opening_while_training_prunes_its_chain_starts_over(
     with pytest.raises(ConfigError, match="does not exist"):
         Snapshot.open(tmp_path / "nothing")
     live.close()
+
+
+def test_a_snapshot_of_a_raw_id_model_hashes_ids_and_refuses_non_integers() -> None:
+    from frugal.config import config_to_dict
+    from frugal.recsys.ps import hash_raw_ids
+    from frugal.recsys.serving import Snapshot, _Tables
+    from frugal.store import OptimizerConfig
+
+    raw = np.array([-5, 2**62 + 1], dtype=np.int64)
+    hashed = np.sort(hash_raw_ids(raw))
+    compat = {
+        "embedding_dim": 2, "seed": 0,
+        "embedding_optimizer": config_to_dict(OptimizerConfig(kind="sgd", lr=0.1)),
+    }  # fmt: skip
+    vectors = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    info = {"compat": compat, "raw_ids": True}
+    snapshot = Snapshot(_Tables([hashed], [vectors], info, "mem"), None, {})
+    got = snapshot.lookup(0, raw)
+    want = vectors[np.searchsorted(hashed, hash_raw_ids(raw))]
+    np.testing.assert_array_equal(got, want)  # the trained rows, found by hashed id
+    with pytest.raises(ValueError, match="ids must be a 1-d list or array of integers"):
+        snapshot.lookup(0, [1.7])

@@ -257,3 +257,13 @@ def test_a_deleted_key_reads_its_initial_value_and_its_row_is_reset_for_the_next
         assert store.table_sha256() == sha
         with pytest.raises(ValueError, match="needs a hashed key space"):
             EmbeddingStore.create(tmp_path / "d", num_rows=4, spec=spec).delete([1])
+
+
+def test_deleting_a_pinned_key_unpins_its_row(tmp_path: Path) -> None:
+    with EmbeddingStore.create(tmp_path / "s", num_rows=8, spec=SPEC, key_space="hashed") as s:
+        assert s.pin(np.array([11, 12])) == 2
+        assert s.delete(np.array([11])) == 1
+        assert s.stats()["pinned_rows"] == 1  # only key 12's row stays pinned
+        s.get(np.array([13]))  # takes key 11's freed row
+        s.release(np.array([13]))
+        assert s.stats()["pinned_rows"] == 1

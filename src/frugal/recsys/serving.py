@@ -237,7 +237,13 @@ class Snapshot:
                 f"table={table}, but {self.source} has {self.num_tables} tables "
                 f"(0..{self.num_tables - 1})"
             )
-        ids_N = np.asarray(ids, dtype=np.int64).reshape(-1)
+        given = np.asarray(ids)
+        if given.ndim > 1 or (given.size and given.dtype.kind not in "iu"):
+            raise ValueError(
+                f"ids must be a 1-d list or array of integers, got {given.dtype} of shape "
+                f"{given.shape}"
+            )
+        ids_N = given.astype(np.int64).reshape(-1)
         if self.raw_ids:
             ids_N = hash_raw_ids(ids_N)
         if len(ids_N) and (ids_N.min() < 0 or ids_N.max() >= 1 << ID_BITS):

@@ -999,6 +999,7 @@ class EmbeddingStore:
                 f"key {key} has an open read ({len(open_rows)} of the keys do); close the reads "
                 "with put, apply_gradients or release before deleting; nothing was deleted"
             )
+        self.cache.unpin(np.sort(rows[present]))  # the next key to take a row is not pinned
         deleted = self.keys.delete(keys[present])
         self._changed |= len(deleted) > 0
         return len(deleted)
