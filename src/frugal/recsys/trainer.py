@@ -828,10 +828,8 @@ def _train_one(
         else:
             trainer.run_ahead()
         dist.barrier()  # every push of every rank is applied
-        if config.checkpoint_dir is not None and (
-            trainer.resumed_from is None or trainer.source.num_steps > 0
-        ):  # a resumed job that trained nothing keeps its checkpoints as they are
-            trainer.checkpoint(trainer.source.num_steps)
+        if config.checkpoint_dir is not None:  # also after 0 steps: rewrites it for this
+            trainer.checkpoint(trainer.source.num_steps)  # nproc and the current format
         report = trainer.rank_report()
         reports: list[Any] = [None] * world_size
         dist.all_gather_object(reports, report)
