@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from frugal.cli.main import main
-from frugal.config import config_to_dict
+from frugal.config import ConfigError, config_to_dict
 from frugal.launch import TorchrunJob, run_torchrun
 from frugal.recsys.checkpoint import read_chain
 from frugal.recsys.config import RecsysTrainConfig, staleness_bound
 from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
+from frugal.recsys.launch import _check_checkpoint_dir
 from frugal.recsys.metrics import log_loss, roc_auc
 from frugal.recsys.models import build_model
 from frugal.recsys.ps import table_keys
@@ -500,3 +501,42 @@ def test_a_resume_with_a_larger_max_steps_extends_the_run(tmp_path: Path) -> Non
     assert longer["samples_done"] == 30 * 256
     (again,) = _run(tmp_path / "c", [(_config(**common, max_steps=30, resume=True), "c")], nproc=1)
     assert again["steps"] == 0 and again["samples_done"] == 30 * 256  # nothing more to train
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_per_table_widths_train_out_of_core_checkpoint_and_serve(tmp_path: Path) -> None:
+    # MovieLens' 7 tables at 2 widths: each PS shard keeps one store per width, on disk with
+    # a cache of a few hundred rows, and the mlp model gets the pooled features side by side.
+    dims = (32, 32, 4, 4, 4, 32, 4)
+    config = _config(
+        mode="hybrid", staleness=2, max_steps=20, model="mlp", embedding_dims=dims,
+        store_backend="file", ps_memory_budget_bytes=4 * 131072, ps_lookahead=2,
+        checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every_steps=10,
+    )  # fmt: skip
+    (result,) = _run(tmp_path, [(config, "widths")])
+    assert result["steps"] == 20 and result["test_auc"] > 0.55
+    for rank in result["ranks"]:
+        store = rank["shard"]["store"]
+        assert store["direct_io"] and store["memory_budget_bytes"] == 4 * 131072
+        assert (
+            len(rank["shard"]["updates_applied"]) == 7 and min(rank["shard"]["updates_applied"]) > 0
+        )
+    final = _final(tmp_path / "ckpt")
+    snapshot = Snapshot.open(tmp_path / "ckpt")
+    assert snapshot.table_dims == dims
+    for path in sorted(final.glob("shard*.npz")):
+        with np.load(path) as data:
+            for t, dim in enumerate(dims):
+                assert data[f"rows{t}"].shape[1] == dim + 1  # vector + row-wise Adagrad
+                np.testing.assert_array_equal(
+                    snapshot.lookup(t, data[f"ids{t}"]), data[f"rows{t}"][:, :dim]
+                )
+    # the served model is the trainers' model: the same test AUC from its predictions
+    test = load_recsys_data(config.data)[1]
+    assert roc_auc(test.labels, _predict(snapshot, config)) == result["test_auc"]
+    # resuming with other widths is refused before launch, naming the field
+    other = replace(config, resume=True, embedding_dims=(8,) * 7)
+    with pytest.raises(ConfigError, match=r"embedding_dims=\[32, 32, 4, 4, 4, 32, 4\]"):
+        _check_checkpoint_dir(other)

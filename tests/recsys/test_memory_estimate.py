@@ -18,12 +18,13 @@ def test_a_shards_estimate_is_its_store_budget_and_row_clocks(tmp_path: Path) ->
     config = EmbeddingShard.Config(embedding_dim=8)
     shard = EmbeddingShard(tmp_path / "shard", (1000, 500), config, capacity_rows=900)
     try:
-        row_bytes = 4 * shard.row_width
+        row_bytes = 4 * shard.row_widths[0]
+        (group,) = shard.groups  # one width: one store
         held = (
-            shard.store.config.memory_budget_bytes  # the store's budget and its key map
-            + shard._versions.nbytes
-            + shard._last_push.nbytes
-            + shard._changed.nbytes
+            group.store.config.memory_budget_bytes  # the store's budget and its key map
+            + group._versions.nbytes
+            + group._last_push.nbytes
+            + group._changed.nbytes
         )
         assert shard_memory_bytes(900, row_bytes) == held
     finally:

@@ -91,7 +91,7 @@ def test_pooling_sums_bags_and_empty_bags_are_zero(tmp_path: Path) -> None:
         result = client.wait(client.lookup(_batch()))
         pooled = client.pool(result)  # (B=3, F=2, E=4)
         rows = {
-            (int(t), int(i)): result.rows[u]
+            (int(t), int(i)): result.rows[0][u]  # one width: rows[0] holds every pair
             for u, (t, i) in enumerate(
                 zip(result.pending.unique_tables, result.pending.unique_ids, strict=True)
             )
@@ -116,7 +116,7 @@ def test_mean_and_max_pooling_per_table_and_their_gradients(tmp_path: Path) -> N
         result = client.wait(client.lookup(_batch()))
         pooled = client.pool(result)
         rows = {
-            (int(t), int(i)): result.rows[u]
+            (int(t), int(i)): result.rows[0][u]  # one width: rows[0] holds every pair
             for u, (t, i) in enumerate(
                 zip(result.pending.unique_tables, result.pending.unique_ids, strict=True)
             )
@@ -128,9 +128,9 @@ def test_mean_and_max_pooling_per_table_and_their_gradients(tmp_path: Path) -> N
         torch.testing.assert_close(pooled[0, 1], rows[(1, 3)])
         # max's gradient flows to the row it took (one-id bag [900])
         pooled[2, 1].sum().backward()
-        assert result.rows.grad is not None
+        assert result.rows[0].grad is not None
         u = next(k for k, key in enumerate(rows) if key == (1, 900))
-        torch.testing.assert_close(result.rows.grad[u], torch.ones(4))
+        torch.testing.assert_close(result.rows[0].grad[u], torch.ones(4))
         with pytest.raises(ValueError, match="pooling has 3 modes for 2 tables"):
             EmbeddingClient(transport, default_owners(1), 2, 4, pooling=("sum",) * 3)
         with pytest.raises(ValueError, match="pooling mode 'avg'"):
@@ -266,7 +266,7 @@ def test_hashed_keys_take_any_id_below_2_56_up_to_the_capacity(tmp_path: Path) -
         assert shard.stats()["updates_applied"] == [0, 2]
         (ids0, _, _, _), (ids1, rows1, v1, last1) = shard.updated_rows()
         assert len(ids0) == 0 and sorted(ids1.tolist()) == sorted(big.tolist())
-        assert rows1.shape == (2, shard.row_width) and v1.tolist() == [1, 1]
+        assert rows1.shape == (2, shard.row_widths[1]) and v1.tolist() == [1, 1]
         assert last1.tolist() == [0, 0]  # pushed at step 0
         with pytest.raises(ValueError, match=r"id 72057594037927936 is outside \[0, 2\^56\)"):
             shard.lookup(torch.tensor([1 << 56]), torch.tensor([1, 0]))
@@ -393,8 +393,12 @@ def test_ps_budget_settings_are_checked() -> None:
         RecsysTrainConfig(ps_lookahead=-1)
     config = RecsysTrainConfig(store_backend="file", ps_memory_ratio=0.25, embedding_dim=8)
     # 1,000 rows of 8 floats + row-wise Adagrad's 1: 36 B each
-    assert shard_budget_bytes(config, 1000) == 9000
-    assert shard_budget_bytes(RecsysTrainConfig(), 1000) is None
+    assert shard_budget_bytes(config, 1000, (5000, 3000)) == 9000
+    assert shard_budget_bytes(RecsysTrainConfig(), 1000, (5000, 3000)) is None
+    # per-table widths 8 and 24 (rows of 36 and 100 B): the 1,000 rows split 5:3 by declared
+    # sizes, 625 x 36 + 375 x 100 = 60,000 B, a quarter of it
+    wide = RecsysTrainConfig(store_backend="file", ps_memory_ratio=0.25, embedding_dims=(8, 24))
+    assert shard_budget_bytes(wide, 1000, (5000, 3000)) == 15000
 
 
 def _push(

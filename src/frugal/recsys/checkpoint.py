@@ -63,6 +63,7 @@ __all__ = [
     "check_compat",
     "commit_checkpoint",
     "compat_fields",
+    "compat_table_dims",
     "export_shard_rows",
     "export_tables",
     "import_chain",
@@ -82,7 +83,7 @@ CHECKPOINT_VERSION = 2
 EXPORT_FORMAT = "frugal-recsys-export"
 _COMPAT_KEYS = ("data", "model", "hidden", "embedding_dim", "embedding_optimizer",
                 "batch_size", "seed", "dense_lr", "dense_optimizer", "dense_betas", "dense_eps",
-                "dense_weight_decay", "pooling")  # fmt: skip
+                "dense_weight_decay", "pooling", "embedding_dims")  # fmt: skip
 # Compatibility fields added after the first checkpoints, with the value those implied.
 _EARLIER_COMPAT = {
     "dense_optimizer": "sgd",
@@ -90,6 +91,7 @@ _EARLIER_COMPAT = {
     "dense_eps": 1e-8,
     "dense_weight_decay": 0.0,
     "pooling": ["sum"],
+    "embedding_dims": [],
 }
 _MAX_CHAIN = 100_000  # longer base links than this are a cycle (a hand-edited manifest)
 
@@ -129,7 +131,23 @@ def compat_fields(config: RecsysTrainConfig) -> dict[str, Any]:
     full = config_to_dict(config)
     compat = {key: full[key] for key in _COMPAT_KEYS}
     compat["dense_weight_decay"] = dense_weight_decay(config)
+    if len(set(config.embedding_dims)) == 1:  # one width given per table: one width
+        compat["embedding_dim"], compat["embedding_dims"] = config.embedding_dims[0], []
     return compat
+
+
+def compat_table_dims(compat: dict[str, Any], num_tables: int) -> tuple[int, ...]:
+    """Embedding width of each table of a checkpoint or export, from its `compat` fields.
+
+    Raises:
+        RecsysError: If `embedding_dims` lists another number of widths than `num_tables`.
+    """
+    dims = compat.get("embedding_dims") or [compat["embedding_dim"]] * num_tables
+    if len(dims) != num_tables:
+        raise RecsysError(
+            f"the manifest lists {len(dims)} embedding_dims for {num_tables} tables; it is damaged"
+        )
+    return tuple(int(dim) for dim in dims)
 
 
 def check_compat(folder: Path, saved: dict[str, Any], config: RecsysTrainConfig) -> None:
@@ -563,7 +581,6 @@ def export_tables(checkpoint: Path, out_path: Path, *, since: Path | None = None
     """
     folder, manifest = resolve_checkpoint(checkpoint)
     _require(folder / "MANIFEST.json", manifest, ("world_size", "compat", "compat.embedding_dim"))
-    embedding_dim = int(manifest["compat"]["embedding_dim"])
     chain = read_chain(folder, manifest)
     if since is not None:
         names = [f.name for f, _ in chain]
@@ -575,6 +592,7 @@ def export_tables(checkpoint: Path, out_path: Path, *, since: Path | None = None
             )
         chain = chain[names.index(since.name) + 1 :]
     num_tables = table_count(shard_paths(folder, manifest)[0])
+    dims = compat_table_dims(manifest["compat"], num_tables)
     meta: dict[str, Any] = {
         "format": EXPORT_FORMAT,
         "format_version": 1,
@@ -596,7 +614,7 @@ def export_tables(checkpoint: Path, out_path: Path, *, since: Path | None = None
     try:
         with tmp.open("wb") as fh, zipfile.ZipFile(fh, "w", allowZip64=True) as archive:
             for t in range(num_tables):
-                ids, vectors, deleted = replay_table(chain, t, embedding_dim)
+                ids, vectors, deleted = replay_table(chain, t, dims[t])
                 _write_member(archive, f"ids{t}", ids)
                 _write_member(archive, f"vectors{t}", vectors)
                 counts[f"table{t}"] = len(ids)

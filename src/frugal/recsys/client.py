@@ -2,8 +2,9 @@
 
 Per batch: each feature's ids are deduplicated (`np.unique`), every unique (table, id) goes to
 the owner of its virtual shard, rows come back in fp16 with their versions and become one
-fp32 leaf tensor `rows` (U, E); `F.embedding_bag` sum-pools every (feature, sample) bag from it,
-so `rows.grad` is already summed over duplicates. The push sends `grad * scale /
+fp32 leaf tensor `rows[g]` (U_g, E_g) per embedding width (one for most models);
+`F.embedding_bag` pools every (feature, sample) bag from it, so `rows[g].grad` is already
+summed over duplicates. The push sends `grad * scale /
 world_size` in fp16 (the wire scale halves on overflow), with the versions read.
 
 References:
@@ -11,7 +12,8 @@ References:
     Trillion Parameters, KDD 2022, arXiv 2111.05897 (section 4.2: embedding worker; fp16
     embeddings and gradients on the wire).
 
-Shape legend: U unique (table, id) pairs of a batch, E embedding_dim, B samples, F features.
+Shape legend: U unique (table, id) pairs of a batch, E embedding_dim, B samples, F features,
+U_g and E_g the pairs and the width of the g-th smallest embedding width.
 """
 
 from __future__ import annotations
@@ -47,14 +49,16 @@ class PendingLookup:
     owner_order: I64  # (U,) unique pairs sorted by owner (stable)
     owner_counts: dict[int, I64]  # per owner, ids per table (T,)
     owner_slices: dict[int, tuple[int, int]]  # per owner, its range in owner_order
+    unique_groups: I64  # (U,) width group of each unique pair
+    unique_positions: I64  # (U,) each unique pair's row in its group's rows
 
 
 @dataclass(slots=True)
 class LookupResult:
-    """Rows of a batch as a leaf tensor (gradients accumulate here), with their versions."""
+    """Rows of a batch as leaf tensors (gradients accumulate here), with their versions."""
 
     pending: PendingLookup
-    rows: Tensor  # (U, E) float32 leaf
+    rows: list[Tensor]  # per width group, (U_g, E_g) float32 leaf
     versions: Tensor  # (U,) int64
 
 
@@ -66,7 +70,7 @@ class EmbeddingClient:
         transport: Transport,
         owners: I64,
         num_tables: int,
-        embedding_dim: int,
+        embedding_dim: int | tuple[int, ...],
         wire_dtype: WireDtype = "float16",
         *,
         raw_ids: bool = False,
@@ -77,11 +81,26 @@ class EmbeddingClient:
         With `raw_ids` the batches' ids are raw 64-bit hashes, hashed into the PS id space
         (`hash_raw_ids`) before routing: shards, checkpoints and exports see hashed ids.
         `pooling`: "sum", "mean" or "max" for every table (one entry) or per table.
+        `embedding_dim`: one width for every table, or one per table (the shards then hold
+        one store per width, see `EmbeddingShard`).
 
         Raises:
-            ValueError: If `pooling` has neither 1 nor `num_tables` entries, or names
-                another mode.
+            ValueError: If `pooling` or a per-table `embedding_dim` has neither 1 nor
+                `num_tables` entries, or `pooling` names another mode.
         """
+        dims = (embedding_dim,) if isinstance(embedding_dim, int) else tuple(embedding_dim)
+        if len(dims) not in (1, num_tables):
+            raise ValueError(
+                f"embedding_dim has {len(dims)} widths for {num_tables} tables; give one width "
+                f"for every table or one per table ({num_tables})"
+            )
+        self.table_dims = dims * (num_tables if len(dims) == 1 else 1)
+        widths = sorted(set(self.table_dims))
+        self.group_dims = tuple(widths)
+        """Width of each group of rows, ascending (the shards' store order)."""
+        self._group_of_table = np.array(
+            [widths.index(dim) for dim in self.table_dims], dtype=np.int64
+        )
         if len(pooling) not in (1, num_tables):
             raise ValueError(
                 f"pooling has {len(pooling)} modes for {num_tables} tables; give one mode for "
@@ -96,7 +115,6 @@ class EmbeddingClient:
         self.owners = owners
         self.num_shards = int(owners.max()) + 1
         self.num_tables = num_tables
-        self.embedding_dim = embedding_dim
         self.wire_dtype = _WIRE[wire_dtype]
         self.wire_scale = 1024.0 if wire_dtype == "float16" else 1.0
         self._clean_pushes = 0
@@ -130,6 +148,11 @@ class EmbeddingClient:
         slices = {
             p: (int(bounds[p]), int(bounds[p + 1])) for p in range(num_shards) if per_owner[p]
         }
+        unique_groups = self._group_of_table[table_U]
+        unique_positions = np.empty(len(ids_U), dtype=np.int64)
+        for g in range(len(self.group_dims)):
+            mine = unique_groups == g
+            unique_positions[mine] = np.arange(int(np.count_nonzero(mine)))
         return PendingLookup(
             batch=batch,
             handles={},
@@ -139,6 +162,8 @@ class EmbeddingClient:
             owner_order=order_U,
             owner_counts={p: counts_PT[p] for p in slices},
             owner_slices=slices,
+            unique_groups=unique_groups,
+            unique_positions=unique_positions,
         )
 
     def lookup(self, batch: KJTBatch, step: int | None = None) -> PendingLookup:
@@ -171,61 +196,91 @@ class EmbeddingClient:
         return handles
 
     def wait(self, pending: PendingLookup) -> LookupResult:
-        """Wait for a batch's rows; return them as an fp32 leaf with `requires_grad`.
+        """Wait for a batch's rows; return them as fp32 leaves with `requires_grad`.
 
         Raises:
             PSUnavailableError: If a shard does not answer within the timeout.
         """
-        num = len(pending.unique_ids)
-        rows_UE = torch.empty(num, self.embedding_dim, dtype=torch.float32)
-        versions_U = torch.empty(num, dtype=torch.int64)
-        order = torch.from_numpy(pending.owner_order)
+        sizes = np.bincount(pending.unique_groups, minlength=len(self.group_dims))
+        rows_G = [
+            torch.empty(int(size), dim, dtype=torch.float32)
+            for size, dim in zip(sizes, self.group_dims, strict=True)
+        ]
+        versions_U = torch.empty(len(pending.unique_ids), dtype=torch.int64)
         for p, (lo, hi) in pending.owner_slices.items():
             rows, versions = pending.handles[p].wait()
-            rows_UE[order[lo:hi]] = rows.to(torch.float32)
-            versions_U[order[lo:hi]] = versions
-        rows_UE.requires_grad_(True)
-        return LookupResult(pending, rows_UE, versions_U)
+            if isinstance(rows, Tensor):  # a shard of one width
+                rows = [rows]
+            pairs = pending.owner_order[lo:hi]
+            versions_U[torch.from_numpy(pairs)] = versions
+            for g, rows_g in enumerate(rows):
+                mine = pairs[pending.unique_groups[pairs] == g]
+                rows_G[g][torch.from_numpy(pending.unique_positions[mine])] = rows_g.to(
+                    torch.float32
+                )
+        for rows_g in rows_G:
+            rows_g.requires_grad_(True)
+        return LookupResult(pending, rows_G, versions_U)
 
     def pool(self, result: LookupResult) -> Tensor:
         """Pool every (feature, sample) bag by its table's mode; empty bags give zeros.
 
         Shapes:
-            returns: (B, F, E).
+            returns: (B, F, E) when every table has width E, else (B, sum of the features'
+            widths) with the features side by side in order.
         """
         batch = result.pending.batch
-        lengths = torch.from_numpy(batch.lengths.astype(np.int64))
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)[:-1]])
-        modes = sorted(set(self.pooling))
-        pooled_by_mode = {
-            mode: F.embedding_bag(
-                result.pending.inverse, result.rows, offsets, mode=mode, include_last_offset=False
-            ).reshape(len(batch.keys), batch.batch_size, self.embedding_dim)
-            for mode in modes
-        }
-        if len(modes) == 1:
-            pooled = pooled_by_mode[modes[0]]
-        else:  # each table's bags from its own mode (bags are feature-major)
-            pooled = torch.stack([pooled_by_mode[mode][f] for f, mode in enumerate(self.pooling)])
-        return pooled.transpose(0, 1)
+        num_features, batch_size = len(batch.keys), batch.batch_size
+        lengths_FB = torch.from_numpy(batch.lengths.astype(np.int64)).reshape(
+            num_features, batch_size
+        )
+        value_ends = torch.cumsum(lengths_FB.sum(1), 0)
+        value_starts = value_ends - lengths_FB.sum(1)
+        inverse = result.pending.inverse
+        position_N = torch.from_numpy(result.pending.unique_positions)[inverse]
+        pooled_F: list[Tensor | None] = [None] * num_features
+        for g in range(len(self.group_dims)):  # one embedding_bag per (width, mode)
+            for mode in sorted(set(self.pooling)):
+                features = [
+                    f
+                    for f in range(num_features)
+                    if self._group_of_table[f] == g and self.pooling[f] == mode
+                ]
+                if not features:
+                    continue
+                values = torch.cat(
+                    [position_N[int(value_starts[f]) : int(value_ends[f])] for f in features]
+                )
+                lengths = lengths_FB[features].reshape(-1)
+                offsets = torch.cumsum(lengths, 0) - lengths
+                bags = F.embedding_bag(
+                    values, result.rows[g], offsets, mode=mode, include_last_offset=False
+                ).reshape(len(features), batch_size, -1)
+                for i, f in enumerate(features):
+                    pooled_F[f] = bags[i]
+        pooled = [bag for bag in pooled_F if bag is not None]
+        if len(self.group_dims) == 1:
+            return torch.stack(pooled, dim=1)
+        return torch.cat(pooled, dim=1)
 
     def push(
         self, result: LookupResult, step: int, world_size: int, seq: int | None = None
     ) -> list[Handle]:
-        """Send `rows.grad / world_size` to the owners (fire and forget); return the handles.
+        """Send `rows[g].grad / world_size` to the owners (fire and forget); return the handles.
 
         Encodes with the wire scale (fp16: starts at 2^10, halves and re-encodes on overflow,
         doubles after 1000 clean pushes); the shard divides it out in fp32. With `seq` (sync
         mode) every shard gets a push, empty if it owns none of the batch's rows, numbered
         `seq`, and shards apply pushes in sequence order.
         """
-        grad = result.rows.grad
-        if grad is None:
-            grad = torch.zeros_like(result.rows)
-        grad = grad / world_size
+        grads = [
+            (rows.grad if rows.grad is not None else torch.zeros_like(rows)) / world_size
+            for rows in result.rows
+        ]
         while True:
-            wire = (grad * self.wire_scale).to(self.wire_dtype)
-            if bool(torch.isfinite(wire).all()) or self.wire_scale <= 2.0**-24:
+            wires = [(grad * self.wire_scale).to(self.wire_dtype) for grad in grads]
+            finite = all(bool(torch.isfinite(wire).all()) for wire in wires)
+            if finite or self.wire_scale <= 2.0**-24:
                 break
             self.wire_scale /= 2.0
             self._clean_pushes = 0
@@ -236,20 +291,27 @@ class EmbeddingClient:
             self._clean_pushes = 0
         pending = result.pending
         handles = []
-        order = torch.from_numpy(pending.owner_order)
         shards = range(self.num_shards) if seq is not None else pending.owner_slices
         for p in shards:
             lo, hi = pending.owner_slices.get(p, (0, 0))
-            rows = order[lo:hi]
+            pairs = pending.owner_order[lo:hi]
             counts = pending.owner_counts.get(p, np.zeros(self.num_tables, dtype=np.int64))
+            wire_G = [
+                wire[
+                    torch.from_numpy(
+                        pending.unique_positions[pairs[pending.unique_groups[pairs] == g]]
+                    )
+                ]
+                for g, wire in enumerate(wires)
+            ]
             handles.append(
                 self.transport.call(
                     p,
                     "push",
-                    torch.from_numpy(pending.unique_ids[pending.owner_order[lo:hi]]),
+                    torch.from_numpy(pending.unique_ids[pairs]),
                     torch.from_numpy(counts),
-                    wire[rows].contiguous(),
-                    result.versions[rows].contiguous(),
+                    wire_G,
+                    result.versions[torch.from_numpy(pairs)].contiguous(),
                     scale,
                     step,
                     seq,

@@ -11,6 +11,7 @@ from frugal.recsys.client import WireDtype
 from frugal.recsys.datasets import RecsysDataConfig
 from frugal.recsys.dense import DenseOptimizerName
 from frugal.recsys.models import DENSE_MODELS, ModelName
+from frugal.recsys.ps import split_capacity
 from frugal.store import OptimizerConfig, RowSpec
 
 __all__ = [
@@ -19,7 +20,9 @@ __all__ = [
     "dense_weight_decay",
     "prefetch_depth",
     "shard_budget_bytes",
+    "shard_rows_bytes",
     "staleness_bound",
+    "table_dims",
 ]
 
 Mode = Literal["sync", "hybrid", "async"]
@@ -56,7 +59,12 @@ class RecsysTrainConfig:
     batch_size: int = 128
     """Samples per trainer per step (B), >= 1."""
     embedding_dim: int = 8
-    """Embedding width, >= 1."""
+    """Embedding width of every table `embedding_dims` leaves out, >= 1."""
+    embedding_dims: tuple[int, ...] = ()
+    """Embedding width of each table, each >= 1, one per table in the data's feature order
+    (empty: `embedding_dim` for all). Each PS shard keeps one store per width; the dense model
+    then gets the pooled features side by side, `(B, sum of the widths)`: the mlp model takes
+    that, dlrm (dot interactions) needs one width."""
     pooling: tuple[PoolingMode, ...] = ("sum",)
     """How each (feature, sample) bag of ids becomes one vector: "sum", "mean" or "max"
     (`torch.nn.EmbeddingBag`'s modes; an empty bag gives zeros). One entry for every
@@ -182,6 +190,11 @@ class RecsysTrainConfig:
         for name in ("batch_size", "embedding_dim", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if any(dim < 1 for dim in self.embedding_dims):
+            raise ValueError(
+                f"embedding_dims={list(self.embedding_dims)} must each be >= 1 (one width per "
+                "table; [] gives every table embedding_dim)"
+            )
         for name in ("rtt_ms", "warmup_steps", "seed", "max_restarts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
@@ -261,18 +274,50 @@ class RecsysTrainConfig:
             raise ValueError(f"ps_lookahead={self.ps_lookahead} must be >= 0 (0: no hints)")
 
 
-def shard_budget_bytes(config: RecsysTrainConfig, capacity_rows: int) -> int | None:
-    """Memory budget of one PS shard's store, bytes, or None (every row in RAM).
+def shard_rows_bytes(
+    config: RecsysTrainConfig, capacity_rows: int, num_embeddings: tuple[int, ...]
+) -> int:
+    """Bytes of a full PS shard's rows (embedding plus sparse-optimizer state), every width.
 
-    `ps_memory_budget_bytes`, or `ps_memory_ratio` x `capacity_rows` x the row's bytes
-    (embedding plus sparse-optimizer state).
+    Each width's share of `capacity_rows` (`split_capacity`) times its row's bytes.
+    """
+    dims = table_dims(config, len(num_embeddings))
+    return sum(
+        rows * RowSpec(embedding_dim=dim, optimizer=config.embedding_optimizer).row_bytes
+        for dim, rows in split_capacity(num_embeddings, dims, capacity_rows).items()
+    )
+
+
+def shard_budget_bytes(
+    config: RecsysTrainConfig, capacity_rows: int, num_embeddings: tuple[int, ...]
+) -> int | None:
+    """Memory budget of one PS shard's stores, bytes, or None (every row in RAM).
+
+    `ps_memory_budget_bytes`, or `ps_memory_ratio` x the bytes of `capacity_rows` rows
+    (`shard_rows_bytes`: embedding plus sparse-optimizer state, each table at its width).
     """
     if config.ps_memory_budget_bytes is not None:
         return config.ps_memory_budget_bytes
     if config.ps_memory_ratio is None:
         return None
-    spec = RowSpec(embedding_dim=config.embedding_dim, optimizer=config.embedding_optimizer)
-    return max(1, int(config.ps_memory_ratio * capacity_rows * spec.row_bytes))
+    rows_bytes = shard_rows_bytes(config, capacity_rows, num_embeddings)
+    return max(1, int(config.ps_memory_ratio * rows_bytes))
+
+
+def table_dims(config: RecsysTrainConfig, num_tables: int) -> tuple[int, ...]:
+    """Embedding width of each of the data's `num_tables` tables.
+
+    Raises:
+        ValueError: If `embedding_dims` is given with another length than `num_tables`.
+    """
+    if not config.embedding_dims:
+        return (config.embedding_dim,) * num_tables
+    if len(config.embedding_dims) != num_tables:
+        raise ValueError(
+            f"embedding_dims has {len(config.embedding_dims)} widths, {config.data.dataset} has "
+            f"{num_tables} tables; give one width per table, or [] for embedding_dim on all"
+        )
+    return tuple(config.embedding_dims)
 
 
 def dense_weight_decay(config: RecsysTrainConfig) -> float:

@@ -12,11 +12,16 @@ from typing import Any
 
 from frugal.config import ConfigError, config_to_dict
 from frugal.launch import MemoryEstimate, TorchrunJob, check_job, run_torchrun
-from frugal.recsys.config import RecsysTrainConfig, shard_budget_bytes
+from frugal.recsys.config import (
+    RecsysTrainConfig,
+    shard_budget_bytes,
+    shard_rows_bytes,
+    table_dims,
+)
 from frugal.recsys.datasets import load_recsys_data
 from frugal.recsys.errors import RecsysError
+from frugal.recsys.models import build_model
 from frugal.recsys.ps import shard_capacity, shard_memory_bytes
-from frugal.store.rows import RowSpec
 
 __all__ = [
     "TRAINER_BASELINE_BYTES",
@@ -48,15 +53,17 @@ def memory_estimate(config: RecsysTrainConfig) -> MemoryEstimate:
     """
     train, test = load_recsys_data(config.data)
     data_bytes = train.nbytes + test.nbytes
-    spec = RowSpec(embedding_dim=config.embedding_dim, optimizer=config.embedding_optimizer)
     capacity = config.ps_capacity_rows or shard_capacity(train.num_embeddings, config.nproc)
-    shard = shard_memory_bytes(capacity, spec.row_bytes, shard_budget_bytes(config, capacity))
+    row_bytes = -(-shard_rows_bytes(config, capacity, train.num_embeddings) // capacity)
+    shard = shard_memory_bytes(
+        capacity, row_bytes, shard_budget_bytes(config, capacity, train.num_embeddings)
+    )
     n = config.nproc
     return MemoryEstimate(
         (
             (f"{n} trainers x {TRAINER_BASELINE_BYTES >> 20} MiB", n * TRAINER_BASELINE_BYTES),
             (f"{n} copies of the {config.data.dataset} data", n * data_bytes),
-            (f"{n} PS shards of {capacity:,} rows x {spec.row_bytes} B", n * shard),
+            (f"{n} PS shards of {capacity:,} rows x {row_bytes} B", n * shard),
         )
     )
 
@@ -98,10 +105,19 @@ def _check_checkpoint_dir(config: RecsysTrainConfig) -> None:
 
 
 def _check_features(config: RecsysTrainConfig) -> None:
-    """Refuse, before any process starts, feature names or pooling modes that do not fit."""
-    if config.features is None and len(config.pooling) == 1:
+    """Refuse, before any process starts, features, pooling or widths that do not fit."""
+    if config.features is None and len(config.pooling) == 1 and not config.embedding_dims:
         return
     train, _ = load_recsys_data(config.data)
+    try:
+        dims = table_dims(config, len(train.keys))
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (tables {list(train.keys)})") from exc
+    if len(set(dims)) > 1:
+        try:  # the model refuses widths it cannot take (dlrm: one width)
+            build_model(config.model, len(dims), dims, train.dense_dim, config.hidden)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
     if len(config.pooling) not in (1, len(train.keys)):
         raise ConfigError(
             f"pooling has {len(config.pooling)} modes, {config.data.dataset} has "

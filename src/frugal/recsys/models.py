@@ -39,12 +39,20 @@ ModelName = str
 
 
 class DenseModelFactory(Protocol):
-    """Builds a dense model: `(B, F, E)` pooled embeddings and `(B, D)` dense in, `(B,)` out."""
+    """Builds a dense model: pooled embeddings and `(B, D)` dense in, `(B,)` out.
+
+    The pooled embeddings are `(B, F, E)` when every feature has width E (`embedding_dim` an
+    int), else `(B, sum of the widths)` (`embedding_dim` the tuple of per-feature widths).
+    """
 
     def __call__(
-        self, num_features: int, embedding_dim: int, dense_dim: int, hidden: tuple[int, ...]
+        self,
+        num_features: int,
+        embedding_dim: int | tuple[int, ...],
+        dense_dim: int,
+        hidden: tuple[int, ...],
     ) -> nn.Module:
-        """The model for F features of width E, D dense features and MLP widths `hidden`."""
+        """The model for F features of width E (or per-feature widths), D dense, MLP `hidden`."""
         ...
 
 
@@ -97,9 +105,20 @@ class DLRM(nn.Module):
     """
 
     def __init__(
-        self, num_features: int, embedding_dim: int, dense_dim: int, hidden: tuple[int, ...]
+        self,
+        num_features: int,
+        embedding_dim: int | tuple[int, ...],
+        dense_dim: int,
+        hidden: tuple[int, ...],
     ) -> None:
+        """Raises `ValueError` for per-feature widths: dot interactions need one width."""
         super().__init__()
+        if not isinstance(embedding_dim, int):
+            raise ValueError(
+                f"the dlrm model's dot interactions need one embedding_dim for every table, "
+                f"not {list(embedding_dim)}; give one embedding_dim, or choose model='mlp' "
+                "(wide & deep), which takes a width per table"
+            )
         self.bottom = _mlp([max(dense_dim, 1), *hidden[-1:], embedding_dim], last_activation=True)
         self.dense_dim = dense_dim
         vectors = num_features + 1
@@ -126,17 +145,25 @@ class WideDeepMLP(nn.Module):
     """Wide & deep MLP over the concatenated pooled embeddings and dense features.
 
     Shapes:
-        pooled_BFE: (B, F, E); dense_BD: (B, D) -> logits (B,).
+        pooled_BFE: (B, F, E), or (B, sum of the widths) with a width per feature;
+        dense_BD: (B, D) -> logits (B,).
 
     References:
         Wide & Deep Learning for Recommender Systems, DLRS 2016, arXiv 1606.07792, section 3.
     """
 
     def __init__(
-        self, num_features: int, embedding_dim: int, dense_dim: int, hidden: tuple[int, ...]
+        self,
+        num_features: int,
+        embedding_dim: int | tuple[int, ...],
+        dense_dim: int,
+        hidden: tuple[int, ...],
     ) -> None:
         super().__init__()
-        width = num_features * embedding_dim + dense_dim
+        embedding_width = (
+            num_features * embedding_dim if isinstance(embedding_dim, int) else sum(embedding_dim)
+        )
+        width = embedding_width + dense_dim
         self.wide = nn.Linear(width, 1)
         self.deep = _mlp([width, *hidden, 1], last_activation=False)
 
@@ -150,14 +177,18 @@ class WideDeepMLP(nn.Module):
 def build_model(
     name: ModelName,
     num_features: int,
-    embedding_dim: int,
+    embedding_dim: int | tuple[int, ...],
     dense_dim: int,
     hidden: tuple[int, ...] = (64, 32),
 ) -> nn.Module:
     """Build the dense model registered as `name` ("dlrm", "mlp", ...).
 
+    `embedding_dim` is one width for every feature, or a tuple of one per feature (then the
+    pooled input is `(B, sum of the widths)`; dlrm refuses it).
+
     Raises:
-        ValueError: If the name is not registered (the message lists the choices).
+        ValueError: If the name is not registered (the message lists the choices), or the
+            model cannot take these widths.
     """
     return DENSE_MODELS.get(name)(num_features, embedding_dim, dense_dim, hidden)
 

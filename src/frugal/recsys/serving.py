@@ -40,6 +40,7 @@ from frugal.config import ConfigError, config_from_dict
 from frugal.recsys.batch import KJTBatch
 from frugal.recsys.checkpoint import (
     EXPORT_FORMAT,
+    compat_table_dims,
     read_chain,
     replay_table,
     resolve_checkpoint,
@@ -55,7 +56,8 @@ from frugal.store import OptimizerConfig, RowSpec, init_rows
 __all__ = ["Snapshot"]
 
 _ATTEMPTS = 3  # opens of a checkpoint_dir restarted when LATEST moves on mid-read
-_MODEL_KEYS = ("data", "model", "hidden", "embedding_dim")  # what tables and a dense model share
+_MODEL_KEYS = ("data", "model", "hidden", "embedding_dim", "embedding_dims")  # tables + dense share
+_MODEL_DEFAULTS: dict[str, Any] = {"embedding_dims": []}  # what earlier checkpoints implied
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +95,21 @@ class _SnapshotTransport:
         ids, counts, wire_dtype, _step = args
         bounds = np.concatenate([[0], np.cumsum(counts.numpy())])
         flat = ids.numpy()
-        rows_NE = np.concatenate(
-            [
-                self.snapshot.lookup(t, flat[bounds[t] : bounds[t + 1]])
-                for t in range(self.snapshot.num_tables)
-            ]
-        )
+        dims = self.snapshot.table_dims
+        rows_G = [  # per width, ascending, the rows of its tables in table order (a PS shard's)
+            torch.from_numpy(
+                np.concatenate(
+                    [
+                        self.snapshot.lookup(t, flat[bounds[t] : bounds[t + 1]])
+                        for t in range(self.snapshot.num_tables)
+                        if dims[t] == dim
+                    ]
+                )
+            ).to(wire_dtype)
+            for dim in sorted(set(dims))
+        ]
         versions = torch.zeros(len(flat), dtype=torch.int64)
-        return _Done((torch.from_numpy(rows_NE).to(wire_dtype), versions))
+        return _Done((rows_G, versions))
 
     def close(self) -> None:
         """Nothing to release."""
@@ -123,9 +132,11 @@ class Snapshot:
         self.samples_done: int | None = tables.info.get("samples_done")
         """Training samples consumed when the checkpoint was taken."""
         self.embedding_dim = int(compat["embedding_dim"])
-        """Width E of every vector."""
+        """Width E of the vectors of every table `table_dims` does not set otherwise."""
         self.num_tables = len(tables.ids)
         """Tables (features) served."""
+        self.table_dims: tuple[int, ...] = compat_table_dims(compat, self.num_tables)
+        """Width of each table's vectors."""
         self.features: tuple[str, ...] | None = (
             tuple(tables.info["features"]) if "features" in tables.info else None
         )
@@ -138,7 +149,9 @@ class Snapshot:
         optimizer = config_from_dict(
             OptimizerConfig, compat["embedding_optimizer"], source=f"{self.source} compat"
         )
-        self._spec = RowSpec(embedding_dim=self.embedding_dim, optimizer=optimizer)
+        self._specs = {
+            dim: RowSpec(embedding_dim=dim, optimizer=optimizer) for dim in set(self.table_dims)
+        }
         self._model: nn.Module | None = None
         self._client: EmbeddingClient | None = None
         self._dense_dim: int | None = None
@@ -162,10 +175,11 @@ class Snapshot:
         assert self.features is not None  # checked by the caller
         compat = info["compat"]
         self._dense_dim = int(info["dense_dim"])
+        dims = self.table_dims
         model = build_model(
             compat["model"],
             len(self.features),
-            self.embedding_dim,
+            dims[0] if len(set(dims)) == 1 else dims,
             self._dense_dim,
             tuple(compat["hidden"]),
         )
@@ -179,7 +193,7 @@ class Snapshot:
             _SnapshotTransport(self),
             owners,
             self.num_tables,
-            self.embedding_dim,
+            self.table_dims,
             wire,
             raw_ids=self.raw_ids,
             pooling=tuple(compat.get("pooling", ["sum"])),
@@ -194,7 +208,7 @@ class Snapshot:
                 incremental), or a full `.npz` export of `frugal recsys export`.
             dense: The checkpoint whose dense model `predict` uses (default: `source`'s own,
                 when it is a checkpoint). Its model must be the tables' (same data, model,
-                hidden widths, embedding_dim and feature count).
+                hidden widths, embedding widths and feature count).
 
         Returns:
             The snapshot; `predict` needs a dense model (`source` a checkpoint, or `dense`).
@@ -227,7 +241,7 @@ class Snapshot:
             ids: Ids, each in [0, 2^56); any int64 where `raw_ids` (they are hashed first).
 
         Returns:
-            float32 (N, E).
+            float32 (N, E) with E = `table_dims[table]`.
 
         Raises:
             ValueError: If `table` or an id is out of range.
@@ -252,11 +266,12 @@ class Snapshot:
         known, vectors = self._ids[table], self._vectors[table]
         where = np.minimum(np.searchsorted(known, ids_N), max(len(known) - 1, 0))
         found = known[where] == ids_N if len(known) else np.zeros(len(ids_N), dtype=bool)
-        out_NE = np.empty((len(ids_N), self.embedding_dim), dtype=np.float32)
+        dim = self.table_dims[table]
+        out_NE = np.empty((len(ids_N), dim), dtype=np.float32)
         out_NE[found] = vectors[where[found]]
         missing = ids_N[~found]
         keys = table_keys(np.full(len(missing), table, dtype=np.int64), missing)
-        out_NE[~found] = init_rows(keys, self._spec, self._seed)[:, : self.embedding_dim]
+        out_NE[~found] = init_rows(keys, self._specs[dim], self._seed)[:, :dim]
         return out_NE
 
     def predict(self, batch: KJTBatch) -> F32:
@@ -329,10 +344,11 @@ def _read_checkpoint_tables(
             folder, manifest = resolve_checkpoint(path)
             info = _info(folder, manifest)
             chain = read_chain(folder, manifest)
-            embedding_dim = int(info["compat"]["embedding_dim"])
+            num_tables = table_count(shard_paths(folder, manifest)[0])
+            dims = compat_table_dims(info["compat"], num_tables)
             ids, vectors = [], []
-            for t in range(table_count(shard_paths(folder, manifest)[0])):
-                table_ids, table_vectors, _ = replay_table(chain, t, embedding_dim)
+            for t in range(num_tables):
+                table_ids, table_vectors, _ = replay_table(chain, t, dims[t])
                 ids.append(table_ids)
                 vectors.append(table_vectors)
             state = _load_dense(folder) if "dense.pt" in manifest["files"] else None
@@ -395,10 +411,12 @@ def _check_same_model(tables: _Tables, dense: dict[str, Any]) -> None:
     """Refuse a dense model trained with other tables than `tables`."""
     mine, theirs = tables.info["compat"], dense["compat"]
     for key in _MODEL_KEYS:
-        if mine.get(key) != theirs.get(key):
+        ours = mine.get(key, _MODEL_DEFAULTS.get(key))
+        other = theirs.get(key, _MODEL_DEFAULTS.get(key))
+        if ours != other:
             raise RecsysError(
-                f"the tables of {tables.source} were trained with {key}={mine.get(key)!r}, the "
-                f"dense model of {dense['source']} with {key}={theirs.get(key)!r}: a snapshot "
+                f"the tables of {tables.source} were trained with {key}={ours!r}, the "
+                f"dense model of {dense['source']} with {key}={other!r}: a snapshot "
                 "serves one model; give the checkpoint the tables came from as dense="
             )
     features = dense.get("features")

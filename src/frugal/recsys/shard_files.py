@@ -114,7 +114,7 @@ def write_shard_file(
                     shard.peek_table(t, ids[lo : lo + CHUNK_ROWS], cols="all")
                     for lo in range(0, len(ids), CHUNK_ROWS)
                 )
-                _write_rows(archive, f"rows{t}", (len(ids), shard.row_width), chunks)
+                _write_rows(archive, f"rows{t}", (len(ids), shard.row_widths[t]), chunks)
                 _write_array(archive, f"versions{t}", versions)
                 _write_array(archive, f"last_push{t}", last_push)
                 if deleted is not None:
@@ -286,10 +286,11 @@ def import_shard_rows(
                             f"{path}: table {t} has {len(ids)} ids but {rows.shape[0]} rows; "
                             "the file is damaged"
                         )
-                    if rows.shape[1] != shard.row_width:
+                    if rows.shape[1] != shard.row_widths[t]:
                         raise RecsysError(
                             f"{path}: table {t} rows are {rows.shape[1]} wide, the shard's "
-                            f"{shard.row_width}; resume with the same embedding_dim and optimizer"
+                            f"{shard.row_widths[t]}; resume with the same embedding_dim(s) and "
+                            "optimizer"
                         )
                     if not mine.any():
                         continue
@@ -323,10 +324,10 @@ def _load_policy_state(shard: EmbeddingShard, owners: I64, rank: int, paths: lis
         with zipfile.ZipFile(path) as archive:
             members = _members(archive)
             states.append(
-                {
+                {  # "sketch", or "dim8.sketch" for one width of several
                     name: read_array(archive, name)
-                    for name in ("expiry_check", "sketch")
-                    if name in members
+                    for name in sorted(members)
+                    if name.rsplit(".", 1)[-1] in ("expiry_check", "sketch")
                 }
             )
     shard.load_policy_state(states)

@@ -75,6 +75,7 @@ from frugal.recsys.config import (
     prefetch_depth,
     shard_budget_bytes,
     staleness_bound,
+    table_dims,
 )
 from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
 from frugal.recsys.dense import (
@@ -237,12 +238,10 @@ class _Trainer:
                 f"features {list(self.train.keys)}; fix the config's features list"
             )
         torch.manual_seed(config.seed)
+        dims = table_dims(config, len(self.train.keys))
+        model_dims = dims[0] if len(set(dims)) == 1 else dims
         self.model = build_model(
-            config.model,
-            len(self.train.keys),
-            config.embedding_dim,
-            self.train.dense_dim,
-            config.hidden,
+            config.model, len(self.train.keys), model_dims, self.train.dense_dim, config.hidden
         )
         capacity_rows = config.ps_capacity_rows or shard_capacity(
             self.train.num_embeddings, world_size
@@ -250,9 +249,12 @@ class _Trainer:
         expire = config.ps_expire_after_steps
         shard_config = EmbeddingShard.Config(
             embedding_dim=config.embedding_dim,
+            table_dims=dims,
             optimizer=config.embedding_optimizer,
             backend=config.store_backend,
-            memory_budget_bytes=shard_budget_bytes(config, capacity_rows),
+            memory_budget_bytes=shard_budget_bytes(
+                config, capacity_rows, self.train.num_embeddings
+            ),
             seed=config.seed,
             admit_after=config.ps_admit_after,
             # A push's step is the trainer's batch id: world_size of them per training step.
@@ -300,7 +302,7 @@ class _Trainer:
             self.transport,
             default_owners(world_size),
             len(self.train.keys),
-            config.embedding_dim,
+            dims,
             config.wire_dtype,
             raw_ids=self.train.raw_ids,
             pooling=config.pooling,
@@ -392,7 +394,7 @@ class _Trainer:
         deleted = self.shard.deleted_ids() if incremental else None
         # Bytes every rank's shard file takes (ids, rows, versions, last pushes, deletions),
         # plus the dense model (as large as the last one).
-        row_bytes = 4 * self.shard.row_width + 24
+        row_bytes = 4 * max(self.shard.row_widths) + 24
         needed_here = torch.tensor(
             [sum(len(c[0]) for c in clocks) * row_bytes + 8 * sum(len(d) for d in deleted or [])]
         )

@@ -24,11 +24,12 @@ class CacheTooSmallError(StoreError):
     """One call needs more rows at once than the cache holds (raise the memory budget).
 
     Attributes:
-        wanted_rows: Rows the call needed resident at once.
-        capacity_rows: Rows the cache holds.
+        wanted_rows: Rows the call needed resident at once (0: unknown, e.g. the error was
+            rebuilt from its message on the other side of an RPC).
+        capacity_rows: Rows the cache holds (0: unknown).
     """
 
-    def __init__(self, message: str, *, wanted_rows: int, capacity_rows: int) -> None:
+    def __init__(self, message: str, *, wanted_rows: int = 0, capacity_rows: int = 0) -> None:
         super().__init__(message)
         self.wanted_rows = wanted_rows
         self.capacity_rows = capacity_rows

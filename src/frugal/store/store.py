@@ -69,6 +69,8 @@ _RESTORE_FIX = (
 )
 _MIB = 1 << 20
 _MIN_BUDGET_BYTES = 128 << 10
+MIN_BUDGET_BYTES = _MIN_BUDGET_BYTES
+"""The smallest memory budget any store opens with, bytes (more for large key maps)."""
 _MIN_CACHED_ROWS = 64  # the smallest cache a store opens with
 KeySpace = Literal["dense", "hashed"]
 _OPEN_HERE: set[Path] = set()  # store folders this process holds the lock of
