@@ -204,10 +204,11 @@ def test_an_infeasible_cell_is_a_row_and_the_rest_of_the_grid_runs(
     ooc = rows[("out_of_core", 0.01)]
     assert ooc["status"] == "infeasible" and ooc["test_auc"] is None
     assert "ps_memory_ratio=0.01 gives" in ooc["error"] and "store needs" in ooc["error"]
-    # 1,000 ids per row of capacity leaves 1 row a shard, below a batch's 8 x 8 ids
+    # 1,000 ids per row of capacity leaves 1 row a shard, below a batch's (8 of 8 features)
     bounded = rows[("bounded", 1000.0)]
     assert bounded["status"] == "infeasible" and bounded["ps_capacity_rows"] == 1
-    assert "ps_capacity_rows=1 is below the 64 distinct ids one batch" in bounded["error"]
+    assert "ps_capacity_rows=1 is below the" in bounded["error"]
+    assert "distinct ids one trainer's batch brings to one PS shard" in bounded["error"]
     for key in [("grid", None), ("out_of_core", None), ("out_of_core", 0.5), ("bounded", 2.0)]:
         assert rows[key]["status"] == "ok"
     # the other cells ran (2 grid, 2 out-of-core, 1 bounded), the infeasible ones did not

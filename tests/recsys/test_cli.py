@@ -212,24 +212,24 @@ def test_a_shard_below_one_batch_s_ids_exits_2_before_launch_naming_the_minimum(
 ) -> None:
     from frugal.recsys.launch import check_run
 
-    # 1,600 training samples of 8 features over 50 ids each: every table has >= 32 distinct
-    # ids, so a batch of 32 samples (one id per feature) brings up to 8 x 32 = 256 rows,
-    # which may all hash to one shard.
-    err = _refused([*ZIPF, "--set", "ps_capacity_rows=100", "--out", str(tmp_path)], capsys)
-    assert "ps_capacity_rows=100 is below the 256 distinct ids one batch can bring" in err
-    assert "set ps_capacity_rows >= 256" in err
+    err = _refused([*ZIPF, "--set", "ps_capacity_rows=10", "--out", str(tmp_path)], capsys)
+    match = re.search(r"ps_capacity_rows=10 is below the (\d+) distinct ids one trainer", err)
+    assert match is not None, err
     assert not (tmp_path / "logs").exists()  # refused before torchrun started
-    config = train_config_of([*ZIPF, "--set", "ps_capacity_rows=256"])
-    check_run(config)  # the minimum named is accepted
-    with pytest.raises(ValueError, match="ps_capacity_rows=255 is below the 256"):
-        check_run(replace(config, ps_capacity_rows=255, ps_when_full="evict_lru"))
+    needed = int(match.group(1))
+    # a batch of 32 samples brings at most 8 features x 32 = 256 ids to a shard
+    assert 10 < needed <= 256
+    assert f"set ps_capacity_rows >= {needed}" in err
+    config = train_config_of([*ZIPF, "--set", f"ps_capacity_rows={needed}"])
+    check_run(config)  # the minimum named is accepted, the one below is not, evicting or not
+    with pytest.raises(ValueError, match=f"ps_capacity_rows={needed - 1} is below the {needed}"):
+        check_run(replace(config, ps_capacity_rows=needed - 1, ps_when_full="evict_lru"))
 
 
-def test_max_batch_rows_counts_the_largest_bags_capped_by_the_distinct_ids() -> None:
+def test_max_batch_rows_is_the_largest_push_of_a_batch_to_one_shard() -> None:
     from frugal.recsys.batch import RecsysData
-    from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
     from frugal.recsys.launch import max_batch_rows
-    from frugal.recsys.streams import CriteoStream
+    from frugal.recsys.ps import default_owners, virtual_shard
 
     ids = np.array([[1], [4], [1], [4]])  # feature b: one id per sample, 2 distinct
     bags = {"a": (np.array([1, 2, 3, 5, 1, 4], np.int64), np.array([0, 3, 3, 4, 6], np.int64))}
@@ -237,17 +237,16 @@ def test_max_batch_rows_counts_the_largest_bags_capped_by_the_distinct_ids() -> 
         ("b",), (10, 10), ids, np.zeros((4, 1), np.float32), np.zeros(4, np.float32), bags
     )
     assert data.keys == ("b", "a")
-    # a's bags [1, 2, 3], [], [5], [1, 4] hold 5 distinct ids; b brings min(batch, 2)
-    assert max_batch_rows(data, 1) == 3 + 1  # a: its largest bag; b: one id
-    assert max_batch_rows(data, 2) == 5 + 2  # a: 3 + 2 ids, all 5 distinct ones
-    assert max_batch_rows(data, 3) == 5 + 2  # a: 3 + 2 + 1 > 5 distinct: capped
-    stream, _ = load_recsys_data(
-        RecsysDataConfig(dataset="criteo_kaggle_stream", stream_num_samples=512,
-                         stream_test_samples=100, stream_scale=0.001)
-    )  # fmt: skip
-    assert isinstance(stream, CriteoStream)
-    # one id per field and sample: each of the 26 fields brings min(batch, its ids)
-    assert max_batch_rows(stream, 64) == sum(min(64, c) for c in stream.num_embeddings)
+    # One trainer, one batch of all 4 samples: b's ids {1, 4} and a's bags [1, 2, 3], [],
+    # [5], [1, 4]: ids {1, 2, 3, 4, 5}, all to the one shard.
+    one = RecsysTrainConfig(batch_size=4, nproc=1)
+    assert max_batch_rows(data, one) == 2 + 5
+    # Two trainers of 2 samples each over 2 shards: at most each shard's share of 7 rows
+    two = RecsysTrainConfig(batch_size=2, nproc=2)
+    owner = default_owners(2)
+    shard0 = sum(int((owner[virtual_shard(t, np.array(v))] == 0).sum())
+                 for t, v in enumerate([[1, 4], [1, 2, 3, 4, 5]]))  # fmt: skip
+    assert 1 <= max_batch_rows(data, two) <= max(shard0, 7 - shard0)
 
 
 def test_a_stream_shorter_than_one_step_exits_2_before_launch(

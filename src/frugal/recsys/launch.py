@@ -13,16 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from frugal.config import ConfigError, config_to_dict
 from frugal.launch import MemoryEstimate, TorchrunJob, check_job, run_torchrun
 from frugal.recsys.batch import RecsysData, RecsysSplit
+from frugal.recsys.client import EmbeddingClient
 from frugal.recsys.config import RecsysTrainConfig, shard_budget_bytes
 from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
 from frugal.recsys.errors import RecsysError
-from frugal.recsys.loader import count_total_samples
-from frugal.recsys.ps import shard_capacity, shard_memory_bytes
+from frugal.recsys.loader import BatchSource, count_total_samples
+from frugal.recsys.ps import default_owners, shard_capacity, shard_memory_bytes
+from frugal.recsys.transport import LocalTransport
 from frugal.store import EmbeddingStore
 from frugal.store.rows import RowSpec
 
@@ -127,36 +127,37 @@ def _check_features(config: RecsysTrainConfig) -> None:
         )
 
 
-def max_batch_rows(train: RecsysSplit, batch_size: int) -> int:
-    """The most distinct (table, id) rows one trainer's batch can bring to one PS shard.
+def max_batch_rows(train: RecsysSplit, config: RecsysTrainConfig, num_steps: int = 4) -> int:
+    """The most distinct (table, id) rows one trainer's batch brings to one PS shard.
 
-    Ids are routed by a hash, so every id of a batch may land on one shard: per table, the
-    ids of its `batch_size` largest bags (one id per sample where each bag holds one), capped
-    by the distinct ids of the table. A `RecsysData` split is read exactly (its bag lengths
-    and distinct ids); another split (a generated stream) by the bag lengths of its first
-    batch, capped by its tables' sizes unless its ids are raw hashes.
+    Each push holds one trainer's batch's ids owned by one shard, and a push that does not
+    fit a shard fails. Measured on the batches of the first `num_steps` steps, each rank's
+    as its `BatchSource` reads them, routed as the trainers route them
+    (`EmbeddingClient.route`: raw ids hashed, then by virtual shard over `nproc` shards):
+    a capacity below it fails in those steps; a later batch may bring more.
 
     Args:
-        train: The training split.
-        batch_size: Samples per trainer per step, >= 1.
+        train: The training split, at least one step (batch_size x nproc samples) long.
+        config: The run (batch_size, nproc, seed, epochs, max_steps).
+        num_steps: Steps measured, >= 1.
 
     Returns:
-        The bound, summed over the tables.
+        The largest count over (rank, step, shard).
     """
-    size = min(batch_size, train.num_samples)
-    if isinstance(train, RecsysData):
-        total = 0
-        for values, offsets in zip(train.values, train.offsets, strict=True):
-            bags = np.diff(offsets)
-            largest = int(np.partition(bags, len(bags) - size)[len(bags) - size :].sum())
-            total += min(largest, len(np.unique(values)))
-        return total
-    batch = train.batch(np.arange(size, dtype=np.int64), batch_id=0)
-    longest_F = np.asarray(batch.lengths).reshape(len(train.keys), size).max(axis=1)
-    return sum(
-        int(longest) * size if train.raw_ids else min(int(longest) * size, num_embeddings)
-        for longest, num_embeddings in zip(longest_F.tolist(), train.num_embeddings, strict=True)
+    transport = LocalTransport([], threads=1)  # routing makes no call
+    client = EmbeddingClient(
+        transport, default_owners(config.nproc), len(train.keys), 1, raw_ids=train.raw_ids
     )
+    most = 0
+    try:
+        for rank in range(config.nproc):
+            source = BatchSource(train, config, rank, config.nproc)
+            for step in range(min(num_steps, source.num_steps)):
+                routed = client.route(source.batch(step))
+                most = max([most, *(stop - start for start, stop in routed.owner_slices.values())])
+    finally:
+        transport.close()
+    return most
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,18 +166,25 @@ class _SplitFacts:
 
     num_samples: int
     num_embeddings: tuple[int, ...]
-    batch_rows: int
+    batch_rows: int | None
+    """`max_batch_rows`; None if the split is shorter than one step."""
     is_stream: bool
 
 
 @functools.lru_cache(maxsize=16)
-def _split_facts(data: RecsysDataConfig, batch_size: int) -> _SplitFacts:
+def _split_facts(
+    data: RecsysDataConfig, batch_size: int, nproc: int, seed: int, max_steps: int | None
+) -> _SplitFacts:
     """Facts of a training split, cached: a bench checks many runs of the same data."""
     train, _ = load_recsys_data(data)
+    shape = RecsysTrainConfig(
+        data=data, batch_size=batch_size, nproc=nproc, seed=seed, max_steps=max_steps
+    )
+    long_enough = train.num_samples >= batch_size * nproc
     return _SplitFacts(
         num_samples=train.num_samples,
         num_embeddings=tuple(train.num_embeddings),
-        batch_rows=max_batch_rows(train, batch_size),
+        batch_rows=max_batch_rows(train, shape) if long_enough else None,
         is_stream=not isinstance(train, RecsysData),
     )
 
@@ -207,21 +215,22 @@ def _check_one_step(config: RecsysTrainConfig, facts: _SplitFacts) -> None:
 
 
 def _check_capacity(config: RecsysTrainConfig, facts: _SplitFacts) -> None:
-    """Refuse a `ps_capacity_rows` below the rows one batch can bring to a shard.
+    """Refuse a `ps_capacity_rows` below the rows one batch brings to a shard.
 
     Such a push fails in every mode (`EmbeddingShard._make_room`): with ps_when_full="error"
     at once, with "evict_lru" because the rows of the push itself cannot be evicted.
     """
-    capacity = config.ps_capacity_rows
-    if capacity is None or capacity >= facts.batch_rows:
+    capacity, needed = config.ps_capacity_rows, facts.batch_rows
+    if capacity is None or needed is None or capacity >= needed:
         return
     raise ConfigError(
-        f"ps_capacity_rows={capacity:,} is below the {facts.batch_rows:,} distinct ids one "
-        f"batch can bring to a PS shard (batch_size={config.batch_size} samples over "
-        f"{len(facts.num_embeddings)} tables of {config.data.dataset}; ids are routed by a "
-        "hash, so all may land on one shard); a push that does not fit stops training with "
-        f"KeySpaceFullError, evicting or not: set ps_capacity_rows >= {facts.batch_rows:,}, "
-        "lower batch_size, or leave ps_capacity_rows unset (the tables' declared sizes)"
+        f"ps_capacity_rows={capacity:,} is below the {needed:,} distinct ids one trainer's "
+        f"batch brings to one PS shard in the first steps (batch_size={config.batch_size} "
+        f"samples over {len(facts.num_embeddings)} tables of {config.data.dataset}, routed "
+        f"over nproc={config.nproc} shards); a push that does not fit stops training with "
+        f"KeySpaceFullError, evicting or not: set ps_capacity_rows >= {needed:,} (later "
+        "batches may bring more: leave room), lower batch_size, or leave ps_capacity_rows "
+        "unset (the tables' declared sizes)"
     )
 
 
@@ -270,8 +279,8 @@ def check_run(config: RecsysTrainConfig) -> None:
     (a fresh run does not replace an earlier run's checkpoints, a resume matches them); the
     training split holds one step (batch_size x nproc samples; not checked on a resume,
     which keeps its checkpoint's length); a set `ps_capacity_rows` holds the rows one batch
-    can bring to a shard (`max_batch_rows`); a PS memory budget is at least its store's
-    minimum (`EmbeddingStore.minimum_budget_bytes`).
+    brings to a shard in the first steps (`max_batch_rows`); a PS memory budget is at least
+    its store's minimum (`EmbeddingStore.minimum_budget_bytes`).
 
     Args:
         config: The training run (its dataset is loaded; the facts checked are cached).
@@ -281,7 +290,9 @@ def check_run(config: RecsysTrainConfig) -> None:
     """
     _check_features(config)
     _check_checkpoint_dir(config)
-    facts = _split_facts(config.data, config.batch_size)
+    facts = _split_facts(
+        config.data, config.batch_size, config.nproc, config.seed, config.max_steps
+    )
     latest = None if config.checkpoint_dir is None else Path(config.checkpoint_dir) / "LATEST"
     if not (config.resume and latest is not None and latest.is_file()):
         _check_one_step(config, facts)
