@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from frugal.bench.recsys import RecsysBenchConfig, _cells, _summary, distinct_train_ids
+from frugal.config import config_to_dict
 from frugal.recsys.config import RecsysTrainConfig
 from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
 
@@ -159,3 +162,64 @@ def test_bounded_table_cells_size_the_shards_and_compare_with_the_unbounded_run(
     )
     with pytest.raises(ValueError, match=r"bounded_id_ratios=\(1.0,\) must each be > 1"):
         replace(config, bounded_id_ratios=(1.0,))
+
+
+def _fake_result(config: RecsysTrainConfig) -> dict[str, Any]:
+    """What a run's result.json holds, as far as the rows and the summary read it."""
+    return {
+        "mode": config.mode, "dataset": config.data.dataset, "staleness": config.staleness,
+        "rtt_ms": config.rtt_ms, "seed": config.seed, "test_auc": 0.7, "test_logloss": 0.6,
+        "samples_per_s": 100.0, "max_staleness_seen": 1, "staleness_bound": 15, "steps": 10,
+        "ps_hit_ratio": 0.9, "evicted_rows": 5, "expired_rows": 0, "rejected_updates": 2,
+        "config": config_to_dict(config),
+    }  # fmt: skip
+
+
+def test_an_infeasible_cell_is_a_row_and_the_rest_of_the_grid_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import frugal.bench.recsys as bench
+    from frugal.bench.harness import load_bench_result
+    from frugal.reproduce import parts
+
+    launched: list[RecsysTrainConfig] = []
+
+    def launch_runs(
+        runs: list[tuple[RecsysTrainConfig, Path]], job_dir: Path, *, timeout_s: float
+    ) -> list[dict[str, Any]]:
+        launched.extend(c for c, _ in runs)  # torchrun is not started: results by hand
+        return [_fake_result(c) for c, _ in runs]
+
+    monkeypatch.setattr(bench, "launch_runs", launch_runs)
+    config = RecsysBenchConfig(
+        datasets=("criteo_zipf",), modes=("sync", "hybrid"), staleness=(4,), rtt_ms=(0.0,),
+        seeds=(0,), batch_size=8, data=RecsysDataConfig(zipf_num_samples=2000,
+        zipf_num_embeddings=50), out_of_core_ratios=(0.5, 0.01), out_of_core_embedding_dim=512,
+        bounded_id_ratios=(2.0, 1000.0),
+    )  # fmt: skip
+    result = bench.run_recsys_bench(config, tmp_path)
+    rows = {(r["cell"], r.get("id_ratio") or r["ps_memory_ratio"]): r for r in result.rows}
+    # Rows of 512-wide embeddings: a shard of ~1,270 rows holds ~2.6 MB, so 0.5 of it is a
+    # workable budget and 0.01 (26 kB) is below the store's 128 KiB at least.
+    ooc = rows[("out_of_core", 0.01)]
+    assert ooc["status"] == "infeasible" and ooc["test_auc"] is None
+    assert "ps_memory_ratio=0.01 gives" in ooc["error"] and "store needs" in ooc["error"]
+    # 1,000 ids per row of capacity leaves 1 row a shard, below a batch's (8 of 8 features)
+    bounded = rows[("bounded", 1000.0)]
+    assert bounded["status"] == "infeasible" and bounded["ps_capacity_rows"] == 1
+    assert "ps_capacity_rows=1 is below the" in bounded["error"]
+    assert "distinct ids one trainer's batch brings to one PS shard" in bounded["error"]
+    for key in [("grid", None), ("out_of_core", None), ("out_of_core", 0.5), ("bounded", 2.0)]:
+        assert rows[key]["status"] == "ok"
+    # the other cells ran (2 grid, 2 out-of-core, 1 bounded), the infeasible ones did not
+    assert len(result.rows) == 7 and len(launched) == 5
+    assert {c.ps_memory_ratio for c in launched} == {None, 0.5}
+    assert 1 not in {c.ps_capacity_rows for c in launched}
+    # the summary and the reproduce verdicts count them as not measured
+    summary = load_bench_result(tmp_path / "results.json", bench.RecsysSummary).summary
+    assert summary.out_of_core["criteo_zipf"].throughput_over_in_ram == {"0.5": 1.0, "0.01": None}
+    assert summary.bounded["criteo_zipf"].completed == {"2": True, "1000": None}
+    verdicts = {v.claim: v.value for v in parts._recsys_verdicts(result)}
+    assert [value for claim, value in verdicts.items() if "1/1000 " in claim] == [None]
+    assert [value for claim, value in verdicts.items() if "1/2 " in claim] == [1.0]
+    assert [value for claim, value in verdicts.items() if "memory:data 0.01" in claim] == [None] * 2

@@ -25,7 +25,7 @@ def load(name: str) -> ModuleType:
 def test_every_example_is_tested() -> None:
     tested = {
         "store_training_loop", "tgraph_benchmark", "plan_my_cluster", "pipeline_tiny_gpt",
-        "pipeline_your_model", "store_kge", "store_gnn",
+        "pipeline_your_model", "store_kge", "store_gnn", "recsys_train_and_serve",
     }  # fmt: skip
     assert {p.stem for p in EXAMPLES.glob("*.py")} == tested
 
@@ -113,3 +113,24 @@ def test_store_kge_learns_umls_and_reads_your_own_files(tmp_path: Path) -> None:
          "--valid", str(tmp_path / "valid.txt"), "--test", str(tmp_path / "test.txt")]
     )  # fmt: skip
     assert 0 < own["mrr"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_recsys_train_and_serve_serves_the_checkpoints_rows(tmp_path: Path) -> None:
+    out = load("recsys_train_and_serve").main(["--tiny", "--dir", str(tmp_path)])
+    # 8 steps of 64 samples on 1 trainer, a checkpoint every 2 steps: at 128, 256, 384, 512
+    # samples (a full one, then three incremental ones; 4 fit in the retention of 2 chains).
+    assert out["checkpoints"] == ["step-128", "step-256", "step-384", "step-512"]
+    assert out["num_tables"] == 26 and out["embedding_dim"] == 8
+    assert 0 < out["changed_rows"] <= out["rows"]  # later steps touch new and old rows
+    # the incremental export since step-128, applied to step-128's full export, is step-512's
+    assert out["incremental_applies"] is True
+    # Snapshot.lookup of every exported id is the row the export read from the checkpoint
+    assert out["lookups_equal_checkpoint"] is True
+    assert out["untrained_row_norm"] > 0  # an id never trained reads its seeded initial value
+    probabilities = out["probabilities"]
+    assert probabilities.shape == (512,)  # the whole test split
+    assert ((probabilities > 0) & (probabilities < 1)).all()
+    # predict is the trainer's evaluation: the same scores, so the same test AUC
+    assert out["served_test_auc"] == pytest.approx(out["test_auc"], abs=1e-9)

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from frugal.cli.main import main
+from frugal.cli.main import build_parser, main
+from frugal.cli.recsys import train_config
+from frugal.recsys.config import RecsysTrainConfig
+
+
+def train_config_of(args: list[str]) -> RecsysTrainConfig:
+    """The config `frugal recsys train ARGS` would run."""
+    return train_config(build_parser().parse_args(["recsys", "train", *args]))
 
 
 def test_bad_staleness_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -184,3 +193,95 @@ def test_checkpoint_dir_misuse_exits_2_before_launch(
     assert sorted(p.name for p in folder.iterdir()) == ["LATEST", "step-640"]  # nothing lost
     assert main(["recsys", "train", "--set", 'checkpoint_dir=""']) == 2
     assert "checkpoint_dir='' is empty" in capsys.readouterr().err
+
+
+def _refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one stderr line of a `recsys train` refused with exit 2 (nothing launched)."""
+    assert main(["recsys", "train", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("frugal: error: ")
+    return err[0]
+
+
+ZIPF = ["--dataset", "criteo_zipf", "--set", "data.zipf_num_samples=2000", "--set",
+        "data.zipf_num_embeddings=50", "--set", "batch_size=32"]  # fmt: skip
+
+
+def test_a_shard_below_one_batch_s_ids_exits_2_before_launch_naming_the_minimum(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from frugal.recsys.launch import check_run
+
+    err = _refused([*ZIPF, "--set", "ps_capacity_rows=10", "--out", str(tmp_path)], capsys)
+    match = re.search(r"ps_capacity_rows=10 is below the (\d+) distinct ids one trainer", err)
+    assert match is not None, err
+    assert not (tmp_path / "logs").exists()  # refused before torchrun started
+    needed = int(match.group(1))
+    # a batch of 32 samples brings at most 8 features x 32 = 256 ids to a shard
+    assert 10 < needed <= 256
+    assert f"set ps_capacity_rows >= {needed}" in err
+    config = train_config_of([*ZIPF, "--set", f"ps_capacity_rows={needed}"])
+    check_run(config)  # the minimum named is accepted, the one below is not, evicting or not
+    with pytest.raises(ValueError, match=f"ps_capacity_rows={needed - 1} is below the {needed}"):
+        check_run(replace(config, ps_capacity_rows=needed - 1, ps_when_full="evict_lru"))
+
+
+def test_max_batch_rows_is_the_largest_push_of_a_batch_to_one_shard() -> None:
+    from frugal.recsys.batch import RecsysData
+    from frugal.recsys.launch import max_batch_rows
+    from frugal.recsys.ps import default_owners, virtual_shard
+
+    ids = np.array([[1], [4], [1], [4]])  # feature b: one id per sample, 2 distinct
+    bags = {"a": (np.array([1, 2, 3, 5, 1, 4], np.int64), np.array([0, 3, 3, 4, 6], np.int64))}
+    data = RecsysData.from_columns(
+        ("b",), (10, 10), ids, np.zeros((4, 1), np.float32), np.zeros(4, np.float32), bags
+    )
+    assert data.keys == ("b", "a")
+    # One trainer, one batch of all 4 samples: b's ids {1, 4} and a's bags [1, 2, 3], [],
+    # [5], [1, 4]: ids {1, 2, 3, 4, 5}, all to the one shard.
+    one = RecsysTrainConfig(batch_size=4, nproc=1)
+    assert max_batch_rows(data, one) == 2 + 5
+    # Two trainers of 2 samples each over 2 shards: at most each shard's share of 7 rows
+    two = RecsysTrainConfig(batch_size=2, nproc=2)
+    owner = default_owners(2)
+    shard0 = sum(int((owner[virtual_shard(t, np.array(v))] == 0).sum())
+                 for t, v in enumerate([[1, 4], [1, 2, 3, 4, 5]]))  # fmt: skip
+    assert 1 <= max_batch_rows(data, two) <= max(shard0, 7 - shard0)
+
+
+def test_a_stream_shorter_than_one_step_exits_2_before_launch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from frugal.recsys.launch import check_run
+
+    stream = ["--dataset", "criteo_kaggle_stream", "--set", "data.stream_scale=0.001",
+              "--set", "data.stream_test_samples=100"]  # fmt: skip
+    err = _refused([*stream, "--set", "data.stream_num_samples=255"], capsys)
+    # one step of the default batch_size 128 on nproc 2 trainers takes 256 samples
+    assert "has 255 samples (data.stream_num_samples=255), fewer than one step of " in err
+    assert "batch_size=128 x nproc=2 = 256 samples; set data.stream_num_samples >= 256" in err
+    check_run(train_config_of([*stream, "--set", "data.stream_num_samples=256"]))
+    # a cut split names its cut
+    err = _refused([*ZIPF, "--nproc", "4", "--set", "data.max_train_samples=100"], capsys)
+    assert "has 100 samples (data.max_train_samples=100)" in err
+    assert "32 x nproc=4 = 128 samples; set data.max_train_samples >= 128" in err
+
+
+def test_a_ps_memory_budget_below_the_store_s_minimum_exits_2_before_launch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from frugal.recsys.launch import check_run
+
+    wide = [*ZIPF, "--set", 'store_backend="file"', "--set", "embedding_dim=512"]
+    err = _refused([*wide, "--set", "ps_memory_ratio=0.05"], capsys)
+    assert "ps_memory_ratio=0.05 gives" in err and "each PS shard's store needs" in err
+    match = re.search(
+        r"set ps_memory_ratio >= ([0-9.]+) or ps_memory_budget_bytes >= ([0-9,]+)", err
+    )
+    assert match is not None, err
+    ratio, minimum = float(match.group(1)), int(match.group(2).replace(",", ""))
+    assert ratio > 0.05
+    check_run(train_config_of([*wide, "--set", f"ps_memory_ratio={ratio}"]))  # accepted
+    check_run(train_config_of([*wide, "--set", f"ps_memory_budget_bytes={minimum}"]))
+    err = _refused([*wide, "--set", f"ps_memory_budget_bytes={minimum - 1}"], capsys)
+    assert f"ps_memory_budget_bytes={minimum - 1:,} is below the {minimum:,} bytes" in err

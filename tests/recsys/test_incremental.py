@@ -241,9 +241,34 @@ def test_exports_materialise_the_chain_and_write_the_changes_since_a_step(
             np.testing.assert_array_equal(vectors_after[order], new[f"vectors{t}"])
             assert not np.isin(delta[f"deleted{t}"], new[f"ids{t}"]).any()
         assert len(delta["deleted0"]) > 0
-    with pytest.raises(RecsysError, match=r"not in the chain of .*step-5, step-10, step-15"):
+    with pytest.raises(ConfigError, match=r"not an earlier checkpoint of the chain of"):
         export_tables(directory, tmp_path / "x.npz", since=tmp_path / "step-5")
     live.close()
+
+
+@pytest.mark.parametrize("since", ["elsewhere/step-5", "ckpt/step-7", "ckpt", "ckpt/step-15"])
+def test_an_incremental_export_since_a_folder_off_the_chain_exits_2_naming_the_valid_ones(
+    tmp_path: Path,
+    chain: tuple[Path, EmbeddingShard],
+    capsys: pytest.CaptureFixture[str],
+    since: str,
+) -> None:
+    directory, live = chain
+    live.close()
+    (tmp_path / "elsewhere" / "step-5").mkdir(parents=True)  # the right name, another folder
+    out = tmp_path / "x.npz"
+    args = ["recsys", "export", str(directory / "step-10"), "--out", str(out)]
+    assert main([*args, "--incremental-since", str(tmp_path / since)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--incremental-since {tmp_path / since} is not" in err[0]
+    # step-10's chain is step-5 (full) -> step-10: only step-5 is an earlier checkpoint of it
+    assert f"give one of {directory / 'step-5'} (the changes since it)" in err[0]
+    assert "step-15" not in err[0].split("give one of")[1]
+    assert not out.exists()
+    # a full checkpoint has no earlier checkpoint in its chain
+    args = ["recsys", "export", str(directory / "step-5"), "--out", str(out)]
+    assert main([*args, "--incremental-since", str(directory / "step-10")]) == 2
+    assert "step-5 is a full checkpoint, the first of its chain" in capsys.readouterr().err
 
 
 def test_a_format_1_checkpoint_reads_as_a_full_one_and_a_newer_format_is_refused(

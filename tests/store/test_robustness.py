@@ -54,6 +54,14 @@ def test_the_minimum_budget_an_error_names_is_accepted(
     match = re.search(r"at least (\d+)", str(refused.value))
     assert match is not None
     minimum = int(match.group(1))
+    # the same minimum, computed before any store exists
+    ahead = EmbeddingStore.minimum_budget_bytes(
+        num_rows=num_rows,
+        spec=spec,
+        config=EmbeddingStore.Config(backend=backend),
+        key_space=key_space,  # type: ignore[arg-type]
+    )
+    assert ahead == minimum
     with create("minimum", minimum) as store:  # the suggestion is accepted...
         assert store.cache.capacity >= 64
         assert store.stats()["memory_budget_bytes"] == minimum

@@ -39,7 +39,7 @@ from frugal.bench.harness import (
     Summary,
     write_bench_results,
 )
-from frugal.config import check_types
+from frugal.config import ConfigError, check_types
 from frugal.recsys.batch import RecsysData
 from frugal.recsys.config import Mode, RecsysTrainConfig
 from frugal.recsys.datasets import (
@@ -49,7 +49,7 @@ from frugal.recsys.datasets import (
     load_recsys_data,
     teacher_auc,
 )
-from frugal.recsys.launch import launch_runs
+from frugal.recsys.launch import check_run, launch_runs
 from frugal.recsys.models import ModelName
 
 __all__ = [
@@ -291,9 +291,74 @@ def _cells(
     return cells
 
 
+def _launch_feasible(
+    runs: list[tuple[RecsysTrainConfig, Path]], job_dir: Path, timeout_s: float
+) -> list[dict[str, Any] | ConfigError]:
+    """Run the runs that pass `check_run` in one torchrun job; an infeasible run gets its error.
+
+    A setting the trainers would fail on (a PS budget below the store's minimum, a shard
+    smaller than one batch's ids) is found before launch, so one such cell does not fail the
+    job of the others.
+
+    Returns:
+        Per run, in order: its `result.json` content, or the `ConfigError` that refused it.
+    """
+    refused: dict[int, ConfigError] = {}
+    for index, (run_config, _) in enumerate(runs):
+        try:
+            check_run(run_config)
+        except ConfigError as exc:
+            refused[index] = exc
+    feasible = [run for index, run in enumerate(runs) if index not in refused]
+    results = iter(launch_runs(feasible, job_dir, timeout_s=timeout_s) if feasible else [])
+    return [refused[index] if index in refused else next(results) for index in range(len(runs))]
+
+
+def _infeasible_row(config: RecsysTrainConfig, error: ConfigError, cell: str) -> dict[str, Any]:
+    """The row of a run refused before launch: its cell, `status` "infeasible" and why."""
+    row: dict[str, Any] = dict.fromkeys(_ROW_KEYS)
+    row |= {
+        "mode": config.mode,
+        "dataset": config.data.dataset,
+        "staleness": None if config.mode == "sync" else config.staleness,
+        "rtt_ms": config.rtt_ms,
+        "seed": config.seed,
+        "world_size": config.nproc,
+        "cell": cell,
+        "ps_memory_ratio": config.ps_memory_ratio,
+        "ps_capacity_rows": config.ps_capacity_rows,
+        "status": "infeasible",
+        "error": str(error),
+    }
+    return row
+
+
+def _rows_of(
+    runs: list[tuple[RecsysTrainConfig, Path]],
+    outcomes: list[dict[str, Any] | ConfigError],
+    cell: str = "grid",
+) -> list[dict[str, Any]]:
+    """One row per run: measured (`status` "ok") or refused ("infeasible")."""
+    return [
+        _infeasible_row(run_config, outcome, cell)
+        if isinstance(outcome, ConfigError)
+        else _row(outcome, cell)
+        for (run_config, _), outcome in zip(runs, outcomes, strict=True)
+    ]
+
+
+def _done(what: str, rows: list[dict[str, Any]]) -> str:
+    """A progress line: runs done, and the infeasible ones."""
+    refused = sum(r["status"] == "infeasible" for r in rows)
+    return f"{what}: {len(rows) - refused} runs done" + (
+        f", {refused} infeasible (refused before launch; see their rows' error)" if refused else ""
+    )
+
+
 def _row(result: dict[str, Any], cell: str = "grid") -> dict[str, Any]:
     row = {key: result.get(key) for key in _ROW_KEYS}
     row["cell"] = cell
+    row["status"] = "ok"
     row["ps_memory_ratio"] = result["config"].get("ps_memory_ratio")
     row["ps_capacity_rows"] = result["config"].get("ps_capacity_rows")
     row["logloss"] = result["test_logloss"]
@@ -360,8 +425,9 @@ class RecsysBoundedSummary(Summary):
     """Distinct (table, id) pairs of the training split (the first seed's)."""
     capacity_rows: dict[str, int]
     """Rows of each PS shard."""
-    completed: dict[str, bool]
-    """Every seed's run trained all its steps (no full shard stopped it)."""
+    completed: dict[str, bool | None]
+    """Every seed's run trained all its steps (no full shard stopped it); None where no run
+    of the ratio was measured (refused before launch as infeasible)."""
     auc_cost_vs_unbounded: dict[str, float | None]
     """Test AUC of the unbounded run minus the bounded one's (> 0: the bound costs AUC)."""
     throughput_over_unbounded: dict[str, float | None]
@@ -400,6 +466,7 @@ def _summary(
     rtt = max(config.rtt_ms)
     k = _out_of_core_k(config)
     k_async = min(config.async_staleness or config.staleness, key=lambda v: (abs(v - 4), v))
+    rows = [r for r in rows if r.get("status", "ok") == "ok"]  # infeasible: not measured
     every_row, rows = rows, [r for r in rows if r.get("cell", "grid") == "grid"]
     datasets: dict[str, RecsysDatasetSummary] = {}
     for dataset in config.datasets:
@@ -481,7 +548,7 @@ def _summary(
         staleness_within_bound=all(
             r["max_staleness_seen"] <= r["staleness_bound"] for r in every_row
         ),
-        max_staleness_seen=max(r["max_staleness_seen"] for r in every_row),
+        max_staleness_seen=max((r["max_staleness_seen"] for r in every_row), default=0),
         bounded={
             dataset: _bounded_summary(
                 config, dataset, [r for r in every_row if r["dataset"] == dataset]
@@ -526,7 +593,9 @@ def _bounded_summary(
             dataset, ratio, seed, distinct
         ).ps_capacity_rows
         steps = {r["seed"]: r["steps"] for r in reference}
-        fields["completed"][key] = bool(at) and all(r["steps"] == steps.get(r["seed"]) for r in at)
+        fields["completed"][key] = (
+            all(r["steps"] == steps.get(r["seed"]) for r in at) if at else None
+        )
         fields["auc_cost_vs_unbounded"][key] = (
             ref_auc - a if a is not None and ref_auc is not None else None
         )
@@ -566,6 +635,11 @@ def run_recsys_bench(
 ) -> BenchResult[RecsysSummary]:
     """Run every cell of `config` side by side; write `results.json` and return the result.
 
+    A cell whose settings the trainers would fail on (`frugal.recsys.launch.check_run`: e.g.
+    an out-of-core ratio whose budget is below the store's minimum) is not launched: its row
+    has `status` "infeasible" and the `error`, the other cells run, and the summary counts
+    it as not measured. Measured rows have `status` "ok".
+
     Args:
         config: The grid and sizes.
         out_dir: Folder for `results.json` (created); run folders go under `out_dir/runs`.
@@ -592,10 +666,10 @@ def run_recsys_bench(
             for mode, k in _cells(config, dataset, rtt)
         ]
         job_dir = runs_dir / f"rtt{rtt:g}"
-        results = launch_runs(runs, job_dir, timeout_s=config.job_timeout_s)
-        rows += [_row(result) for result in results]
+        done = _rows_of(runs, _launch_feasible(runs, job_dir, config.job_timeout_s))
+        rows += done
         if progress is not None:
-            progress(f"rtt {rtt:g} ms: {len(results)} runs done")
+            progress(_done(f"rtt {rtt:g} ms", done))
     if config.out_of_core_ratios:
         runs = [
             (
@@ -606,10 +680,11 @@ def run_recsys_bench(
             for seed in config.seeds
             for ratio in (None, *config.out_of_core_ratios)
         ]
-        results = launch_runs(runs, runs_dir / "out_of_core", timeout_s=config.job_timeout_s)
-        rows += [_row(result, "out_of_core") for result in results]
+        outcomes = _launch_feasible(runs, runs_dir / "out_of_core", config.job_timeout_s)
+        done = _rows_of(runs, outcomes, "out_of_core")
+        rows += done
         if progress is not None:
-            progress(f"out of core: {len(results)} runs done")
+            progress(_done("out of core", done))
     if config.bounded_id_ratios:
         cells = [
             (dataset, seed, ratio)
@@ -624,11 +699,14 @@ def run_recsys_bench(
             )
             for dataset, seed, ratio in cells
         ]
-        results = launch_runs(runs, runs_dir / "bounded", timeout_s=config.job_timeout_s)
-        for (_, _, ratio), run_result in zip(cells, results, strict=True):
-            rows.append(_row(run_result, "bounded") | {"id_ratio": ratio})
+        outcomes = _launch_feasible(runs, runs_dir / "bounded", config.job_timeout_s)
+        done = [
+            row | {"id_ratio": ratio}
+            for (_, _, ratio), row in zip(cells, _rows_of(runs, outcomes, "bounded"), strict=True)
+        ]
+        rows += done
         if progress is not None:
-            progress(f"bounded tables: {len(results)} runs done")
+            progress(_done("bounded tables", done))
     teacher: dict[str, float | None] = {
         dataset: teacher_auc(config.train_config("sync", dataset, 1, 0.0, config.seeds[0]).data)
         for dataset in config.datasets

@@ -106,12 +106,13 @@ def train_config(args: argparse.Namespace) -> RecsysTrainConfig:
 @with_config(train_config)
 def _train(args: argparse.Namespace, config: RecsysTrainConfig) -> int:
     from frugal.launch import check_job
-    from frugal.recsys.launch import launch_training, memory_estimate
+    from frugal.recsys.launch import check_run, launch_training, memory_estimate
 
     out = output_folder(args.out)
     if not (config.resume and config.checkpoint_dir):  # resuming rewrites its own result
         refuse_earlier_output(out / "result.json", args)
     # Refused or warned before anything is printed.
+    check_run(config)
     check_job(config.nproc, memory_estimate(config), force=args.force)
     cores = os.cpu_count() or 1
     print(

@@ -575,9 +575,10 @@ def export_tables(checkpoint: Path, out_path: Path, *, since: Path | None = None
         Rows written per table, keyed `table{t}`; with `since`, also `deleted{t}`.
 
     Raises:
-        RecsysError: If there is no sealed checkpoint there, a file fails its sha256, a
-            base is missing or altered, or `since` is not in the checkpoint's chain.
-        ConfigError: If `checkpoint` is not a checkpoint.
+        RecsysError: If there is no sealed checkpoint there, a file fails its sha256, or a
+            base is missing or altered.
+        ConfigError: If `checkpoint` is not a checkpoint, or `since` is not one of its
+            chain (the message names the ones that are).
     """
     folder, manifest = resolve_checkpoint(checkpoint)
     _require(folder / "MANIFEST.json", manifest, ("world_size", "compat", "compat.embedding_dim"))
@@ -585,10 +586,17 @@ def export_tables(checkpoint: Path, out_path: Path, *, since: Path | None = None
     if since is not None:
         names = [f.name for f, _ in chain]
         if since.resolve().parent != folder.resolve().parent or since.name not in names:
-            raise RecsysError(
-                f"--incremental-since {since} is not in the chain of {folder} ({', '.join(names)}"
-                f" in {folder.parent}): give one of those; after a full checkpoint (the chain's "
-                f"first, {names[0]}) only a full export has every change"
+            valid = ", ".join(str(folder.parent / name) for name in names[:-1])
+            if not valid:
+                raise ConfigError(
+                    f"--incremental-since {since}: {folder} is a full checkpoint, the first of "
+                    "its chain, so no other checkpoint is its base; export it in full"
+                )
+            raise ConfigError(
+                f"--incremental-since {since} is not an earlier checkpoint of the chain of "
+                f"{folder}: give one of {valid} (the changes since it), or export in full "
+                f"(changes from before the chain's full checkpoint, {names[0]}, are only in "
+                "a full export)"
             )
         chain = chain[names.index(since.name) + 1 :]
     num_tables = table_count(shard_paths(folder, manifest)[0])

@@ -110,7 +110,9 @@ class RecsysTrainConfig:
     ps_capacity_rows: int | None = None
     """Rows each PS shard can hold, >= 1 (None: its share of the tables' declared sizes,
     `shard_capacity`). Below the ids the stream brings, set ps_when_full or
-    ps_expire_after_steps, else a full shard stops training with `KeySpaceFullError`."""
+    ps_expire_after_steps, else a full shard stops training with `KeySpaceFullError`; below
+    the ids one batch brings to a shard (`frugal.recsys.launch.max_batch_rows`) a run is
+    refused before launch."""
     ps_when_full: Literal["error", "evict_lru"] = "error"
     """What a push of new ids into a full PS shard does: "error" raises; "evict_lru" deletes
     the rows pushed least recently (`EmbeddingShard.Config.when_full`)."""

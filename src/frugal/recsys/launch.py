@@ -6,27 +6,39 @@ the same trainer module runs unchanged under a multi-machine torchrun command li
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from frugal.config import ConfigError, config_to_dict
 from frugal.launch import MemoryEstimate, TorchrunJob, check_job, run_torchrun
+from frugal.recsys.batch import RecsysData, RecsysSplit
+from frugal.recsys.client import EmbeddingClient
 from frugal.recsys.config import (
     RecsysTrainConfig,
     shard_budget_bytes,
     shard_rows_bytes,
     table_dims,
 )
-from frugal.recsys.datasets import load_recsys_data
+from frugal.recsys.datasets import RecsysDataConfig, load_recsys_data
 from frugal.recsys.errors import RecsysError
+from frugal.recsys.loader import BatchSource, count_total_samples
 from frugal.recsys.models import build_model
-from frugal.recsys.ps import shard_capacity, shard_memory_bytes
+from frugal.recsys.ps import default_owners, shard_capacity, shard_memory_bytes
+from frugal.recsys.transport import LocalTransport
+from frugal.store import EmbeddingStore
+from frugal.store.rows import RowSpec
+from frugal.store.store import MIN_BUDGET_BYTES
 
 __all__ = [
     "TRAINER_BASELINE_BYTES",
+    "check_run",
     "launch_runs",
     "launch_training",
+    "max_batch_rows",
     "memory_estimate",
 ]
 
@@ -133,6 +145,189 @@ def _check_features(config: RecsysTrainConfig) -> None:
         )
 
 
+def max_batch_rows(train: RecsysSplit, config: RecsysTrainConfig, num_steps: int = 4) -> int:
+    """The most distinct (table, id) rows one trainer's batch brings to one PS shard.
+
+    Each push holds one trainer's batch's ids owned by one shard, and a push that does not
+    fit a shard fails. Measured on the batches of the first `num_steps` steps, each rank's
+    as its `BatchSource` reads them, routed as the trainers route them
+    (`EmbeddingClient.route`: raw ids hashed, then by virtual shard over `nproc` shards):
+    a capacity below it fails in those steps; a later batch may bring more.
+
+    Args:
+        train: The training split, at least one step (batch_size x nproc samples) long.
+        config: The run (batch_size, nproc, seed, epochs, max_steps).
+        num_steps: Steps measured, >= 1.
+
+    Returns:
+        The largest count over (rank, step, shard).
+    """
+    transport = LocalTransport([], threads=1)  # routing makes no call
+    client = EmbeddingClient(
+        transport, default_owners(config.nproc), len(train.keys), 1, raw_ids=train.raw_ids
+    )
+    most = 0
+    try:
+        for rank in range(config.nproc):
+            source = BatchSource(train, config, rank, config.nproc)
+            for step in range(min(num_steps, source.num_steps)):
+                routed = client.route(source.batch(step))
+                most = max([most, *(stop - start for start, stop in routed.owner_slices.values())])
+    finally:
+        transport.close()
+    return most
+
+
+@dataclass(frozen=True, slots=True)
+class _SplitFacts:
+    """What the checks before launch need of a training split (not the split itself)."""
+
+    num_samples: int
+    num_embeddings: tuple[int, ...]
+    batch_rows: int | None
+    """`max_batch_rows`; None if the split is shorter than one step."""
+    is_stream: bool
+
+
+@functools.lru_cache(maxsize=16)
+def _split_facts(
+    data: RecsysDataConfig, batch_size: int, nproc: int, seed: int, max_steps: int | None
+) -> _SplitFacts:
+    """Facts of a training split, cached: a bench checks many runs of the same data."""
+    train, _ = load_recsys_data(data)
+    shape = RecsysTrainConfig(
+        data=data, batch_size=batch_size, nproc=nproc, seed=seed, max_steps=max_steps
+    )
+    long_enough = train.num_samples >= batch_size * nproc
+    return _SplitFacts(
+        num_samples=train.num_samples,
+        num_embeddings=tuple(train.num_embeddings),
+        batch_rows=max_batch_rows(train, shape) if long_enough else None,
+        is_stream=not isinstance(train, RecsysData),
+    )
+
+
+def _check_one_step(config: RecsysTrainConfig, facts: _SplitFacts) -> None:
+    """Refuse a training split shorter than one step (the trainers' `count_total_samples`)."""
+    step = config.batch_size * config.nproc
+    try:
+        count_total_samples(config, facts.num_samples, config.nproc)
+    except ValueError:
+        pass
+    else:
+        return
+    data = config.data
+    if data.max_train_samples is not None and data.max_train_samples < step:
+        given = f" (data.max_train_samples={data.max_train_samples})"
+        fix = f"set data.max_train_samples >= {step:,}"
+    elif facts.is_stream:
+        given = f" (data.stream_num_samples={data.stream_num_samples})"
+        fix = f"set data.stream_num_samples >= {step:,}"
+    else:
+        given, fix = "", f"give a dataset of {step:,} training samples or more"
+    raise ConfigError(
+        f"{data.dataset}'s training split has {facts.num_samples:,} samples{given}, fewer than "
+        f"one step of batch_size={config.batch_size} x nproc={config.nproc} = {step:,} "
+        f"samples; {fix}, or lower batch_size or nproc"
+    )
+
+
+def _check_capacity(config: RecsysTrainConfig, facts: _SplitFacts) -> None:
+    """Refuse a `ps_capacity_rows` below the rows one batch brings to a shard.
+
+    Such a push fails in every mode (`EmbeddingShard._make_room`): with ps_when_full="error"
+    at once, with "evict_lru" because the rows of the push itself cannot be evicted.
+    """
+    capacity, needed = config.ps_capacity_rows, facts.batch_rows
+    if capacity is None or needed is None or capacity >= needed:
+        return
+    raise ConfigError(
+        f"ps_capacity_rows={capacity:,} is below the {needed:,} distinct ids one trainer's "
+        f"batch brings to one PS shard in the first steps (batch_size={config.batch_size} "
+        f"samples over {len(facts.num_embeddings)} tables of {config.data.dataset}, routed "
+        f"over nproc={config.nproc} shards); a push that does not fit stops training with "
+        f"KeySpaceFullError, evicting or not: set ps_capacity_rows >= {needed:,} (later "
+        "batches may bring more: leave room), lower batch_size, or leave ps_capacity_rows "
+        "unset (the tables' declared sizes)"
+    )
+
+
+def _check_budget(config: RecsysTrainConfig, facts: _SplitFacts) -> None:
+    """Refuse a PS memory budget below the minimum of the shard's store (its `create`)."""
+    capacity = config.ps_capacity_rows or shard_capacity(facts.num_embeddings, config.nproc)
+    budget = shard_budget_bytes(config, capacity, facts.num_embeddings)
+    if budget is None:
+        return
+    widths = sorted(set(table_dims(config, len(facts.num_embeddings))))
+    if len(widths) > 1:  # one store per width, each at least MIN_BUDGET_BYTES
+        floor = MIN_BUDGET_BYTES * len(widths)
+        if budget < floor:
+            raise ConfigError(
+                f"a PS shard budget of {budget:,} bytes is below the {floor:,} its "
+                f"{len(widths)} embedding widths {widths} need ({MIN_BUDGET_BYTES:,} bytes per "
+                f"width's store); set ps_memory_budget_bytes >= {floor:,}, or use fewer widths"
+            )
+        return
+    spec = RowSpec(embedding_dim=widths[0], optimizer=config.embedding_optimizer)
+    minimum = EmbeddingStore.minimum_budget_bytes(
+        num_rows=capacity,
+        spec=spec,
+        config=EmbeddingStore.Config(backend=config.store_backend),
+        key_space="hashed",
+    )
+    if budget >= minimum:
+        return
+    rows_bytes = capacity * spec.row_bytes
+    fix = f"set ps_memory_budget_bytes >= {minimum:,}"
+    if config.ps_memory_ratio is None:
+        given = f"ps_memory_budget_bytes={budget:,}"
+    else:
+        given = f"ps_memory_ratio={config.ps_memory_ratio:g} gives {budget:,} bytes, which"
+        ratio = math.ceil(minimum / rows_bytes * 1e4) / 1e4
+        while int(ratio * rows_bytes) < minimum:  # shard_budget_bytes rounds down
+            ratio += 1e-4
+        if ratio <= 1:
+            fix = f"set ps_memory_ratio >= {ratio:.4g} or ps_memory_budget_bytes >= {minimum:,}"
+        else:
+            fix += (
+                f" (a ratio would need {ratio:.3g} > 1: rows this narrow cost more in the "
+                "per-row maps than in data)"
+            )
+    raise ConfigError(
+        f"{given} is below the {minimum:,} bytes each PS shard's store needs for its "
+        f"{capacity:,} rows of {spec.row_bytes} B (per-row maps, I/O buffers and 64 cached "
+        f"rows); {fix}, or leave both unset to hold every row in RAM"
+    )
+
+
+def check_run(config: RecsysTrainConfig) -> None:
+    """Refuse, before any process starts, settings the trainers would fail on.
+
+    The feature names and pooling modes fit the data; the checkpoint folder can be used
+    (a fresh run does not replace an earlier run's checkpoints, a resume matches them); the
+    training split holds one step (batch_size x nproc samples; not checked on a resume,
+    which keeps its checkpoint's length); a set `ps_capacity_rows` holds the rows one batch
+    brings to a shard in the first steps (`max_batch_rows`); a PS memory budget is at least
+    its store's minimum (`EmbeddingStore.minimum_budget_bytes`).
+
+    Args:
+        config: The training run (its dataset is loaded; the facts checked are cached).
+
+    Raises:
+        ConfigError: Naming the setting, the value that is accepted and the fix.
+    """
+    _check_features(config)
+    _check_checkpoint_dir(config)
+    facts = _split_facts(
+        config.data, config.batch_size, config.nproc, config.seed, config.max_steps
+    )
+    latest = None if config.checkpoint_dir is None else Path(config.checkpoint_dir) / "LATEST"
+    if not (config.resume and latest is not None and latest.is_file()):
+        _check_one_step(config, facts)
+    _check_capacity(config, facts)
+    _check_budget(config, facts)
+
+
 def launch_training(
     config: RecsysTrainConfig, out_dir: Path, *, timeout_s: float = 600.0, force: bool = False
 ) -> dict[str, Any]:
@@ -148,6 +343,7 @@ def launch_training(
         The content of `result.json`.
 
     Raises:
+        ConfigError: If the settings would fail in the trainers (`check_run`).
         RecsysError: If the job fails or times out (the failed ranks and their errors are in
             the message).
     """
@@ -174,8 +370,8 @@ def launch_runs(
         Each run's `result.json` content, in order.
 
     Raises:
-        ValueError: If `runs` is empty, the configs disagree on `nproc`, or a config's
-            `features` do not match its dataset.
+        ValueError: If `runs` is empty or the configs disagree on `nproc`.
+        ConfigError: If a run's settings would fail in the trainers (`check_run`).
         RecsysError: If the job fails or times out (the failed ranks and their errors are in
             the message).
     """
@@ -185,8 +381,7 @@ def launch_runs(
     if len(nprocs) != 1:
         raise ValueError(f"runs of one job need one nproc, got {sorted(nprocs)}; split the job")
     for run_config, _ in runs:
-        _check_features(run_config)
-        _check_checkpoint_dir(run_config)
+        check_run(run_config)
     config = runs[0][0]
     estimates = [memory_estimate(c) for c in dict.fromkeys(c for c, _ in runs)]
     config_path = job_dir / "job.json"

@@ -604,6 +604,44 @@ class EmbeddingStore:
         return store
 
     @classmethod
+    def minimum_budget_bytes(
+        cls,
+        *,
+        num_rows: int,
+        spec: RowSpec,
+        config: Config | None = None,
+        key_space: KeySpace = "dense",
+    ) -> int:
+        """The smallest `memory_budget_bytes` that `create` accepts for a store of this shape.
+
+        Lets a caller refuse a budget before it starts the processes that would create the
+        store; nothing is written. `config.memory_budget_bytes` is ignored.
+
+        Args:
+            num_rows: Rows N of the store, >= 1.
+            spec: Row layout.
+            config: The other settings (the backend and the slot index change the minimum).
+            key_space: "dense" or "hashed" (a hashed key map takes budget too).
+
+        Returns:
+            The minimum budget in bytes (at least 128 KiB).
+
+        Raises:
+            TypeError: If `config` is not an `EmbeddingStore.Config`.
+        """
+        config = cls._check_config(config)
+        # A store not opened: `_memory_layout` reads only these fields, so the minimum is
+        # computed by the same code that refuses a budget in `create`.
+        layout_only = cls.__new__(cls)
+        layout_only.directory = Path()
+        layout_only.num_rows = num_rows
+        layout_only.spec = spec
+        layout_only.config = config
+        layout_only.backend_name = config.backend
+        layout_only.key_space = key_space
+        return layout_only._minimum_budget(1, {})
+
+    @classmethod
     def _check_config(cls, config: Config | None) -> Config:
         if config is None:
             return cls.Config()
