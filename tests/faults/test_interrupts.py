@@ -20,7 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults._harness import assert_json_files_whole, frugal, record, run, signal_when
+from tests.faults._harness import (
+    assert_json_files_whole,
+    frugal,
+    full_tier,
+    record,
+    run,
+    signal_when,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -239,7 +246,11 @@ def test_a_long_command_ends_with_one_line_and_no_process_on_a_signal(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "code", "line"),
-    [(signal.SIGINT, 130, "frugal: interrupted"), (signal.SIGTERM, 143, "frugal: terminated")],
+    [
+        # CI interrupts reproduce once (about 45 s a run); `make faults` both ways
+        pytest.param(signal.SIGINT, 130, "frugal: interrupted", marks=full_tier),
+        (signal.SIGTERM, 143, "frugal: terminated"),
+    ],
     ids=["sigint", "sigterm"],
 )
 def test_reproduce_interrupted_keeps_its_finished_parts_and_resumes(
