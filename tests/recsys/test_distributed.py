@@ -540,3 +540,23 @@ def test_per_table_widths_train_out_of_core_checkpoint_and_serve(tmp_path: Path)
     other = replace(config, resume=True, embedding_dims=(8,) * 7)
     with pytest.raises(ConfigError, match=r"embedding_dims=\[32, 32, 4, 4, 4, 32, 4\]"):
         _check_checkpoint_dir(other)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_sequence_feature_trains_with_din_attention_and_serves(tmp_path: Path) -> None:
+    # MovieLens with each rating's earlier movies of the user as an unpooled feature, pooled
+    # by DIN attention against the rated movie inside the dense model.
+    config = _config(
+        data=RecsysDataConfig(dataset="movielens100k_history"), mode="hybrid", staleness=2,
+        max_steps=30, sequence_features=("history",), sequence_target="movie_id",
+        checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every_steps=30,
+    )  # fmt: skip
+    (result,) = _run(tmp_path, [(config, "seq")])
+    assert result["steps"] == 30 and result["test_auc"] > 0.6
+    history = 7
+    assert all(rank["shard"]["updates_applied"][history] > 0 for rank in result["ranks"])
+    snapshot = Snapshot.open(tmp_path / "ckpt")
+    test = load_recsys_data(config.data)[1]
+    assert roc_auc(test.labels, _predict(snapshot, config)) == result["test_auc"]

@@ -83,7 +83,8 @@ CHECKPOINT_VERSION = 2
 EXPORT_FORMAT = "frugal-recsys-export"
 _COMPAT_KEYS = ("data", "model", "hidden", "embedding_dim", "embedding_optimizer",
                 "batch_size", "seed", "dense_lr", "dense_optimizer", "dense_betas", "dense_eps",
-                "dense_weight_decay", "pooling", "embedding_dims")  # fmt: skip
+                "dense_weight_decay", "pooling", "embedding_dims", "sequence_features",
+                "sequence_target")  # fmt: skip
 # Compatibility fields added after the first checkpoints, with the value those implied.
 _EARLIER_COMPAT = {
     "dense_optimizer": "sgd",
@@ -92,6 +93,8 @@ _EARLIER_COMPAT = {
     "dense_weight_decay": 0.0,
     "pooling": ["sum"],
     "embedding_dims": [],
+    "sequence_features": [],
+    "sequence_target": None,
 }
 _MAX_CHAIN = 100_000  # longer base links than this are a cycle (a hand-edited manifest)
 

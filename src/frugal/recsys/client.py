@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from frugal._typing import I64
 from frugal.recsys.batch import KJTBatch
@@ -75,6 +75,7 @@ class EmbeddingClient:
         *,
         raw_ids: bool = False,
         pooling: tuple[str, ...] = ("sum",),
+        sequence_features: tuple[int, ...] = (),
     ) -> None:
         """Route through `transport` with `owners` (vshard -> shard).
 
@@ -82,7 +83,8 @@ class EmbeddingClient:
         (`hash_raw_ids`) before routing: shards, checkpoints and exports see hashed ids.
         `pooling`: "sum", "mean" or "max" for every table (one entry) or per table.
         `embedding_dim`: one width for every table, or one per table (the shards then hold
-        one store per width, see `EmbeddingShard`).
+        one store per width, see `EmbeddingShard`). `sequence_features`: the features
+        (indices) `forward` hands the model unpooled (`sequences`) instead of pooled.
 
         Raises:
             ValueError: If `pooling` or a per-table `embedding_dim` has neither 1 nor
@@ -110,6 +112,12 @@ class EmbeddingClient:
         if unknown:
             raise ValueError(f"pooling mode {unknown[0]!r}; choose sum, mean or max")
         self.pooling = tuple(pooling) * (num_tables if len(pooling) == 1 else 1)
+        if any(not 0 <= f < num_tables for f in sequence_features):
+            raise ValueError(
+                f"sequence_features={list(sequence_features)} must be feature indices in "
+                f"[0, {num_tables})"
+            )
+        self.sequence_features = tuple(sequence_features)
         self.raw_ids = raw_ids
         self.transport = transport
         self.owners = owners
@@ -229,22 +237,80 @@ class EmbeddingClient:
             returns: (B, F, E) when every table has width E, else (B, sum of the features'
             widths) with the features side by side in order.
         """
+        pooled = self.pooled_features(result)
+        return self.assemble([bag for bag in pooled if bag is not None])
+
+    def assemble(self, features: list[Tensor]) -> Tensor:
+        """Per-feature vectors (B, E_f) as the dense model takes them (see `pool`)."""
+        if len(self.group_dims) == 1:
+            return torch.stack(features, dim=1)
+        return torch.cat(features, dim=1)
+
+    def forward(self, model: nn.Module, result: LookupResult, dense_BD: Tensor) -> Tensor:
+        """The dense model's logits (B,) for a batch's rows.
+
+        Without sequence features: `model(pool(result), dense)`. With them:
+        `model(pooled_features(result), sequences(result), dense)`, the features' slots of
+        the sequence features left None (`frugal.recsys.models.SequenceFeatures` fills them).
+        """
+        if not self.sequence_features:
+            logits: Tensor = model(self.pool(result), dense_BD)
+        else:
+            logits = model(self.pooled_features(result), self.sequences(result), dense_BD)
+        return logits
+
+    def _value_ranges(self, result: LookupResult) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Lengths (F, B), each feature's first and end value, and each value's group row."""
         batch = result.pending.batch
-        num_features, batch_size = len(batch.keys), batch.batch_size
         lengths_FB = torch.from_numpy(batch.lengths.astype(np.int64)).reshape(
-            num_features, batch_size
+            len(batch.keys), batch.batch_size
         )
         value_ends = torch.cumsum(lengths_FB.sum(1), 0)
-        value_starts = value_ends - lengths_FB.sum(1)
-        inverse = result.pending.inverse
-        position_N = torch.from_numpy(result.pending.unique_positions)[inverse]
+        position_N = torch.from_numpy(result.pending.unique_positions)[result.pending.inverse]
+        return lengths_FB, value_ends - lengths_FB.sum(1), value_ends, position_N
+
+    def sequences(self, result: LookupResult) -> list[tuple[Tensor, Tensor]]:
+        """The rows of each sequence feature's bags, unpooled, in order, padded.
+
+        Returns:
+            Per sequence feature f (in `sequence_features` order): (rows (B, L, E_f), mask
+            (B, L) bool), L the feature's longest bag in the batch (at least 1); padding
+            rows are zeros with mask False. Gradients flow to `result.rows`.
+        """
+        lengths_FB, starts, ends, position_N = self._value_ranges(result)
+        batch_size = lengths_FB.shape[1]
+        out = []
+        for f in self.sequence_features:
+            g = int(self._group_of_table[f])
+            lengths = lengths_FB[f]
+            longest = max(int(lengths.max()) if batch_size else 0, 1)
+            rows = result.rows[g][position_N[int(starts[f]) : int(ends[f])]]
+            bag_starts = torch.cumsum(lengths, 0) - lengths
+            sample = torch.repeat_interleave(torch.arange(batch_size), lengths)
+            slot = torch.arange(len(rows)) - torch.repeat_interleave(bag_starts, lengths)
+            padded = rows.new_zeros(batch_size, longest, rows.shape[1])
+            padded = padded.index_put((sample, slot), rows)
+            mask = torch.arange(longest) < lengths[:, None]
+            out.append((padded, mask))
+        return out
+
+    def pooled_features(self, result: LookupResult) -> list[Tensor | None]:
+        """Each feature's bags pooled by its table's mode, (B, E_f); empty bags give zeros.
+
+        A sequence feature's entry is None: see `sequences`.
+        """
+        batch = result.pending.batch
+        num_features, batch_size = len(batch.keys), batch.batch_size
+        lengths_FB, value_starts, value_ends, position_N = self._value_ranges(result)
         pooled_F: list[Tensor | None] = [None] * num_features
         for g in range(len(self.group_dims)):  # one embedding_bag per (width, mode)
             for mode in sorted(set(self.pooling)):
                 features = [
                     f
                     for f in range(num_features)
-                    if self._group_of_table[f] == g and self.pooling[f] == mode
+                    if self._group_of_table[f] == g
+                    and self.pooling[f] == mode
+                    and f not in self.sequence_features
                 ]
                 if not features:
                     continue
@@ -258,10 +324,7 @@ class EmbeddingClient:
                 ).reshape(len(features), batch_size, -1)
                 for i, f in enumerate(features):
                     pooled_F[f] = bags[i]
-        pooled = [bag for bag in pooled_F if bag is not None]
-        if len(self.group_dims) == 1:
-            return torch.stack(pooled, dim=1)
-        return torch.cat(pooled, dim=1)
+        return pooled_F
 
     def push(
         self, result: LookupResult, step: int, world_size: int, seq: int | None = None

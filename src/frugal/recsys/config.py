@@ -19,6 +19,7 @@ __all__ = [
     "RecsysTrainConfig",
     "dense_weight_decay",
     "prefetch_depth",
+    "sequence_indices",
     "shard_budget_bytes",
     "shard_rows_bytes",
     "staleness_bound",
@@ -69,6 +70,15 @@ class RecsysTrainConfig:
     """How each (feature, sample) bag of ids becomes one vector: "sum", "mean" or "max"
     (`torch.nn.EmbeddingBag`'s modes; an empty bag gives zeros). One entry for every
     table, or one per table in the data's feature order."""
+    sequence_features: tuple[str, ...] = ()
+    """Features the dense model gets unpooled, each bag's ids in order (a user's history:
+    `movielens100k_history`'s `history`); the model pools each by DIN attention against
+    `sequence_target` (`frugal.recsys.models.SequenceFeatures`, arXiv 1706.06978). Their
+    `pooling` entries are unused."""
+    sequence_target: str | None = None
+    """The pooled feature each sequence feature's attention compares its items with (DIN's
+    candidate item, e.g. movie_id), of the same width; None: a learned query per sequence
+    feature."""
     dense_lr: float = 0.05
     """Learning rate of the dense optimizer, > 0 (0.05 suits sgd; adam and adamw usually want
     about 1e-3, torch's default)."""
@@ -320,6 +330,39 @@ def table_dims(config: RecsysTrainConfig, num_tables: int) -> tuple[int, ...]:
             f"{num_tables} tables; give one width per table, or [] for embedding_dim on all"
         )
     return tuple(config.embedding_dims)
+
+
+def sequence_indices(
+    config: RecsysTrainConfig, keys: tuple[str, ...]
+) -> tuple[tuple[int, ...], int | None]:
+    """Indices of `sequence_features` and of `sequence_target` among the data's features.
+
+    Raises:
+        ValueError: If a name is not one of `keys`, repeats, or the target is a sequence
+            feature.
+    """
+    unknown = [
+        name
+        for name in (*config.sequence_features, config.sequence_target)
+        if name is not None and name not in keys
+    ]
+    if unknown:
+        raise ValueError(
+            f"sequence feature or target {unknown[0]!r} is not a feature of "
+            f"{config.data.dataset} ({list(keys)}); name one of those"
+        )
+    if len(set(config.sequence_features)) != len(config.sequence_features):
+        raise ValueError(f"sequence_features={list(config.sequence_features)} repeats a name")
+    target = config.sequence_target
+    if target is not None and target in config.sequence_features:
+        raise ValueError(
+            f"sequence_target={target!r} is a sequence feature; the target must be a pooled "
+            "feature (the candidate item), or None for a learned query"
+        )
+    return (
+        tuple(keys.index(name) for name in config.sequence_features),
+        None if target is None else keys.index(target),
+    )
 
 
 def dense_weight_decay(config: RecsysTrainConfig) -> float:

@@ -3,6 +3,8 @@
 - `movielens100k`: one sample per rating, click = rating >= 4; features user, movie, age
   bucket, gender, occupation, zip prefix and the movie's genres (multi-hot); dense: age;
   temporal split at the 80% time quantile (train = earlier ratings).
+- `movielens100k_history`: the same plus `history`, the movies the user rated before (up to
+  20, most recent last): a sequence feature (`RecsysTrainConfig.sequence_features`).
 - `adult`: 8 categorical features (one table each), 6 standardised numeric ones (train
   statistics); label income > 50K; seeded 80/20 split.
 - `criteo_zipf`: `frugal.data.synthetic.CriteoZipfStream` ids (truncated Zipf per field) with
@@ -27,6 +29,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from frugal._typing import I64
 from frugal.config import check_types
 from frugal.data import load_table
 from frugal.data.synthetic import CriteoZipfStream
@@ -158,8 +161,49 @@ def _take(data: RecsysData, rows: npt.NDArray[np.int64]) -> RecsysData:
     )
 
 
+HISTORY_LENGTH = 20
+"""Movies a `movielens100k_history` sample's `history` holds at most."""
+
+
+def user_history(users: I64, items: I64, t: npt.NDArray[np.int64], length: int) -> tuple[I64, I64]:
+    """Each sample's user's previous `length` items (by time), oldest first, as jagged ids.
+
+    A sample's history holds the items of that user's earlier samples (earlier `t`; equal
+    times ordered by sample index), at most `length` of them, the most recent last: what a
+    model could have known when the sample happened. A user's first sample has none.
+
+    Shapes:
+        users, items, t: (S,) -> (values (N,), offsets (S + 1,)) int64.
+    """
+    order = np.lexsort((np.arange(len(users)), t, users))  # by user, then time, then index
+    sorted_users = users[order]
+    starts = np.flatnonzero(np.r_[True, sorted_users[1:] != sorted_users[:-1]])
+    group_start = np.repeat(starts, np.diff(np.r_[starts, len(users)]))
+    position = np.arange(len(users)) - group_start  # earlier samples of the same user
+    lengths_sorted = np.minimum(position, length)
+    lengths = np.empty(len(users), dtype=np.int64)
+    lengths[order] = lengths_sorted
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    # sample i (sorted position k) takes sorted items [k - lengths, k)
+    where_sorted = np.empty(len(users), dtype=np.int64)
+    where_sorted[order] = np.arange(len(users))
+    first = np.repeat(where_sorted - lengths, lengths)
+    step = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
+    values: I64 = items[order][first + step].astype(np.int64)
+    return values, offsets
+
+
 def _movielens(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
     del config  # the temporal split uses no seed or fraction
+    return _movielens_table(history=False)
+
+
+def _movielens_history(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
+    del config
+    return _movielens_table(history=True)
+
+
+def _movielens_table(*, history: bool) -> tuple[RecsysData, RecsysData]:
     table = load_table("movielens100k")
     columns = []
     sizes = []
@@ -178,15 +222,20 @@ def _movielens(config: RecsysDataConfig) -> tuple[RecsysData, RecsysData]:
     genre_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     dense = ((age - 34.0) / 12.0).astype(np.float32)[:, None]
     labels = (table["rating"].to_numpy() >= 4).astype(np.float32)
+    t = table["timestamp"].to_numpy()
+    multi_hot = {"genres": (genre_values, genre_offsets)}
+    table_sizes = (*sizes, len(_GENRES))
+    if history:  # the movies the user rated before, most recent last
+        multi_hot["history"] = user_history(columns[0], columns[1], t, HISTORY_LENGTH)
+        table_sizes = (*table_sizes, sizes[1])
     data = RecsysData.from_columns(
         ("user_id", "movie_id", "gender", "occupation", "age_bucket", "zip3"),
-        (*sizes, len(_GENRES)),
+        table_sizes,
         np.stack(columns, axis=1),
         dense,
         labels,
-        multi_hot={"genres": (genre_values, genre_offsets)},
+        multi_hot=multi_hot,
     )
-    t = table["timestamp"].to_numpy()
     cut = np.quantile(t, 0.8)
     train = np.flatnonzero(t <= cut).astype(np.int64)
     test = np.flatnonzero(t > cut).astype(np.int64)
@@ -306,6 +355,7 @@ RECSYS_DATASETS.register("adult", _adult)
 RECSYS_DATASETS.register("criteo_zipf", _zipf_splits)
 RECSYS_DATASETS.register("criteo_kaggle_stream", _criteo_kaggle_stream)
 RECSYS_DATASETS.register("criteo_terabyte_stream", _criteo_terabyte_stream)
+RECSYS_DATASETS.register("movielens100k_history", _movielens_history)
 DATASET_NAMES: tuple[str, ...] = RECSYS_DATASETS.names()
 """The built-in datasets."""
 

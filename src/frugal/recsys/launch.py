@@ -19,6 +19,7 @@ from frugal.recsys.batch import RecsysData, RecsysSplit
 from frugal.recsys.client import EmbeddingClient
 from frugal.recsys.config import (
     RecsysTrainConfig,
+    sequence_indices,
     shard_budget_bytes,
     shard_rows_bytes,
     table_dims,
@@ -118,16 +119,36 @@ def _check_checkpoint_dir(config: RecsysTrainConfig) -> None:
 
 def _check_features(config: RecsysTrainConfig) -> None:
     """Refuse, before any process starts, features, pooling or widths that do not fit."""
-    if config.features is None and len(config.pooling) == 1 and not config.embedding_dims:
+    simple = config.features is None and len(config.pooling) == 1
+    if simple and not config.embedding_dims and not config.sequence_features:
+        if config.sequence_target is not None:
+            raise ConfigError(
+                f"sequence_target={config.sequence_target!r} needs sequence_features (the "
+                "features whose attention it drives)"
+            )
         return
     train, _ = load_recsys_data(config.data)
     try:
         dims = table_dims(config, len(train.keys))
+        sequences, target = sequence_indices(config, train.keys)
     except ValueError as exc:
         raise ConfigError(f"{exc} (tables {list(train.keys)})") from exc
-    if len(set(dims)) > 1:
-        try:  # the model refuses widths it cannot take (dlrm: one width)
-            build_model(config.model, len(dims), dims, train.dense_dim, config.hidden)
+    if target is not None and not sequences:
+        raise ConfigError(
+            f"sequence_target={config.sequence_target!r} needs sequence_features (the "
+            "features whose attention it drives)"
+        )
+    if len(set(dims)) > 1 or sequences:
+        try:  # the model refuses widths or sequences it cannot take (dlrm: one width)
+            build_model(
+                config.model,
+                len(dims),
+                dims[0] if len(set(dims)) == 1 else dims,
+                train.dense_dim,
+                config.hidden,
+                sequence_features=sequences,
+                sequence_target=target,
+            )
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
     if len(config.pooling) not in (1, len(train.keys)):

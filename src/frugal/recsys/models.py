@@ -29,6 +29,8 @@ __all__ = [
     "DLRM",
     "DenseModelFactory",
     "ModelName",
+    "SequenceAttention",
+    "SequenceFeatures",
     "WideDeepMLP",
     "build_model",
     "register_dense_model",
@@ -174,23 +176,156 @@ class WideDeepMLP(nn.Module):
         return logits_B1.squeeze(1)
 
 
+class SequenceAttention(nn.Module):
+    """DIN's activation unit: pools a sequence of embeddings by weights a query sets.
+
+    Each item h_l of a sequence gets the weight w_l = MLP([h_l, q, h_l - q, h_l * q]) (PReLU
+    hidden layers, a linear output), and the sequence becomes sum_l w_l h_l over its real
+    items. As in DIN the weights are not normalised (no softmax), so the pooled vector keeps
+    how strongly the sequence matches the query.
+
+    Shapes:
+        items_BLE: (B, L, E); mask_BL: (B, L) bool (False: padding); query_BE: (B, E) ->
+        (B, E).
+
+    References:
+        Deep Interest Network for Click-Through Rate Prediction, KDD 2018, arXiv 1706.06978,
+        section 4.3 and figure 2 (the local activation unit).
+    """
+
+    def __init__(self, embedding_dim: int, hidden: tuple[int, ...] = (36,)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = 4 * embedding_dim
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.PReLU()]
+            width = size
+        layers.append(nn.Linear(width, 1))
+        self.unit = nn.Sequential(*layers)
+
+    def forward(self, items_BLE: Tensor, mask_BL: Tensor, query_BE: Tensor) -> Tensor:
+        """Return the pooled sequences."""
+        query_BLE = query_BE.unsqueeze(1).expand_as(items_BLE)
+        joint = torch.cat(
+            [items_BLE, query_BLE, items_BLE - query_BLE, items_BLE * query_BLE], dim=-1
+        )
+        weights_BL = self.unit(joint).squeeze(-1) * mask_BL.to(items_BLE.dtype)
+        pooled_BE: Tensor = (weights_BL.unsqueeze(-1) * items_BLE).sum(dim=1)
+        return pooled_BE
+
+
+class SequenceFeatures(nn.Module):
+    """A dense model whose sequence features are pooled by DIN attention first.
+
+    Each sequence feature (a bag of ids kept in order, unpooled: the movies a user rated
+    before) is pooled by its own `SequenceAttention` against a query: the pooled vector of
+    the `target` feature (DIN's candidate item, e.g. the movie being rated), or a learned
+    vector when there is none. The result takes the feature's place among the pooled ones,
+    and the wrapped model runs on them as it would on pooled features.
+
+    Shapes:
+        features: per feature (B, E_f), None at the sequence features; sequences: per
+        sequence feature ((B, L, E_f), mask (B, L)); dense_BD: (B, D) -> logits (B,).
+
+    References:
+        Deep Interest Network for Click-Through Rate Prediction, KDD 2018, arXiv 1706.06978.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        table_dims: tuple[int, ...],
+        sequence_features: tuple[int, ...],
+        target: int | None,
+    ) -> None:
+        """Wrap `model` (built for every feature pooled).
+
+        Raises:
+            ValueError: If a feature index is out of range, the target is a sequence
+                feature, or a sequence feature's width differs from the target's.
+        """
+        super().__init__()
+        num_features = len(table_dims)
+        if not sequence_features or any(not 0 <= f < num_features for f in sequence_features):
+            raise ValueError(
+                f"sequence_features={list(sequence_features)} must be feature indices in "
+                f"[0, {num_features})"
+            )
+        if target is not None and (not 0 <= target < num_features or target in sequence_features):
+            raise ValueError(
+                f"sequence target {target} must be a pooled feature, in [0, {num_features}) "
+                f"and not one of the sequence features {list(sequence_features)}"
+            )
+        for f in sequence_features:
+            if target is not None and table_dims[f] != table_dims[target]:
+                raise ValueError(
+                    f"sequence feature {f} has width {table_dims[f]}, its target {target} "
+                    f"{table_dims[target]}: attention compares them, give them one width"
+                )
+        self.model = model
+        self.sequence_features = tuple(sequence_features)
+        self.target = target
+        self.one_width = len(set(table_dims)) == 1
+        self.attention = nn.ModuleList(
+            [SequenceAttention(table_dims[f]) for f in sequence_features]
+        )
+        self.queries = nn.ParameterList(
+            [nn.Parameter(0.1 * torch.randn(table_dims[f])) for f in sequence_features]
+            if target is None
+            else []
+        )
+
+    def forward(
+        self,
+        features: list[Tensor | None],
+        sequences: list[tuple[Tensor, Tensor]],
+        dense_BD: Tensor,
+    ) -> Tensor:
+        """Return the click logits."""
+        filled = list(features)
+        for i, f in enumerate(self.sequence_features):
+            items_BLE, mask_BL = sequences[i]
+            if self.target is None:
+                query_BE = self.queries[i].expand(items_BLE.shape[0], -1)
+            else:
+                query = features[self.target]
+                assert query is not None  # a pooled feature (checked in __init__)
+                query_BE = query
+            filled[f] = self.attention[i](items_BLE, mask_BL, query_BE)
+        pooled = [vector for vector in filled if vector is not None]
+        if len(pooled) != len(filled):
+            raise ValueError("a feature is neither pooled nor a sequence feature")
+        inputs = torch.stack(pooled, dim=1) if self.one_width else torch.cat(pooled, dim=1)
+        logits: Tensor = self.model(inputs, dense_BD)
+        return logits
+
+
 def build_model(
     name: ModelName,
     num_features: int,
     embedding_dim: int | tuple[int, ...],
     dense_dim: int,
     hidden: tuple[int, ...] = (64, 32),
+    *,
+    sequence_features: tuple[int, ...] = (),
+    sequence_target: int | None = None,
 ) -> nn.Module:
     """Build the dense model registered as `name` ("dlrm", "mlp", ...).
 
     `embedding_dim` is one width for every feature, or a tuple of one per feature (then the
-    pooled input is `(B, sum of the widths)`; dlrm refuses it).
+    pooled input is `(B, sum of the widths)`; dlrm refuses it). With `sequence_features`
+    (feature indices) the model is wrapped in `SequenceFeatures`, which pools them by DIN
+    attention against the pooled `sequence_target` feature (or a learned query).
 
     Raises:
         ValueError: If the name is not registered (the message lists the choices), or the
-            model cannot take these widths.
+            model cannot take these widths or sequence features.
     """
-    return DENSE_MODELS.get(name)(num_features, embedding_dim, dense_dim, hidden)
+    model = DENSE_MODELS.get(name)(num_features, embedding_dim, dense_dim, hidden)
+    if not sequence_features:
+        return model
+    dims = (embedding_dim,) * num_features if isinstance(embedding_dim, int) else embedding_dim
+    return SequenceFeatures(model, tuple(dims), sequence_features, sequence_target)
 
 
 register_dense_model("dlrm", DLRM)

@@ -56,8 +56,14 @@ from frugal.store import OptimizerConfig, RowSpec, init_rows
 __all__ = ["Snapshot"]
 
 _ATTEMPTS = 3  # opens of a checkpoint_dir restarted when LATEST moves on mid-read
-_MODEL_KEYS = ("data", "model", "hidden", "embedding_dim", "embedding_dims")  # tables + dense share
-_MODEL_DEFAULTS: dict[str, Any] = {"embedding_dims": []}  # what earlier checkpoints implied
+# what tables and a dense model share, and the values earlier checkpoints implied
+_MODEL_KEYS = ("data", "model", "hidden", "embedding_dim", "embedding_dims", "sequence_features",
+               "sequence_target")  # fmt: skip
+_MODEL_DEFAULTS: dict[str, Any] = {
+    "embedding_dims": [],
+    "sequence_features": [],
+    "sequence_target": None,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,12 +182,16 @@ class Snapshot:
         compat = info["compat"]
         self._dense_dim = int(info["dense_dim"])
         dims = self.table_dims
+        sequences = tuple(self.features.index(n) for n in compat.get("sequence_features", []))
+        target = compat.get("sequence_target")
         model = build_model(
             compat["model"],
             len(self.features),
             dims[0] if len(set(dims)) == 1 else dims,
             self._dense_dim,
             tuple(compat["hidden"]),
+            sequence_features=sequences,
+            sequence_target=None if target is None else self.features.index(target),
         )
         model.load_state_dict(state)
         model.eval()
@@ -197,6 +207,7 @@ class Snapshot:
             wire,
             raw_ids=self.raw_ids,
             pooling=tuple(compat.get("pooling", ["sum"])),
+            sequence_features=sequences,
         )
 
     @classmethod
@@ -303,7 +314,7 @@ class Snapshot:
             )
         with torch.no_grad():
             result = self._client.wait(self._client.lookup(batch))
-            logits_B = self._model(self._client.pool(result), torch.from_numpy(batch.dense))
+            logits_B = self._client.forward(self._model, result, torch.from_numpy(batch.dense))
             probabilities: F32 = torch.sigmoid(logits_B).numpy()
         return probabilities
 

@@ -73,6 +73,7 @@ from frugal.recsys.config import (
     RecsysTrainConfig,
     dense_weight_decay,
     prefetch_depth,
+    sequence_indices,
     shard_budget_bytes,
     staleness_bound,
     table_dims,
@@ -240,8 +241,15 @@ class _Trainer:
         torch.manual_seed(config.seed)
         dims = table_dims(config, len(self.train.keys))
         model_dims = dims[0] if len(set(dims)) == 1 else dims
+        sequences, target = sequence_indices(config, self.train.keys)
         self.model = build_model(
-            config.model, len(self.train.keys), model_dims, self.train.dense_dim, config.hidden
+            config.model,
+            len(self.train.keys),
+            model_dims,
+            self.train.dense_dim,
+            config.hidden,
+            sequence_features=sequences,
+            sequence_target=target,
         )
         capacity_rows = config.ps_capacity_rows or shard_capacity(
             self.train.num_embeddings, world_size
@@ -306,6 +314,7 @@ class _Trainer:
             config.wire_dtype,
             raw_ids=self.train.raw_ids,
             pooling=config.pooling,
+            sequence_features=sequences,
         )
         self.source = BatchSource(self.train, config, rank, world_size, start_sample, total_samples)
         self.hints = _Hints(self.client, self.source, config.ps_lookahead)
@@ -468,8 +477,7 @@ class _Trainer:
     def _forward_backward(self, result: LookupResult) -> None:
         batch = result.pending.batch
         start = time.perf_counter()
-        pooled = self.client.pool(result)
-        logits = self.model(pooled, torch.from_numpy(batch.dense))
+        logits = self.client.forward(self.model, result, torch.from_numpy(batch.dense))
         loss = nn.functional.binary_cross_entropy_with_logits(
             logits, torch.from_numpy(batch.labels)
         )
@@ -656,7 +664,7 @@ class _Trainer:
                 )
                 batch = self.test.batch(rows, batch_id=-1)
                 result = self.client.wait(self.client.lookup(batch))
-                logits = self.model(self.client.pool(result), torch.from_numpy(batch.dense))
+                logits = self.client.forward(self.model, result, torch.from_numpy(batch.dense))
                 scores.append(torch.sigmoid(logits).numpy())
         probabilities = np.concatenate(scores)
         self.model.train()
