@@ -285,3 +285,36 @@ def test_a_ps_memory_budget_below_the_store_s_minimum_exits_2_before_launch(
     check_run(train_config_of([*wide, "--set", f"ps_memory_budget_bytes={minimum}"]))
     err = _refused([*wide, "--set", f"ps_memory_budget_bytes={minimum - 1}"], capsys)
     assert f"ps_memory_budget_bytes={minimum - 1:,} is below the {minimum:,} bytes" in err
+
+
+def test_a_ps_budget_whose_cache_cannot_hold_one_batch_is_refused_before_launch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A lookup reads one batch's rows of a shard into its cache at once: a budget over the
+    # store's 64-row minimum but under that stops training with CacheTooSmallError.
+    from frugal.recsys.launch import _split_facts, check_run
+    from frugal.recsys.ps import shard_capacity
+    from frugal.store import EmbeddingStore, RowSpec
+
+    args = [*ZIPF, "--set", 'store_backend="file"', "--set", "batch_size=256",
+            "--set", "embedding_dim=512"]  # fmt: skip
+    config = train_config_of(args)
+    facts = _split_facts(config.data, 256, config.nproc, config.seed, config.max_steps)
+    assert facts.batch_rows is not None and facts.batch_rows > 64
+    capacity = shard_capacity(facts.num_embeddings, config.nproc)
+    shape = {
+        "num_rows": capacity,
+        "spec": RowSpec(embedding_dim=config.embedding_dim, optimizer=config.embedding_optimizer),
+        "config": EmbeddingStore.Config(backend="file", staleness_bound=None, use_direct_io=True),
+        "key_space": "hashed",
+    }
+    floor = EmbeddingStore.minimum_budget_bytes(**shape)  # type: ignore[arg-type]
+    assert EmbeddingStore.cached_rows_for_budget(floor, **shape) < facts.batch_rows  # type: ignore[arg-type]
+    err = _refused([*args, "--set", f"ps_memory_budget_bytes={floor}"], capsys)
+    assert f"a cache of the {facts.batch_rows:,} rows one trainer's batch reads" in err
+    match = re.search(r"set ps_memory_budget_bytes >= ([0-9,]+)", err)
+    assert match is not None, err
+    minimum = int(match.group(1).replace(",", ""))
+    cached = EmbeddingStore.cached_rows_for_budget
+    assert cached(minimum, **shape) >= facts.batch_rows > cached(minimum - 1, **shape)  # type: ignore[arg-type]
+    check_run(train_config_of([*args, "--set", f"ps_memory_budget_bytes={minimum}"]))

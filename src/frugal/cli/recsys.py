@@ -108,12 +108,12 @@ def _train(args: argparse.Namespace, config: RecsysTrainConfig) -> int:
     from frugal.launch import check_job
     from frugal.recsys.launch import check_run, launch_training, memory_estimate
 
-    out = output_folder(args.out)
     if not (config.resume and config.checkpoint_dir):  # resuming rewrites its own result
-        refuse_earlier_output(out / "result.json", args)
-    # Refused or warned before anything is printed.
+        refuse_earlier_output(Path(args.out) / "result.json", args)
+    # Refused or warned before anything is printed or created.
     check_run(config)
     check_job(config.nproc, memory_estimate(config), force=args.force)
+    out = output_folder(args.out)
     cores = os.cpu_count() or 1
     print(
         f"starting {config.nproc} trainer process(es) on {cores} CPU core(s)"

@@ -290,12 +290,25 @@ def _check_budget(config: RecsysTrainConfig, facts: _SplitFacts) -> None:
             )
         return
     spec = RowSpec(embedding_dim=widths[0], optimizer=config.embedding_optimizer)
-    minimum = EmbeddingStore.minimum_budget_bytes(
-        num_rows=capacity,
-        spec=spec,
-        config=EmbeddingStore.Config(backend=config.store_backend),
-        key_space="hashed",
-    )
+    shape: dict[str, Any] = {
+        "num_rows": capacity,
+        "spec": spec,
+        "config": EmbeddingStore.Config(
+            backend=config.store_backend, staleness_bound=None, use_direct_io=True
+        ),
+        "key_space": "hashed",
+    }
+    minimum = EmbeddingStore.minimum_budget_bytes(**shape)
+    needs = "per-row maps, I/O buffers and 64 cached rows"
+    if facts.batch_rows is not None:  # a lookup reads a batch's rows into the cache at once
+        for_batch = EmbeddingStore.budget_for_cached_rows(facts.batch_rows, **shape)
+        if for_batch > minimum:
+            minimum = for_batch
+            needs = (
+                f"per-row maps, I/O buffers and a cache of the {facts.batch_rows:,} rows one "
+                "trainer's batch reads from a shard in the first steps; later batches may "
+                "read more: leave room"
+            )
     if budget >= minimum:
         return
     rows_bytes = capacity * spec.row_bytes
@@ -316,8 +329,8 @@ def _check_budget(config: RecsysTrainConfig, facts: _SplitFacts) -> None:
             )
     raise ConfigError(
         f"{given} is below the {minimum:,} bytes each PS shard's store needs for its "
-        f"{capacity:,} rows of {spec.row_bytes} B (per-row maps, I/O buffers and 64 cached "
-        f"rows); {fix}, or leave both unset to hold every row in RAM"
+        f"{capacity:,} rows of {spec.row_bytes} B ({needs}); {fix}, or leave both unset to "
+        "hold every row in RAM"
     )
 
 

@@ -629,9 +629,75 @@ class EmbeddingStore:
         Raises:
             TypeError: If `config` is not an `EmbeddingStore.Config`.
         """
+        return cls._layout_only(num_rows, spec, config, key_space)._minimum_budget(1, {})
+
+    @classmethod
+    def budget_for_cached_rows(
+        cls,
+        cached_rows: int,
+        *,
+        num_rows: int,
+        spec: RowSpec,
+        config: Config | None = None,
+        key_space: KeySpace = "dense",
+    ) -> int:
+        """The smallest `memory_budget_bytes` whose cache holds `cached_rows` rows.
+
+        Computed by the layout `create` uses (bisection over the budget); nothing is
+        written. At least `minimum_budget_bytes`.
+
+        Args:
+            cached_rows: Rows the cache must hold, >= 1.
+            num_rows: Rows N of the store, >= 1.
+            spec: Row layout.
+            config: The other settings (the backend and the slot index change the layout).
+            key_space: "dense" or "hashed" (a hashed key map takes budget too).
+
+        Raises:
+            TypeError: If `config` is not an `EmbeddingStore.Config`.
+        """
+        store = cls._layout_only(num_rows, spec, config, key_space)
+        low = store._minimum_budget(1, {})
+        if store._memory_layout(low, {}).capacity >= cached_rows:
+            return low
+        high = 2 * low
+        while store._memory_layout(high, {}).capacity < cached_rows:
+            low, high = high, 2 * high
+        while high - low > 1:  # low's cache is too small, high's holds them
+            middle = (low + high) // 2
+            if store._memory_layout(middle, {}).capacity >= cached_rows:
+                high = middle
+            else:
+                low = middle
+        return high
+
+    @classmethod
+    def cached_rows_for_budget(
+        cls,
+        memory_budget_bytes: int,
+        *,
+        num_rows: int,
+        spec: RowSpec,
+        config: Config | None = None,
+        key_space: KeySpace = "dense",
+    ) -> int:
+        """Rows the cache of a store with this budget holds (0 below the minimum budget).
+
+        Raises:
+            TypeError: If `config` is not an `EmbeddingStore.Config`.
+        """
+        store = cls._layout_only(num_rows, spec, config, key_space)
+        return max(int(store._memory_layout(memory_budget_bytes, {}).capacity), 0)
+
+    @classmethod
+    def _layout_only(
+        cls, num_rows: int, spec: RowSpec, config: Config | None, key_space: KeySpace
+    ) -> EmbeddingStore:
+        """A store not opened, for its memory layout (what `create` would compute).
+
+        `_memory_layout` reads only the fields set here.
+        """
         config = cls._check_config(config)
-        # A store not opened: `_memory_layout` reads only these fields, so the minimum is
-        # computed by the same code that refuses a budget in `create`.
         layout_only = cls.__new__(cls)
         layout_only.directory = Path()
         layout_only.num_rows = num_rows
@@ -639,7 +705,7 @@ class EmbeddingStore:
         layout_only.config = config
         layout_only.backend_name = config.backend
         layout_only.key_space = key_space
-        return layout_only._minimum_budget(1, {})
+        return layout_only
 
     @classmethod
     def _check_config(cls, config: Config | None) -> Config:
