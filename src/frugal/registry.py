@@ -4,18 +4,53 @@ A `Registry[T]` maps a name ("rocksdb", "tiny-gpt", "ours") to an entry of type 
 factory, a spec). Each area keeps one registry and registers its built-in entries where they
 are defined; adding an engine or model is one new module plus one `register` call. Lookups of
 an unknown name raise a `ConfigError` (a `ValueError`) that names the value and every valid choice.
+
+Users add entries from their own code in two ways that reach every process of a job (the
+torchrun workers are fresh processes, so a `register` call in the launching script alone does
+not): modules named in the `FRUGAL_PLUGINS` environment variable (comma-separated, importable
+on `sys.path`; importing them runs their `register` calls), and installed packages' entry
+points in a registry's group (`[project.entry-points."frugal.recsys.datasets"]`, name = entry).
+Both load on the first lookup a registry cannot answer.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
 from frugal import ConfigError
 
-__all__ = ["Registry"]
+__all__ = ["PLUGINS_ENV", "Registry", "load_plugin_modules"]
 
 T = TypeVar("T")
+
+PLUGINS_ENV = "FRUGAL_PLUGINS"
+"""Environment variable naming modules to import (comma-separated) for their registrations."""
+_imported: set[str] = set()
+
+
+def load_plugin_modules() -> tuple[str, ...]:
+    """Import every module `FRUGAL_PLUGINS` names (once per process); return their names.
+
+    Raises:
+        ConfigError: If a module cannot be imported (names it, the variable and the fix).
+    """
+    names = tuple(n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip())
+    for name in names:
+        if name in _imported:
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(
+                f"{PLUGINS_ENV} names module {name!r}, which cannot be imported ({exc}); put "
+                "its folder on PYTHONPATH (or install it), or remove it from the variable"
+            ) from exc
+        _imported.add(name)
+    return names
 
 
 class Registry(Generic[T]):
@@ -33,10 +68,34 @@ class Registry(Generic[T]):
         32
     """
 
-    def __init__(self, kind: str, *, field: str) -> None:
+    def __init__(self, kind: str, *, field: str, entry_point_group: str | None = None) -> None:
         self.kind = kind
         self.field = field
+        self.entry_point_group = entry_point_group
+        """Installed packages' entry points in this group are registered on a missed lookup."""
         self._entries: dict[str, T] = {}
+        self._plugins_loaded = False
+
+    def _load_plugins(self) -> None:
+        """Import `FRUGAL_PLUGINS` modules and register this group's entry points (once)."""
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        load_plugin_modules()
+        if self.entry_point_group is None:
+            return
+        for point in entry_points(group=self.entry_point_group):
+            if point.name in self._entries:
+                continue
+            try:
+                entry = point.load()
+            except Exception as exc:
+                raise ConfigError(
+                    f"the {self.kind} entry point {point.name!r} = {point.value!r} (group "
+                    f"{self.entry_point_group!r}) fails to load: {exc!r}; fix or uninstall the "
+                    "package that declares it"
+                ) from exc
+            self.register(point.name, entry)
 
     def register(self, name: str, entry: T, *, replace: bool = False) -> T:
         """Add `entry` under `name`; return it (so it also works as a decorator's body).
@@ -74,12 +133,18 @@ class Registry(Generic[T]):
         Raises:
             ConfigError: If no entry has that name (the message lists every registered one).
         """
+        if name not in self._entries:
+            self._load_plugins()
         try:
             return self._entries[name]
         except KeyError:
+            where = f" or an entry point in group {self.entry_point_group!r}" * bool(
+                self.entry_point_group
+            )
             raise ConfigError(
                 f"{self.field}={name!r} is not a registered {self.kind}; choose one of "
-                f"{', '.join(self._entries)}"
+                f"{', '.join(self._entries)}, or register it from a module named in "
+                f"{PLUGINS_ENV}{where}"
             ) from None
 
     def check(self, name: str) -> str:
@@ -88,14 +153,17 @@ class Registry(Generic[T]):
         return name
 
     def names(self) -> tuple[str, ...]:
-        """Every registered name, in registration order."""
+        """Every registered name (plugins' included), in registration order."""
+        self._load_plugins()
         return tuple(self._entries)
 
     def __contains__(self, name: object) -> bool:
+        if name not in self._entries:
+            self._load_plugins()
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+        return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.names())

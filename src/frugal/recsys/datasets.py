@@ -129,11 +129,14 @@ class RecsysDatasetLoader(Protocol):
         ...
 
 
-RECSYS_DATASETS: Registry[RecsysDatasetLoader] = Registry("recsys dataset", field="dataset")
+RECSYS_DATASETS: Registry[RecsysDatasetLoader] = Registry(
+    "recsys dataset", field="dataset", entry_point_group="frugal.recsys.datasets"
+)
 """Every dataset `RecsysDataConfig.dataset` may name; `RECSYS_DATASETS.register(name, loader)`
-adds one. The loader must be deterministic given `config.seed` (every trainer loads the data),
-and registration is per process: the torchrun trainers are fresh processes and see the
-datasets registered on importing frugal."""
+adds one. The loader must be deterministic given `config.seed` (every trainer loads the data).
+Registration is per process and the torchrun trainers are fresh processes: register from a
+module named in `FRUGAL_PLUGINS` or an entry point in group `frugal.recsys.datasets`
+(`frugal.registry`), which every process loads."""
 
 
 def _codes(column: npt.ArrayLike) -> tuple[npt.NDArray[np.int64], int]:

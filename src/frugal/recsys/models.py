@@ -58,7 +58,9 @@ class DenseModelFactory(Protocol):
         ...
 
 
-DENSE_MODELS: Registry[DenseModelFactory] = Registry("recsys dense model", field="model")
+DENSE_MODELS: Registry[DenseModelFactory] = Registry(
+    "recsys dense model", field="model", entry_point_group="frugal.recsys.models"
+)
 """Every dense model `RecsysTrainConfig.model` may name."""
 
 
@@ -67,8 +69,9 @@ def register_dense_model(
 ) -> DenseModelFactory:
     """Make `name` a valid `RecsysTrainConfig.model`.
 
-    Registration is per process; the torchrun trainers are fresh processes and see the
-    models registered on importing frugal.
+    Registration is per process and the torchrun trainers are fresh processes: call this
+    from a module named in `FRUGAL_PLUGINS`, or declare the factory as an entry point in group
+    `frugal.recsys.models` (`frugal.registry`), which every process loads.
 
     Args:
         name: The model's name, as users write it in a config.
