@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from frugal.recsys.batch import KJTBatch
 from frugal.recsys.checkpoint import (
@@ -117,3 +118,38 @@ def test_commit_seals_keeps_two_and_detects_corruption(tmp_path: Path) -> None:
     assert (
         json.loads((folder / "MANIFEST.json").read_text())["format"] == "frugal-recsys-checkpoint"
     )
+
+
+def test_a_checkpoint_too_large_for_the_new_capacity_names_the_rows_it_needs(
+    tmp_path: Path,
+) -> None:
+    from frugal.recsys.shard_files import write_shard_file
+
+    config = EmbeddingShard.Config(embedding_dim=2)
+    full = EmbeddingShard(tmp_path / "full", (1000,), config)
+    try:
+        ids = torch.arange(300)
+        full.push(
+            ids,
+            torch.tensor([300]),
+            torch.ones(300, 2),
+            torch.zeros(300, dtype=torch.int64),
+            1.0,
+            0,
+        )
+        path = tmp_path / "shard0.npz"
+        write_shard_file(full, path, full.row_clocks())
+    finally:
+        full.close()
+    small = EmbeddingShard(tmp_path / "small", (1000,), config, capacity_rows=100)
+    try:
+        with pytest.raises(RecsysError, match=r"gives PS shard 0 of 1 at least 300 rows, more "
+                           r"than the 100 it can hold.*ps_capacity_rows >= 300"):  # fmt: skip
+            import_shard_rows(small, default_owners(1), 0, [path])
+    finally:
+        small.close()
+    fits = EmbeddingShard(tmp_path / "fits", (1000,), config, capacity_rows=300)
+    try:
+        assert import_shard_rows(fits, default_owners(1), 0, [path]) == 300  # the named value
+    finally:
+        fits.close()

@@ -38,6 +38,7 @@ import numpy.typing as npt
 from frugal._typing import I64
 from frugal.recsys.errors import RecsysError
 from frugal.recsys.ps import EmbeddingShard, virtual_shard
+from frugal.store.keys import KeySpaceFullError
 
 __all__ = [
     "CHUNK_ROWS",
@@ -297,7 +298,9 @@ def import_shard_rows(
                     for lo, chunk_NW in rows.chunks():
                         hi = lo + len(chunk_NW)
                         take = mine[lo:hi]
-                        if take.any():
+                        if not take.any():
+                            continue
+                        try:
                             shard.load_rows(
                                 t,
                                 ids[lo:hi][take],
@@ -305,9 +308,30 @@ def import_shard_rows(
                                 versions[lo:hi][take],
                                 last_push[lo:hi][take],
                             )
+                        except KeySpaceFullError as exc:
+                            raise _too_full(shard, owners, rank, paths) from exc
                 loaded += int(mine.sum())
     _load_policy_state(shard, owners, rank, paths)
     return loaded
+
+
+def _too_full(shard: EmbeddingShard, owners: I64, rank: int, paths: list[Path]) -> RecsysError:
+    """The error of a checkpoint whose rows for shard `rank` do not fit its capacity."""
+    rows = 0
+    for path in paths:
+        with zipfile.ZipFile(path) as archive:
+            for t in range(shard.num_tables):
+                ids = read_array(archive, f"ids{t}")
+                rows += int(np.count_nonzero(owners[virtual_shard(t, ids)] == rank))
+    # a delta's files hold only its changes: the rows loaded before it count too
+    rows = max(rows, int(shard.stats()["live_rows"]) + 1)
+    world_size = int(owners.max()) + 1
+    return RecsysError(
+        f"the checkpoint ({paths[0].parent}) gives PS shard {rank} of {world_size} at least "
+        f"{rows:,} rows, more than the {shard.capacity_rows:,} it can hold (ps_capacity_rows); "
+        f"resume with ps_capacity_rows >= {rows:,} (more, to leave room for new ids) or onto "
+        "more processes"
+    )
 
 
 def _load_policy_state(shard: EmbeddingShard, owners: I64, rank: int, paths: list[Path]) -> None:
