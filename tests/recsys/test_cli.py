@@ -318,3 +318,24 @@ def test_a_ps_budget_whose_cache_cannot_hold_one_batch_is_refused_before_launch(
     cached = EmbeddingStore.cached_rows_for_budget
     assert cached(minimum, **shape) >= facts.batch_rows > cached(minimum - 1, **shape)  # type: ignore[arg-type]
     check_run(train_config_of([*args, "--set", f"ps_memory_budget_bytes={minimum}"]))
+
+
+def test_a_checkpoint_dir_in_use_by_another_job_is_refused(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    from frugal.config import ConfigError
+    from frugal.recsys.launch import CHECKPOINT_LOCK, launch_training
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    fd = os.open(folder / CHECKPOINT_LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running job's launcher holds it
+    os.pwrite(fd, b"4242", 0)
+    config = train_config_of([*ZIPF, "--set", f'checkpoint_dir="{folder}"'])
+    try:
+        with pytest.raises(ConfigError, match=r"is in use by another training job \(process 4242"):
+            launch_training(config, tmp_path / "out")
+        assert not (tmp_path / "out").exists()  # refused before anything was written
+    finally:
+        os.close(fd)

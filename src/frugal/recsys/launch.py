@@ -6,9 +6,13 @@ the same trainer module runs unchanged under a multi-machine torchrun command li
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import math
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -384,6 +388,47 @@ def launch_training(
     return launch_runs([(config, out_dir)], out_dir, timeout_s=timeout_s, force=force)[0]
 
 
+CHECKPOINT_LOCK = "JOB.lock"
+"""File in a `checkpoint_dir` a running job holds locked (flock; its pid inside)."""
+
+
+@contextlib.contextmanager
+def _hold_checkpoint_dirs(configs: list[RecsysTrainConfig]) -> Iterator[None]:
+    """Hold every run's `checkpoint_dir` for the job: a second job writing there is refused.
+
+    An exclusive `flock` on `checkpoint_dir/JOB.lock`, released when the job ends (or its
+    launcher dies: the kernel drops the lock with the process).
+
+    Raises:
+        ConfigError: If another job holds one of the folders (names its process).
+    """
+    held: list[int] = []
+    try:
+        folders = dict.fromkeys(
+            Path(c.checkpoint_dir).resolve() for c in configs if c.checkpoint_dir is not None
+        )
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / CHECKPOINT_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                raise ConfigError(
+                    f"checkpoint_dir={folder} is in use by another training job (process "
+                    f"{holder}); two jobs writing one checkpoint chain would break it: wait for "
+                    "that job to end, or give this one another checkpoint_dir"
+                ) from None
+            held.append(fd)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)  # releases the lock
+
+
 def launch_runs(
     runs: list[tuple[RecsysTrainConfig, Path]],
     job_dir: Path,
@@ -430,13 +475,14 @@ def launch_runs(
         force=force,
     )
     check_job(launch.nproc, launch.memory_estimate, force=force)  # a refused job writes nothing
-    job_dir.mkdir(parents=True, exist_ok=True)
-    for _, out_dir in runs:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "result.json").unlink(missing_ok=True)
-    job = {"runs": [{"config": config_to_dict(c), "out_dir": str(d)} for c, d in runs]}
-    config_path.write_text(json.dumps(job, indent=1) + "\n")
-    result = run_torchrun(launch)
+    with _hold_checkpoint_dirs([c for c, _ in runs]):
+        job_dir.mkdir(parents=True, exist_ok=True)
+        for _, out_dir in runs:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "result.json").unlink(missing_ok=True)
+        job = {"runs": [{"config": config_to_dict(c), "out_dir": str(d)} for c, d in runs]}
+        config_path.write_text(json.dumps(job, indent=1) + "\n")
+        result = run_torchrun(launch)
     missing = [d for _, d in runs if not (d / "result.json").exists()]
     if not result.ok or missing:
         why = result.failure_message() or f"no result.json in {[str(d) for d in missing]}"
