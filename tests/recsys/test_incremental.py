@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -316,6 +317,23 @@ def test_a_snapshot_serves_the_chain_and_refuses_another_models_tables(
     export_tables(directory, tmp_path / "tables.npz")
     exported = Snapshot.open(tmp_path / "tables.npz")
     np.testing.assert_array_equal(exported.lookup(0, ids), snapshot.lookup(0, ids))
+    # mapped from disk (tables larger than RAM): the same answers, nothing read up front
+    mapped = Snapshot.open(tmp_path / "tables.npz", mmap=True)
+    assert mapped.memory_mapped and not exported.memory_mapped
+    for t in range(2):
+        np.testing.assert_array_equal(mapped.lookup(t, ids), snapshot.lookup(t, ids))
+    with pytest.raises(ConfigError, match="mmap=True maps an export file"):
+        Snapshot.open(directory, mmap=True)
+    packed = tmp_path / "packed.npz"  # a compressed copy cannot be mapped
+    with (
+        zipfile.ZipFile(tmp_path / "tables.npz") as source,
+        zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as target,
+    ):
+        for name in source.namelist():
+            target.writestr(name, source.read(name))
+    with pytest.raises(RecsysError, match="ids0 is compressed, so it cannot be memory-mapped"):
+        Snapshot.open(packed, mmap=True)
+    np.testing.assert_array_equal(Snapshot.open(packed).lookup(1, ids), snapshot.lookup(1, ids))
     with pytest.raises(RecsysError, match="dense=CHECKPOINT"):
         exported.predict(_batch())
     with pytest.raises(ValueError, match=r"table=2, but .* has 2 tables"):

@@ -25,6 +25,7 @@ Shape legend: N ids, E embedding_dim, B samples.
 from __future__ import annotations
 
 import json
+import struct
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
@@ -151,6 +153,8 @@ class Snapshot:
         """The model was trained on raw 64-bit ids: `lookup` and `predict` hash them as the
         trainers did (`frugal.recsys.ps.hash_raw_ids`)."""
         self._ids, self._vectors = tables.ids, tables.vectors
+        self.memory_mapped = any(isinstance(v, np.memmap) for v in tables.vectors)
+        """The tables are served from a mapped export file (`open(..., mmap=True)`)."""
         self._seed = int(compat["seed"])
         optimizer = config_from_dict(
             OptimizerConfig, compat["embedding_optimizer"], source=f"{self.source} compat"
@@ -211,8 +215,10 @@ class Snapshot:
         )
 
     @classmethod
-    def open(cls, source: Path | str, *, dense: Path | str | None = None) -> Snapshot:
-        """Read a checkpoint or a full export into memory.
+    def open(
+        cls, source: Path | str, *, dense: Path | str | None = None, mmap: bool = False
+    ) -> Snapshot:
+        """Read a checkpoint or a full export into memory, or map an export from disk.
 
         Args:
             source: A `checkpoint_dir` (its LATEST), a sealed `step-N` folder (full or
@@ -220,20 +226,30 @@ class Snapshot:
             dense: The checkpoint whose dense model `predict` uses (default: `source`'s own,
                 when it is a checkpoint). Its model must be the tables' (same data, model,
                 hidden widths, embedding widths and feature count).
+            mmap: With an export as `source`: memory-map its ids and vectors instead of
+                reading them (tables larger than RAM are served from the page cache; a
+                lookup touches the pages of the ids it binary-searches and the rows it
+                returns). The file must not change while the snapshot is open.
 
         Returns:
             The snapshot; `predict` needs a dense model (`source` a checkpoint, or `dense`).
 
         Raises:
-            ConfigError: If a path is not a checkpoint or export.
+            ConfigError: If a path is not a checkpoint or export, or `mmap` is asked of a
+                checkpoint (export it first).
             RecsysError: If a checkpoint is damaged (sha256, a missing or altered base), an
                 export is incremental or not frugal's, or the dense model is another
                 model's (the message names the setting that differs).
         """
         path = Path(source)
         if path.is_file():
-            tables = _read_export(path)
+            tables = _read_export(path, mmap=mmap)
             dense_state, dense_info = None, None
+        elif mmap:
+            raise ConfigError(
+                f"mmap=True maps an export file, and {path} is not one: a checkpoint's chain is "
+                "replayed into memory; `frugal recsys export` it to a .npz and open that"
+            )
         else:
             tables, dense_state, dense_info = _read_checkpoint_tables(path)
         if dense is not None:
@@ -385,8 +401,42 @@ def _latest_name(path: Path) -> str | None:
         return None
 
 
-def _read_export(path: Path) -> _Tables:
-    """The tables of a full export file, with its meta."""
+def _mapped_member(path: Path, archive: zipfile.ZipFile, name: str) -> npt.NDArray[Any]:
+    """Member `name` (an uncompressed `.npy`) of the zip at `path`, memory-mapped read-only.
+
+    Raises:
+        RecsysError: If the member is compressed (it cannot be mapped).
+    """
+    info = archive.getinfo(f"{name}.npy")
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise RecsysError(
+            f"{path}: {name} is compressed, so it cannot be memory-mapped; export the "
+            "checkpoint again with `frugal recsys export` (which stores members uncompressed), "
+            "or open it without mmap"
+        )
+    with path.open("rb") as fh:
+        fh.seek(info.header_offset)
+        local = fh.read(30)  # the local file header: its name and extra lengths differ from
+        name_bytes, extra_bytes = struct.unpack("<HH", local[26:30])  # the central directory's
+        fh.seek(info.header_offset + 30 + name_bytes + extra_bytes)
+        version = np.lib.format.read_magic(fh)
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, fortran, dtype = read_header(fh)
+        offset = fh.tell()
+    if fortran:
+        raise RecsysError(f"{path}: {name} is stored in Fortran order; export it again")
+    if int(np.prod(shape)) == 0:
+        return np.empty(shape, dtype=dtype)
+    mapped: npt.NDArray[Any] = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+    return mapped
+
+
+def _read_export(path: Path, *, mmap: bool = False) -> _Tables:
+    """The tables of a full export file, with its meta; `mmap` maps ids and vectors."""
     try:
         with zipfile.ZipFile(path) as archive:
             members = {name.removesuffix(".npy") for name in archive.namelist()}
@@ -407,8 +457,9 @@ def _read_export(path: Path) -> _Tables:
                     "or the checkpoint"
                 )
             count = int(meta["num_tables"])
-            ids = [read_array(archive, f"ids{t}") for t in range(count)]
-            vectors = [read_array(archive, f"vectors{t}") for t in range(count)]
+            read = (lambda a, n: _mapped_member(path, a, n)) if mmap else read_array
+            ids = [read(archive, f"ids{t}") for t in range(count)]
+            vectors = [read(archive, f"vectors{t}") for t in range(count)]
     except zipfile.BadZipFile as exc:
         raise RecsysError(f"{path} is not an .npz export ({exc})") from exc
     info: dict[str, Any] = {
