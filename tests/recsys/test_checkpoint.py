@@ -114,6 +114,9 @@ def test_commit_seals_keeps_two_and_detects_corruption(tmp_path: Path) -> None:
     (folder / "dense.pt").write_bytes(b"flipped")
     with pytest.raises(RecsysError, match="sha256 mismatch"):
         read_latest(tmp_path)
+    (folder / "dense.pt").unlink()
+    with pytest.raises(RecsysError, match=r"dense.pt is missing: .*MANIFEST.json lists it"):
+        read_latest(tmp_path)
     assert read_latest(tmp_path / "nothing-here") is None
     assert (
         json.loads((folder / "MANIFEST.json").read_text())["format"] == "frugal-recsys-checkpoint"

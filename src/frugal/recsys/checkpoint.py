@@ -343,6 +343,11 @@ def read_checkpoint(folder: Path) -> dict[str, Any]:
         )
     _require(manifest_path, manifest, ("files", "base"))
     for name, digest in manifest["files"].items():
+        if not (folder / name).is_file():
+            raise RecsysError(
+                f"{folder / name} is missing: {manifest_path} lists it, so {damaged} (or "
+                "restore the file)"
+            )
         if _sha256(folder / name) != digest:
             raise RecsysError(f"{folder / name}: sha256 mismatch; the checkpoint is corrupt")
     return manifest

@@ -69,8 +69,10 @@ class RecsysDataConfig:
     """Which dataset and how it is cut."""
 
     dataset: DatasetName = "movielens100k"
-    """Dataset id, a name in `RECSYS_DATASETS`: movielens100k, adult, criteo_zipf, or one
-    registered there."""
+    """Dataset id, a name in `RECSYS_DATASETS`: movielens100k, adult, criteo_zipf,
+    criteo_kaggle_stream, criteo_terabyte_stream, movielens100k_history, or one registered
+    there (from a module named in `FRUGAL_PLUGINS`, or an entry point in group
+    `frugal.recsys.datasets`)."""
     seed: int = 0
     """Seed of the adult split and of the Zipf stream and its teacher, >= 0."""
     max_train_samples: int | None = None

@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -482,7 +483,11 @@ def launch_runs(
             (out_dir / "result.json").unlink(missing_ok=True)
         job = {"runs": [{"config": config_to_dict(c), "out_dir": str(d)} for c, d in runs]}
         config_path.write_text(json.dumps(job, indent=1) + "\n")
-        result = run_torchrun(launch)
+        try:
+            result = run_torchrun(launch)
+        finally:  # a killed trainer leaves its shard's rows (the table's size) behind; the
+            for _, out_dir in runs:  # next job rebuilds them from checkpoints anyway
+                shutil.rmtree(out_dir / "ps", ignore_errors=True)
     missing = [d for _, d in runs if not (d / "result.json").exists()]
     if not result.ok or missing:
         why = result.failure_message() or f"no result.json in {[str(d) for d in missing]}"
