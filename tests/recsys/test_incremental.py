@@ -406,6 +406,15 @@ def test_predict_equals_the_trainers_evaluation_path_on_the_live_shard(
         snapshot.predict(
             KJTBatch(batch.keys, batch.values, batch.lengths, batch.dense[:, :1], batch.labels, 0)
         )
+    empty = KJTBatch(
+        batch.keys,
+        batch.values[:0],
+        batch.lengths[:0],
+        batch.dense[:0],
+        batch.labels[:0],
+        0,
+    )
+    assert snapshot.predict(empty).shape == (0,)  # no samples: no probabilities
     live.close()
 
 

@@ -328,6 +328,8 @@ class Snapshot:
                 f"the batch has dense features of shape {batch.dense.shape}, the model takes "
                 f"(B, {self._dense_dim})"
             )
+        if batch.batch_size == 0:
+            return np.empty(0, dtype=np.float32)
         with torch.no_grad():
             result = self._client.wait(self._client.lookup(batch))
             logits_B = self._client.forward(self._model, result, torch.from_numpy(batch.dense))
