@@ -318,15 +318,20 @@ class _DimGroup:
                     f"{self._turn} (a trainer is stuck or gone)"
                 )
             try:
+                # One key-map lookup serves the lags, admission and room: expiry and
+                # eviction below spare the pushed keys, so their presence holds.
+                rows_before = self._key_map.lookup(keys)
+                present = rows_before >= 0
                 if len(keys):
                     # A row deleted (expired, evicted) since it was read restarts at version
                     # 0: its lag counts as 0, the read value being gone.
-                    lag = np.maximum(self._versions_of(keys) - read, 0)
-                    admitted = self._admit(keys)
-                    keys, grads_UE = keys[admitted], grads_UE[admitted]
+                    versions = np.where(present, self._versions[np.maximum(rows_before, 0)], 0)
+                    lag = np.maximum(versions - read, 0)
+                    admitted = self._admit(keys, present)
+                    keys, grads_UE, present = keys[admitted], grads_UE[admitted], present[admitted]
                 self._expire(step, keys)
                 if len(keys):
-                    self._make_room(keys)
+                    self._make_room(keys, present)
                     self.store.apply_gradients(keys, grads_UE, step)
                     rows = self._key_map.lookup(keys)
                     self._versions[rows] += 1
@@ -366,13 +371,15 @@ class _DimGroup:
         keys = keys[~np.isin(keys, protect)]
         self.expired_rows += self._delete(keys)
 
-    def _make_room(self, keys: I64) -> None:
+    def _make_room(self, keys: I64, present: npt.NDArray[np.bool_]) -> None:
         """Before a push: evict least recently pushed rows if its new ids do not fit (lock held).
+
+        `present`: which of `keys` have a row.
 
         Raises:
             KeySpaceFullError: If `when_full="error"` and the new ids do not fit.
         """
-        new = np.unique(keys[~self._present(keys)])
+        new = np.unique(keys[~present])
         need = self._key_map.num_keys + len(new) - self.capacity_rows
         if need <= 0:
             return
@@ -395,15 +402,15 @@ class _DimGroup:
         order = np.lexsort((live_keys, self._last_push[live]))[:count]  # oldest first, by key
         self.evicted_rows += self._delete(live_keys[order])
 
-    def _admit(self, keys: I64) -> npt.NDArray[np.bool_]:
+    def _admit(self, keys: I64, present: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
         """Which pushed keys update a row: those with one, and new ones counted often enough.
 
-        Counts a push of every key without a row; the lock is held.
+        Counts a push of every key without a row (`present` False); the lock is held.
         """
         admitted = np.ones(len(keys), dtype=bool)
         if self.sketch is None:
             return admitted
-        new = ~self._present(keys)
+        new = ~present
         if new.any():
             counts = self.sketch.add(keys[new])
             admitted[new] = counts >= self.config.admit_after
