@@ -162,6 +162,8 @@ def test_bounded_table_cells_size_the_shards_and_compare_with_the_unbounded_run(
     )
     with pytest.raises(ValueError, match=r"bounded_id_ratios=\(1.0,\) must each be > 1"):
         replace(config, bounded_id_ratios=(1.0,))
+    with pytest.raises(ValueError, match="out_of_core_embedding_dim=0 must be >= 1"):
+        replace(config, out_of_core_embedding_dim=0)  # was taken as unset
 
 
 def _fake_result(config: RecsysTrainConfig) -> dict[str, Any]:

@@ -160,6 +160,11 @@ class RecsysBenchConfig(BenchConfig):
                 "run from datasets and seeds; leave them unset and list the runs' datasets and "
                 "seeds there (e.g. --set 'datasets=[\"criteo_zipf\"]' --set 'seeds=[0, 1]')"
             )
+        dim = self.out_of_core_embedding_dim
+        if dim is not None and dim < 1:
+            raise ValueError(
+                f"out_of_core_embedding_dim={dim} must be >= 1 (or unset: embedding_dim)"
+            )
         if any(ratio <= 1 for ratio in self.bounded_id_ratios):
             raise ValueError(
                 f"bounded_id_ratios={self.bounded_id_ratios} must each be > 1 (distinct ids per "
