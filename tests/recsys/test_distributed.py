@@ -361,7 +361,9 @@ def test_async_adam_chunks_resume_exactly_and_onto_one_process(tmp_path: Path) -
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_terabyte_shaped_stream_of_raw_ids_trains_out_of_core(tmp_path: Path) -> None:
+def test_a_terabyte_shaped_stream_of_raw_ids_trains_out_of_core_and_resumes_after_a_kill(
+    tmp_path: Path,
+) -> None:
     # Raw 64-bit ids (337.6M of them at full scale; 3.4M here) generated batch by batch,
     # hashed by the trainers; the shards keep their rows on disk with a 25% budget.
     data = RecsysDataConfig(
@@ -370,12 +372,18 @@ def test_a_terabyte_shaped_stream_of_raw_ids_trains_out_of_core(tmp_path: Path) 
         stream_test_samples=4_000,
         stream_scale=0.01,
     )
+    # Killed at step 45 and restarted by torchrun: the shards rebuild their on-disk rows from
+    # the step-40 checkpoint and train to the end.
     config = _config(
         data=data, mode="hybrid", staleness=4, max_steps=None, embedding_dim=32,
         store_backend="file", ps_memory_ratio=0.25, ps_lookahead=4,
+        checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every_steps=20, max_restarts=1,
+        fail_at_step=45,
     )  # fmt: skip
     (result,) = _run(tmp_path, [(config, "tb")])
-    assert result["steps"] == 60  # 30,720 samples / (2 x 256)
+    assert result["resumed_from_samples"] == 40 * 2 * 256
+    assert result["steps"] == 20  # 30,720 samples / (2 x 256) = 60 steps, 40 before the kill
+    assert _final(tmp_path / "ckpt").name == f"step-{60 * 2 * 256}"
     assert result["live_rows"] > 40_000  # distinct hashed ids the shards took
     assert result["test_auc"] > 0.6  # learns the planted teacher
     for rank in result["ranks"]:
