@@ -477,3 +477,21 @@ def test_a_snapshot_of_a_raw_id_model_hashes_ids_and_refuses_non_integers() -> N
     np.testing.assert_array_equal(got, want)  # the trained rows, found by hashed id
     with pytest.raises(ValueError, match="ids must be a 1-d list or array of integers"):
         snapshot.lookup(0, [1.7])
+
+
+def test_an_export_streams_its_vectors_in_chunks_across_the_chains_files(
+    tmp_path: Path, chain: tuple[Path, EmbeddingShard], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import frugal.recsys.checkpoint as checkpoint
+
+    # 7-row chunks: each chunk gathers rows from several shard files of the chain's
+    # checkpoints (full and deltas), read through memory maps, never a whole table
+    monkeypatch.setattr(checkpoint, "CHUNK_ROWS", 7)
+    directory, live = chain
+    counts = export_tables(directory, tmp_path / "tables.npz")
+    ids = np.arange(60, dtype=np.int64)
+    mapped = Snapshot.open(tmp_path / "tables.npz", mmap=True)
+    for t in range(2):
+        assert counts[f"table{t}"] > 7
+        np.testing.assert_array_equal(mapped.lookup(t, ids), live.peek_table(t, ids))
+    live.close()

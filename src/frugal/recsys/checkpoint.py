@@ -37,6 +37,7 @@ import json
 import os
 import shutil
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,13 @@ from frugal.recsys.config import RecsysTrainConfig, dense_weight_decay
 from frugal.recsys.errors import RecsysError
 from frugal.recsys.ps import EmbeddingShard
 from frugal.recsys.shard_files import (
-    RowStream,
+    CHUNK_ROWS,
     export_shard_rows,
     import_shard_rows,
+    map_member,
     read_array,
     table_count,
+    write_rows,
 )
 
 __all__ = [
@@ -497,6 +500,96 @@ def import_chain(
     return loaded
 
 
+def _replay_sources(
+    chain: list[tuple[Path, dict[str, Any]]], table: int
+) -> tuple[I64, npt.NDArray[np.int32], I64, list[Path], I64]:
+    """Where each row of a table lives after replaying `chain`: its file and row there.
+
+    Reads ids only (8 B a row, plus 12 B of position), never the rows themselves.
+
+    Returns:
+        (ids sorted (N,), file index into `files` int32 (N,), row in that file's table
+        int64 (N,), files, deleted ids sorted (M,)); see `replay_table`.
+
+    Raises:
+        RecsysError: If a shard file lacks the table.
+    """
+    ids: I64 = np.empty(0, dtype=np.int64)
+    source_file = np.empty(0, dtype=np.int32)
+    source_row: I64 = np.empty(0, dtype=np.int64)
+    deleted: I64 = np.empty(0, dtype=np.int64)
+    files: list[Path] = []
+    for folder, manifest in chain:
+        new_ids: list[I64] = []
+        new_files: list[npt.NDArray[np.int32]] = []
+        new_rows: list[I64] = []
+        gone: list[I64] = []
+        for path in shard_paths(folder, manifest):
+            with zipfile.ZipFile(path) as archive:
+                members = {name.removesuffix(".npy") for name in archive.namelist()}
+                if f"ids{table}" not in members:
+                    raise RecsysError(
+                        f"{path}: no table {table}; the chain's checkpoints hold other tables"
+                    )
+                file_ids = read_array(archive, f"ids{table}")
+                if f"deleted{table}" in members:
+                    gone.append(read_array(archive, f"deleted{table}"))
+            new_ids.append(file_ids)
+            new_files.append(np.full(len(file_ids), len(files), dtype=np.int32))
+            new_rows.append(np.arange(len(file_ids), dtype=np.int64))
+            files.append(path)
+        added = np.concatenate(new_ids) if new_ids else np.empty(0, dtype=np.int64)
+        removed = np.concatenate(gone) if gone else np.empty(0, dtype=np.int64)
+        stay = ~np.isin(ids, np.concatenate([added, removed]))
+        ids = np.concatenate([ids[stay], added])
+        source_file = np.concatenate([source_file[stay], *new_files])
+        source_row = np.concatenate([source_row[stay], *new_rows])
+        deleted = np.union1d(deleted, removed)
+        deleted = deleted[~np.isin(deleted, added)]
+    order = np.argsort(ids, kind="stable")
+    return ids[order], source_file[order], source_row[order], files, deleted
+
+
+def _gather_vectors(
+    files: list[Path],
+    source_file: npt.NDArray[np.int32],
+    source_row: I64,
+    table: int,
+    embedding_dim: int,
+) -> Iterator[npt.NDArray[np.float32]]:
+    """The vectors at (file, row) positions, `CHUNK_ROWS` at a time, each (n, E).
+
+    Each file's rows are memory-mapped (shard files store them uncompressed), so a chunk
+    reads only its own rows: a table larger than RAM streams through.
+
+    Raises:
+        RecsysError: If a file's rows are narrower than `embedding_dim` or compressed.
+    """
+    mapped: dict[int, npt.NDArray[Any]] = {}
+
+    def rows_of(index: int) -> npt.NDArray[Any]:
+        if index not in mapped:
+            path = files[index]
+            with zipfile.ZipFile(path) as archive:
+                rows = map_member(path, archive, f"rows{table}")
+            if rows.ndim != 2 or rows.shape[1] < embedding_dim:
+                raise RecsysError(
+                    f"{path}: table {table} rows are {rows.shape}, narrower than "
+                    f"embedding_dim={embedding_dim}; the manifest is damaged"
+                )
+            mapped[index] = rows
+        return mapped[index]
+
+    for lo in range(0, len(source_file), CHUNK_ROWS):
+        chunk_files = source_file[lo : lo + CHUNK_ROWS]
+        chunk_rows = source_row[lo : lo + CHUNK_ROWS]
+        out_NE = np.empty((len(chunk_files), embedding_dim), dtype=np.float32)
+        for index in np.unique(chunk_files):
+            mine = chunk_files == index
+            out_NE[mine] = rows_of(int(index))[chunk_rows[mine], :embedding_dim]
+        yield out_NE
+
+
 def replay_table(
     chain: list[tuple[Path, dict[str, Any]]], table: int, embedding_dim: int
 ) -> tuple[I64, npt.NDArray[np.float32], I64]:
@@ -505,7 +598,8 @@ def replay_table(
     Given a chain from a full checkpoint, the result is that table's state at the chain's
     last checkpoint. Given only deltas (the ones after a checkpoint S), it is the change
     since S: the rows written since and the ids deleted since and absent at the end (an id
-    created and deleted in between may be listed: deleting it is a no-op).
+    created and deleted in between may be listed: deleting it is a no-op). The result is in
+    RAM; `export_tables` streams the same rows to a file instead.
 
     Args:
         chain: Checkpoints in order, e.g. `read_chain(...)` or a tail of it.
@@ -518,41 +612,10 @@ def replay_table(
     Raises:
         RecsysError: If a shard file lacks the table or is damaged.
     """
-    ids: I64 = np.empty(0, dtype=np.int64)
-    vectors = np.empty((0, embedding_dim), dtype=np.float32)
-    deleted: I64 = np.empty(0, dtype=np.int64)
-    for folder, manifest in chain:
-        new_ids: list[I64] = []
-        new_vectors: list[npt.NDArray[np.float32]] = []
-        gone: list[I64] = []
-        for path in shard_paths(folder, manifest):
-            with zipfile.ZipFile(path) as archive:
-                members = {name.removesuffix(".npy") for name in archive.namelist()}
-                if f"ids{table}" not in members:
-                    raise RecsysError(
-                        f"{path}: no table {table}; the chain's checkpoints hold other tables"
-                    )
-                new_ids.append(read_array(archive, f"ids{table}"))
-                if f"deleted{table}" in members:
-                    gone.append(read_array(archive, f"deleted{table}"))
-                with RowStream(archive, f"rows{table}") as rows:
-                    if rows.shape[1] < embedding_dim:
-                        raise RecsysError(
-                            f"{path}: table {table} rows are {rows.shape[1]} wide, narrower "
-                            f"than embedding_dim={embedding_dim}; the manifest is damaged"
-                        )
-                    new_vectors.extend(
-                        chunk[:, :embedding_dim].copy() for _, chunk in rows.chunks()
-                    )
-        added = np.concatenate(new_ids) if new_ids else np.empty(0, dtype=np.int64)
-        removed = np.concatenate(gone) if gone else np.empty(0, dtype=np.int64)
-        stay = ~np.isin(ids, np.concatenate([added, removed]))
-        ids = np.concatenate([ids[stay], added])
-        vectors = np.concatenate([vectors[stay], *new_vectors])
-        deleted = np.union1d(deleted, removed)
-        deleted = deleted[~np.isin(deleted, added)]
-    order = np.argsort(ids, kind="stable")
-    return ids[order], vectors[order], deleted
+    ids, source_file, source_row, files, deleted = _replay_sources(chain, table)
+    chunks = list(_gather_vectors(files, source_file, source_row, table, embedding_dim))
+    vectors = np.concatenate(chunks) if chunks else np.empty((0, embedding_dim), dtype=np.float32)
+    return ids, vectors, deleted
 
 
 def _write_member(archive: zipfile.ZipFile, name: str, array: npt.NDArray[Any]) -> None:
@@ -629,10 +692,11 @@ def export_tables(checkpoint: Path, out_path: Path, *, since: Path | None = None
     counts: dict[str, int] = {}
     try:
         with tmp.open("wb") as fh, zipfile.ZipFile(fh, "w", allowZip64=True) as archive:
-            for t in range(num_tables):
-                ids, vectors, deleted = replay_table(chain, t, dims[t])
+            for t in range(num_tables):  # ids and positions in RAM, vectors streamed
+                ids, source_file, source_row, files, deleted = _replay_sources(chain, t)
                 _write_member(archive, f"ids{t}", ids)
-                _write_member(archive, f"vectors{t}", vectors)
+                vectors = _gather_vectors(files, source_file, source_row, t, dims[t])
+                write_rows(archive, f"vectors{t}", (len(ids), dims[t]), vectors)
                 counts[f"table{t}"] = len(ids)
                 if since is not None:
                     _write_member(archive, f"deleted{t}", deleted)

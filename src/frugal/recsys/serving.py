@@ -25,7 +25,6 @@ Shape legend: N ids, E embedding_dim, B samples.
 from __future__ import annotations
 
 import json
-import struct
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
@@ -52,7 +50,7 @@ from frugal.recsys.client import EmbeddingClient, WireDtype
 from frugal.recsys.errors import RecsysError
 from frugal.recsys.models import build_model
 from frugal.recsys.ps import ID_BITS, NUM_VIRTUAL_SHARDS, hash_raw_ids, table_keys
-from frugal.recsys.shard_files import read_array, table_count
+from frugal.recsys.shard_files import map_member, read_array, table_count
 from frugal.store import OptimizerConfig, RowSpec, init_rows
 
 __all__ = ["Snapshot"]
@@ -403,40 +401,6 @@ def _latest_name(path: Path) -> str | None:
         return None
 
 
-def _mapped_member(path: Path, archive: zipfile.ZipFile, name: str) -> npt.NDArray[Any]:
-    """Member `name` (an uncompressed `.npy`) of the zip at `path`, memory-mapped read-only.
-
-    Raises:
-        RecsysError: If the member is compressed (it cannot be mapped).
-    """
-    info = archive.getinfo(f"{name}.npy")
-    if info.compress_type != zipfile.ZIP_STORED:
-        raise RecsysError(
-            f"{path}: {name} is compressed, so it cannot be memory-mapped; export the "
-            "checkpoint again with `frugal recsys export` (which stores members uncompressed), "
-            "or open it without mmap"
-        )
-    with path.open("rb") as fh:
-        fh.seek(info.header_offset)
-        local = fh.read(30)  # the local file header: its name and extra lengths differ from
-        name_bytes, extra_bytes = struct.unpack("<HH", local[26:30])  # the central directory's
-        fh.seek(info.header_offset + 30 + name_bytes + extra_bytes)
-        version = np.lib.format.read_magic(fh)
-        read_header = (
-            np.lib.format.read_array_header_1_0
-            if version == (1, 0)
-            else np.lib.format.read_array_header_2_0
-        )
-        shape, fortran, dtype = read_header(fh)
-        offset = fh.tell()
-    if fortran:
-        raise RecsysError(f"{path}: {name} is stored in Fortran order; export it again")
-    if int(np.prod(shape)) == 0:
-        return np.empty(shape, dtype=dtype)
-    mapped: npt.NDArray[Any] = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
-    return mapped
-
-
 def _read_export(path: Path, *, mmap: bool = False) -> _Tables:
     """The tables of a full export file, with its meta; `mmap` maps ids and vectors."""
     try:
@@ -459,7 +423,7 @@ def _read_export(path: Path, *, mmap: bool = False) -> _Tables:
                     "or the checkpoint"
                 )
             count = int(meta["num_tables"])
-            read = (lambda a, n: _mapped_member(path, a, n)) if mmap else read_array
+            read = (lambda a, n: map_member(path, a, n)) if mmap else read_array
             ids = [read(archive, f"ids{t}") for t in range(count)]
             vectors = [read(archive, f"vectors{t}") for t in range(count)]
     except zipfile.BadZipFile as exc:

@@ -26,6 +26,7 @@ E embedding_dim.
 from __future__ import annotations
 
 import os
+import struct
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -45,8 +46,10 @@ __all__ = [
     "RowStream",
     "export_shard_rows",
     "import_shard_rows",
+    "map_member",
     "read_array",
     "table_count",
+    "write_rows",
     "write_shard_file",
 ]
 
@@ -59,7 +62,7 @@ def _write_array(archive: zipfile.ZipFile, name: str, array: npt.NDArray[Any]) -
         np.lib.format.write_array(fh, array, allow_pickle=False)  # C order
 
 
-def _write_rows(
+def write_rows(
     archive: zipfile.ZipFile,
     name: str,
     shape: tuple[int, int],
@@ -115,7 +118,7 @@ def write_shard_file(
                     shard.peek_table(t, ids[lo : lo + CHUNK_ROWS], cols="all")
                     for lo in range(0, len(ids), CHUNK_ROWS)
                 )
-                _write_rows(archive, f"rows{t}", (len(ids), shard.row_widths[t]), chunks)
+                write_rows(archive, f"rows{t}", (len(ids), shard.row_widths[t]), chunks)
                 _write_array(archive, f"versions{t}", versions)
                 _write_array(archive, f"last_push{t}", last_push)
                 if deleted is not None:
@@ -214,6 +217,43 @@ def read_array(archive: zipfile.ZipFile, name: str) -> npt.NDArray[Any]:
     with archive.open(f"{name}.npy") as fh:
         array: npt.NDArray[Any] = np.lib.format.read_array(fh, allow_pickle=False)
     return array
+
+
+def map_member(path: Path, archive: zipfile.ZipFile, name: str) -> npt.NDArray[Any]:
+    """Member `name` (an uncompressed `.npy`) of the zip at `path`, memory-mapped read-only.
+
+    Shard files and exports store their members uncompressed, so a row can be read without
+    reading the ones before it. `archive` is `path` opened (for the member's header offset).
+
+    Raises:
+        RecsysError: If the member is compressed (it cannot be mapped).
+    """
+    info = archive.getinfo(f"{name}.npy")
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise RecsysError(
+            f"{path}: {name} is compressed, so it cannot be memory-mapped; frugal writes its "
+            "members uncompressed: use the file frugal wrote (export the checkpoint again), or "
+            "open it without mmap"
+        )
+    with path.open("rb") as fh:
+        fh.seek(info.header_offset)
+        local = fh.read(30)  # the local file header: its name and extra lengths differ from
+        name_bytes, extra_bytes = struct.unpack("<HH", local[26:30])  # the central directory's
+        fh.seek(info.header_offset + 30 + name_bytes + extra_bytes)
+        version = np.lib.format.read_magic(fh)
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, fortran, dtype = read_header(fh)
+        offset = fh.tell()
+    if fortran:
+        raise RecsysError(f"{path}: {name} is stored in Fortran order; export it again")
+    if int(np.prod(shape)) == 0:
+        return np.empty(shape, dtype=dtype)
+    mapped: npt.NDArray[Any] = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+    return mapped
 
 
 def _members(archive: zipfile.ZipFile) -> set[str]:
