@@ -516,10 +516,10 @@ def test_a_resume_with_a_larger_max_steps_extends_the_run(tmp_path: Path) -> Non
 @pytest.mark.timeout(300)
 def test_per_table_widths_train_out_of_core_checkpoint_and_serve(tmp_path: Path) -> None:
     # MovieLens' 7 tables at 2 widths: each PS shard keeps one store per width, on disk with
-    # a cache of a few hundred rows, and the mlp model gets the pooled features side by side.
+    # a cache of a few hundred rows, and dlrm projects the width-4 features to 32.
     dims = (32, 32, 4, 4, 4, 32, 4)
     config = _config(
-        mode="hybrid", staleness=2, max_steps=20, model="mlp", embedding_dims=dims,
+        mode="hybrid", staleness=2, max_steps=20, embedding_dims=dims,
         store_backend="file", ps_memory_budget_bytes=4 * 131072, ps_lookahead=2,
         checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every_steps=10,
     )  # fmt: skip

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from frugal.config import ConfigError
 from frugal.recsys.client import EmbeddingClient
@@ -202,13 +203,29 @@ def test_split_capacity_by_declared_rows() -> None:
     assert split_capacity((0, 0), (8, 16), 10) == {8: 5, 16: 5}  # no sizes: an even split
 
 
-def test_models_take_per_feature_widths_or_say_which_does() -> None:
+def test_models_take_per_feature_widths() -> None:
     model = WideDeepMLP(3, (4, 8, 2), dense_dim=5, hidden=(6,))
     out = model(torch.zeros(7, 14), torch.zeros(7, 5))
     assert out.shape == (7,)
     assert model.wide.in_features == 14 + 5
-    with pytest.raises(ValueError, match="dlrm model's dot interactions need one embedding_dim"):
-        DLRM(3, (4, 8, 2), dense_dim=5, hidden=(6,))
+    # dlrm projects each narrower feature to the widest width (MD embeddings). With a
+    # projection that pads with zeros it is the single-width dlrm on zero-padded features.
+    torch.manual_seed(0)
+    mixed = DLRM(2, (2, 4), dense_dim=3, hidden=(5,))
+    single = DLRM(2, 4, dense_dim=3, hidden=(5,))
+    single.load_state_dict(mixed.state_dict(), strict=False)  # bottom and top MLPs
+    assert isinstance(mixed.projections[1], nn.Identity)  # already the widest
+    with torch.no_grad():
+        mixed.projections[0].weight.copy_(torch.eye(4, 2))  # (4, 2): x -> [x, 0, 0]
+    narrow, wide, dense = torch.randn(6, 2), torch.randn(6, 4), torch.randn(6, 3)
+    padded = torch.cat([narrow, torch.zeros(6, 2)], dim=1)
+    torch.testing.assert_close(
+        mixed(torch.cat([narrow, wide], dim=1), dense),
+        single(torch.stack([padded, wide], dim=1), dense),
+    )
+    assert sorted(single.state_dict()) == sorted(
+        k for k in mixed.state_dict() if not k.startswith("projections")
+    )  # one width: no projection, the state dict of earlier checkpoints
 
 
 def test_widths_are_checked_against_the_data_and_the_model_before_launch() -> None:
@@ -219,8 +236,7 @@ def test_widths_are_checked_against_the_data_and_the_model_before_launch() -> No
     with pytest.raises(ConfigError, match="embedding_dims has 2 widths, movielens100k has 7"):
         _check_features(short)
     dlrm = RecsysTrainConfig(data=data, model="dlrm", embedding_dims=(8, 16, 4, 4, 4, 8, 4))
-    with pytest.raises(ConfigError, match="choose model='mlp'"):
-        _check_features(dlrm)
+    _check_features(dlrm)  # accepted: dlrm projects the narrower features
     ok = RecsysTrainConfig(data=data, model="mlp", embedding_dims=(8, 16, 4, 4, 4, 8, 4))
     _check_features(ok)  # accepted
     assert table_dims(ok, 7) == (8, 16, 4, 4, 4, 8, 4)

@@ -65,7 +65,8 @@ class RecsysTrainConfig:
     """Embedding width of each table, each >= 1, one per table in the data's feature order
     (empty: `embedding_dim` for all). Each PS shard keeps one store per width; the dense model
     then gets the pooled features side by side, `(B, sum of the widths)`: the mlp model takes
-    that, dlrm (dot interactions) needs one width."""
+    that, dlrm projects each narrower feature to the widest width first (mixed-dimension
+    embeddings, arXiv 1909.11810)."""
     pooling: tuple[PoolingMode, ...] = ("sum",)
     """How each (feature, sample) bag of ids becomes one vector: "sum", "mean" or "max"
     (`torch.nn.EmbeddingBag`'s modes; an empty bag gives zeros). One entry for every

@@ -144,7 +144,7 @@ def _check_features(config: RecsysTrainConfig) -> None:
             "features whose attention it drives)"
         )
     if len(set(dims)) > 1 or sequences:
-        try:  # the model refuses widths or sequences it cannot take (dlrm: one width)
+        try:  # the model refuses widths or sequences it cannot take
             build_model(
                 config.model,
                 len(dims),

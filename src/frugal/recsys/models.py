@@ -100,13 +100,21 @@ def _mlp(sizes: list[int], *, last_activation: bool) -> nn.Sequential:
 class DLRM(nn.Module):
     """DLRM-style model: bottom MLP, dot interaction, top MLP.
 
+    With a width per feature (mixed-dimension embeddings), each feature narrower than the
+    widest is first projected to the widest width E by its own learned linear map (no
+    bias), so the dot interactions see one width: the MD embeddings of Ginart et al.
+
     Shapes:
-        pooled_BFE: (B, F, E); dense_BD: (B, D) -> logits (B,).
+        pooled_BFE: (B, F, E), or (B, sum of the widths) with a width per feature;
+        dense_BD: (B, D) -> logits (B,).
 
     References:
         Deep Learning Recommendation Model for Personalization and Recommendation Systems,
         arXiv 1906.00091, section 2 (dot interaction of the bottom MLP output with the
         embeddings, upper triangle, concatenated with the bottom output).
+        Mixed Dimension Embeddings with Application to Memory-Efficient Recommendation
+        Systems, ISIT 2021, arXiv 1909.11810, section 3 (a projection per feature to the
+        base dimension).
     """
 
     def __init__(
@@ -116,25 +124,37 @@ class DLRM(nn.Module):
         dense_dim: int,
         hidden: tuple[int, ...],
     ) -> None:
-        """Raises `ValueError` for per-feature widths: dot interactions need one width."""
+        """Raises `ValueError` if a per-feature width tuple is not one per feature."""
         super().__init__()
-        if not isinstance(embedding_dim, int):
+        dims = (embedding_dim,) * num_features if isinstance(embedding_dim, int) else embedding_dim
+        if len(dims) != num_features:
             raise ValueError(
-                f"the dlrm model's dot interactions need one embedding_dim for every table, "
-                f"not {list(embedding_dim)}; give one embedding_dim, or choose model='mlp' "
-                "(wide & deep), which takes a width per table"
+                f"embedding_dim has {len(dims)} widths for {num_features} features; give one "
+                "per feature"
             )
-        self.bottom = _mlp([max(dense_dim, 1), *hidden[-1:], embedding_dim], last_activation=True)
+        width = max(dims)
+        self.widths = tuple(dims)
+        self.mixed = not isinstance(embedding_dim, int)
+        self.projections = nn.ModuleList(
+            [nn.Identity() if dim == width else nn.Linear(dim, width, bias=False) for dim in dims]
+        )
+        self.bottom = _mlp([max(dense_dim, 1), *hidden[-1:], width], last_activation=True)
         self.dense_dim = dense_dim
         vectors = num_features + 1
         self.register_buffer(
             "pairs", torch.triu_indices(vectors, vectors, offset=1), persistent=False
         )
         interactions = vectors * (vectors - 1) // 2
-        self.top = _mlp([interactions + embedding_dim, *hidden, 1], last_activation=False)
+        self.top = _mlp([interactions + width, *hidden, 1], last_activation=False)
 
     def forward(self, pooled_BFE: Tensor, dense_BD: Tensor) -> Tensor:
         """Return the click logits."""
+        if self.mixed:  # (B, sum of widths) -> each feature projected -> (B, F, E)
+            features = torch.split(pooled_BFE, list(self.widths), dim=1)
+            pooled_BFE = torch.stack(
+                [project(f) for project, f in zip(self.projections, features, strict=True)],
+                dim=1,
+            )
         if self.dense_dim == 0:
             dense_BD = torch.zeros(pooled_BFE.shape[0], 1)
         bottom_BE = self.bottom(dense_BD)
@@ -316,7 +336,8 @@ def build_model(
     """Build the dense model registered as `name` ("dlrm", "mlp", ...).
 
     `embedding_dim` is one width for every feature, or a tuple of one per feature (then the
-    pooled input is `(B, sum of the widths)`; dlrm refuses it). With `sequence_features`
+    pooled input is `(B, sum of the widths)`; dlrm projects it to one width). With
+    `sequence_features`
     (feature indices) the model is wrapped in `SequenceFeatures`, which pools them by DIN
     attention against the pooled `sequence_target` feature (or a learned query).
 
