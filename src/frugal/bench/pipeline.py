@@ -543,9 +543,11 @@ def torch_pipelining_rows(
         label="fp32@head-to-head", codec="fp32", steps=config.speed_steps, repeat_examples=True
     )
     with tempfile.TemporaryDirectory(prefix="frugal-torch-pipelining-") as tmp:
+        side = "torch.distributed.pipelining"
         try:
             for r in range(config.speed_rounds):  # ours, then torch's, in every round
                 for name in ours_schedules:
+                    side = f"frugal's own pipeline ({name}, round {r})"
                     ours_ranks = launch_torchrun(
                         replace(train, schedule=name), [ours_spec],
                         Path(tmp) / f"ours-{name}{r}", nproc=train.num_stages, timeout_s=timeout_s,
@@ -553,6 +555,7 @@ def torch_pipelining_rows(
                     steps_by_side[f"ours:{name}"] += _timed_steps(
                         [rank["runs"][0] for rank in ours_ranks]
                     )
+                side = f"torch.distributed.pipelining (round {r})"
                 torch_ranks = launch_torch_pipelining(
                     train, config.torch_pipelining, config.speed_steps, Path(tmp) / f"torch{r}",
                     timeout_s=timeout_s,
@@ -562,8 +565,8 @@ def torch_pipelining_rows(
                     steps_by_side[name] += _timed_steps(runs)
                     losses: list[float] = next((x["losses"] for x in runs if x["losses"]), [])
                     first_losses.setdefault(name, losses)
-        except PipelineError as exc:
-            reason = f"torch.distributed.pipelining failed or hung: {exc}"
+        except PipelineError as exc:  # either side failing leaves no fair comparison
+            reason = f"{side} failed or hung: {exc}"
     measured: dict[str, dict[str, Any]] = {
         name: {
             "tokens_per_s": tokens_per_step / median(steps),
