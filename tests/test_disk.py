@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,18 @@ def test_make_folder_creates_parents_and_names_a_file_in_the_way(tmp_path: Path)
     with pytest.raises(ValueError, match=r"^x .*/sub: cannot create the folder \(Not a dir"):
         make_folder(afile / "sub", what="x")
     assert afile.read_text() == "keep"
+
+
+def test_lock_file_is_exclusive_names_its_holder_and_ends_with_its_descriptor(
+    tmp_path: Path,
+) -> None:
+    from frugal.disk import lock_file
+
+    first = lock_file(tmp_path / "JOB.lock")
+    assert isinstance(first, int)
+    assert (tmp_path / "JOB.lock").read_text() == str(os.getpid())
+    assert lock_file(tmp_path / "JOB.lock") == str(os.getpid())  # held: the holder's pid
+    os.close(first)  # released
+    again = lock_file(tmp_path / "JOB.lock")
+    assert isinstance(again, int)
+    os.close(again)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import shutil
@@ -59,6 +60,28 @@ class DiskFullError(FrugalError):
         self.path = path
         self.needed_bytes = needed_bytes
         self.free_bytes = free_bytes
+
+
+def lock_file(path: Path) -> int | str:
+    """Take an exclusive `flock` on `path` (created if absent) and write this pid into it.
+
+    The lock lasts until the returned descriptor is closed or the process dies (the kernel
+    drops it then), so a crashed holder never leaves a stale lock.
+
+    Returns:
+        The open descriptor holding the lock, or, if another process holds it, that
+        process's id as written in the file ("unknown" if it wrote none).
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        return holder
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
 
 
 def is_disk_full(exc: BaseException) -> bool:

@@ -7,7 +7,6 @@ the same trainer module runs unchanged under a multi-machine torchrun command li
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import math
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from frugal.config import ConfigError, config_to_dict
+from frugal.disk import lock_file
 from frugal.launch import MemoryEstimate, TorchrunJob, check_job, run_torchrun
 from frugal.recsys.batch import RecsysData, RecsysSplit
 from frugal.recsys.client import EmbeddingClient
@@ -410,20 +410,14 @@ def _hold_checkpoint_dirs(configs: list[RecsysTrainConfig]) -> Iterator[None]:
         )
         for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(folder / CHECKPOINT_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-                os.close(fd)
+            fd = lock_file(folder / CHECKPOINT_LOCK)
+            if isinstance(fd, str):
                 raise ConfigError(
                     f"checkpoint_dir={folder} is in use by another training job (process "
-                    f"{holder}); two jobs writing one checkpoint chain would break it: wait for "
+                    f"{fd}); two jobs writing one checkpoint chain would break it: wait for "
                     "that job to end, or give this one another checkpoint_dir"
-                ) from None
+                )
             held.append(fd)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
         for fd in held:

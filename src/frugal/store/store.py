@@ -15,7 +15,6 @@ Shape legend: N ids in a call, D embedding_dim, W row width.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -32,7 +31,7 @@ import frugal
 from frugal._libc import physical_memory_bytes
 from frugal._typing import F32, I64
 from frugal.config import check_types, config_from_dict, config_to_dict
-from frugal.disk import make_folder
+from frugal.disk import lock_file, make_folder
 from frugal.store.backends import BACKENDS, BackendArgs
 from frugal.store.backends.base import (
     StoreBackend,
@@ -516,18 +515,12 @@ class EmbeddingStore:
                 f"{directory} is already open in this process; use that EmbeddingStore or "
                 "close it first"
             )
-        fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
+        fd = lock_file(directory / "LOCK")
+        if isinstance(fd, str):
             raise StoreLockedError(
-                f"{directory} is open for writing by process {holder}; close it there first "
+                f"{directory} is open for writing by process {fd}; close it there first "
                 "(two writers would corrupt it)"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+            )
         _OPEN_HERE.add(directory.resolve())
         return fd
 
