@@ -190,7 +190,8 @@ class TimeProjectionEmbedding(EmbeddingModule):
     ) -> Tensor:
         """Projected memory of the queries, (B, D)."""
         z = gather_rows(memory_ND, node)
-        dt = torch.from_numpy(t).float() - last_update_N[torch.from_numpy(node)].float()
+        # Subtract in int64, then cast: float32 times lose whole seconds beyond 2**24 s.
+        dt = (torch.from_numpy(t) - last_update_N[torch.from_numpy(node)]).float()
         dt_hat = ((dt - self.dt_mean) / self.dt_std).unsqueeze(1)
         out: Tensor = z * (1 + self.time_projection(dt_hat))
         return out
@@ -311,7 +312,11 @@ class GraphAttentionEmbedding(EmbeddingModule):
             return _Plan(layer=1, node=node, t=t, nbr=nb, self_plan=self_plan)
         # A neighbour's own embedding is computed at its event time, before its event.
         # Identical (node, t, bound) rows (padding slots, shared events) are computed once.
-        rows = np.stack([nb.nbr.ravel(), nb.t.ravel(), nb.eid.ravel()])
+        # Padding slots get the smallest time so that they sort first whatever the stream's
+        # times are: the order of the computed rows, and so every float sum, does not change
+        # when all timestamps shift by a constant (padding is masked out of the attention).
+        pad_t = np.where(nb.mask, nb.t, np.iinfo(np.int64).min)
+        rows = np.stack([nb.nbr.ravel(), pad_t.ravel(), nb.eid.ravel()])
         unique, inverse = unique_columns(rows)
         child = self._plan(layer - 1, unique[0], unique[1], unique[2], finder, rng)
         return _Plan(

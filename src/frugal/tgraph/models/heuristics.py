@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from frugal._typing import F64, I64
+from frugal._typing import F64, I64, Bool
 from frugal.tgraph.models.registry import ModelInputs, register_model
 
 __all__ = ["EdgeBank", "EdgeBankWindow", "HeuristicModel", "Popularity", "Recency"]
@@ -74,21 +74,32 @@ class HeuristicModel:
         self._pair_key, self._pair_t = key[last], when[last]
         # Popularity: decayed count per destination; events in time order within the batch.
         if len(dst):
-            decay = np.exp(-(t - self._pop_t[dst]) / self.window_s)
+            decay = self._decay(dst, t)
             for_nodes, first = np.unique(dst, return_index=True)
             # Decay each node once to the batch's first event time of that node, then add.
             self._pop[for_nodes] *= decay[first]
             np.add.at(self._pop, dst, 1.0)
-            last_t = np.zeros(self.num_nodes, dtype=np.int64)
+            last_t = np.full(self.num_nodes, np.iinfo(np.int64).min, dtype=np.int64)
             np.maximum.at(last_t, dst, t)
             self._pop_t[for_nodes] = last_t[for_nodes]
 
-    def _last_seen(self, key: I64) -> I64:
-        """Last time each pair key was seen, -1 if never."""
+    def _last_seen(self, key: I64) -> tuple[Bool, I64]:
+        """Whether each pair key was seen, and when last (0 where never).
+
+        A flag, not a sentinel time: times are used only as differences, so any int64 time
+        (negative ones included) is a valid time, and shifting a stream changes no score.
+        """
         if len(self._pair_key) == 0:
-            return np.full(key.shape, -1, dtype=np.int64)
+            return np.zeros(key.shape, dtype=bool), np.zeros(key.shape, dtype=np.int64)
         pos = np.minimum(np.searchsorted(self._pair_key, key), len(self._pair_key) - 1)
-        return np.where(self._pair_key[pos] == key, self._pair_t[pos], -1)
+        seen = self._pair_key[pos] == key
+        return seen, np.where(seen, self._pair_t[pos], 0)
+
+    def _decay(self, node: I64, t: I64) -> F64:
+        """exp(-(t - last event of node) / window_s); 0 for a node never seen (count 0)."""
+        seen = self._pop[node] > 0
+        age = np.where(seen, t - self._pop_t[node], 0).astype(np.float64)
+        return np.where(seen, np.exp(-age / self.window_s), 0.0)
 
     def score(self, src: npt.ArrayLike, dst: npt.ArrayLike, t: npt.ArrayLike) -> F64:
         """Scores of (src, dst) at times t; arrays broadcast, e.g. (B, 1) x (B, C).
@@ -109,31 +120,32 @@ class EdgeBank(HeuristicModel):
     """1 if (u, v) was seen before, else 0 (EdgeBank with unlimited memory)."""
 
     def _score(self, src: I64, dst: I64, t: I64) -> F64:
-        return (self._last_seen(src * self.num_nodes + dst) >= 0).astype(np.float64)
+        seen, _ = self._last_seen(src * self.num_nodes + dst)
+        return seen.astype(np.float64)
 
 
 class EdgeBankWindow(HeuristicModel):
     """1 if (u, v) was seen within the last `window_s` time units (EdgeBank, time window)."""
 
     def _score(self, src: I64, dst: I64, t: I64) -> F64:
-        last = self._last_seen(src * self.num_nodes + dst)
-        return ((last >= 0) & (t - last <= self.window_s)).astype(np.float64)
+        seen, last = self._last_seen(src * self.num_nodes + dst)
+        return (seen & (t - last <= self.window_s)).astype(np.float64)
 
 
 class Recency(HeuristicModel):
     """-(t - last time (u, v) was seen); -1e18 if never seen."""
 
     def _score(self, src: I64, dst: I64, t: I64) -> F64:
-        last = self._last_seen(src * self.num_nodes + dst)
+        seen, last = self._last_seen(src * self.num_nodes + dst)
         age = (t - last).astype(np.float64)
-        return np.where(last >= 0, -age, -np.inf).clip(min=-1e18)
+        return np.where(seen, -age, -np.inf).clip(min=-1e18)
 
 
 class Popularity(HeuristicModel):
     """v's exponentially decayed degree, time constant `window_s`."""
 
     def _score(self, src: I64, dst: I64, t: I64) -> F64:
-        decayed: F64 = self._pop[dst] * np.exp(-(t - self._pop_t[dst]) / self.window_s)
+        decayed: F64 = self._pop[dst] * self._decay(dst, t)
         return decayed
 
 
