@@ -10,20 +10,24 @@ torchrun workers are fresh processes, so a `register` call in the launching scri
 not): modules named in the `FRUGAL_PLUGINS` environment variable (comma-separated, importable
 on `sys.path`; importing them runs their `register` calls), and installed packages' entry
 points in a registry's group (`[project.entry-points."frugal.recsys.datasets"]`, name = entry).
-Both load on the first lookup a registry cannot answer.
+Both load on the first lookup a registry cannot answer. A registry may also resolve names of
+the form `package.module:attribute` itself (its `resolver`; the tgraph models do), so that
+`--model my_pkg.models:MyTGNN` works without any registration code.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import sys
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
 from frugal import ConfigError
 
-__all__ = ["PLUGINS_ENV", "Registry", "load_plugin_modules"]
+__all__ = ["PLUGINS_ENV", "Registry", "import_object", "load_plugin_modules"]
 
 T = TypeVar("T")
 
@@ -53,12 +57,61 @@ def load_plugin_modules() -> tuple[str, ...]:
     return names
 
 
+def import_object(reference: str, *, field: str = "name") -> object:
+    """The object a `package.module:attribute` reference names (`attribute` may be dotted).
+
+    As uvicorn and gunicorn resolve `module:app`, the module is imported from `sys.path`, and
+    from the current folder when it is not there (a console script does not put it there).
+
+    Args:
+        reference: `package.module:attribute`.
+        field: The setting the reference was given in, for messages ("model").
+
+    Returns:
+        The attribute.
+
+    Raises:
+        ConfigError: If the reference is malformed, the module cannot be imported or has no
+            such attribute (the message names which, and the fix).
+    """
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute or " " in reference:
+        raise ConfigError(
+            f"{field}={reference!r} is not a 'package.module:attribute' reference; write it "
+            "as my_pkg.models:MyModel"
+        )
+    cwd = os.getcwd()
+    try:
+        if cwd not in sys.path and importlib.util.find_spec(module_name.split(".")[0]) is None:
+            sys.path.insert(0, cwd)
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"{field}={reference!r}: module {module_name!r} cannot be imported ({exc}); run "
+            "from the folder that holds it, put that folder on PYTHONPATH, or install it"
+        ) from exc
+    value: object = module
+    for part in attribute.split("."):
+        if not hasattr(value, part):
+            public = sorted(n for n in vars(module) if not n.startswith("_"))
+            raise ConfigError(
+                f"{field}={reference!r}: module {module_name!r} has no attribute {attribute!r}; "
+                f"it defines {', '.join(public) or 'nothing public'}"
+            )
+        value = getattr(value, part)
+    return value
+
+
 class Registry(Generic[T]):
     """Entries of one kind by name, in registration order.
 
     Args:
         kind: What the entries are, for messages ("store backend", "planner method").
         field: The setting users name an entry in, for messages ("backend", "method").
+        entry_point_group: Installed packages' entry points in this group are registered on
+            a missed lookup.
+        resolver: Called on a missed lookup of a name with a ':' (`package.module:attr`);
+            returns the entry to register under that name, or raises `ConfigError`.
 
     Example:
         >>> codecs: Registry[int] = Registry("codec", field="codec")
@@ -68,11 +121,18 @@ class Registry(Generic[T]):
         32
     """
 
-    def __init__(self, kind: str, *, field: str, entry_point_group: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        *,
+        field: str,
+        entry_point_group: str | None = None,
+        resolver: Callable[[str], T] | None = None,
+    ) -> None:
         self.kind = kind
         self.field = field
         self.entry_point_group = entry_point_group
-        """Installed packages' entry points in this group are registered on a missed lookup."""
+        self.resolver = resolver
         self._entries: dict[str, T] = {}
         self._plugins_loaded = False
 
@@ -135,6 +195,8 @@ class Registry(Generic[T]):
         """
         if name not in self._entries:
             self._load_plugins()
+        if name not in self._entries and self.resolver is not None and ":" in name:
+            self._entries[name] = self.resolver(name)
         try:
             return self._entries[name]
         except KeyError:
@@ -145,6 +207,8 @@ class Registry(Generic[T]):
                 f"{self.field}={name!r} is not a registered {self.kind}; choose one of "
                 f"{', '.join(self._entries)}, or register it from a module named in "
                 f"{PLUGINS_ENV}{where}"
+                + " (or name it as package.module:attribute)"
+                * (self.resolver is not None)
             ) from None
 
     def check(self, name: str) -> str:
@@ -158,8 +222,14 @@ class Registry(Generic[T]):
         return tuple(self._entries)
 
     def __contains__(self, name: object) -> bool:
+        """Whether `name` is registered or resolves (a reference that fails to resolve: False)."""
         if name not in self._entries:
             self._load_plugins()
+        if name not in self._entries and self.resolver is not None and isinstance(name, str):
+            try:
+                self.get(name)
+            except ConfigError:
+                return False
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:

@@ -38,7 +38,7 @@ from frugal.bench.harness import (
 from frugal.config import ConfigError, check_types, config_to_dict
 from frugal.data import DATASETS, get_dataset_info, load_events
 from frugal.results import BenchJournal, write_text_atomically
-from frugal.tgraph.models import MODELS, heuristic_names, model_names
+from frugal.tgraph.models import MODELS, check_learned_model, heuristic_names, model_names
 from frugal.tgraph.protocol import Protocol, ProtocolConfig, build_protocol, protocol_preset
 from frugal.tgraph.reference import WARMUP_BATCHES, compare_with_pyg_tgn
 
@@ -101,12 +101,10 @@ class TgraphBenchConfig(BenchConfig):
                 f"from {', '.join(temporal)} (see `frugal data list`)"
             )
         for k, model in enumerate(self.models):
-            if model not in MODELS:
-                raise ValueError(
-                    f"models[{k}] = {model!r} is not allowed: it is not a registered tgraph "
-                    f"model; choose one of {', '.join(model_names())}, or register it with "
-                    "frugal.tgraph.register_model"
-                )
+            try:
+                MODELS.get(model)
+            except ValueError as exc:
+                raise ValueError(f"models[{k}] = {model!r} is not allowed: {exc}") from None
         for name in ("num_seeds", "num_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -197,9 +195,9 @@ def _execute(run: _Run) -> dict[str, Any]:
     result = run_link_prediction(run.model, protocol, run.seed, num_threads=run.config.num_threads)
     extra: dict[str, Any] = {}
     if run.config.task == "nc" and MODELS.get(run.model).kind != "heuristic":
-        from frugal.tgraph.models import TemporalGNN
+        from frugal.tgraph.models import HeuristicModel
 
-        assert isinstance(result.model, TemporalGNN)
+        assert not isinstance(result.model, HeuristicModel)
         extra = run_node_classification(result.model, protocol, run.seed)
     elif run.config.task == "nc" and run.model == NC_FLOOR_MODEL:
         extra = node_classification_floor(protocol, run.seed)
@@ -291,10 +289,16 @@ def run_tgraph_bench(
                 f"--task nc needs node labels, and {dataset} has none; use --task lp, or run "
                 f"nc on the labelled datasets only ({', '.join(labelled) or 'none given'})"
             )
-    for dataset in config.datasets:
+    for index, dataset in enumerate(config.datasets):
         events = load_events(dataset)
         protocol = build_protocol(events, dataset, config.protocol, cache_dir)
         protocols[dataset] = protocol.describe()
+        if index == 0:  # a user's model that the trainer cannot run fails before any run
+            from frugal.tgraph.train import model_inputs
+
+            for model in models:
+                if (spec := MODELS.get(model)).kind == "learned":
+                    check_learned_model(spec.build(model_inputs(protocol, spec)), model)
         for model in models:
             seeds = (
                 range(1)  # deterministic: one run, seed 0, whatever seeds the models get

@@ -26,7 +26,7 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -43,7 +43,14 @@ from frugal.tgraph.evaluator import (
     rank_metrics,
     tie_aware_ranks,
 )
-from frugal.tgraph.models import MODELS, HeuristicModel, ModelInputs, ModelSpec, TemporalGNN
+from frugal.tgraph.models import (
+    MODELS,
+    HeuristicModel,
+    ModelInputs,
+    ModelSpec,
+    TemporalGNN,
+    check_learned_model,
+)
 from frugal.tgraph.neighbors import NeighborFinder
 from frugal.tgraph.protocol import VIEWS, Protocol, true_destination_keys
 
@@ -190,7 +197,7 @@ def evaluate_split(
                 cand_BC, dst, candidates, true_keys, group[offsets], events.num_nodes
             )
             rank_s += time.perf_counter() - rank_began
-        if isinstance(model, TemporalGNN):
+        if not isinstance(model, HeuristicModel):
             model.write_staged()
         held.append((ids, other_vec))
         if not hold_ties:
@@ -450,7 +457,8 @@ def run_link_prediction(
 
     Raises:
         ValueError: On an unknown model name (the message lists the registered ones).
-        TypeError: If the model's builder returns the wrong kind of model.
+        ModelProtocolError: (a `TypeError`) If the model's builder returns the wrong kind of
+            model, or a learned model without every `LEARNED_MODEL_METHODS`.
         FrugalError: If a protocol check fails during training (state not restored).
     """
     torch.set_num_threads(num_threads)
@@ -469,13 +477,9 @@ def run_link_prediction(
     def eval_rng() -> np.random.Generator | None:  # the same draws in every eval pass
         return np.random.default_rng([seed, 1]) if uniform else None
 
-    model = spec.build(inputs)
-    if not isinstance(model, TemporalGNN):
-        raise TypeError(
-            f"model={model_name!r} is registered as kind='learned' but its builder returned "
-            f"a {type(model).__name__}; return a TemporalGNN, or register it with "
-            "kind='heuristic'"
-        )
+    built = spec.build(inputs)
+    check_learned_model(built, model_name)
+    model = cast(TemporalGNN, built)  # or another class with every LEARNED_MODEL_METHODS
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, fused=True)
     train_finder = NeighborFinder(
         events.src[train_index], events.dst[train_index], events.t[train_index],
@@ -525,7 +529,7 @@ def run_link_prediction(
                 "val_ap": val_ap,
                 "epoch": epoch + 1,
                 "params": copy.deepcopy(
-                    {k: v for k, v in model.state_dict().items() if k not in model._STATE}
+                    {k: v for k, v in model.state_dict().items() if k not in after_train}
                 ),
                 "after_val": model.state(),
                 "after_train_sha256": _state_sha256(after_train),

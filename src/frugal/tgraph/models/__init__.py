@@ -4,9 +4,9 @@
 `ModelSpec` that builds the model from `ModelInputs`. The TGNNs are `TemporalGNN`s assembled
 from exchangeable parts (`frugal.tgraph.models.components`); a new model is one module with a
 builder and one `register_model` call (its import below), or a `register_model` call in your
-own code. Models that fit no part (CAWN, NAT, NeurTW) implement the calls the runner makes
-(`reset_state`, `state`/`load_state`, `forward_batch`, `commit_numpy`, `store_events`, ...;
-see `frugal.tgraph.train`).
+own code, or a `package.module:attribute` reference (`--model my_pkg.models:MyTGNN`). A model
+that fits no part implements the calls the runner makes (`LEARNED_MODEL_METHODS`;
+`check_learned_model` names any that is missing).
 """
 
 from frugal.tgraph.models.blocks import TemporalAttention, TimeEncoder
@@ -28,10 +28,13 @@ from frugal.tgraph.models.heuristics import (
     Recency,
 )
 from frugal.tgraph.models.registry import (
+    LEARNED_MODEL_METHODS,
     MODELS,
     ModelInputs,
     ModelKind,
+    ModelProtocolError,
     ModelSpec,
+    check_learned_model,
     heuristic_names,
     model_names,
     register_model,
@@ -47,6 +50,7 @@ from frugal.tgraph.models import tgat as tgat
 # isort: on
 
 __all__ = [
+    "LEARNED_MODEL_METHODS",
     "MODELS",
     "AttentionMessage",
     "EdgeBank",
@@ -60,6 +64,7 @@ __all__ = [
     "MessageFunction",
     "ModelInputs",
     "ModelKind",
+    "ModelProtocolError",
     "ModelSpec",
     "Popularity",
     "Recency",
@@ -67,6 +72,7 @@ __all__ = [
     "TemporalGNN",
     "TimeEncoder",
     "TimeProjectionEmbedding",
+    "check_learned_model",
     "heuristic_names",
     "model_names",
     "register_model",

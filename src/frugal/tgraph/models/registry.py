@@ -12,6 +12,13 @@ models up here. Adding a model is one module that builds it plus one `register_m
     >>> "tgn_wide" in MODELS
     True
     >>> _ = MODELS.unregister("tgn_wide")
+
+Or name it as `package.module:attribute` (`--model my_pkg.models:MyTGNN`) with no registration
+code: the attribute is a `ModelSpec`, a `HeuristicModel` subclass (built as
+`cls(num_nodes, window_s=...)`), a class with a `from_inputs(inputs)` classmethod (a
+`TemporalGNN` subclass has one), or any callable `(ModelInputs) -> model`. A learned model is a
+`torch.nn.Module` with the methods of `LEARNED_MODEL_METHODS` (`TemporalGNN` has them all);
+`check_learned_model` names any that is missing.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import numpy.typing as npt
 
-from frugal.registry import Registry
+from frugal import ConfigError
+from frugal.registry import Registry, import_object
 from frugal.tgraph.neighbors import NeighborStrategy
 
 if TYPE_CHECKING:
@@ -31,10 +39,13 @@ if TYPE_CHECKING:
     from frugal.tgraph.models.tgnn import TemporalGNN
 
 __all__ = [
+    "LEARNED_MODEL_METHODS",
     "MODELS",
     "ModelInputs",
     "ModelKind",
+    "ModelProtocolError",
     "ModelSpec",
+    "check_learned_model",
     "heuristic_names",
     "model_names",
     "register_model",
@@ -99,8 +110,94 @@ class ModelSpec:
     native_neighbor_strategy: NeighborStrategy = "recent"
 
 
-MODELS: Registry[ModelSpec] = Registry("tgraph model", field="model")
-"""Every model `run_link_prediction` and `frugal tgraph bench --model` accept."""
+LEARNED_MODEL_METHODS: tuple[str, ...] = (
+    "reset_state",  # () -> None: forget every event (start of each epoch)
+    "state",  # () -> dict[str, Tensor]: a copy of the event state (buffers of state_dict)
+    "load_state",  # (state) -> None: restore a `state()` copy
+    "forward_batch",  # (src, dst_sets, t, first_eid, finder, rng) -> (logits list, memory,
+    #                    last_update, message vectors or None); see TemporalGNN.forward_batch
+    "commit_numpy",  # (src, dst, t, eid, vectors) -> None: store a scored batch's events
+    "store_events",  # (src, dst, t, eid, vectors) -> None: store held-back events
+    "write_staged",  # () -> None: write what the last forward_batch flushed, store nothing
+    "peek_memory",  # () -> (memory (N, D), last_update (N,)) with every message applied
+    "embed",  # (node, t, max_eid, finder, memory, last_update, rng) -> (B, D) embeddings
+    "score_all",  # (z_src (B, D), z_cand (C, D)) -> (B, C) logits
+    "neighbor_strategy",  # attribute: 'recent' or 'uniform'
+)
+"""What the trainer and evaluator call on a learned model besides `torch.nn.Module`'s own
+(`parameters`, `train`, `eval`, `state_dict`). `TemporalGNN` documents each signature."""
+
+
+class ModelProtocolError(ConfigError, TypeError):
+    """A model's builder returned something the trainer cannot run (bad input: CLI exit 2)."""
+
+
+def check_learned_model(model: object, name: str) -> None:
+    """Check that a learned model's builder returned what the trainer can run.
+
+    Args:
+        model: What the builder returned.
+        name: The model's registered name, for messages.
+
+    Raises:
+        ModelProtocolError: (a `TypeError` and a `ConfigError`) If `model` is a
+            `HeuristicModel`, is not a `torch.nn.Module`, or lacks any of
+            `LEARNED_MODEL_METHODS` (the message names every missing one).
+    """
+    from torch import nn
+
+    from frugal.tgraph.models.heuristics import HeuristicModel
+
+    kind = type(model).__name__
+    if isinstance(model, HeuristicModel):
+        raise ModelProtocolError(
+            f"model={name!r} is registered as kind='learned' but its builder returned a "
+            f"{kind} (a HeuristicModel); register it with kind='heuristic'"
+        )
+    missing = [m for m in LEARNED_MODEL_METHODS if not hasattr(model, m)]
+    if not isinstance(model, nn.Module) or missing:
+        what = "is not a torch.nn.Module" if not isinstance(model, nn.Module) else ""
+        if missing:
+            what += (" and " if what else "") + f"lacks {', '.join(missing)}"
+        raise ModelProtocolError(
+            f"model={name!r} built a {kind}, which {what}: a learned tgraph model implements "
+            "frugal.tgraph.models.LEARNED_MODEL_METHODS; subclass TemporalGNN (or assemble "
+            "one from its parts, as examples/tgraph_own_model.py does) to get them all"
+        )
+
+
+def _resolve_reference(reference: str) -> ModelSpec:
+    """The `ModelSpec` of a `package.module:attribute` model reference (see the module doc).
+
+    Raises:
+        ConfigError: If the reference does not import, or names no model, class or builder.
+    """
+    from frugal.tgraph.models.heuristics import HeuristicModel
+
+    value = import_object(reference, field="model")
+    if isinstance(value, ModelSpec):
+        return value
+    described = f"{reference} (user model)"
+    if isinstance(value, type) and issubclass(value, HeuristicModel):
+        cls = value
+
+        def heuristic(inputs: ModelInputs) -> HeuristicModel:
+            return cls(inputs.num_nodes, window_s=inputs.window_s)
+
+        return ModelSpec(heuristic, "heuristic", described)
+    build = getattr(value, "from_inputs", value) if isinstance(value, type) else value
+    if not callable(build):
+        raise ConfigError(
+            f"model={reference!r} names a {type(value).__name__}, not a model: point it at a "
+            "HeuristicModel or TemporalGNN subclass, a builder function (ModelInputs) -> "
+            "model, or a ModelSpec"
+        )
+    return ModelSpec(build, "learned", described)
+
+
+MODELS: Registry[ModelSpec] = Registry("tgraph model", field="model", resolver=_resolve_reference)
+"""Every model `run_link_prediction` and `frugal tgraph bench --model` accept (also
+`package.module:attribute` references, resolved on first use)."""
 
 
 def register_model(
