@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -394,3 +395,99 @@ def test_benches_of_one_folder_split_the_seeds_and_the_full_bench_resumes_them(
                 and r["setting"] == "transductive" and r["negatives"] == "random"}  # fmt: skip
 
     assert jodie_auc(both["rows"]) == jodie_auc(seed_1 + seed_0)  # the same runs, resumed
+
+
+def _events_csv(path: Path, num_events: int = 600, shift_s: int = 0) -> Path:
+    """A synthetic stream as a plain events CSV with two edge-feature columns."""
+    import numpy as np
+    import pandas as pd
+
+    from frugal.data.synthetic import TemporalStreamConfig, generate_temporal_events
+
+    events = generate_temporal_events(TemporalStreamConfig(num_events=num_events, num_nodes=40))
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"src": events.src, "dst": events.dst, "t": events.t + shift_s})
+    frame["f1"], frame["f2"] = rng.random(num_events), rng.random(num_events)
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_an_events_file_is_named_by_its_digest_and_its_features_reach_the_models(
+    tmp_path: Path,
+) -> None:
+    from frugal.data.event_files import read_event_file
+    from frugal.tgraph.models import MODELS
+    from frugal.tgraph.protocol import build_protocol
+    from frugal.tgraph.train import model_inputs
+
+    path = _events_csv(tmp_path / "mine.csv")
+    config = TgraphBenchConfig(datasets=(str(path),), models=("tgn",))  # a path is accepted
+    assert config.datasets == (str(path),)
+    file = read_event_file(path)
+    protocol = build_protocol(file.events, file.key, config.protocol)
+    inputs = model_inputs(protocol, MODELS.get("tgn"))
+    assert inputs.msg.shape == (600, 2)  # the file's f1, f2, not the 172 zero columns
+    assert float(abs(inputs.msg).sum()) > 0
+    with pytest.raises(ValueError, match=r"not a temporal event stream.*your own events \.csv"):
+        TgraphBenchConfig(datasets=("my_events",))
+
+
+def test_cli_names_the_line_of_a_bad_events_file_before_any_training(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("src,dst,t\n0,1,5\n1,2,oops\n")
+    out = tmp_path / "out"
+    assert main(["tgraph", "bench", "--dataset", str(bad), "--out", str(out)]) == 2
+    assert f"{bad}: line 3: t = 'oops' is not an integer" in capsys.readouterr().err
+    assert not (out / "runs.jsonl").exists()
+    # One file named twice (another spelling of its path) is one dataset: refused.
+    good = _events_csv(tmp_path / "good.csv", num_events=50)
+    twice = ["--dataset", str(good), "--dataset", f"{tmp_path}/./good.csv"]
+    assert main(["tgraph", "bench", *twice, "--out", str(out)]) == 2
+    assert "are the same data" in capsys.readouterr().err
+
+
+def test_bench_on_an_events_file_journals_by_digest(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = _events_csv(tmp_path / "mine.csv")
+    out = tmp_path / "out"
+    args = [
+        "tgraph", "bench", "--dataset", str(path), "--model", "edgebank", "--model", "tgn",
+        "--seeds", "1", "--out", str(out), "--set", "protocol.max_epochs=1",
+        "--set", "protocol.embedding_dim=8", "--set", "protocol.num_neighbors=4",
+        "--set", "compare_pyg_reference=false", "--set", "use_subprocess=false",
+        "--set", "num_threads=1",
+    ]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    document = json.loads((out / "results.json").read_text())
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    key = f"mine.csv@{digest[:16]}"
+    rows = document["rows"]
+    assert {r["system"] for r in rows} >= {"edgebank", "tgn"}
+    assert {(r["dataset"], r["dataset_path"], r["dataset_sha256"]) for r in rows} == {
+        (key, str(path), digest)
+    }
+    described = document["summary"]["protocols"][key]
+    assert described["dataset_sha256"] == digest and described["dataset_resorted_by_t"] is False
+    (head,) = [r for r in rows if r["system"] == "tgn" and r["setting"] == "transductive"
+               and r["negatives"] == "random"]  # fmt: skip
+    assert 0.0 <= head["auc"] <= 1.0
+    # The same file again: every run is resumed from the journal.
+    assert main(args) == 0
+    assert all(r.get("resumed") for r in json.loads((out / "results.json").read_text())["rows"])
+    # The same name with times shifted below zero is another file: nothing is reused, and
+    # (times count only as differences) every score is the same.
+    _events_csv(path, shift_s=-(10**6))
+    assert main(args) == 0
+    again = json.loads((out / "results.json").read_text())["rows"]
+    new_digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert new_digest != digest and not any(r.get("resumed") for r in again)
+    assert {r["dataset_sha256"] for r in again} == {new_digest}
+
+    def scores(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        keys = ("system", "setting", "negatives", "auc", "ap", "mrr")
+        return sorted(tuple(str(r.get(k)) for k in keys) for r in rows)
+
+    assert scores(again) == scores(rows)

@@ -26,6 +26,7 @@ def test_every_example_is_tested() -> None:
     tested = {
         "store_training_loop", "tgraph_benchmark", "plan_my_cluster", "pipeline_tiny_gpt",
         "pipeline_your_model", "store_kge", "store_gnn", "recsys_train_and_serve",
+        "tgraph_own_model",
     }  # fmt: skip
     assert {p.stem for p in EXAMPLES.glob("*.py")} == tested
 
@@ -71,6 +72,18 @@ def test_tgraph_benchmark_scores_models() -> None:
     assert 0.0 <= rows["tgn"]["auc"] <= 1.0
     assert rows["tgn"]["epochs"] == 1
     assert rows["tgn"]["params"] > 0
+
+
+def test_tgraph_own_model_and_csv_run_beside_tgn(tmp_path: Path) -> None:
+    rows = load("tgraph_own_model").main(["--tiny", "--out", str(tmp_path / "bench")])
+    own = rows["tgraph_own_model:NormedMemoryTGN"]
+    # The heuristic floors run beside every bench's models.
+    assert set(rows) == {"tgraph_own_model:NormedMemoryTGN", "tgn", "edgebank",
+                         "edgebank_window", "recency", "popularity"}  # fmt: skip
+    # Both ran on the user's file (named by its digest), with its 2 edge-feature columns.
+    assert own["dataset"].startswith("my_events.csv@") and own["dataset"] == rows["tgn"]["dataset"]
+    assert own["epochs"] == 1 and own["params"] > rows["tgn"]["params"]  # + the LayerNorm
+    assert own["num_events"] > 0 and 0.0 <= own["auc"] <= 1.0
 
 
 @pytest.mark.slow

@@ -36,7 +36,8 @@ from frugal.bench.harness import (
     write_bench_results,
 )
 from frugal.config import ConfigError, check_types, config_to_dict
-from frugal.data import DATASETS, get_dataset_info, load_events
+from frugal.data import DATASETS, TemporalEvents, get_dataset_info, load_events
+from frugal.data.event_files import is_event_file, read_event_file
 from frugal.results import BenchJournal, write_text_atomically
 from frugal.tgraph.models import MODELS, check_learned_model, heuristic_names, model_names
 from frugal.tgraph.protocol import Protocol, ProtocolConfig, build_protocol, protocol_preset
@@ -62,7 +63,11 @@ class TgraphBenchConfig(BenchConfig):
     """What `frugal tgraph bench` runs; `quick()` is the small preset."""
 
     datasets: tuple[str, ...] = ("collegemsg",)
-    """Dataset ids (temporal datasets of `frugal data list`)."""
+    """Dataset ids (temporal datasets of `frugal data list`), or paths of your own events
+    files: a value with a path separator or ending in `.csv` is a path
+    (`frugal.data.event_files`: an `ml_NAME.csv` with its `.npy` files, or a CSV with the
+    header `src,dst,t[,label][,feature columns...]`). A file's results are named
+    `FILENAME@SHA16` (its SHA-256), so a changed file never reuses earlier runs."""
     models: tuple[str, ...] = field(default_factory=model_names)
     """Registered models compared (`frugal.tgraph.models.MODELS`; default every one);
     heuristic floors are always added."""
@@ -94,11 +99,12 @@ class TgraphBenchConfig(BenchConfig):
         if not self.datasets or not self.models:
             raise ValueError("datasets and models must each list at least one name")
         temporal = [d.name for d in DATASETS if d.kind == "temporal_graph"]
-        bad = [d for d in self.datasets if d not in temporal]
+        bad = [d for d in self.datasets if d not in temporal and not is_event_file(d)]
         if bad:
             raise ValueError(
                 f"dataset {', '.join(map(repr, bad))} is not a temporal event stream; choose "
-                f"from {', '.join(temporal)} (see `frugal data list`)"
+                f"from {', '.join(temporal)} (see `frugal data list`), or give the path of "
+                "your own events .csv"
             )
         for k, model in enumerate(self.models):
             try:
@@ -174,12 +180,71 @@ class _RunSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class _Source:
+    """One entry of `TgraphBenchConfig.datasets`: a bundled id or a user's events file."""
+
+    given: str
+    """The value as configured (what `load_events` takes)."""
+    name: str
+    """The dataset in rows, cells and the negatives file: the id, or `EventFile.key`."""
+    sha256: str | None = None
+    """A file's digest (`EventFile.sha256`); None for a bundled dataset."""
+    provenance: tuple[tuple[str, object], ...] = ()
+    """A file's `EventFile.describe()` items, added to its protocol description."""
+
+    @classmethod
+    def of(cls, given: str) -> _Source:
+        """Resolve `given`; a file is read, checked and hashed here, before any training.
+
+        Raises:
+            ConfigError: If a bundled id is not temporal, or the file breaks its layout.
+        """
+        if not is_event_file(given):
+            info = get_dataset_info(given)
+            if info.kind != "temporal_graph":
+                raise ConfigError(
+                    f"dataset {given!r} is {info.kind!r}, not a temporal event stream"
+                )
+            return cls(given, given)
+        file = read_event_file(given)
+        return cls(given, file.key, file.sha256, tuple(file.describe().items()))
+
+    def load(self) -> TemporalEvents:
+        """The events; a file must still have the digest it had when the bench began.
+
+        Raises:
+            FrugalError: If the file changed since (its rows would mix two datasets).
+        """
+        if self.sha256 is None:
+            return load_events(self.given)
+        file = read_event_file(self.given)
+        if file.sha256 != self.sha256:
+            raise FrugalError(
+                f"{file.path} changed during the bench (SHA-256 {file.sha256[:16]}, was "
+                f"{self.sha256[:16]}); leave the file alone until the bench ends, then rerun"
+            )
+        return file.events
+
+    def row_fields(self) -> dict[str, object]:
+        """What every row of this dataset carries: its name, and a file's path and digest."""
+        fields: dict[str, object] = {"dataset": self.name}
+        if self.sha256 is not None:
+            provenance = dict(self.provenance)
+            fields |= {k: provenance[k] for k in ("dataset_path", "dataset_sha256")}
+        return fields
+
+
+@dataclass(frozen=True, slots=True)
 class _Run:
-    dataset: str
+    source: _Source
     model: str
     seed: int
     config: TgraphBenchConfig
     cache_dir: str
+
+    @property
+    def dataset(self) -> str:
+        return self.source.name
 
 
 def _execute(run: _Run) -> dict[str, Any]:
@@ -190,7 +255,7 @@ def _execute(run: _Run) -> dict[str, Any]:
         run_node_classification,
     )
 
-    events = load_events(run.dataset)
+    events = run.source.load()
     protocol = build_protocol(events, run.dataset, run.config.protocol, Path(run.cache_dir))
     result = run_link_prediction(run.model, protocol, run.seed, num_threads=run.config.num_threads)
     extra: dict[str, Any] = {}
@@ -236,7 +301,7 @@ def _rows_of(run: _Run, protocol: Protocol, payload: dict[str, Any]) -> list[dic
         rows.append(
             {
                 "system": run.model,
-                "dataset": run.dataset,
+                **run.source.row_fields(),
                 "protocol": protocol.config.name,
                 "protocol_hash": protocol.protocol_hash,
                 "protocol_settings": settings,
@@ -266,8 +331,9 @@ def run_tgraph_bench(
         The typed summary (per dataset), the rows and the results document (ARCHITECTURE.md).
 
     Raises:
-        ValueError: If a dataset is not a temporal dataset, or task 'nc' lacks labels.
-        FrugalError: If a run fails or exceeds its time limit.
+        ConfigError: If a dataset is not a temporal dataset, a file of yours breaks its
+            layout's rules, or task 'nc' lacks labels (all before any training).
+        FrugalError: If a run fails or exceeds its time limit, or a file changes meanwhile.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = out_dir / "negatives"
@@ -279,20 +345,28 @@ def run_tgraph_bench(
     protocols: dict[str, dict[str, Any]] = {}
     heuristics = heuristic_names()
     models = tuple(dict.fromkeys(heuristics + tuple(config.models)))
-    for dataset in config.datasets:  # every dataset is checked before any training
-        info = get_dataset_info(dataset)
-        if info.kind != "temporal_graph":
-            raise ConfigError(f"dataset {dataset!r} is {info.kind!r}, not a temporal event stream")
-        if config.task == "nc" and load_events(dataset).node_label is None:
-            labelled = [d for d in config.datasets if load_events(d).node_label is not None]
-            raise ConfigError(
-                f"--task nc needs node labels, and {dataset} has none; use --task lp, or run "
-                f"nc on the labelled datasets only ({', '.join(labelled) or 'none given'})"
-            )
-    for index, dataset in enumerate(config.datasets):
-        events = load_events(dataset)
+    sources = [_Source.of(d) for d in config.datasets]  # checked before any training
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        twice = sorted({s.given for s in sources if names.count(s.name) > 1})
+        raise ConfigError(
+            f"datasets {', '.join(twice)} are the same data ({', '.join(sorted(set(names)))}); "
+            "list each file once"
+        )
+    if config.task == "nc":
+        labelled = [s.given for s in sources if s.load().node_label is not None]
+        for source in sources:
+            if source.given not in labelled:
+                raise ConfigError(
+                    f"--task nc needs node labels, and {source.given} has none; use --task lp, "
+                    "or run nc on the labelled datasets only "
+                    f"({', '.join(labelled) or 'none given'})"
+                )
+    for index, source in enumerate(sources):
+        dataset = source.name
+        events = source.load()
         protocol = build_protocol(events, dataset, config.protocol, cache_dir)
-        protocols[dataset] = protocol.describe()
+        protocols[dataset] = protocol.describe() | dict(source.provenance)
         if index == 0:  # a user's model that the trainer cannot run fails before any run
             from frugal.tgraph.train import model_inputs
 
@@ -306,7 +380,7 @@ def run_tgraph_bench(
                 else range(config.first_seed, config.first_seed + config.num_seeds)
             )
             for seed in seeds:
-                run = _Run(dataset, model, seed, config, str(cache_dir))
+                run = _Run(source, model, seed, config, str(cache_dir))
                 cell = f"{dataset}/{model}/{seed}"
                 if (earlier := journal.get(cell)) is not None:  # an interrupted bench's
                     rows.extend(row | {"resumed": True} for row in earlier)
@@ -342,7 +416,8 @@ def run_tgraph_bench(
     reference: dict[str, Any] | None = None
     if config.compare_pyg_reference and "tgn" in config.models:
         # The target names CollegeMsg; other datasets only when it is not benched.
-        reference_dataset = "collegemsg" if "collegemsg" in config.datasets else config.datasets[0]
+        (reference_source,) = [s for s in sources if s.name == "collegemsg"] or sources[:1]
+        reference_dataset = reference_source.name
         # Journaled like a run, so a resumed sweep keeps the first timing instead of re-timing
         # both implementations on a machine that is now busy with other work.
         cell = f"{reference_dataset}/tgn_pyg_reference/{config.pyg_reference_batches}"
@@ -353,7 +428,7 @@ def run_tgraph_bench(
             progress(f"{reference_dataset} PyG reference TGN: {state}")
         if reference is None:
             reference = compare_with_pyg_tgn(
-                reference_dataset,
+                reference_source.given,
                 config.protocol,
                 config.pyg_reference_batches,
                 config.num_threads,

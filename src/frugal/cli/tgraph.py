@@ -36,8 +36,11 @@ def add_actions(children: Any) -> None:
         out="reports/tgraph",
         resumes=True,
     )
-    bench.add_argument("--dataset", action="append", default=None, metavar="NAME",
-                       help="dataset id (repeatable); default collegemsg")  # fmt: skip
+    bench.add_argument("--dataset", action="append", default=None, metavar="NAME|PATH",
+                       help="dataset id, or the path of your own events file (a value with a "
+                       "/ or ending in .csv): an ml_NAME.csv (with its .npy files beside it) "
+                       "or a CSV with the header src,dst,t[,label][,feature columns...]; "
+                       "repeatable; default collegemsg")  # fmt: skip
     bench.add_argument("--model", action="append", default=None, metavar="NAME",
                        help="registered model (repeatable): edgebank, edgebank_window, recency, "
                        "popularity, jodie, dyrep, tgn, tgat, or one added with register_model; "

@@ -167,8 +167,9 @@ def _events_from_frame(
     extra_nodes: np.ndarray[Any, Any] | None = None,
     node_class: dict[Any, str] | None = None,
     label_names: tuple[str, ...] | None = None,
+    label: np.ndarray[Any, Any] | None = None,
 ) -> TemporalEvents:
-    """Stable-sort by t, factorise node ids, and attach per-node classes."""
+    """Stable-sort by t, factorise node ids, and attach per-node classes (and event labels)."""
     order = np.argsort(t, kind="stable")
     src_raw = src.to_numpy()[order]
     dst_raw = dst.to_numpy()[order]
@@ -193,6 +194,7 @@ def _events_from_frame(
         num_nodes=num_nodes,
         time_unit=time_unit,
         msg=None if msg is None else msg[order],
+        label=None if label is None else label[order],
         node_ids=node_ids,
         node_label=node_label,
         label_names=names,
@@ -320,18 +322,28 @@ def load_events(dataset: str | DatasetInfo, config: DataConfig | None = None) ->
     event (PubMed) follow. Static node classes are in `node_label`/`label_names`.
 
     Args:
-        dataset: A dataset id (e.g. "collegemsg") or its record.
-        config: Cache and verification settings; defaults to `DataConfig()`.
+        dataset: A dataset id (e.g. "collegemsg") or its record, or the path of your own
+            events file (`frugal.data.event_files`: a value with a path separator or ending
+            in `.csv`; an `ml_NAME.csv`, or a CSV with the header `src,dst,t[,label][,...]`).
+        config: Cache and verification settings; defaults to `DataConfig()` (unused for a
+            file of your own, which is parsed on every call).
 
     Returns:
         The events.
 
     Raises:
-        ConfigError: If the name is unknown or the dataset is not a temporal graph.
+        ConfigError: If the name is unknown or the dataset is not a temporal graph, or your
+            file is missing or breaks a rule of its layout (the message names the line).
         DatasetMissingError: If its package is not installed (names the pip line).
         DatasetChecksumError: If a file does not match its pinned SHA-256.
         DatasetStatsError: If the parse does not reproduce the pinned counts.
     """
+    if isinstance(dataset, str):
+        # Imported here: event_files reads plain CSVs with this module's _events_from_frame.
+        from frugal.data.event_files import is_event_file, read_event_file
+
+        if is_event_file(dataset):
+            return read_event_file(dataset).events
     info = _info(dataset, "events")
     return _load_cached(
         info,

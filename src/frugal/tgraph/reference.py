@@ -149,7 +149,7 @@ def compare_with_pyg_tgn(
     """Time our TGN and PyG's reference TGN on the same training batches, alternately.
 
     Args:
-        dataset: Dataset id.
+        dataset: Dataset id, or the path of an events file (as `load_events` takes it).
         protocol: Supplies embedding_dim, num_neighbors, train_batch_size and learning rate.
         num_batches: Training batches per loop (the first 5 are warm-up).
         num_threads: torch threads.
