@@ -47,7 +47,7 @@ def _step(model: TemporalGNN, events: TemporalEvents, lo: int, hi: int, finder: 
     return logits[0]
 
 
-@pytest.mark.parametrize("variant", ["tgn", "jodie", "dyrep", "tgat"])
+@pytest.mark.parametrize("variant", ["tgn", "jodie", "dyrep", "tgat", "graphmixer"])
 def test_no_batch_sees_future_or_its_own_events(variant: str, stream: TemporalEvents) -> None:
     full = NeighborFinder(stream.src, stream.dst, stream.t, stream.num_nodes)
     b0 = 600
@@ -211,7 +211,7 @@ def test_no_prediction_reads_an_event_of_its_own_time_through_state(hold: bool) 
     assert test.pos.tolist() == [1.0, 1.0, 0.0]
 
 
-@pytest.mark.parametrize("variant", ["tgn", "jodie", "dyrep", "tgat"])
+@pytest.mark.parametrize("variant", ["tgn", "jodie", "dyrep", "tgat", "graphmixer"])
 def test_held_back_ties_do_not_depend_on_the_eval_batch_size(variant: str) -> None:
     # Under frugal, a query at time t reads no event at time t: all val events share t 20,
     # so their scores must be the same whether the pass runs them in one batch of 3 or in

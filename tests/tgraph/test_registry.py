@@ -33,7 +33,10 @@ from frugal.tgraph.protocol import (
 )
 from frugal.tgraph.train import run_link_prediction
 
-BUILT_IN = ("edgebank", "edgebank_window", "recency", "popularity", "jodie", "dyrep", "tgn", "tgat")
+BUILT_IN = (
+    "edgebank", "edgebank_window", "recency", "popularity", "jodie", "dyrep", "tgn", "tgat",
+    "graphmixer",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +80,9 @@ def test_unknown_names_list_every_registered_entry(stream: TemporalEvents) -> No
     with pytest.raises(ValueError, match=r"protocol='tgb' is not a registered tgraph protocol; "
                        r"choose one of frugal, benchtemp"):  # fmt: skip
         protocol_preset("tgb")
-    with pytest.raises(ValueError, match=r"models\[1\] = 'cawn' is not allowed: .* tgn, tgat, or "
-                       r"register it .* \(or name it as package\.module:attribute\)"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"models\[1\] = 'cawn' is not allowed: .* tgat, "
+                       r"graphmixer, or register it .* \(or name it as "
+                       r"package\.module:attribute\)"):  # fmt: skip
         TgraphBenchConfig(models=("tgn", "cawn"))
     protocol = build_protocol(stream, "synthetic", _tiny())
     with pytest.raises(ValueError, match=r"model='nat' is not a registered tgraph model"):

@@ -47,7 +47,10 @@ from frugal.tgraph.models import jodie as jodie
 from frugal.tgraph.models import dyrep as dyrep
 from frugal.tgraph.models import tgn as tgn
 from frugal.tgraph.models import tgat as tgat
+from frugal.tgraph.models import graphmixer as graphmixer
+
 # isort: on
+from frugal.tgraph.models.graphmixer import MixerEmbedding, MixerLayer  # after the order above
 
 __all__ = [
     "LEARNED_MODEL_METHODS",
@@ -62,6 +65,8 @@ __all__ = [
     "LastAggregator",
     "MemoryEmbedding",
     "MessageFunction",
+    "MixerEmbedding",
+    "MixerLayer",
     "ModelInputs",
     "ModelKind",
     "ModelProtocolError",

@@ -8,7 +8,8 @@ its parts (`frugal.tgraph.models.tgn`, `jodie`, `dyrep`, `tgat`):
   `AttentionMessage` [m_u || z_v || e || phi] (DyRep);
 - aggregator: `LastAggregator` (keep each node's latest event);
 - embedding module: `GraphAttentionEmbedding` (TGN over memory, TGAT over zero features),
-  `MemoryEmbedding` (DyRep) or `TimeProjectionEmbedding` (JODIE).
+  `MemoryEmbedding` (DyRep) or `TimeProjectionEmbedding` (JODIE); GraphMixer's
+  `MixerEmbedding` lives in `frugal.tgraph.models.graphmixer`.
 
 Shape legend: N nodes, B batch of queries, K neighbours, D memory/embedding width,
 T time-encoding width, F edge-feature width, M messages.
@@ -106,7 +107,13 @@ class EmbeddingModule(nn.Module):
     A subclass that samples neighbours overrides `prepare` (the numpy sampling, done before
     memory is flushed, so the flush covers every node the embedding reads) and
     `memory_nodes`.
+
+    Attributes:
+        neighbor_strategy: How the module samples neighbours ('recent' or 'uniform', which
+            needs an rng), or None for one that reads none.
     """
+
+    neighbor_strategy: NeighborStrategy | None = None
 
     def prepare(
         self,
@@ -221,6 +228,8 @@ class GraphAttentionEmbedding(EmbeddingModule):
         Temporal Graphs, ICLR 2020, arXiv 2002.07962 (section 3.3).
     """
 
+    neighbor_strategy: NeighborStrategy
+
     def __init__(
         self,
         embedding_dim: int,
@@ -243,7 +252,7 @@ class GraphAttentionEmbedding(EmbeddingModule):
         self.embedding_dim = embedding_dim
         self.num_layers = num_layers
         self.num_neighbors = num_neighbors
-        self.neighbor_strategy: NeighborStrategy = neighbor_strategy
+        self.neighbor_strategy = neighbor_strategy
         self.use_memory = use_memory
         self.use_dedup = use_dedup
         self.time_encoder = time_encoder

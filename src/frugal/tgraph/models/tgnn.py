@@ -7,7 +7,7 @@ The model holds the node memory as one (N, D) tensor with a vectorised keep-last
 `TGNMemory(message_module=..., aggregator_module=...)` takes it: the memory updater (an
 `nn.GRUCell` / `nn.RNNCell`, or None for no memory), the message function, the aggregator and
 the embedding module (`frugal.tgraph.models.components`). The registry's builders
-(`frugal.tgraph.models.tgn`, `jodie`, `dyrep`, `tgat`) pick them.
+(`frugal.tgraph.models.tgn`, `jodie`, `dyrep`, `tgat`, `graphmixer`) pick them.
 
 The memory is updated from stored messages at the start of the next batch that touches a node,
 so a batch never sees its own events and gradients reach the updater.
@@ -148,7 +148,7 @@ class TemporalGNN(nn.Module):
     def neighbor_strategy(self) -> NeighborStrategy:
         """How the model samples neighbours: 'recent' or 'uniform' (needs an rng)."""
         for part in (self.embedding, self.message.embedding):
-            if isinstance(part, GraphAttentionEmbedding):
+            if part is not None and part.neighbor_strategy is not None:
                 return part.neighbor_strategy
         return "recent"
 
