@@ -41,10 +41,28 @@ def test_leaderboard_marks_best_and_ranks() -> None:
     rows = [_row("edgebank", 0, 0.7), _row("tgn", 0, 0.8), _row("tgn", 1, 0.9)]
     rows += [_row("edgebank", 0, 0.9, "d2"), _row("tgn", 0, 0.6, "d2")]
     text = render_leaderboard(rows)
-    assert "| d1 | 0.7000 (n=1) | **0.8500 ± 0.6353** |" in text
-    assert "| d2 | **0.9000 (n=1)** | 0.6000 (n=1) |" in text
+    # tgn's mean is higher on d1, but its interval [0.2147, 1.4853] holds edgebank's 0.7.
+    assert "| d1 | 0.7000 (n=1) | 0.8500 ± 0.6353 |" in text
+    # One tgn run has no interval: edgebank (exact) is ahead but cannot be said to beat it.
+    assert "| d2 | 0.9000 (n=1) | 0.6000 (n=1) |" in text
     assert "| mean rank (2 datasets) | 1.50 | 1.50 |" in text
     assert "protocol `frugal` (settings abababababab)" in text
+
+
+def test_leaderboard_bolds_only_a_winner_beyond_every_interval() -> None:
+    # d1: tgn 0.80, 0.81, 0.82 -> 0.81 ± 4.3027 * 0.01 / sqrt(3) = ± 0.0248, above
+    # jodie's 0.70 ± 0.0248 and edgebank's exact 0.75. d2: tgn's interval reaches jodie's.
+    tgn = [_row("tgn", s, v) for s, v in enumerate((0.80, 0.81, 0.82))]
+    jodie = [_row("jodie", s, v) for s, v in enumerate((0.69, 0.70, 0.71))]
+    rows = [*tgn, *jodie, _row("edgebank", 0, 0.75)]
+    rows += [_row("tgn", s, v, "d2") for s, v in enumerate((0.60, 0.80, 0.90))]
+    rows += [_row("jodie", s, v, "d2") for s, v in enumerate((0.69, 0.70, 0.71))]
+    rows += [_row("edgebank", 0, 0.95, "d3"), _row("tgn", 0, 0.5, "d3"), _row("tgn", 1, 0.52, "d3")]
+    text = render_leaderboard(rows)
+    assert "| d1 | **0.8100 ± 0.0248** | 0.7000 ± 0.0248 | 0.7500 (n=1) |" in text
+    assert "| d2 | 0.7667 ± 0.3795 | 0.7000 ± 0.0248 | — |" in text
+    # An exact heuristic above a learned model's interval [0.383, 0.637] is a clear winner.
+    assert "| d3 | 0.5100 ± 0.1271 | — | **0.9500 (n=1)** |" in text
 
 
 def test_leaderboard_adds_one_node_classification_table_per_protocol() -> None:
@@ -57,7 +75,7 @@ def test_leaderboard_adds_one_node_classification_table_per_protocol() -> None:
     text = render_leaderboard(rows, "nc_auc")
     assert "## node classification — protocol `frugal` (settings abababababab)" in text
     # mean of 0.6 and 0.8 (each run counted once), t(0.975, 1) * 0.141421 / sqrt(2)
-    assert "| d1 | **0.7000 ± 1.2706** |" in text
+    assert "| d1 | 0.7000 ± 1.2706 |" in text  # alone: nothing to beat, so not bold
     assert "recency" not in text
 
 
@@ -82,8 +100,9 @@ def test_leaderboard_merges_datasets_by_settings_and_counts_a_copied_run_once(
     assert len(rows) == 6
     text = render_leaderboard(rows)
     assert text.count("## transductive / random negatives") == 1  # one table, both datasets
-    assert "| d1 | **0.8500 ± 0.6353** | 0.7500 (n=1) |" in text
-    assert "| d2 | 0.6500 ± 0.6353 | **0.7500 (n=1)** |" in text
+    # Two seeds' intervals (± 0.6353) hold recency's exact 0.75 on both datasets: no bold.
+    assert "| d1 | 0.8500 ± 0.6353 | 0.7500 (n=1) |" in text
+    assert "| d2 | 0.6500 ± 0.6353 | 0.7500 (n=1) |" in text
     assert "| mean rank (2 datasets) | 1.50 | 1.50 |" in text
     assert "d1 `111111111111`, d2 `222222222222`" in text
     (tmp_path / "bad").mkdir()
@@ -158,7 +177,7 @@ def test_leaderboard_reads_the_journal_of_an_unfinished_bench(tmp_path: Path) ->
     (tmp_path / "running" / "runs.jsonl").write_text(text)
     rows = collect_rows(tmp_path)
     assert [(r["seed"], r["protocol_settings"]) for r in rows] == [(0, "cd" * 32), (1, "cd" * 32)]
-    assert "**0.8500" in render_leaderboard(rows)
+    assert "| d1 | 0.8500 ± 0.6353 |" in render_leaderboard(rows)
     # A bench of one seed wrote results.json (another bench of the folder ran seed 1): the
     # journal still adds seed 1, and seed 0, in both files, counts once (results.json's row).
     finished = {"benchmark": "tgraph", "rows": [_row("tgn", 0, 0.8) | settings | {"x": 1}]}
@@ -173,10 +192,11 @@ def test_leaderboard_reads_the_journal_of_an_unfinished_bench(tmp_path: Path) ->
 
 
 def test_leaderboard_cli_writes_markdown_and_png(tmp_path: Path) -> None:
-    document = {"benchmark": "tgraph", "rows": [_row("tgn", 0, 0.8), _row("edgebank", 0, 0.7)]}
-    (tmp_path / "results.json").write_text(json.dumps(document))
+    rows = [_row("tgn", 0, 0.8), _row("tgn", 1, 0.8), _row("edgebank", 0, 0.7)]
+    (tmp_path / "results.json").write_text(json.dumps({"benchmark": "tgraph", "rows": rows}))
     assert main(["tgraph", "leaderboard", str(tmp_path)]) == 0
-    assert "**0.8000" in (tmp_path / "leaderboard.md").read_text()
+    board = (tmp_path / "leaderboard.md").read_text()
+    assert "| d1 | **0.8000 ± 0.0000** | 0.7000 (n=1) |" in board
     assert (tmp_path / "leaderboard.png").stat().st_size > 0
     with pytest.raises(FileNotFoundError):
         write_leaderboard(tmp_path / "nothing-here")

@@ -2,14 +2,15 @@
 
 Reads every `results.json` and bench journal (`runs.jsonl`) written by `frugal tgraph bench`
 under DIR (at any depth: point it at a folder of several benches' `--out` folders to merge
-datasets). One table per
-(protocol settings, view, negative strategy): rows are datasets, columns models, cells the mean
-test metric over seeds with a Student-t 95 % half-width ("n=1" for a single run), the best
-cell in bold; a last row gives each model's mean rank over the datasets. A table holds the
-datasets run under the same protocol settings (listing each dataset's protocol hash); a run
-found twice counts once. Runs with `--task nc` add one node-classification table per
-protocol (`nc_auc`, macro AUC for more than two classes). A last section gives the compute
-time of the runs (each run's `run_s`: training, validation, test, node classification).
+datasets). One table per (protocol settings, view, negative strategy): rows are datasets,
+columns models, cells the mean test metric over seeds with a Student-t 95 % half-width ("n=1"
+for a single run). A cell is in bold only when its interval lies above every other model's (a
+learned model's single run has no interval and is never bold; a heuristic's single run is
+exact). A last row gives each model's mean rank over the datasets. A table holds the datasets
+run under the same protocol settings (listing each dataset's protocol hash); a run found twice
+counts once. Runs with `--task nc` add one node-classification table per protocol (`nc_auc`,
+macro AUC for more than two classes). A last section gives the compute time of the runs (each
+run's `run_s`: training, validation, test, node classification).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from frugal.config import ConfigError
+from frugal.tgraph.models import heuristic_names
 
 __all__ = [
     "collect_rows",
@@ -195,6 +197,32 @@ def _cell(mean: float, half: float, count: int) -> str:
     return f"{mean:.4f} ± {half:.4f}"
 
 
+def _clear_winner(
+    cells: dict[str, tuple[float, float, int]], deterministic: frozenset[str]
+) -> str | None:
+    """The model whose 95 % interval lies wholly above every other model's, or None.
+
+    Args:
+        cells: (mean, half-width, runs) per model; NaN means for models without a value.
+        deterministic: Models whose single run is exact (the heuristic floors).
+    """
+    finite = {m: c for m, c in cells.items() if math.isfinite(c[0])}
+    if len(finite) < 2:
+        return None
+    bounds: dict[str, tuple[float, float] | None] = {
+        m: None if count == 1 and m not in deterministic else (mean - half, mean + half)
+        for m, (mean, half, count) in finite.items()
+    }
+    best = max(finite, key=lambda m: finite[m][0])
+    low = bounds[best]
+    if low is None:
+        return None
+    for model, interval in bounds.items():
+        if model != best and (interval is None or low[0] <= interval[1]):
+            return None
+    return best
+
+
 def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
     """Markdown tables of `metric` per (protocol settings, view, negatives).
 
@@ -226,7 +254,12 @@ def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
             key = (row["protocol"], settings, row["setting"], row["negatives"])
             groups[key].append(row)
         title = f"# tgraph leaderboard ({metric}, test split, mean ± 95% CI over seeds)\n"
-    parts = [title]
+    parts = [
+        title,
+        "Bold: the model's 95 % interval lies above every other model's on that dataset (a "
+        "learned model run with one seed has no interval, so it is never bold).\n",
+    ]
+    deterministic = frozenset(heuristic_names())
     for (protocol, settings, view, negatives), group in sorted(groups.items()):
         hashes = sorted({(r["dataset"], r["protocol_hash"]) for r in group})
         names = [d for d, _ in hashes]
@@ -250,7 +283,7 @@ def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
                 clean = [v for v in values if v is not None]
                 cells[model] = (*mean_ci95(clean), len(clean))
             means = {m: c[0] for m, c in cells.items() if math.isfinite(c[0])}
-            best = max(means.values(), default=None)
+            winner = _clear_winner(cells, deterministic)
             order = sorted(means, key=lambda m: -means[m])
             for model in order:
                 ties = [m for m in order if means[m] == means[model]]
@@ -262,7 +295,7 @@ def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
                     text.append("—")
                     continue
                 cell = _cell(mean, half, count)
-                text.append(f"**{cell}**" if mean == best else cell)
+                text.append(f"**{cell}**" if model == winner else cell)
             parts.append(f"| {label[(dataset, digest)]} | " + " | ".join(text) + " |")
         parts.append(
             f"| mean rank ({len(hashes)} dataset{'s' if len(hashes) > 1 else ''}) | "
