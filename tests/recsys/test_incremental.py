@@ -270,6 +270,12 @@ def test_an_incremental_export_since_a_folder_off_the_chain_exits_2_naming_the_v
     args = ["recsys", "export", str(directory / "step-5"), "--out", str(out)]
     assert main([*args, "--incremental-since", str(directory / "step-10")]) == 2
     assert "step-5 is a full checkpoint, the first of its chain" in capsys.readouterr().err
+    # the checkpoint itself: no changes since itself (it wrote an empty export before)
+    args = ["recsys", "export", str(directory / "step-10"), "--out", str(out)]
+    assert main([*args, "--incremental-since", str(directory / "step-10")]) == 2
+    err_text = capsys.readouterr().err
+    assert "is the checkpoint being exported" in err_text and str(directory / "step-5") in err_text
+    assert not out.exists()
 
 
 def test_a_format_1_checkpoint_reads_as_a_full_one_and_a_newer_format_is_refused(

@@ -656,7 +656,15 @@ def export_tables(checkpoint: Path, out_path: Path, *, since: Path | None = None
     chain = read_chain(folder, manifest)
     if since is not None:
         names = [f.name for f, _ in chain]
-        if since.resolve().parent != folder.resolve().parent or since.name not in names:
+        same_folder = since.resolve().parent == folder.resolve().parent
+        if same_folder and since.name == names[-1]:
+            earlier = ", ".join(str(folder.parent / name) for name in names[:-1])
+            raise ConfigError(
+                f"--incremental-since {since} is the checkpoint being exported: there are no "
+                "changes since itself; give an earlier checkpoint of its chain"
+                + (f" ({earlier})" if earlier else " (it has none: export it in full)")
+            )
+        if not same_folder or since.name not in names:
             valid = ", ".join(str(folder.parent / name) for name in names[:-1])
             if not valid:
                 raise ConfigError(
