@@ -447,6 +447,9 @@ def test_incremental_checkpoints_with_expiry_resume_exactly_and_serve_the_model(
     assert resumed["test_auc"] == uninterrupted["test_auc"]
     assert resumed["test_logloss"] == uninterrupted["test_logloss"]
     final = _final(tmp_path / "killed")
+    # one run id per run: the uninterrupted run's is another
+    run_ids = {m["run_id"] for _, m in read_chain(final)}
+    assert len(run_ids) == 1 and run_ids != {m["run_id"] for m in manifests}
     saved = _rows(final)
     assert saved.keys() == _rows(_final(tmp_path / "full")).keys()
     for key, row in _rows(_final(tmp_path / "full")).items():
@@ -465,6 +468,7 @@ def test_incremental_checkpoints_with_expiry_resume_exactly_and_serve_the_model(
     (again,) = _run(tmp_path, [(one, "one")], nproc=1)
     assert again["steps"] == 0 and again["test_auc"] == resumed["test_auc"]
     assert read_chain(final)[0][1]["kind"] == "full" and len(list(final.glob("shard*"))) == 1
+    assert {read_chain(final)[0][1]["run_id"]} == run_ids  # a resumed job keeps its run's id
     moved = _rows(final)
     assert moved.keys() == saved.keys()
     for key, row in saved.items():

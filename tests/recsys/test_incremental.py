@@ -59,6 +59,9 @@ def _train(shard: EmbeddingShard, steps: range, seed: int = 0) -> None:
         )  # fmt: skip
 
 
+RUN = "a1" * 16  # the run id the trainer records in every checkpoint of one training run
+
+
 def _checkpoint(
     shard: EmbeddingShard, directory: Path, step: int, base: Path | None, **extra: Any
 ) -> Path:
@@ -66,7 +69,7 @@ def _checkpoint(
     tmp = directory / f"step-{step}.tmp"
     tmp.mkdir(parents=True)
     export_shard_rows(shard, tmp / "shard0.npz", incremental=base is not None)
-    manifest = {"samples_done": step, "world_size": 1, "compat": COMPAT, **extra}
+    manifest = {"samples_done": step, "world_size": 1, "compat": COMPAT, "run_id": RUN, **extra}
     final = commit_checkpoint(directory, tmp, manifest, base=base)
     shard.clear_changes()
     return final
@@ -357,6 +360,19 @@ def test_a_snapshot_serves_the_chain_and_refuses_another_models_tables(
         RecsysError, match=r"embedding_dim=3, the dense model of .* embedding_dim=5"
     ):
         Snapshot.open(tmp_path / "tables.npz", dense=other)
+    # the same settings trained again: another run, whose dense model these tables never met
+    rerun = tmp_path / "rerun"
+    tmp = rerun / "step-15.tmp"
+    tmp.mkdir(parents=True)
+    (tmp / "shard0.npz").write_bytes((directory / "step-5" / "shard0.npz").read_bytes())
+    torch.save({"model": {}}, tmp / "dense.pt")
+    commit_checkpoint(rerun, tmp, {"world_size": 1, "compat": COMPAT, "features": ["a", "b"],
+                                   "dense_dim": 2, "run_id": "b2" * 16})  # fmt: skip
+    with np.load(tmp_path / "tables.npz") as export:
+        assert json.loads(export["meta"].item())["run_id"] == RUN  # the export names its run
+    with pytest.raises(RecsysError, match=r"from training run a1a1a1a1a1a1, the dense model .* "
+                       r"from run b2b2b2b2b2b2"):  # fmt: skip
+        Snapshot.open(tmp_path / "tables.npz", dense=rerun)
     export_tables(directory, tmp_path / "changes.npz", since=directory / "step-10")
     with pytest.raises(RecsysError, match="incremental export"):
         Snapshot.open(tmp_path / "changes.npz")

@@ -687,6 +687,7 @@ def export_tables(checkpoint: Path, out_path: Path, *, since: Path | None = None
         "checkpoint": folder.name,
         "since": None if since is None else since.name,
         "samples_done": manifest.get("samples_done"),
+        "run_id": manifest.get("run_id"),
         "num_tables": num_tables,
         **{
             key: manifest[key]

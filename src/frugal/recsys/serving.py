@@ -346,6 +346,7 @@ def _info(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     }
     info |= {"config": manifest.get("config"), "source": str(folder)}
     info["samples_done"] = manifest.get("samples_done")
+    info["run_id"] = manifest.get("run_id")
     return info
 
 
@@ -431,12 +432,23 @@ def _read_export(path: Path, *, mmap: bool = False) -> _Tables:
     info: dict[str, Any] = {
         key: meta[key] for key in ("compat", "features", "dense_dim", "raw_ids") if key in meta
     }
-    info |= {"config": meta.get("config"), "samples_done": meta.get("samples_done")}
+    info |= {
+        "config": meta.get("config"),
+        "samples_done": meta.get("samples_done"),
+        "run_id": meta.get("run_id"),
+    }
     return _Tables(ids, vectors, info, str(path))
 
 
 def _check_same_model(tables: _Tables, dense: dict[str, Any]) -> None:
     """Refuse a dense model trained with other tables than `tables`."""
+    ours_run, their_run = tables.info.get("run_id"), dense.get("run_id")
+    if ours_run is not None and their_run is not None and ours_run != their_run:
+        raise RecsysError(
+            f"the tables of {tables.source} come from training run {ours_run[:12]}, the "
+            f"dense model of {dense['source']} from run {their_run[:12]}: the same settings "
+            "trained twice are two models; give a checkpoint of the tables' own run as dense="
+        )
     mine, theirs = tables.info["compat"], dense["compat"]
     for key in _MODEL_KEYS:
         ours = mine.get(key, _MODEL_DEFAULTS.get(key))

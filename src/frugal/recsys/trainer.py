@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
@@ -287,6 +288,9 @@ class _Trainer:
         self.params = list(self.model.parameters())  # walked every step: list them once
         self.optimizer = _dense_optimizer(config)(self.params)
         self.resumed_from: int | None = None
+        # Names the training run in its checkpoints and exports (kept across resumes), so a
+        # snapshot can refuse to pair one run's tables with another run's dense model.
+        self.run_id = uuid.uuid4().hex
         # The last checkpoint this process wrote or resumed from, and the incremental ones
         # its chain holds: the shard's change tracking is relative to it.
         self.last_checkpoint: tuple[str, int] | None = None
@@ -342,6 +346,7 @@ class _Trainer:
             return 0, None
         folder, manifest = found
         check_compat(folder, manifest["compat"], config)
+        self.run_id = str(manifest.get("run_id", self.run_id))
         chain = read_chain(folder, manifest)  # the full checkpoint, then the deltas
         resume_batch_id = int(manifest["samples_done"]) // config.batch_size
         import_chain(self.shard, default_owners(self.world_size), self.rank, chain, resume_batch_id)
@@ -430,6 +435,7 @@ class _Trainer:
                     directory,
                     tmp,
                     {
+                        "run_id": self.run_id,
                         "samples_done": samples,
                         "total_samples": self.source.total_samples,
                         "world_size": self.world_size,
