@@ -93,10 +93,23 @@ def test_recsys_train_resumes_to_the_uninterrupted_result(tmp_path: Path) -> Non
     _kill_and_resume("recsys train", tmp_path, _recsys, _recsys_result, seed=1)
 
 
+def _events_file(folder: Path) -> Path:
+    """A user's events CSV (src, dst, t, one feature): 4,000 synthetic events."""
+    import pandas as pd
+
+    from frugal.data.synthetic import TemporalStreamConfig, generate_temporal_events
+
+    events = generate_temporal_events(TemporalStreamConfig(num_events=4000, num_nodes=80))
+    path = folder / "events.csv"
+    frame = pd.DataFrame({"src": events.src, "dst": events.dst, "t": events.t})
+    frame.assign(weight=(events.t % 7).astype(float)).to_csv(path, index=False)
+    return path
+
+
 def _tgraph(out: Path) -> list[str]:
     return frugal(
-        "tgraph", "bench", "--dataset", "sp_hospital", "--model", "recency", "--model",
-        "popularity", "--model", "jodie", "--seeds", "2", "--out", str(out),
+        "tgraph", "bench", "--dataset", str(out.parent / "events.csv"), "--model", "recency",
+        "--model", "popularity", "--model", "jodie", "--seeds", "1", "--out", str(out),
         "--set", "compare_pyg_reference=false", "--set", "protocol.max_epochs=1",
     )  # fmt: skip
 
@@ -108,6 +121,9 @@ def _bench_rows(out: Path) -> list[dict[str, Any]]:
 
 
 def test_tgraph_bench_resumes_to_the_uninterrupted_rows(tmp_path: Path) -> None:
+    # A user's small file and one learned run (in its child process, after the journaled
+    # heuristic rows): the kill lands in a run or between runs, in seconds.
+    _events_file(tmp_path)
     _kill_and_resume("tgraph bench", tmp_path, _tgraph, _bench_rows, seed=2)
 
 
