@@ -22,10 +22,10 @@ def test_smallest_plan_bench(tmp_path: Path) -> None:
     iteration_rows = [r for r in saved["rows"] if r.get("objective") != "paper"]
     assert [r["method"] for r in iteration_rows] == [
         "ours", "swap", "ours_grid", "megatron_default", "megatron_random", "deepspeed_pp",
-        "random", "dtfm_ga",
+        "random", "dtfm_ga", "dtfm",
     ]  # fmt: skip
     curves = [r for r in saved["rows"] if r.get("objective") == "paper"]
-    assert [r["method"] for r in curves] == ["random", "dtfm_ga", "swap", "ours"]
+    assert [r["method"] for r in curves] == ["random", "dtfm_ga", "dtfm", "swap", "ours"]
     assert all(0 < r["lower_bound_s"] <= r["paper_cost_s"] for r in curves)
     assert all(r["candidates"] == 5 and r["curve"] for r in curves)
     assert (tmp_path / "convergence.png").stat().st_size > 1000
@@ -51,6 +51,10 @@ def test_smallest_plan_bench(tmp_path: Path) -> None:
     )
     costs = {r["method"]: r["paper_cost_s"] for r in curves}
     assert summary["ours_vs_dtfm_ga_paper_min"] == pytest.approx(costs["dtfm_ga"] / costs["ours"])
+    assert summary["ours_vs_dtfm_paper_min"] == pytest.approx(costs["dtfm"] / costs["ours"])
+    assert summary["ours_vs_dtfm_iteration_min"] == pytest.approx(
+        by_method["dtfm"]["predicted_iteration_s"] / ours["predicted_iteration_s"]
+    )
     # ours_grid may choose another grid; its rows say which (D_pp x D_dp = 64).
     grid_row = next(r for r in iteration_rows if r["method"] == "ours_grid")
     assert grid_row["num_stages"] * grid_row["num_replicas"] == 64

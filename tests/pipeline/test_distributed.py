@@ -54,6 +54,20 @@ def test_four_stage_torchrun_fp32_matches_one_process_and_aqsgd_trains(tmp_path:
             assert r["runs"][1]["gradient_bytes"][5] == [message_wire_bytes(spec, 1, shape)] * 4
 
 
+def test_bfloat16_over_gloo_matches_one_process(tmp_path: Path) -> None:
+    # The worker resolves device "cpu" (gloo) and runs autocast in bfloat16; the messages
+    # carry bfloat16 in their header and the same bytes as float32's.
+    config = replace(CONFIG, num_stages=2, dtype="bfloat16", device="auto", steps=4)
+    runs = [RunSpec(label="aq", codec="aqsgd:fw2,bw4", steps=4)]
+    ranks = launch_torchrun(config, runs, tmp_path, nproc=2, timeout_s=240)
+    last = next(r for r in ranks if r["stage"] == 1)["runs"][0]
+    local = train_local(replace(config, codec="aqsgd:fw2,bw4", device="cpu"))
+    assert last["losses"] == pytest.approx(local.losses, rel=1e-5)
+    assert last["losses"][-1] < last["losses"][0]
+    first = next(r for r in ranks if r["stage"] == 0)["runs"][0]
+    assert first["activation_bytes"] == local.activation_bytes[0]
+
+
 def _dp_plan(tmp_path: Path) -> Path:
     from frugal.planner.plan import Plan
 

@@ -150,7 +150,15 @@ def test_nothing_fits_is_an_infeasible_plan(
 def test_a_one_gpu_cluster_gets_the_trivial_plan(tmp_path: Path, objective: str) -> None:
     one = 'model = {num_layers = 4, global_batch_size = 128}\nsites = [{name = "A"}]\n'
     one += 'hosts = [{name = "a0", site = "A", num_gpus = 1}]\n'
-    for method in ("ours", "swap", "dtfm_ga", "random", "megatron_default", "megatron_random"):
+    for method in (
+        "ours",
+        "swap",
+        "dtfm_ga",
+        "dtfm",
+        "random",
+        "megatron_default",
+        "megatron_random",
+    ):
         out = tmp_path / f"{method}.json"
         args = ["plan", "--cluster", str(_write(tmp_path, one)), "--out", str(out)]
         assert main([*args, "--set", f"method={method}", "--set", f"objective={objective}"]) == 0

@@ -15,7 +15,7 @@ from frugal.planner.scenarios import build_scenario
 
 def test_the_built_in_methods_are_registered_in_order() -> None:
     assert METHODS.names() == (
-        "ours", "swap", "megatron_default", "megatron_random", "random", "dtfm_ga",
+        "ours", "swap", "megatron_default", "megatron_random", "random", "dtfm_ga", "dtfm",
     )  # fmt: skip
     assert METHODS.get("ours").balance_microbatches
     assert not METHODS.get("megatron_default").balance_microbatches

@@ -163,6 +163,26 @@ def test_planner_verdicts_average_the_random_seeds() -> None:
     assert "worst of 2 cells: world L40 B1024" in verdicts[3].claim
 
 
+def test_planner_verdicts_compare_with_the_released_scheduler_when_the_bench_ran_it() -> None:
+    cell = {"scenario": "world", "num_layers": 24, "global_batch": 1024, "status": "ok"}
+    rows = [
+        cell | {"method": "ours", "predicted_iteration_s": 10.0},
+        cell | {"method": "dtfm_ga", "predicted_iteration_s": 12.0},
+        cell | {"method": "dtfm", "predicted_iteration_s": 11.0},
+        {"scenario": "world", "method": "ours", "objective": "paper", "paper_cost_s": 5.0},
+        {"scenario": "world", "method": "dtfm_ga", "objective": "paper", "paper_cost_s": 6.0},
+        {"scenario": "world", "method": "dtfm", "objective": "paper", "paper_cost_s": 4.0},
+    ]
+    verdicts = get_part("planner").verdicts(_result(planner_summary(search_s_world=2.0), rows))
+    released = [v for v in verdicts if v.baseline_name == "dtfm"]
+    # 11 / 10 under the iteration model; 4 / 5 under the paper's cost (not met).
+    assert [(v.value, v.met) for v in released] == [
+        (pytest.approx(1.1), True),
+        (pytest.approx(0.8), False),
+    ]
+    assert "the released DT-FM scheduler" in released[1].claim
+
+
 def test_verdict_table_has_one_row_per_verdict_and_names_the_baseline() -> None:
     verdict = Verdict(part="planner", claim="x", value=2.0, target=1.0, comparison=">=",
                       ours=1.0, baseline_name="ga", baseline=2.0, unit="s")  # fmt: skip

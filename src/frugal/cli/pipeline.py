@@ -59,7 +59,8 @@ class _RegistryNames:
 def add_actions(children: Any) -> None:
     """Add the actions of `frugal pipeline` to its subparsers."""
     train = children.add_parser(
-        "train", help="train a model with one process per stage (torchrun, gloo, 127.0.0.1)"
+        "train",
+        help="train a model with one process per stage (torchrun; gloo on CPU, NCCL on GPUs)",
     )
     train.add_argument(
         "--model",
@@ -93,6 +94,21 @@ def add_actions(children: Any) -> None:
     )
     train.add_argument("--plan", default=None, metavar="FILE", help="planner Plan JSON to run")
     train.add_argument("--steps", type=int, default=None, metavar="N", help="optimizer steps")
+    train.add_argument(
+        "--device",
+        default=None,
+        choices=("auto", "cpu", "cuda"),
+        help="where the stages run: cpu (gloo), cuda (rank r on GPU "
+        "cuda:LOCAL_RANK, NCCL; each process of a machine needs a GPU of its own) or auto "
+        "(cuda when that holds, else cpu)",
+    )
+    train.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float32", "bfloat16", "float16"),
+        help="compute and activation dtype (autocast; weights, optimizer state and loss stay "
+        "float32; float16 adds a static loss scale)",
+    )
     train.add_argument(
         "--dp-compress",
         default=None,
@@ -191,6 +207,8 @@ def train_config(args: argparse.Namespace) -> PipelineTrainConfig:
         "steps": args.steps,
         "dp_compression": args.dp_compress,
         "dp_bits": args.dp_bits,
+        "device": args.device,
+        "dtype": args.dtype,
     }
     preset = None
     if args.model is not None:

@@ -84,6 +84,11 @@ def _plan(args: argparse.Namespace) -> int:
         output_file(args.out)
         if out.suffix == ".png":
             raise ConfigError(f"--out {out}: give the .json path; the .png is written beside it")
+        if out.with_suffix(".png").is_dir():
+            raise ConfigError(
+                f"--out {out}: the figure {out.with_suffix('.png')} beside it is a folder; "
+                "choose another name"
+            )
         refuse_earlier_output(out, args)
     topology: Topology | None
     if args.cluster:
@@ -100,6 +105,13 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError("give --scenario NAME or --cluster FILE (or use `frugal plan bench`)")
     plan = build_plan(topology, config)
     print(plan.table())
+    if plan.stop_reason == "time_limit":
+        print(
+            f"note: the search stopped on its time limit ({config.time_limit_s:g} s) after "
+            f"{plan.num_candidates} candidates, so two runs may differ; for a reproducible plan "
+            "raise time_limit_s or lower budget until it stops on the budget",
+            file=sys.stderr,
+        )
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         from frugal.results import write_text_atomically

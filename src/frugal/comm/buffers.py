@@ -5,7 +5,8 @@ activation, (T, H) float32 for the tiny GPT). `ActivationBuffer` is what `DeltaC
 which ids were seen, read rows, write rows, and a prefetch hint in sample order (the data
 loader knows the next step's ids). Backends:
 
-- `MemoryBuffer`: one float32 table in RAM, grown by doubling (the default).
+- `MemoryBuffer`: one float32 table, grown by doubling (the default), on the device of the
+  activations (RAM, or their GPU).
 - `MemmapBuffer`: an [N, T, H] float32 file mapped into memory (as the reference's memmap);
   the OS pages rows in and out, so the buffers may exceed RAM.
 - `frugal.pipeline.buffers.StoreBuffer`: rows in `frugal.store` (a disk-backed EmbeddingStore
@@ -128,7 +129,11 @@ class _Seen:
 
 
 class MemoryBuffer:
-    """Rows in one (capacity, *R) float32 table in RAM, grown by doubling."""
+    """Rows in one (capacity, *R) float32 table, grown by doubling.
+
+    The table lives on the device of the first rows written (RAM, or the GPU of the
+    activations: AQ-SGD's buffers then never cross to the host); later rows are moved there.
+    """
 
     def __init__(self, row_shape: tuple[int, ...]) -> None:
         self.row_shape = row_shape
@@ -150,16 +155,18 @@ class MemoryBuffer:
         return self._seen.ids()
 
     def read(self, ids: Tensor, step: int) -> Tensor:
-        """Rows of seen ids (a copy)."""
-        return self.table.index_select(0, _check_ids(ids, None)[0])
+        """Rows of seen ids (a copy, on the table's device)."""
+        return self.table.index_select(0, _check_ids(ids, None)[0].to(self.table.device))
 
     def peek(self, ids: Tensor) -> Tensor:
-        """Rows of seen ids (a copy)."""
-        return self.table.index_select(0, _check_ids(ids, None)[0])
+        """Rows of seen ids (a copy, on the table's device)."""
+        return self.table.index_select(0, _check_ids(ids, None)[0].to(self.table.device))
 
     def write(self, ids: Tensor, rows: Tensor, step: int) -> None:
-        """Store rows; the table doubles when an id is beyond it."""
+        """Store rows (moved to the table's device); the table doubles when an id is beyond it."""
         ids, flat = _check_ids(ids, None)
+        if self.table.shape[0] == 0 and rows.device != self.table.device:
+            self.table = self.table.to(rows.device)  # the first rows decide where it lives
         need = max(flat) + 1 if flat else 0
         if need > self.table.shape[0] and need * self.row_bytes > physical_memory_bytes():
             raise ValueError(
@@ -168,10 +175,14 @@ class MemoryBuffer:
                 "number examples densely from 0, or keep the buffers on disk (memmap, store)"
             )
         if need > self.table.shape[0]:
-            grown = torch.zeros((max(need, 2 * self.table.shape[0]), *self.row_shape))
+            grown = torch.zeros(
+                (max(need, 2 * self.table.shape[0]), *self.row_shape), device=self.table.device
+            )
             grown[: self.table.shape[0]] = self.table
             self.table = grown
-        self.table.index_copy_(0, ids, rows.reshape(len(flat), *self.row_shape))
+        device = self.table.device
+        rows = rows.reshape(len(flat), *self.row_shape).to(device, torch.float32)
+        self.table.index_copy_(0, ids.to(device), rows)
         self._seen.set(flat)
 
     def prefetch(self, ids: Tensor, step: int) -> None:
@@ -232,7 +243,7 @@ class MemmapBuffer:
     def write(self, ids: Tensor, rows: Tensor, step: int) -> None:
         """Store rows into the mapping (the OS writes them back to the file)."""
         ids, flat = _check_ids(ids, self.num_examples)
-        self.table.index_copy_(0, ids, rows.reshape(len(flat), *self.row_shape))
+        self.table.index_copy_(0, ids, rows.reshape(len(flat), *self.row_shape).cpu())
         self._seen.set(flat)
 
     def prefetch(self, ids: Tensor, step: int) -> None:

@@ -3,7 +3,10 @@
 One interface (`Codec`): `encode(x) -> Encoded` (the tensors that travel), `decode(Encoded) ->
 x_hat`, and `wire_bytes(shape)`, the exact number of payload bytes for a tensor of that shape,
 known before anything is sent (the planner's cost model prices links with it). Everything is
-pure torch, so the same code runs on CPU/gloo and GPU/NCCL.
+pure torch, so the same code runs on CPU/gloo and GPU/NCCL: a tensor's payload stays on its
+device. Every codec takes float32, bfloat16 or float16, computes in float32, and decodes to the
+dtype it was given (`Encoded.dtype`); the wire format and sizes do not depend on the dtype
+(`fp32` sends 4 bytes per value whatever it is given, so a bfloat16 value round-trips exactly).
 
 - `IdentityCodec`: float32 as is (lossless).
 - `HalfCodec`: float16 or bfloat16.
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import math
 import sys
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
@@ -57,6 +59,8 @@ class Encoded:
     """Shape of the original tensor."""
     tensors: tuple[Tensor, ...]
     """Payload; its bytes are the wire size."""
+    dtype: torch.dtype = torch.float32
+    """dtype of the original tensor, which decode returns (float32, bfloat16 or float16)."""
 
     @property
     def nbytes(self) -> int:
@@ -70,40 +74,46 @@ class Codec(Protocol):
     name: str
 
     def wire_bytes(self, shape: tuple[int, ...]) -> int:
-        """Exact payload bytes for a float32 tensor of `shape`."""
+        """Exact payload bytes for a tensor of `shape` (any of the float dtypes)."""
         ...
 
     def encode(self, x: Tensor) -> Encoded:
-        """Encode a float32 tensor."""
+        """Encode a float32, bfloat16 or float16 tensor."""
         ...
 
     def decode(self, encoded: Encoded) -> Tensor:
-        """Rebuild a float32 tensor of the original shape."""
+        """Rebuild a tensor of the original shape and dtype, on the payload's device."""
         ...
 
 
 def _check_quantizable(x: Tensor) -> None:
-    _check_float32(x)
+    _check_float(x)
     if x.numel() == 0:
         raise ValueError(
             f"cannot quantize an empty tensor of shape {tuple(x.shape)}; send nothing instead"
         )
 
 
-def _check_float32(x: Tensor) -> None:
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_float(x: Tensor) -> None:
     if not isinstance(x, Tensor):
         raise TypeError(
-            f"codecs take float32 torch tensors, got {type(x).__name__}; wrap a numpy array "
-            "with torch.from_numpy"
+            f"codecs take float32, bfloat16 or float16 torch tensors, got {type(x).__name__}; "
+            "wrap a numpy array with torch.from_numpy"
         )
-    if x.dtype != torch.float32:
-        raise TypeError(f"codecs take float32 tensors, got {x.dtype}; convert with .float()")
+    if x.dtype not in _FLOATS:
+        raise TypeError(
+            f"codecs take float32, bfloat16 or float16 tensors, got {x.dtype}; convert with "
+            ".float()"
+        )
     if x.dim() < 1:
         raise ValueError("codecs take tensors with at least one dimension")
 
 
 class IdentityCodec:
-    """float32 as is: 4 bytes per value, lossless."""
+    """float32: 4 bytes per value, lossless (bfloat16 and float16 widen exactly)."""
 
     name = "fp32"
 
@@ -112,17 +122,17 @@ class IdentityCodec:
         return 4 * math.prod(shape)
 
     def encode(self, x: Tensor) -> Encoded:
-        """Send the tensor itself.
+        """Send the tensor itself, as float32.
 
         Raises:
-            TypeError: If `x` is not float32.
+            TypeError: If `x` is not float32, bfloat16 or float16.
         """
-        _check_float32(x)
-        return Encoded(tuple(x.shape), (x.contiguous(),))
+        _check_float(x)
+        return Encoded(tuple(x.shape), (x.float().contiguous(),), x.dtype)
 
     def decode(self, encoded: Encoded) -> Tensor:
-        """The tensor that was sent."""
-        return encoded.tensors[0].reshape(encoded.shape)
+        """The tensor that was sent, in its dtype."""
+        return encoded.tensors[0].reshape(encoded.shape).to(encoded.dtype)
 
 
 class HalfCodec:
@@ -142,11 +152,11 @@ class HalfCodec:
         """Cast to the half type.
 
         Raises:
-            TypeError: If `x` is not float32.
+            TypeError: If `x` is not float32, bfloat16 or float16.
             ValueError: If a value overflows float16 (|x| > 65504; bfloat16 has float32's
                 range).
         """
-        _check_float32(x)
+        _check_float(x)
         if self.dtype == torch.float16 and x.numel():
             peak = float(x.abs().amax())
             if peak > 65504.0:
@@ -154,11 +164,11 @@ class HalfCodec:
                     f"|x| reaches {peak:.6g}, beyond float16's largest value 65504; send this "
                     "tensor as bf16 or fp32"
                 )
-        return Encoded(tuple(x.shape), (x.to(self.dtype).contiguous(),))
+        return Encoded(tuple(x.shape), (x.to(self.dtype).contiguous(),), x.dtype)
 
     def decode(self, encoded: Encoded) -> Tensor:
-        """Cast back to float32."""
-        return encoded.tensors[0].to(torch.float32).reshape(encoded.shape)
+        """Cast back to the dtype that was encoded."""
+        return encoded.tensors[0].to(encoded.dtype).reshape(encoded.shape)
 
 
 _PACK_WEIGHTS: dict[tuple[int, torch.device], Tensor] = {}
@@ -334,7 +344,7 @@ class _KBitQuantizer:
         """Quantize `x` to k-bit codes (see the class); the `Encoded` of `quantize`.
 
         Raises:
-            TypeError: If `x` is not a float32 tensor.
+            TypeError: If `x` is not a float32, bfloat16 or float16 tensor.
             ValueError: If `x` holds NaN or inf (`QuantizeCodec`: or a row's range overflows
                 float32).
         """
@@ -344,7 +354,7 @@ class _KBitQuantizer:
         """`encode`, plus the value `decode` will return (bit-identical, without unpacking).
 
         Raises:
-            TypeError: If `x` is not float32.
+            TypeError: If `x` is not float32, bfloat16 or float16.
             ValueError: If `x` holds NaN or inf.
         """
         raise NotImplementedError
@@ -369,10 +379,11 @@ class QuantizeCodec(_KBitQuantizer):
         """`encode`, plus the value `decode` will return (bit-identical, without unpacking).
 
         Raises:
-            TypeError: If `x` is not float32.
+            TypeError: If `x` is not float32, bfloat16 or float16.
             ValueError: If `x` holds NaN or inf, or a row's range overflows float32.
         """
         _check_quantizable(x)
+        dtype, x = x.dtype, x.float()  # quantize in float32 whatever the input dtype
         rows, cols = self._rows(tuple(x.shape))
         x_RC = x.reshape(rows, cols)
         low = x_RC.min(dim=1, keepdim=True).values
@@ -394,7 +405,7 @@ class QuantizeCodec(_KBitQuantizer):
         header = torch.cat([low, step], dim=1).contiguous()  # (R, 2) float32
         x_hat = (header[:, :1] + codes * header[:, 1:2]).reshape(x.shape)  # as decode computes
         packed = _pack(codes, self.bits)
-        return Encoded(tuple(x.shape), (header, packed)), x_hat
+        return Encoded(tuple(x.shape), (header, packed), dtype), x_hat.to(dtype)
 
     def decode(self, encoded: Encoded) -> Tensor:
         """Rebuild each value as min + code x step."""
@@ -410,7 +421,8 @@ class QuantizeCodec(_KBitQuantizer):
                 f"and {tuple(packed.shape)}: the sender uses other bits or another shape"
             )
         codes = unpack_bits(packed, self.bits, cols, dtype=torch.float32)
-        return (header[:, :1] + codes * header[:, 1:2]).reshape(encoded.shape)
+        x_hat = (header[:, :1] + codes * header[:, 1:2]).reshape(encoded.shape)
+        return x_hat.to(encoded.dtype)
 
 
 class ChannelQuantizeCodec(_KBitQuantizer):
@@ -437,10 +449,11 @@ class ChannelQuantizeCodec(_KBitQuantizer):
         """`encode`, plus the value `decode` will return (bit-identical, without unpacking).
 
         Raises:
-            TypeError: If `x` is not float32.
+            TypeError: If `x` is not float32, bfloat16 or float16.
             ValueError: If `x` holds NaN or inf.
         """
         _check_quantizable(x)
+        dtype, x = x.dtype, x.float()  # quantize in float32 whatever the input dtype
         cols = x.shape[-1]
         x_RC = x.reshape(-1, cols)
         half_levels = 1 << (self.bits - 1)
@@ -457,12 +470,12 @@ class ChannelQuantizeCodec(_KBitQuantizer):
         codes.add_(half_levels)  # now >= 0 (a -0.0 code becomes +half: no signed zeros)
         x_hat = ((codes - half_levels) * step_C).reshape(x.shape)  # decode's expression
         packed = _pack(codes.reshape(1, -1), self.bits)
-        return Encoded(tuple(x.shape), (scale_C, packed)), x_hat
+        return Encoded(tuple(x.shape), (scale_C, packed), dtype), x_hat.to(dtype)
 
     def decode(self, encoded: Encoded) -> Tensor:
-        """Rebuild x_hat = (code - 2^(k-1)) s / 2^(k-1)."""
+        """Rebuild x_hat = (code - 2^(k-1)) s / 2^(k-1), in the dtype that was encoded."""
         scale_C, packed = encoded.tensors
-        return self.dequantize(scale_C, packed, encoded.shape)
+        return self.dequantize(scale_C, packed, encoded.shape).to(encoded.dtype)
 
     def dequantize(self, scale_C: Tensor, packed: Tensor, shape: tuple[int, ...]) -> Tensor:
         """x_hat from the fp16 scales (C,) and the packed codes: what `quantize` returns."""
@@ -588,28 +601,30 @@ class DeltaCodec:
     def encode_first_visit(self, x: Tensor) -> tuple[Encoded, Tensor]:
         """Examples on their first visit: (what travels, the value both sides buffer).
 
-        float32 by default (the value itself); with `first_visit_bits` k <= 8, k-bit codes of
-        the same scale type as the deltas, and both sides buffer the decoded value.
+        float32 by default (the value itself, widened from bfloat16 or float16); with
+        `first_visit_bits` k <= 8, k-bit codes of the same scale type as the deltas, and both
+        sides buffer the decoded value. Both parts are float32, on `x`'s device.
 
         Raises:
-            TypeError: If `x` is not float32.
+            TypeError: If `x` is not float32, bfloat16 or float16.
             ValueError: If `x` holds NaN or inf.
         """
-        _check_float32(x)
+        _check_float(x)
+        x = x.float()  # the buffers and the wire are float32 whatever the activation dtype
         if self.first_visit is None:
             if not bool(torch.isfinite(x).all()):
                 raise ValueError("cannot send NaN or inf; check the activations for overflow")
             return Encoded(tuple(x.shape), (x.contiguous(),)), x
         if x.shape[0] == 0:
-            return Encoded(tuple(x.shape), self._no_first_visits()), x
+            return Encoded(tuple(x.shape), self._no_first_visits(x.device)), x
         return self.first_visit.quantize(x)
 
     def decode_first_visit(self, encoded: Encoded) -> Tensor:
-        """The buffered value of first-visit examples from what `encode_first_visit` sent."""
+        """The buffered (float32) value of first-visit examples from `encode_first_visit`."""
         if self.first_visit is None:
             return encoded.tensors[0].reshape(encoded.shape)
         if encoded.shape[0] == 0:
-            return torch.empty(encoded.shape, dtype=torch.float32)
+            return torch.empty(encoded.shape, dtype=torch.float32, device=_device(encoded))
         return self.first_visit.decode(encoded)
 
     @property
@@ -617,12 +632,18 @@ class DeltaCodec:
         """Tensors of the first-visit part of a message (1: float32 rows; 2: quantized)."""
         return 1 if self.first_visit is None else 2
 
-    def _no_first_visits(self) -> tuple[Tensor, ...]:
+    def _no_first_visits(self, device: torch.device) -> tuple[Tensor, ...]:
         if self.first_visit is None:
-            return (torch.empty(0, dtype=torch.float32),)
+            return (torch.empty(0, dtype=torch.float32, device=device),)
         if isinstance(self.first_visit, ChannelQuantizeCodec):
-            return torch.empty(0, dtype=torch.float16), torch.empty((1, 0), dtype=torch.uint8)
-        return torch.empty((0, 2)), torch.empty((0, 0), dtype=torch.uint8)
+            return (
+                torch.empty(0, dtype=torch.float16, device=device),
+                torch.empty((1, 0), dtype=torch.uint8, device=device),
+            )
+        return (
+            torch.empty((0, 2), device=device),
+            torch.empty((0, 0), dtype=torch.uint8, device=device),
+        )
 
     def num_new(self, example_ids: Tensor) -> int:
         """How many of `example_ids` this side has not buffered yet."""
@@ -641,8 +662,14 @@ class DeltaCodec:
             self._new_memo = (key, ~self.buffer.seen(ids))
         return self._new_memo[1]
 
-    def rows_crc32(self, example_ids: Tensor) -> int:
-        """CRC32 of the buffered rows of `example_ids`, in that order (drift check).
+    def rows_checksum(self, example_ids: Tensor) -> int:
+        """Checksum of the buffered rows of `example_ids`, in that order (drift check).
+
+        Computed where the rows are (no copy to the host): the rows' float32 bit patterns
+        w_i (as unsigned 32-bit words, i in row-major order) give sum_i (w_i x a_i mod P)
+        mod P, with P = 2^31 - 1 and a_i = (i x 48271 + 1) mod P. Every product and partial
+        sum stays below 2^63, so CPU and GPU give the same int in [0, P); a changed or moved
+        word changes it except by chance (about 1 in P).
 
         Right after an update of these ids, the rows just written are hashed (no read-back).
         """
@@ -652,7 +679,10 @@ class DeltaCodec:
         else:
             assert self.buffer is not None
             rows = self.buffer.peek(ids)
-        return zlib.crc32(rows.contiguous().numpy().tobytes())
+        words = rows.contiguous().view(torch.int32).reshape(-1).long() & 0xFFFFFFFF
+        index = torch.arange(words.numel(), device=words.device, dtype=torch.int64)
+        weights = (index * 48271 + 1) % _CHECKSUM_PRIME
+        return int(((words * weights) % _CHECKSUM_PRIME).sum() % _CHECKSUM_PRIME)
 
     def prefetch(self, example_ids: Tensor, step: int) -> None:
         """Hint the buffers that `example_ids` come at `step` (a store reads them ahead)."""
@@ -691,11 +721,12 @@ class DeltaCodec:
         """Set the buffers of `example_ids` to `x` exactly (warm-up: x travelled as fp32).
 
         Raises:
-            TypeError: If `x` is not float32 or the ids are not integers.
+            TypeError: If `x` is not float32, bfloat16 or float16, or the ids are not
+                integers.
             ValueError: If ids repeat, are negative or do not match x's rows, or x holds NaN
                 or inf.
         """
-        _check_float32(x)
+        _check_float(x)
         if example_ids.shape != (x.shape[0],):
             raise ValueError(
                 f"example_ids must have shape ({x.shape[0]},), got {tuple(example_ids.shape)}"
@@ -703,45 +734,56 @@ class DeltaCodec:
         if not bool(torch.isfinite(x).all()):
             raise ValueError("cannot buffer NaN or inf; check the activations for overflow")
         ids, _ = self._prepare(example_ids, tuple(x.shape[1:]))
-        self._write(ids, x.clone(), step)
+        self._write(ids, x.to(torch.float32, copy=True), step)
 
     def encode(self, x: Tensor, example_ids: Tensor, step: int = 0) -> Encoded:
         """Encode; update this side's buffers with what the receiver will decode.
 
+        The delta and the buffers are float32 whatever `x`'s dtype; the buffer rows are read
+        onto `x`'s device (a memory buffer lives there already).
+
         Raises:
-            TypeError: If `x` is not float32 or the ids are not integers.
+            TypeError: If `x` is not float32, bfloat16 or float16, or the ids are not
+                integers.
             ValueError: If ids repeat, are negative or their count differs from x's first
                 dimension, or x holds NaN or inf (nothing is buffered then).
         """
-        _check_float32(x)
+        _check_float(x)
         if example_ids.shape != (x.shape[0],):
             raise ValueError(
                 f"example_ids must have shape ({x.shape[0]},), got {tuple(example_ids.shape)}"
             )
+        dtype, x = x.dtype, x.float()
         ids, new = self._prepare(example_ids, tuple(x.shape[1:]))
         assert self.buffer is not None
         if not new.any():  # steady state (every example revisited): no masked copies
-            reference = self.buffer.read(ids, step)
+            reference = self.buffer.read(ids, step).to(x.device)
             delta, delta_hat = self.quantizer.quantize(x - reference)
             rows = reference.add_(delta_hat)  # the read is a copy: update it in place
             self._write(ids, rows, step)
-            return Encoded(tuple(x.shape), (*self._no_first_visits(), *delta.tensors))
-        seen = ~new
-        first, first_hat = self.encode_first_visit(x[new])  # checks NaN and inf
-        tensors: list[Tensor] = list(first.tensors)
+            tensors = (*self._no_first_visits(x.device), *delta.tensors)
+            return Encoded(tuple(x.shape), tensors, dtype)
+        new_x = new.to(x.device)
+        seen, seen_x = ~new, ~new_x
+        first, first_hat = self.encode_first_visit(x[new_x])  # checks NaN and inf
+        parts: list[Tensor] = list(first.tensors)
         rows = x.clone()
         if self.first_visit is not None:
-            rows[new] = first_hat
+            rows[new_x] = first_hat
         if seen.any():
-            reference = self.buffer.read(ids[seen], step)
-            delta, delta_hat = self.quantizer.quantize(x[seen] - reference)
-            tensors.extend(delta.tensors)
-            rows[seen] = reference + delta_hat
+            reference = self.buffer.read(ids[seen], step).to(x.device)
+            delta, delta_hat = self.quantizer.quantize(x[seen_x] - reference)
+            parts.extend(delta.tensors)
+            rows[seen_x] = reference + delta_hat
         self._write(ids, rows, step)
-        return Encoded(tuple(x.shape), tuple(tensors))
+        return Encoded(tuple(x.shape), tuple(parts), dtype)
 
     def decode(self, encoded: Encoded, example_ids: Tensor, step: int = 0) -> Tensor:
         """Rebuild the activations and update this side's buffers.
+
+        Returns:
+            The activations in the dtype the sender encoded (`encoded.dtype`), on the
+            payload's device (the buffers stay float32).
 
         Raises:
             TypeError: If the ids are not integers.
@@ -764,23 +806,25 @@ class DeltaCodec:
                 f"{ids[new].tolist()[:8]}: sender and receiver buffers are out of sync (same "
                 "ids, same order, both sides)"
             )
+        device = _device(encoded)
         if not new.any():  # steady state: no masked copies
-            rows = self.buffer.read(ids, step)  # a copy
+            rows = self.buffer.read(ids, step).to(device)  # a copy
             deltas = Encoded(encoded.shape, tuple(encoded.tensors[parts:]))
             rows.add_(self.quantizer.decode(deltas))
             self._write(ids, rows, step)
-            return rows.clone()
-        seen = ~new
-        rows = torch.empty(encoded.shape, dtype=torch.float32)
+            return rows.to(encoded.dtype, copy=True)
+        new_x = new.to(device)
+        seen, seen_x = ~new, ~new_x
+        rows = torch.empty(encoded.shape, dtype=torch.float32, device=device)
         if seen.any():
-            reference = self.buffer.read(ids[seen], step)
+            reference = self.buffer.read(ids[seen], step).to(device)
             shape = (int(seen.sum()), *encoded.shape[1:])
             delta = self.quantizer.decode(Encoded(shape, tuple(encoded.tensors[parts:])))
-            rows[seen] = reference + delta
+            rows[seen_x] = reference + delta
         first = Encoded((num_new, *encoded.shape[1:]), tuple(encoded.tensors[:parts]))
-        rows[new] = self.decode_first_visit(first)
+        rows[new_x] = self.decode_first_visit(first)
         self._write(ids, rows, step)
-        return rows.clone()
+        return rows.to(encoded.dtype, copy=True)
 
 
 class ErrorFeedbackCodec:
@@ -817,29 +861,33 @@ class ErrorFeedbackCodec:
     def encode(self, x: Tensor, example_ids: Tensor, step: int = 0) -> Encoded:
         """Quantize x plus each example's residual; keep the new residuals.
 
+        The residuals are float32 whatever `x`'s dtype; the message decodes to `x`'s dtype.
+
         Raises:
-            TypeError: If `x` is not float32 or the ids are not integers.
+            TypeError: If `x` is not float32, bfloat16 or float16, or the ids are not
+                integers.
             ValueError: If the ids do not match x's rows, repeat or are negative, or x holds
                 NaN or inf (no residual changes then).
         """
-        _check_float32(x)
+        _check_float(x)
         ids, _ = _message_ids(example_ids)
         if example_ids.shape != (x.shape[0],):
             raise ValueError(
                 f"example_ids must have shape ({x.shape[0]},), got {tuple(example_ids.shape)}"
             )
+        dtype, x = x.dtype, x.float()
         if self.residual is None:
             self.residual = self._factory(tuple(x.shape[1:]))
         seen = self.residual.seen(ids)
         if bool(seen.all()):
-            target = x + self.residual.read(ids, step)
+            target = x + self.residual.read(ids, step).to(x.device)
         else:
             target = x.clone()
             if bool(seen.any()):
-                target[seen] += self.residual.read(ids[seen], step)
+                target[seen.to(x.device)] += self.residual.read(ids[seen], step).to(x.device)
         encoded, x_hat = self.quantizer.quantize(target)  # refuses NaN and inf
         self.residual.write(ids, target.sub_(x_hat), step)
-        return encoded
+        return Encoded(encoded.shape, encoded.tensors, dtype)
 
     def restore_buffer(self, row_shape: tuple[int, ...]) -> ActivationBuffer:
         """A fresh, empty residual buffer for rows of `row_shape` (a checkpoint's rows)."""
@@ -855,6 +903,15 @@ class ErrorFeedbackCodec:
         """Release the residuals' files and threads."""
         if self.residual is not None:
             self.residual.close()
+
+
+_CHECKSUM_PRIME = (1 << 31) - 1
+"""P of `DeltaCodec.rows_checksum` (a Mersenne prime: weights and products fit int64)."""
+
+
+def _device(encoded: Encoded) -> torch.device:
+    """The device of an encoded message's payload (the CPU for one without tensors)."""
+    return encoded.tensors[0].device if encoded.tensors else torch.device("cpu")
 
 
 class _BufferView(Mapping[int, Tensor]):

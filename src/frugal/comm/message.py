@@ -10,8 +10,8 @@ instead of two: 3.7 vs 7.8 ms per 131 KB round trip on a loaded 2-core machine).
 
 Header (16 x int64): magic, version, codec id, kind (0 activation, 1 gradient), step,
 micro-batch, bits, dtype, shape[4] (-1 padded), payload bytes, new examples (AQ-SGD first
-visits), flags (bit 0: non-finite values at the sender), buffer CRC32 (AQ-SGD drift check, -1
-when not checked).
+visits), flags (bit 0: non-finite values at the sender), buffer checksum (AQ-SGD drift check,
+`DeltaCodec.rows_checksum`, computed on the rows' device; -1 when not checked).
 
 Shape legend: M micro-batch (examples), T tokens, H hidden.
 
@@ -56,9 +56,12 @@ __all__ = [
 HEADER_WORDS = 16
 assert HEADER_BYTES == 8 * HEADER_WORDS
 MAGIC = 0x46525547  # "FRUG"
-VERSION = 2
+VERSION = 3
+"""2 -> 3: the drift field is `DeltaCodec.rows_checksum` (was zlib CRC32); dtype ids 2, 3."""
 FLAG_NONFINITE = 1
-_DTYPE_IDS = {torch.float32: 1}
+_DTYPE_IDS = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
+"""Header `dtype` field: the dtype of the tensor the sender encoded, which decode returns."""
+_DTYPES = {v: k for k, v in _DTYPE_IDS.items()}
 
 
 class ProtocolError(FrugalError):
@@ -70,7 +73,7 @@ class NonFiniteMessageError(FrugalError):
 
 
 class BufferDriftError(FrugalError):
-    """Sender and receiver AQ-SGD buffers differ (CRC32 mismatch after the update)."""
+    """Sender and receiver AQ-SGD buffers differ (checksum mismatch after the update)."""
 
 
 def quantizer_for(spec: CodecSpec, kind: int) -> QuantizeCodec | ChannelQuantizeCodec:
@@ -111,9 +114,9 @@ def parse_header(header: Tensor) -> dict[str, int]:
     }
 
 
-def _to_payload(encoded: Encoded) -> Tensor:
+def _to_payload(encoded: Encoded, device: torch.device) -> Tensor:
     parts = [t.contiguous().reshape(-1).view(torch.uint8) for t in encoded.tensors]
-    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
 
 
 def _take(payload: Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
@@ -202,38 +205,45 @@ class LinkCodec:
     ) -> tuple[Tensor, Tensor, bool]:
         """Encode `x` for the wire.
 
+        The header and payload are on `x`'s device; the header records `x`'s dtype, which
+        the receiver's `decode` returns (the wire format and size do not depend on it).
+
         Returns:
             (header int64[16], payload uint8[P], finite). When `x` holds NaN/inf the payload is
             zeros of the expected size (`payload_bytes`), the header is flagged and finite is
             False (send it, then fail): the receiver gets the message it waits for and fails too.
 
         Raises:
-            TypeError: If `x` is not float32.
+            TypeError: If `x` is not float32, bfloat16 or float16.
 
         Shapes:
-            x: (M, ...) float32; example_ids: (M,) int64.
+            x: (M, ...) float32, bfloat16 or float16; example_ids: (M,) int64.
         """
-        if x.dtype != torch.float32:
-            raise TypeError(f"pipeline messages carry float32, got {x.dtype}")
+        if x.dtype not in _DTYPE_IDS:
+            raise TypeError(
+                f"pipeline messages carry float32, bfloat16 or float16, got {x.dtype}; cast "
+                "the activation with .to(torch.bfloat16) or .float()"
+            )
         finite = all_finite(x)
         num_new, crc, flags = 0, -1, 0
         if not finite:
             size = self.payload_bytes(tuple(x.shape), example_ids, step)
-            payload, flags = torch.zeros(size, dtype=torch.uint8), FLAG_NONFINITE
+            payload = torch.zeros(size, dtype=torch.uint8, device=x.device)
+            flags = FLAG_NONFINITE
         elif self.delta is not None:
             num_new = self.delta.num_new(example_ids)
             if step < self.warmup_steps:  # warm-up: every example as a first visit
                 first, first_hat = self.delta.encode_first_visit(x)
                 self.delta.store(first_hat, example_ids, step)
-                payload, num_new = _to_payload(first), x.shape[0]
+                payload, num_new = _to_payload(first, x.device), x.shape[0]
             else:
-                payload = _to_payload(self.delta.encode(x, example_ids, step))
+                payload = _to_payload(self.delta.encode(x, example_ids, step), x.device)
             if check_crc:
-                crc = self.delta.rows_crc32(example_ids)
+                crc = self.delta.rows_checksum(example_ids)
         elif self.feedback is not None and step >= self.warmup_steps:
-            payload = _to_payload(self.feedback.encode(x, example_ids, step))
+            payload = _to_payload(self.feedback.encode(x, example_ids, step), x.device)
         else:
-            payload = _to_payload(self._plain(step).encode(x))
+            payload = _to_payload(self._plain(step).encode(x), x.device)
         shape = [*x.shape, *([-1] * (4 - x.dim()))]
         header = torch.tensor(
             [
@@ -244,7 +254,7 @@ class LinkCodec:
                 step,
                 mb,
                 self._bits(step),
-                _DTYPE_IDS[torch.float32],
+                _DTYPE_IDS[x.dtype],
                 *shape,
                 payload.numel(),
                 num_new,
@@ -252,6 +262,7 @@ class LinkCodec:
                 crc,
             ],
             dtype=torch.int64,
+            device=x.device,
         )
         self.sent_bytes += HEADER_BYTES + payload.numel()
         return header, payload, finite
@@ -289,18 +300,30 @@ class LinkCodec:
         if self.delta.first_visit is None:
             return (_take(payload, 0, torch.float32, shape),)
         if shape[0] == 0:
-            return self.delta.encode_first_visit(torch.empty(shape))[0].tensors
+            empty = torch.empty(shape, device=payload.device)
+            return self.delta.encode_first_visit(empty)[0].tensors
         return _quantized_parts(payload, 0, shape, self.delta.first_visit_bits, self.spec.scale)
 
     def decode(self, fields: dict[str, int], payload: Tensor, example_ids: Tensor) -> Tensor:
-        """Rebuild the float32 tensor from a checked header and its payload.
+        """Rebuild the tensor from a checked header and its payload.
+
+        Returns:
+            The tensor, in the dtype the sender encoded (the header's), on the payload's
+            device.
 
         Raises:
-            ProtocolError: If the payload size or the first-visit count does not match.
-            BufferDriftError: If the header's buffer CRC32 differs from this side's.
+            ProtocolError: If the payload size, the first-visit count or the dtype does not
+                match.
+            BufferDriftError: If the header's buffer checksum differs from this side's.
         """
         shape: tuple[int, ...] = fields["shape"]  # type: ignore[assignment]
         step = fields["step"]
+        if fields["dtype"] not in _DTYPES:
+            raise ProtocolError(
+                f"step {step} mb {fields['mb']}: unknown dtype id {fields['dtype']} in the "
+                f"header (known: {_DTYPE_IDS}); every rank must run the same frugal"
+            )
+        dtype = _DTYPES[fields["dtype"]]
         self.sent_bytes += HEADER_BYTES + payload.numel()
         if self.delta is not None:
             num_new = self.delta.num_new(example_ids)
@@ -309,6 +332,7 @@ class LinkCodec:
                     Encoded(shape, self._first_visit_parts(payload, shape))
                 ).clone()
                 self.delta.store(x, example_ids, step)
+                x = x.to(dtype)
             else:
                 if num_new != fields["num_new"]:
                     raise ProtocolError(
@@ -323,8 +347,8 @@ class LinkCodec:
                     parts.extend(
                         _quantized_parts(payload, off, seen, self.spec.fw_bits, self.spec.scale)
                     )
-                x = self.delta.decode(Encoded(shape, tuple(parts)), example_ids, step)
-            if fields["crc32"] >= 0 and self.delta.rows_crc32(example_ids) != fields["crc32"]:
+                x = self.delta.decode(Encoded(shape, tuple(parts), dtype), example_ids, step)
+            if fields["crc32"] >= 0 and self.delta.rows_checksum(example_ids) != fields["crc32"]:
                 raise BufferDriftError(
                     f"AQ-SGD buffers drifted at step {step} mb {fields['mb']} for examples "
                     f"{example_ids.tolist()}: sender and receiver rows differ"
@@ -337,4 +361,4 @@ class LinkCodec:
             parts = [_take(payload, 0, codec.dtype, shape)]
         else:
             parts = list(_quantized_parts(payload, 0, shape, codec.bits, self.spec.scale))
-        return codec.decode(Encoded(shape, tuple(parts))).clone()
+        return codec.decode(Encoded(shape, tuple(parts), dtype)).clone()

@@ -4,9 +4,10 @@ When torchrun restarts a failed worker group (`--max-restarts`), its agent keeps
 c10d store, so the new processes would read the old attempt's addresses (gloo then dials a
 dead peer: "Gloo connectFullMesh failed ... Connection refused", pytorch/pytorch#135712; the
 pipeline's restart failed 3 times in 3 before it used this). Every frugal worker (pipeline,
-recsys) therefore starts its gloo group with `init_group`, and recsys's torch.distributed.rpc
-with the `frugal-attempt://` rendezvous handler registered here (torch's documented extension
-point): both through a `PrefixStore` named after `TORCHELASTIC_RESTART_COUNT`.
+recsys) therefore starts its process group (gloo, or NCCL on GPUs) with `init_group`, and
+recsys's torch.distributed.rpc with the `frugal-attempt://` rendezvous handler registered here
+(torch's documented extension point): both through a `PrefixStore` named after
+`TORCHELASTIC_RESTART_COUNT`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 from torch.distributed.rendezvous import register_rendezvous_handler
@@ -59,13 +61,31 @@ def _handler(url: str, **kwargs: Any) -> Iterator[tuple[Store, int, int]]:
 register_rendezvous_handler("frugal-attempt", _handler)  # type: ignore[no-untyped-call]
 
 
-def init_group(rank: int, world_size: int, timeout_s: float) -> None:
-    """Start the gloo process group on this attempt's store, with `timeout_s` per collective."""
+def init_group(
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    *,
+    backend: str = "gloo",
+    device: torch.device | None = None,
+) -> None:
+    """Start the process group on this attempt's store, with `timeout_s` per collective.
+
+    Args:
+        rank: This process's global rank.
+        world_size: Processes in the job.
+        timeout_s: Limit of the rendezvous and of every collective, seconds.
+        backend: "gloo" (CPU tensors) or "nccl" (GPU tensors; one GPU per rank).
+        device: This rank's GPU under NCCL (`cuda:{local_rank}`), bound to the group at once
+            (`device_id`); None on gloo.
+    """
+    # The store prefix keeps "gloo" for every backend: it only has to be one per attempt.
     store = PrefixStore("gloo", attempt_store(rank, world_size, timeout_s))
     dist.init_process_group(
-        "gloo",
+        backend,
         store=store,
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device,
     )

@@ -32,6 +32,7 @@ from frugal.parallel.schedule import SCHEDULES
 __all__ = [
     "DP_COLLECTIVES",
     "PLAN_FORMAT_VERSION",
+    "STOP_REASONS",
     "ClusterDigest",
     "Plan",
     "PlanMismatchError",
@@ -43,6 +44,11 @@ DP_COLLECTIVES = ("seq_peer", "ring", "central_ps")
 """Gradient exchanges a plan may name per stage: the DT-FM paper's sequential peer exchange,
 a ring all-reduce, a central parameter server."""
 _NEW_IN_V2 = ("codec", "schedule", "microbatch_size", "dp_collective")
+_ADDED_IN_V2 = ("num_candidates", "stop_reason")
+"""Fields added to format 2 later: a format-2 plan written before them still loads."""
+STOP_REASONS = ("budget", "time_limit", "converged", "none")
+"""Why a plan's search stopped: its candidate budget was spent (the plan is reproducible), its
+time limit passed (two runs may differ), it ended on its own first, or no search ran."""
 
 
 class PlanMismatchError(ConfigError):
@@ -91,6 +97,10 @@ class Plan:
         microbatch_size: Examples per micro-batch it was priced for; 0 = not recorded.
         dp_collective: Per stage, the gradient exchange the prediction assumes (one of
             `DP_COLLECTIVES`); () = not recorded or no data parallelism.
+        num_candidates: Placements the search scored (all grids' searches when the planner
+            chose the grid); 0 = not recorded or no search.
+        stop_reason: Why the search stopped, one of `STOP_REASONS` ("time_limit": a run on
+            another machine or load may stop elsewhere and differ); "" = not recorded.
         format_version: Plan format version (2; format-1 JSON is upgraded on load).
     """
 
@@ -115,6 +125,8 @@ class Plan:
     schedule: str = ""
     microbatch_size: int = 0
     dp_collective: tuple[str, ...] = ()
+    num_candidates: int = 0
+    stop_reason: str = ""
     format_version: int = PLAN_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -142,6 +154,13 @@ class Plan:
             raise ValueError(
                 f"dp_collective={self.dp_collective} needs one of {DP_COLLECTIVES} per stage "
                 f"({self.num_stages}), or () for not recorded"
+            )
+        if self.num_candidates < 0:
+            raise ValueError(f"num_candidates={self.num_candidates} must be >= 0")
+        if self.stop_reason and self.stop_reason not in STOP_REASONS:
+            raise ValueError(
+                f"stop_reason={self.stop_reason!r} must be one of {STOP_REASONS}, or '' for not "
+                "recorded"
             )
         if len(self.devices) != self.world_size:
             raise ValueError(
@@ -193,6 +212,7 @@ class Plan:
             optional = set(_NEW_IN_V2)
         else:
             optional = set()
+        optional |= set(_ADDED_IN_V2)
         fields = set(cls.__dataclass_fields__)
         unknown, missing = set(data) - fields, fields - set(data) - {"format_version"} - optional
         if unknown or missing:
@@ -273,6 +293,14 @@ class Plan:
                 "the plan was made for another cluster (topology digest differs); plan again"
             )
 
+    def _stopped(self) -> str:
+        return {
+            "budget": "its candidate budget",
+            "time_limit": "its time limit (two runs may differ)",
+            "converged": "convergence",
+            "none": "nothing (a fixed placement, no search)",
+        }[self.stop_reason]
+
     def table(self) -> str:
         """A text table: one row per pipeline, the device (site) of each stage."""
         head = f"{'pipeline':>8} | " + " | ".join(
@@ -289,6 +317,8 @@ class Plan:
                 f"codec {self.codec}, schedule {self.schedule}, micro-batch size "
                 f"{self.microbatch_size}, DP collective {collective}"
             )
+        if self.stop_reason:
+            lines.append(f"search: {self.num_candidates} candidates, stopped on {self._stopped()}")
         lines.append(
             f"{self.objective} cost {self.predicted_cost_s:.3f} s ({parts}); lower bound "
             f"{self.lower_bound_s:.3f} s (gap {self.gap:.1%}); method {self.method}; cluster "

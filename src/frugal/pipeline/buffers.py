@@ -163,7 +163,7 @@ class StoreBuffer:
     def write(self, ids: Tensor, rows: Tensor, step: int) -> None:
         """Put whole rows (closing their reads)."""
         flat = self._ids(ids)
-        self.store.put(flat, rows.reshape(len(flat), -1).contiguous().numpy(), step)
+        self.store.put(flat, rows.reshape(len(flat), -1).contiguous().cpu().numpy(), step)
         self._seen[flat] = True
 
     def prefetch(self, ids: Tensor, step: int) -> None:

@@ -166,7 +166,7 @@ def _save_buffer(buffer: ActivationBuffer, stem: Path) -> None:
         rows = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=rows_shape)
         for start in range(0, rows_shape[0], _CHUNK_ROWS):
             chunk = ids[start : start + _CHUNK_ROWS]
-            rows[start : start + len(chunk)] = buffer.peek(chunk).numpy()
+            rows[start : start + len(chunk)] = buffer.peek(chunk).cpu().numpy()
         rows.flush()
         del rows
 

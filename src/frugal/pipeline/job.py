@@ -20,6 +20,7 @@ from frugal.config import ConfigError
 from frugal.disk import guard_write
 from frugal.launch.guards import MemoryEstimate
 from frugal.pipeline.checkpoint import fingerprint, latest_checkpoint
+from frugal.pipeline.device import resolve_device
 from frugal.pipeline.train import Layout, PipelineTrainConfig, RunSpec, launch_torchrun, make_layout
 from frugal.results import write_text_atomically
 
@@ -107,17 +108,20 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def check_nodes(job: TrainingJob, nnodes: int) -> int:
-    """Processes per machine of `job` over `nnodes` machines.
+    """Processes per machine of `job` over `nnodes` machines, checked against its device.
 
     Raises:
-        ConfigError: If nnodes < 1 or does not divide the world size.
+        ConfigError: If nnodes < 1 or does not divide the world size, or `device` is "cuda"
+            and this machine has no GPU or fewer GPUs than its processes.
     """
     if nnodes < 1 or job.world_size % nnodes:
         raise ConfigError(
             f"--nnodes {nnodes} does not divide the job's {job.world_size} processes; give a "
             f"divisor of {job.world_size} (each machine runs world_size / nnodes of them)"
         )
-    return job.world_size // nnodes
+    nproc = job.world_size // nnodes
+    resolve_device(job.config.device, nproc)  # refused here, before any process starts
+    return nproc
 
 
 def check_training(config: PipelineTrainConfig, *, num_stages: int | None = None) -> TrainingJob:
@@ -135,11 +139,13 @@ def check_training(config: PipelineTrainConfig, *, num_stages: int | None = None
         ConfigError: If the plan does not fit the model or `num_stages`, the corpus has
             fewer windows than `num_train` or `num_eval`, one step needs more windows than
             `num_train`, data-parallel compression has no replicas, the link is
-            too slow for `comm_timeout_s`, or `init_weights` does not fit the model.
+            too slow for `comm_timeout_s`, `init_weights` does not fit the model, or
+            `device` is "cuda" on a machine without a GPU.
         PlanMismatchError: If the plan was priced for another codec, schedule or micro-batch
             size, or `dp_compression` cannot run a stage's planned collective (a
             ConfigError).
     """
+    resolve_device(config.device)  # no GPU at all: refused before anything is loaded
     world_size = config.num_stages
     if config.plan:
         plan = load_plan(config.plan)

@@ -3,8 +3,9 @@
 `StageRunner` owns one stage's module, optimizer and the four link codecs around it (activation
 in/out, gradient in/out). `LocalTransport` moves messages between stages in one process (the
 exactness test and quality sweeps); `DistTransport` moves them with torch.distributed isend/irecv
-(gloo on CPU), every Work waited on with a timeout, sends through the per-link shaper of
-`frugal.comm.link`. Both carry the same header + payload, so bytes are counted the same way.
+(gloo on CPU, NCCL on GPUs), every Work waited on with a timeout, sends through the per-link
+shaper of `frugal.comm.link`. Both carry the same header + payload, so bytes are counted the
+same way. A stage runs on one device in one compute dtype (`frugal.pipeline.device.Precision`).
 
 Shape legend: M micro-batch, T tokens, H hidden, V vocabulary.
 
@@ -44,6 +45,7 @@ from frugal.comm.message import (
 from frugal.comm.shaped import ShapedGroup
 from frugal.parallel.codec import HEADER_BYTES, KIND_ACTIVATION, KIND_GRADIENT, CodecSpec
 from frugal.parallel.schedule import Action
+from frugal.pipeline.device import Precision
 from frugal.pipeline.models import PipelineStage
 
 __all__ = [
@@ -195,6 +197,7 @@ class DistTransport:
         peer_ranks: stage -> global rank of the neighbours in this rank's pipeline.
         links: (src rank, dst rank) -> LinkSpec of that directed link (missing = unshaped).
         timeout_s: Limit of every wait.
+        device: Where received messages land (the stage's device: a GPU under NCCL).
     """
 
     def __init__(
@@ -205,8 +208,10 @@ class DistTransport:
         peer_ranks: dict[int, int],
         links: dict[tuple[int, int], LinkSpec],
         timeout_s: float,
+        device: torch.device | None = None,
     ) -> None:
         self.rank, self.stage = rank, stage
+        self.device = device if device is not None else torch.device("cpu")
         self.peer_ranks = peer_ranks
         self.timeout_s = timeout_s
         # Only shaped links get a shaper thread; an unshaped link sends from the caller's
@@ -303,7 +308,7 @@ class DistTransport:
         return header, message[HEADER_BYTES:]
 
     def _irecv(self, src: int, tag: int, payload_bytes: int) -> tuple[Tensor, dist.Work]:
-        message = torch.empty(HEADER_BYTES + payload_bytes, dtype=torch.uint8)
+        message = torch.empty(HEADER_BYTES + payload_bytes, dtype=torch.uint8, device=self.device)
         work = dist.irecv(message, src, tag=tag)
         assert work is not None
         return message, work
@@ -386,7 +391,8 @@ class Microbatch:
     """One micro-batch: example ids and, on the end stages, the tokens.
 
     Shapes:
-        ids: (M,) int64; inputs, targets: (M, T) int64.
+        ids: (M,) int64 (on the CPU); inputs, targets: (M, T) int64 (moved to the stage's
+        device when used).
     """
 
     ids: Tensor
@@ -457,7 +463,7 @@ class StageRunner:
         dp_bits: Bits of ef-kbit and qadam (1..8).
         buffers: AQ-SGD buffer factory per (link, side) name, e.g. `BufferSet.factory`
             (None: RAM).
-        drift_check_every: Steps between AQ-SGD buffer CRC checks (0 = never).
+        drift_check_every: Steps between AQ-SGD buffer checksum checks (0 = never).
         warmup_steps: Steps sent uncompressed (fp32) first.
         timeout_s: Limit of every wait.
         dp_links: LinkSpec of every directed pair of ranks for the DP group's traffic
@@ -469,6 +475,9 @@ class StageRunner:
         example_shape: Shape of one example's input activation, e.g. (T, H) (None: unknown).
             A receiving stage computes each message's size from it, so the distributed
             transport (which needs the size) requires it on every stage but the first.
+        precision: The stage's device and compute dtype (None: CPU, float32). The module
+            must already be on that device; the forward runs under autocast in the dtype, the
+            activations and gradients it sends have the dtype, the loss is float32.
     """
 
     def __init__(
@@ -489,8 +498,10 @@ class StageRunner:
         buffers: Callable[[str], BufferFactory] | None = None,
         example_shape: tuple[int, ...] | None = None,
         dp_collective: str = "",
+        precision: Precision | None = None,
     ) -> None:
         self.module = module
+        self.precision = precision or Precision(torch.device("cpu"))
         self.example_shape = example_shape
         self.stage = module.stage
         self.spec = spec
@@ -651,19 +662,24 @@ class StageRunner:
         t0, cpu0 = time.perf_counter(), time.thread_time()
         self._blocked_s = 0.0
         if op == "F":
+            device = self.precision.device
             if self.module.is_first:
-                x: Tensor = mb.inputs
+                x: Tensor = mb.inputs.to(device, non_blocking=True)
             else:
                 x = self._receive(self.act_in, self.stage - 1, j).requires_grad_(True)
             self._prepost(upcoming)
-            out = self.module(x)
+            with self.precision.autocast():
+                out = self.module(x)
             if self.module.is_last:
-                loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), mb.targets.reshape(-1))
+                # The loss in float32 whatever the compute dtype (autocast's rule for it).
+                targets = mb.targets.to(device, non_blocking=True).reshape(-1)
+                loss = F.cross_entropy(out.float().reshape(-1, out.shape[-1]), targets)
                 if not torch.isfinite(loss):
                     raise NonFiniteError(stage=self.stage, step=self._step, mb=j, tensor="loss")
                 self._losses.append(float(loss.detach()))
-                out = loss * self.scale
+                out = loss * (self.scale * self.precision.loss_scale)
             else:
+                out = out.to(self.precision.dtype)  # the activation travels in the dtype
                 sent = self._send(self.act_out, self.stage + 1, out.detach(), j, "activation")
                 self.stats.activation_bytes[-1][j] = sent
             self._inputs[j], self._outputs[j] = x, out
@@ -700,6 +716,9 @@ class StageRunner:
         self._pending.clear()
         t0 = time.thread_time()
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        if self.precision.loss_scale != 1.0:  # float16: undo the last stage's loss scale
+            for g in grads:
+                g.div_(self.precision.loss_scale)
         if self.dp_sync is not None and grads:
             if not all(all_finite(g) for g in grads):  # before compressing it
                 raise NonFiniteError(

@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,13 @@ from frugal.pipeline.checkpoint import (
     load_stage,
     remove_incomplete,
     save_stage,
+)
+from frugal.pipeline.device import (
+    DTYPES,
+    Precision,
+    process_group_backend,
+    rank_device,
+    resolve_device,
 )
 from frugal.pipeline.models import TextWindows, TinyGPTConfig, split_layers
 from frugal.pipeline.runtime import (
@@ -147,7 +154,7 @@ class PipelineTrainConfig:
     warmup_steps: int = 0
     """Steps sent as fp32 first (the reference's warm-up; 0 = none)."""
     drift_check_every: int = 0
-    """Steps between AQ-SGD sender/receiver buffer CRC32 checks (0 = never)."""
+    """Steps between AQ-SGD sender/receiver buffer checksum checks (0 = never)."""
     use_recompute: bool = False
     """Recompute each block's activations in the backward pass."""
     comm_timeout_s: float = 120.0
@@ -182,6 +189,15 @@ class PipelineTrainConfig:
     max_restarts: int = 0
     """torchrun's --max-restarts: after a rank dies, restart every rank this many times, each
     resuming from the last checkpoint, >= 0."""
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    """Where the stages run: "cpu" (gloo), "cuda" (rank r on GPU `cuda:{local_rank}`, NCCL;
+    every process of a machine needs a GPU of its own) or "auto" (cuda when that holds, else
+    cpu). The default stays cpu: frugal's benchmarks emulate slow links on CPU ranks."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute and activation dtype: the matmuls run under torch.autocast in it and the
+    activations and gradients between stages (what the codecs see) have it; weights, optimizer
+    state and loss stay float32 (float16 adds a static loss scale, see
+    `frugal.pipeline.device`)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -474,7 +490,10 @@ def _buffer_set(config: PipelineTrainConfig, data: TextWindows) -> BufferSet:
 
 
 def evaluate(model: torch.nn.Module, data: TextWindows, batch_size: int = 32) -> float:
-    """Mean next-token cross-entropy (nats) of the unpartitioned model on the eval windows."""
+    """Mean next-token cross-entropy (nats) of the unpartitioned model on the eval windows.
+
+    On the model's device, in float32 (the weights; `dtype` is the training compute's).
+    """
     return mean_token_loss(model, data, data.eval_ids, batch_size)
 
 
@@ -501,12 +520,16 @@ def train_local(
 ) -> LocalResult:
     """Train with every stage in this process (LocalTransport, no shaping).
 
+    The stages run on `config.device` (one process: "cuda" is `cuda:0`) in `config.dtype`.
+
     Raises:
         NonFiniteError: On NaN/inf.
+        ConfigError: If `config.device` is "cuda" and this machine has no GPU.
     """
+    precision = Precision(rank_device(resolve_device(config.device), 0), DTYPES[config.dtype])
     torch.manual_seed(config.seed)
     data = data or load_windows(config)
-    model = build_model(config)
+    model = build_model(config).to(precision.device)
     layers = default_layers(config, config.num_stages)
     transport = LocalTransport()
     spec = CodecSpec.parse(config.codec)
@@ -523,6 +546,7 @@ def train_local(
             warmup_steps=config.warmup_steps,
             buffers=buffers.factory,
             example_shape=boundary_shape(config)[1:],
+            precision=precision,
         )
         for module in build_model_stages(config, model, layers)
     ]
@@ -726,7 +750,16 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=config.comm_timeout_s)
-    init_group(rank, world_size, config.comm_timeout_s)  # under this restart attempt's prefix
+    device = worker_device(config)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL and the *_object collectives use this device
+    init_group(  # under this restart attempt's prefix
+        rank,
+        world_size,
+        config.comm_timeout_s,
+        backend=process_group_backend(device.type),
+        device=device if device.type == "cuda" else None,
+    )
     try:
         layout = make_layout(config, world_size, runs)
         data = load_windows(config)
@@ -762,7 +795,7 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
             pace = median_or_zero(out["step_s"][1:]) / (
                 max(layout.num_microbatches) + layout.num_stages - 1
             )
-            mine = torch.tensor([pace])
+            mine = torch.tensor([pace], device=device)
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
             results.setdefault("calibrations", []).append(out)  # the simulator's core fit
             results.setdefault("calibration_s", []).append(float(mine))
@@ -806,6 +839,18 @@ def run_worker(config: PipelineTrainConfig, runs: Sequence[RunSpec], out_dir: Pa
 
 RANKS_FILE = "ranks.json"
 """What global rank 0 writes into its node's output folder: every rank's results."""
+
+
+def worker_device(config: PipelineTrainConfig) -> torch.device:
+    """This torchrun process's device: `cuda:{LOCAL_RANK}` on CUDA, else the CPU.
+
+    Raises:
+        ConfigError: If `config.device` is "cuda" and this machine has fewer GPUs than
+            processes (LOCAL_WORLD_SIZE).
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return rank_device(resolve_device(config.device, local_world_size), local_rank)
 
 
 @dataclass(frozen=True, slots=True)
@@ -866,7 +911,8 @@ def _run_one(
     out_dir: Path,
 ) -> dict[str, Any]:
     torch.manual_seed(config.seed)
-    model = build_model(config)
+    precision = Precision(worker_device(config), DTYPES[config.dtype])
+    model = build_model(config).to(precision.device)
     module = build_model_stages(config, model, layout.layers)[stage]
     row = layout.mesh[replica]
     peers = {s: row[s] for s in (stage - 1, stage + 1) if 0 <= s < layout.num_stages}
@@ -875,7 +921,12 @@ def _run_one(
     # The DP exchange goes through the emulated links too (each message its pair's shaper).
     dp_links = links if (run.links or run.shape_dp) and dp_group is not None else None
     transport = DistTransport(
-        rank=rank, stage=stage, peer_ranks=peers, links=links, timeout_s=config.comm_timeout_s
+        rank=rank,
+        stage=stage,
+        peer_ranks=peers,
+        links=links,
+        timeout_s=config.comm_timeout_s,
+        device=precision.device,
     )
     total_mbs = sum(layout.num_microbatches)
     buffers = _buffer_set(config, data)
@@ -895,6 +946,7 @@ def _run_one(
         buffers=buffers.factory,
         example_shape=boundary_shape(config)[1:],
         dp_collective=collective,
+        precision=precision,
     )
     m = layout.num_microbatches[replica]
     actions = build_schedule(config.schedule, layout.num_stages, stage, m)
@@ -947,7 +999,7 @@ def _run_one(
     # same everywhere and stay home), which reassembles and evaluates it.
     eval_loss = None
     gathered: list[Any] = [None] * dist.get_world_size()
-    trained = {k: p.detach() for k, p in module.named_parameters() if p.requires_grad}
+    trained = {k: p.detach().cpu() for k, p in module.named_parameters() if p.requires_grad}
     if run.evaluate:
         dist.gather_object(
             trained if replica == 0 else {},

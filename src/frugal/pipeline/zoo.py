@@ -457,15 +457,16 @@ def _smollm2_windows(config: PipelineTrainConfig) -> TextWindows:
 def mean_token_loss(model: nn.Module, data: TextWindows, ids: Tensor, batch_size: int = 8) -> float:
     """Mean next-token cross-entropy (nats per token) of `model` on the windows `ids`.
 
-    exp() of it is the perplexity.
+    exp() of it is the perplexity. Runs on the device of `model`'s parameters.
 
     Shapes:
         ids: (W,) int64 window indices.
     """
     total, count = 0.0, 0
+    device = next(model.parameters()).device
     with torch.no_grad():
         for chunk in torch.split(ids, batch_size):
-            inputs, targets = data.batch(chunk)
+            inputs, targets = (t.to(device) for t in data.batch(chunk))
             logits = model(inputs)
             total += float(
                 F.cross_entropy(

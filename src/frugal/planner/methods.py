@@ -8,7 +8,8 @@ adds one with `register_method` (see docs/extend/planner-method.md).
 
 References:
     Decentralized Training of Foundation Models in Heterogeneous Environments (Yuan et al.,
-    NeurIPS 2022, arXiv 2206.01288): the `dtfm_ga` scheduler and the paper cost.
+    NeurIPS 2022, arXiv 2206.01288): the `dtfm` scheduler (as released), its `dtfm_ga`
+    variant and the paper cost.
     Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM
     (Narayanan et al., SC 2021, arXiv 2104.04473): Megatron's default rank order.
 """
@@ -70,6 +71,11 @@ class SearchOutcome:
     mesh: I64
     stage_order: tuple[int, ...] | None = None
     """Group id along the pipeline path per stage (paper-cost searches); None = 0..I-1."""
+    num_candidates: int = 0
+    """Placements the search scored; 0 = none or not reported."""
+    stop_reason: str = ""
+    """Why the search stopped: "budget", "time_limit", "converged" (it ended on its own
+    first), "none" (no search: a fixed placement), or "" (not reported)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +128,11 @@ def _paper_search(request: SearchRequest, search: Callable[..., object]) -> Sear
         budget=r.budget, seed=r.seed, time_limit_s=r.time_limit_s,
     )  # fmt: skip
     cost = result.cost  # type: ignore[attr-defined]
-    return SearchOutcome(np.array(cost.mesh, dtype=np.int64), tuple(cost.stage_order))
+    return SearchOutcome(
+        np.array(cost.mesh, dtype=np.int64), tuple(cost.stage_order),
+        num_candidates=result.candidates,  # type: ignore[attr-defined]
+        stop_reason=result.stop,  # type: ignore[attr-defined]
+    )  # fmt: skip
 
 
 def _megatron(request: SearchRequest, *, shuffle: bool) -> SearchOutcome:
@@ -133,15 +143,44 @@ def _megatron(request: SearchRequest, *, shuffle: bool) -> SearchOutcome:
     if shuffle:  # rank 0 stays, the rest are shuffled
         ranks[1:] = np.random.default_rng(request.seed).permutation(np.arange(1, n))
     groups = megatron_default_groups(request.num_stages, request.num_replicas)
-    return SearchOutcome(ranks[np.ascontiguousarray(groups.T)])
+    return SearchOutcome(ranks[np.ascontiguousarray(groups.T)], stop_reason="none")
 
 
 def _dtfm_ga(request: SearchRequest) -> SearchOutcome:
     from frugal.planner.search import dtfm_ga
 
     r = request
+    # Budget only, as in every earlier release: its bench rows score exactly `budget` candidates.
     result = dtfm_ga(r.topology, r.num_stages, r.num_replicas, budget=r.budget, seed=r.seed)
-    return SearchOutcome(np.array(result.cost.mesh, dtype=np.int64), result.cost.stage_order)
+    return SearchOutcome(
+        np.array(result.cost.mesh, dtype=np.int64), result.cost.stage_order,
+        num_candidates=result.candidates, stop_reason=result.stop,
+    )  # fmt: skip
+
+
+def _dtfm(request: SearchRequest) -> SearchOutcome:
+    """The DT-FM scheduler as released; under the iteration objective it minimises that."""
+    from frugal.planner.cost import PaperCost
+    from frugal.planner.dtfm import dtfm_scheduler
+
+    r = request
+    cache: dict[tuple[bytes, float], tuple[str, float]] = {}  # collectives by member set
+
+    def iteration_s(cost: PaperCost) -> float:  # priced as `build_plan` will price the plan
+        mesh = np.array(cost.mesh, dtype=np.int64)
+        return iteration_cost(
+            r.topology, mesh, r.layers_per_stage, r.workload, balance_microbatches=True,
+            collective_cache=cache,
+        ).total_s  # fmt: skip
+
+    result = dtfm_scheduler(
+        r.topology, r.num_stages, r.num_replicas, budget=r.budget, seed=r.seed,
+        time_limit_s=r.time_limit_s, fitness=iteration_s if r.objective == "iteration" else None,
+    )  # fmt: skip
+    return SearchOutcome(
+        np.array(result.cost.mesh, dtype=np.int64), result.cost.stage_order,
+        num_candidates=result.candidates, stop_reason=result.stop,
+    )  # fmt: skip
 
 
 def _memetic(request: SearchRequest, *, population: int) -> SearchOutcome:
@@ -154,27 +193,30 @@ def _memetic(request: SearchRequest, *, population: int) -> SearchOutcome:
         r.topology, r.num_stages, r.num_replicas, r.layers_per_stage, r.workload,
         budget=r.budget, seed=r.seed, time_limit_s=r.time_limit_s, population=population,
     )  # fmt: skip
-    return SearchOutcome(found.mesh)
+    return SearchOutcome(found.mesh, num_candidates=found.candidates, stop_reason=found.stop)
 
 
 def _random(request: SearchRequest) -> SearchOutcome:
-    from frugal.planner.search import random_search
+    from frugal.planner.search import random_search, stop_reason
 
     r = request
     if r.objective == "paper":
         return _paper_search(r, random_search)
     n = r.topology.num_devices
     rng = np.random.default_rng(r.seed)
-    deadline = time.perf_counter() + r.time_limit_s
+    start = time.perf_counter()
     mesh, best_s = rng.permutation(n).reshape(r.num_replicas, r.num_stages), float("inf")
+    scored = 0
     for _ in range(r.budget):
         candidate = rng.permutation(n).reshape(r.num_replicas, r.num_stages)
         cost_s = iteration_cost(r.topology, candidate, r.layers_per_stage, r.workload).total_s
+        scored += 1
         if cost_s < best_s:
             mesh, best_s = candidate, cost_s
-        if time.perf_counter() > deadline:
+        if time.perf_counter() - start >= r.time_limit_s:
             break
-    return SearchOutcome(mesh)
+    stop = stop_reason(scored, r.budget, start, r.time_limit_s)
+    return SearchOutcome(mesh, num_candidates=scored, stop_reason=stop)
 
 
 register_method(
@@ -203,5 +245,13 @@ register_method("random", _random, description="the best of `budget` random plac
 register_method(
     "dtfm_ga",
     _dtfm_ga,
-    description="the DT-FM paper's genetic algorithm (searches under the paper cost)",
+    description="the DT-FM paper's genetic algorithm with pair-swap Kernighan-Lin and fixed "
+    "crossover (searches under the paper cost)",
+)
+register_method(
+    "dtfm",
+    _dtfm,
+    balance_microbatches=True,
+    description="the DT-FM scheduler as released: genetic algorithm + cyclic Kernighan-Lin "
+    "(minimises the plan's objective)",
 )

@@ -58,15 +58,18 @@ class PlannerConfig:
     `register_method`). Built in: ours (structured seeds, then a memetic search: aligned
     crossover + swaps), swap (the seeds' swap local search alone, the memetic search's
     component), megatron_default (Megatron's order), megatron_random (Megatron's order on a
-    seeded random rank permutation), random (the best of `budget` random placements), or
-    dtfm_ga (the DT-FM paper's genetic algorithm: it searches under the paper's cost whatever
-    the objective, which then prices its plan; symmetric links)."""
+    seeded random rank permutation), random (the best of `budget` random placements), dtfm
+    (the DT-FM scheduler as released: genetic algorithm + cyclic Kernighan-Lin, minimising
+    the objective; symmetric links), or dtfm_ga (its variant with pair-swap Kernighan-Lin and
+    label-aligned crossover: it searches under the paper's cost whatever the objective, which
+    then prices its plan; symmetric links)."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     """The training job the iteration objective prices."""
     budget: int = 2000
     """Candidate placements scored at most, >= 1."""
     time_limit_s: float = 30.0
-    """Wall-clock limit of the search, > 0."""
+    """Wall-clock limit of the search, > 0; a search it stops is not reproducible (the plan's
+    `stop_reason` says "time_limit")."""
     seed: int = 0
     """Seed of every random choice; same inputs and seed give the same plan bytes."""
 
@@ -224,7 +227,14 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
                 failures.append(f"{d_pp}x{d_dp}: {exc}")
         if not plans:
             raise InfeasiblePlanError("no grid fits: " + "; ".join(failures), constraint="memory")
-        return min(plans, key=lambda p: p.predicted_cost_s)
+        kept = min(plans, key=lambda p: p.predicted_cost_s)
+        # Any grid's search cut by the clock can change which grid wins: say so.
+        timed_out = any(p.stop_reason == "time_limit" for p in plans)
+        return replace(
+            kept,
+            num_candidates=sum(p.num_candidates for p in plans),
+            stop_reason="time_limit" if timed_out else kept.stop_reason,
+        )
     config_grid = grids[0]
     check_grid(topology, *config_grid)
     if (config.num_stages, config.num_replicas) != config_grid:
@@ -310,4 +320,6 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         schedule=config.workload.schedule,
         microbatch_size=config.workload.microbatch_size,
         dp_collective=collectives,
+        num_candidates=outcome.num_candidates,
+        stop_reason=outcome.stop_reason,
     )
