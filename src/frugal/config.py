@@ -13,6 +13,7 @@ Supported field types: `bool`, `int`, `float` (an int is accepted), `str`, `Lite
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import inspect
 import itertools
@@ -424,8 +425,12 @@ def load_config(
     *,
     base: Mapping[str, Any] | None = None,
     base_source: str = "preset",
+    flags: Mapping[str, Any] | None = None,
 ) -> T:
-    """Load a Config from a preset, an optional TOML file and `--set` overrides, in that order.
+    """Load a Config from a preset, an optional TOML file, `--set` overrides and flags, in order.
+
+    The result is validated once, after everything is applied, so a setting may depend on a
+    flag given beside it (`--stages 2 --set gpt.num_layers=2`).
 
     Args:
         cls: The Config class to build.
@@ -434,6 +439,8 @@ def load_config(
         base: Plain data of a preset (e.g. a `--quick` Config) that the file and overrides
             refine; None starts from the class defaults.
         base_source: What `base` came from (a file name), for error messages.
+        flags: Command-line flags by the (dotted) setting each sets, applied last; a flag not
+            given is None (or []).
 
     Returns:
         The validated Config.
@@ -463,4 +470,14 @@ def load_config(
         # a named file (--config, a cluster) is worth naming; the built-in preset is not
         named = path is not None or (base and base_source != "preset")
         source = f"{source} with --set" if named else "--set"
+    given = {key: value for key, value in (flags or {}).items() if value not in (None, [])}
+    if given:
+        data = copy.deepcopy(data)
+        for key, value in given.items():
+            *parents, leaf = key.split(".")
+            node = data
+            for parent in parents:
+                node = node.setdefault(parent, {})
+            node[leaf] = value
+        source = f"{source} and the command line" if source != "preset" else "command line"
     return config_from_dict(cls, data, source=source)

@@ -75,7 +75,7 @@ def import_object(reference: str, *, field: str = "name") -> object:
             such attribute (the message names which, and the fix).
     """
     module_name, _, attribute = reference.partition(":")
-    if not module_name or not attribute or " " in reference:
+    if not module_name or not attribute or " " in reference or ":" in attribute:
         raise ConfigError(
             f"{field}={reference!r} is not a 'package.module:attribute' reference; write it "
             "as my_pkg.models:MyModel"
@@ -89,6 +89,12 @@ def import_object(reference: str, *, field: str = "name") -> object:
         raise ConfigError(
             f"{field}={reference!r}: module {module_name!r} cannot be imported ({exc}); run "
             "from the folder that holds it, put that folder on PYTHONPATH, or install it"
+        ) from exc
+    except Exception as exc:  # the user's module itself fails: a syntax error, a raise
+        raise ConfigError(
+            f"{field}={reference!r}: importing module {module_name!r} failed with "
+            f"{type(exc).__name__}: {exc}; fix the module (python -c 'import {module_name}' "
+            "shows the traceback)"
         ) from exc
     value: object = module
     for part in attribute.split("."):

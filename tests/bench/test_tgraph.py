@@ -466,6 +466,14 @@ def test_cli_names_the_line_of_a_bad_events_file_before_any_training(
     twice = ["--dataset", str(good), "--dataset", f"{tmp_path}/./good.csv"]
     assert main(["tgraph", "bench", *twice, "--out", str(out)]) == 2
     assert "are the same data" in capsys.readouterr().err
+    # Three events, or any number at one time, cannot be split into train, val and test.
+    for name, text in (("three.csv", "src,dst,t\n0,1,5\n1,2,6\n2,0,7\n"),
+                       ("one_time.csv", "src,dst,t\n" + "0,1,5\n" * 60)):  # fmt: skip
+        (tmp_path / name).write_text(text)
+        assert main(["tgraph", "bench", "--dataset", str(tmp_path / name), "--out", str(out),
+                     "--model", "recency"]) == 2  # fmt: skip
+        err = capsys.readouterr().err
+        assert "leaves a split empty" in err and "Traceback" not in err
 
 
 def test_bench_on_an_events_file_journals_by_digest(

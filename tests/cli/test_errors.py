@@ -23,6 +23,8 @@ from frugal.cli.main import main
         (["store", "bench", "--set", "num_batches=-5"], "num_batches"),
         (["recsys", "train", "--nproc", "0"], "nproc"),
         (["plan", "--scenario", "nowhere"], "unknown scenario 'nowhere'"),
+        (["plan", "--scenario", "spot", "--set", "num_stages=8", "--set", "num_replicas=4"],
+         "num_stages*num_replicas = 8*4 = 32 but world_size = 64"),
         (["reproduce", "--only", "store,nope"], "nope"),
         (["store", "bench", "--set", "nope=1"], "unknown key nope"),
     ],
@@ -80,3 +82,13 @@ def test_a_bug_shows_its_traceback_and_exits_1_while_bad_input_is_one_line() -> 
     assert bad.returncode == 2
     assert len(bad.stderr.strip().splitlines()) == 1
     assert bad.stderr.startswith("frugal: error: unknown dataset 'nope'")
+
+
+def test_a_flag_counts_before_the_settings_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    # 2 layers fit --stages 2, not the default 4 stages: checked after the flag applies.
+    assert main(["pipeline", "train", "--stages", "2", "--set", "gpt.num_layers=2",
+                 "--print-config"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "num_stages = 2" in printed and "num_layers = 2" in printed
+    assert main(["pipeline", "train", "--stages", "5", "--set", "gpt.num_layers=2"]) == 2
+    assert "num_stages=5 but the model has 2 blocks" in capsys.readouterr().err

@@ -49,6 +49,11 @@ def test_plain_csv_without_label_or_features_and_sorted_rows(tmp_path: Path) -> 
     file = read_event_file(path)
     assert file.events.msg is None and file.events.label is None and not file.resorted
     np.testing.assert_array_equal(file.events.node_ids, [0, 2])  # sources 0, 2 first
+    # 19-digit ids (tweet ids) and nanosecond times fit in int64: read exactly
+    path.write_text("src,dst,t\n1500000000000000006,9223372036854775807,1700000000000000000\n")
+    file = read_event_file(path)
+    np.testing.assert_array_equal(file.events.node_ids, [1500000000000000006, 9223372036854775807])
+    assert int(file.events.t[0]) == 1700000000000000000
 
 
 def test_ml_file_written_by_write_ml_reads_back_through_the_path(tmp_path: Path) -> None:
@@ -100,6 +105,13 @@ def test_ml_file_written_by_write_ml_reads_back_through_the_path(tmp_path: Path)
         ("src,dst,t,f\n1,2,3,0.5\n1,2,4,nan\n", "line 3: feature column 'f' = 'nan' is not a"),
         ("src,dst,t,f\n1,2,3,\n", "line 2: feature column 'f' = '' is not a finite"),
         ("src,dst,t,f\n1,2,3,abc\n", "line 2: feature column 'f' = 'abc'"),
+        ("src,dst,t,t\n1,2,3,4\n", "line 1: column(s) t appear more than once in the header"),
+        ("src,src,dst,t\n1,1,2,3\n", "line 1: column(s) src appear more than once"),
+        (
+            "src,dst,t\n9223372036854775808,2,3\n",
+            "line 2: src = '9223372036854775808' does not fit in a 64-bit integer",
+        ),
+        ("src,dst,t\n1,2,99999999999999999999\n", "line 2: t = '99999999999999999999' is not an"),
     ],
 )
 def test_bad_csv_names_the_file_line_and_value(tmp_path: Path, text: str, message: str) -> None:

@@ -56,6 +56,18 @@ class Broken(nn.Module):
         pass
 
 
+class BareTGN(TemporalGNN):
+    pass
+
+
+class NoScore(HeuristicModel):
+    pass
+
+
+class NoArgs:
+    pass
+
+
 NUMBER = 3
 '''
 
@@ -64,12 +76,15 @@ NUMBER = 3
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A module `my_tgnn_models` in tmp_path, importable; its resolved models unregistered."""
     (tmp_path / "my_tgnn_models.py").write_text(textwrap.dedent(MODULE))
+    (tmp_path / "raising_models.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "broken_syntax_models.py").write_text("def (:\n")
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     before = set(MODELS.names())
     yield "my_tgnn_models"
     for name in set(MODELS.names()) - before:
         MODELS.unregister(name)
-    sys.modules.pop("my_tgnn_models", None)
+    for module in ("my_tgnn_models", "raising_models", "broken_syntax_models"):
+        sys.modules.pop(module, None)
 
 
 def _protocol():  # type: ignore[no-untyped-def]
@@ -114,9 +129,15 @@ def test_a_class_without_the_trainer_calls_is_refused_naming_them(user_module: s
     ("reference", "expected"),
     [
         ("my_tgnn_models:NUMBER", "names a int, not a model"),
-        ("my_tgnn_models:Missing", "has no attribute 'Missing'; it defines Broken, "),
+        ("my_tgnn_models:Missing", "has no attribute 'Missing'; it defines BareTGN, Broken, "),
         ("no_such_pkg_xyz.models:Model", "module 'no_such_pkg_xyz.models' cannot be imported"),
         ("my_tgnn_models:", "is not a 'package.module:attribute' reference"),
+        ("a:b:c", "is not a 'package.module:attribute' reference"),
+        ("raising_models:X", "importing module 'raising_models' failed with RuntimeError: boom"),
+        (
+            "broken_syntax_models:X",
+            "importing module 'broken_syntax_models' failed with SyntaxError",
+        ),
     ],
 )
 def test_bad_references_say_what_is_wrong(user_module: str, reference: str, expected: str) -> None:
@@ -136,6 +157,58 @@ def test_a_reference_imports_from_the_current_folder(
         assert sys.path[0] == str(tmp_path)
     finally:
         sys.modules.pop("cwd_only_models", None)
+
+
+@pytest.mark.parametrize(
+    ("attribute", "expected"),
+    [
+        (
+            "BareTGN",
+            "building it from ModelInputs failed with TypeError: .*TemporalGNN "
+            "subclass must pass its parts",
+        ),
+        ("NoArgs", "building it from ModelInputs failed with TypeError"),
+        ("NoScore", r"\(NoScore\) cannot score a pair: NotImplementedError"),
+        ("Broken", "built a Broken, which lacks state"),
+    ],
+)
+def test_a_model_that_cannot_build_or_run_is_refused_before_any_run(
+    user_module: str, tmp_path: Path, attribute: str, expected: str
+) -> None:
+    from frugal.bench.tgraph import TgraphBenchConfig, run_tgraph_bench
+
+    config = TgraphBenchConfig(
+        datasets=("sp_hospital",), models=(f"{user_module}:{attribute}",), num_seeds=1,
+        compare_pyg_reference=False, use_subprocess=False,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=expected):
+        run_tgraph_bench(config, tmp_path / "bench")
+    journal = tmp_path / "bench" / "runs.jsonl"  # not even the heuristic floors ran
+    assert not journal.exists() or journal.read_text().strip() == ""
+
+
+def test_editing_your_models_module_runs_it_again(user_module: str, tmp_path: Path) -> None:
+    from frugal.bench.tgraph import TgraphBenchConfig, run_tgraph_bench
+    from frugal.tgraph.models import model_source_sha256
+
+    reference = f"{user_module}:SeenPair"
+    config = TgraphBenchConfig(
+        datasets=("sp_hospital",), models=(reference,), num_seeds=1,
+        compare_pyg_reference=False, use_subprocess=False,
+    )  # fmt: skip
+    first = run_tgraph_bench(config, tmp_path / "bench")
+    digest = model_source_sha256(reference)
+    assert digest is not None and model_source_sha256("tgn") is None
+    mine = [r for r in first.rows if r["system"] == reference]
+    assert mine and {r["model_source_sha256"] for r in mine} == {digest}
+    again = run_tgraph_bench(config, tmp_path / "bench")  # unchanged: resumed
+    assert all(r.get("resumed") for r in again.rows if r["system"] == reference)
+    path = Path(str(sys.modules[user_module].__file__))
+    path.write_text(path.read_text() + "\n# edited\n")
+    changed = run_tgraph_bench(config, tmp_path / "bench")  # edited: run again
+    rerun = [r for r in changed.rows if r["system"] == reference]
+    assert rerun and not any(r.get("resumed") for r in rerun)
+    assert {r["model_source_sha256"] for r in rerun} == {model_source_sha256(reference)} != {digest}
 
 
 def test_the_bench_refuses_a_broken_model_before_any_run(

@@ -39,7 +39,13 @@ from frugal.config import ConfigError, check_types, config_to_dict
 from frugal.data import DATASETS, TemporalEvents, get_dataset_info, load_events
 from frugal.data.event_files import is_event_file, read_event_file
 from frugal.results import BenchJournal, write_text_atomically
-from frugal.tgraph.models import MODELS, check_learned_model, heuristic_names, model_names
+from frugal.tgraph.models import (
+    MODELS,
+    check_model_builds,
+    heuristic_names,
+    model_names,
+    model_source_sha256,
+)
 from frugal.tgraph.protocol import Protocol, ProtocolConfig, build_protocol, protocol_preset
 from frugal.tgraph.reference import WARMUP_BATCHES, compare_with_pyg_tgn
 
@@ -357,9 +363,16 @@ def run_tgraph_bench(
         labelled = [s.given for s in sources if s.load().node_label is not None]
         for source in sources:
             if source.given not in labelled:
+                per_event = (
+                    " (its label column is a per-event label, which frugal's node "
+                    "classification does not read: it classifies nodes by a class per node, "
+                    "as an ml_NAME_node_label.csv beside an ml_ file gives)"
+                    if source.load().label is not None
+                    else ""
+                )
                 raise ConfigError(
-                    f"--task nc needs node labels, and {source.given} has none; use --task lp, "
-                    "or run nc on the labelled datasets only "
+                    f"--task nc needs node labels, and {source.given} has none{per_event}; use "
+                    "--task lp, or run nc on the labelled datasets only "
                     f"({', '.join(labelled) or 'none given'})"
                 )
     for index, source in enumerate(sources):
@@ -371,8 +384,8 @@ def run_tgraph_bench(
             from frugal.tgraph.train import model_inputs
 
             for model in models:
-                if (spec := MODELS.get(model)).kind == "learned":
-                    check_learned_model(spec.build(model_inputs(protocol, spec)), model)
+                check_model_builds(model, model_inputs(protocol, MODELS.get(model)))
+            sources_sha256 = {model: model_source_sha256(model) for model in models}
         for model in models:
             seeds = (
                 range(1)  # deterministic: one run, seed 0, whatever seeds the models get
@@ -381,7 +394,8 @@ def run_tgraph_bench(
             )
             for seed in seeds:
                 run = _Run(source, model, seed, config, str(cache_dir))
-                cell = f"{dataset}/{model}/{seed}"
+                code = sources_sha256[model]  # a user's model: its module's digest
+                cell = f"{dataset}/{model}/{seed}" + (f"@{code[:16]}" if code else "")
                 if (earlier := journal.get(cell)) is not None:  # an interrupted bench's
                     rows.extend(row | {"resumed": True} for row in earlier)
                     if progress is not None:
@@ -398,6 +412,9 @@ def run_tgraph_bench(
                 for row in new_rows:
                     row["run_s"] = time.perf_counter() - began
                 rows.extend(new_rows)
+                if code:
+                    for row in new_rows:
+                        row["model_source_sha256"] = code
                 journal.record(cell, new_rows)
                 if progress is not None:
                     head = next(

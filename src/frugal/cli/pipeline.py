@@ -18,7 +18,6 @@ from frugal.cli.options import (
     add_force_argument,
     add_overwrite_argument,
     output_folder,
-    overlay_flags,
     refuse_earlier_output,
     with_config,
 )
@@ -216,9 +215,7 @@ def train_config(args: argparse.Namespace) -> PipelineTrainConfig:
 
         make_preset = MODELS.get(args.model).preset
         preset = make_preset() if make_preset is not None else None
-    config = overlay_flags(
-        load_config(PipelineTrainConfig, args.config, args.overrides, base=preset), flags
-    )
+    config = load_config(PipelineTrainConfig, args.config, args.overrides, base=preset, flags=flags)
     if args.dp_bits is not None:
         from frugal.comm.gradcomp import DP_METHODS
 

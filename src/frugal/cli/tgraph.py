@@ -43,8 +43,9 @@ def add_actions(children: Any) -> None:
                        "repeatable; default collegemsg")  # fmt: skip
     bench.add_argument("--model", action="append", default=None, metavar="NAME",
                        help="registered model (repeatable): edgebank, edgebank_window, recency, "
-                       "popularity, jodie, dyrep, tgn, tgat, graphmixer, or one added with "
-                       "register_model; default all")  # fmt: skip
+                       "popularity, jodie, dyrep, tgn, tgat, graphmixer, one added with "
+                       "register_model, or your own as package.module:attribute; default "
+                       "all")  # fmt: skip
     bench.add_argument("--protocol", choices=("frugal", "benchtemp"), default=None,
                        help="evaluation protocol (default frugal)")  # fmt: skip
     bench.add_argument("--task", choices=("lp", "nc"), default=None,

@@ -23,6 +23,7 @@ its files. Shape legend: E events, D edge-feature width.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import os
@@ -46,7 +47,7 @@ CSV_COLUMNS = ("src", "dst", "t")
 """The columns every plain events CSV has; `label` and edge-feature columns may follow."""
 
 _ML_NAME = re.compile(r"ml_(.+)\.csv", flags=re.IGNORECASE)
-_INTEGER = r"[+-]?\d{1,18}(\.0*)?"  # an int64, optionally written "3.0" (as read_ml takes it)
+_INTEGER = r"[+-]?\d{1,19}(\.0*)?"  # an integer, optionally written "3.0" (as read_ml takes it)
 _LAYOUT_HELP = "an events CSV needs a header src,dst,t[,label][,feature columns...]"
 
 
@@ -182,6 +183,14 @@ def _parse_csv(path: Path, data: bytes) -> tuple[TemporalEvents, bool]:
         raise ConfigError(f"{path}: empty file; {_LAYOUT_HELP} and one event a line") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not a readable CSV ({exc}); {_LAYOUT_HELP}") from None
+    header = next(iter(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig")), "")
+    names = [name.strip() for name in next(csv.reader([header]), [])]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(
+            f"{path}: line 1: column(s) {','.join(twice)} appear more than once in the header "
+            f"{','.join(names)!r}; give every column its own name ({_LAYOUT_HELP})"
+        )
     frame.columns = [str(c).strip() for c in frame.columns]
     missing = [c for c in CSV_COLUMNS if c not in frame.columns]
     if missing:
@@ -248,7 +257,16 @@ def _integers(
     if not ok.all():
         row = int(np.flatnonzero(~ok)[0])
         raise ConfigError(
-            f"{path}: line {lines[row]}: {column} = {values.iloc[row]!r} is not an integer (of "
-            f"at most 18 digits); {rule}"
+            f"{path}: line {lines[row]}: {column} = {values.iloc[row]!r} is not an integer; {rule}"
         )
-    return np.asarray(values.str.split(".").str[0].to_numpy(), dtype=np.int64)
+    digits = values.str.split(".").str[0].to_numpy()
+    try:
+        return np.asarray(digits, dtype=np.int64)
+    except OverflowError:
+        limit = np.iinfo(np.int64)
+        row = next(k for k, v in enumerate(digits) if not limit.min <= int(v) <= limit.max)
+        raise ConfigError(
+            f"{path}: line {lines[row]}: {column} = {values.iloc[row]!r} does not fit in a 64-bit "
+            f"integer ([{limit.min}, {limit.max}]); "
+            + ("re-number the ids" if column in ("src", "dst") else "rescale the times")
+        ) from None

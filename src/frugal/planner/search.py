@@ -22,6 +22,7 @@ from typing import Literal
 
 import numpy as np
 
+from frugal import ConfigError
 from frugal._typing import F64, I64
 from frugal.planner.cost import (
     PAPER_C_DP_GB,
@@ -82,11 +83,11 @@ def check_grid(topology: Topology, num_stages: int, num_replicas: int) -> None:
     """Check that num_stages x num_replicas devices are exactly the topology's.
 
     Raises:
-        ValueError: Naming both numbers and the world size.
+        ConfigError: (a `ValueError`) Naming both numbers and the world size.
     """
     n = topology.num_devices
     if num_stages < 1 or num_replicas < 1 or num_stages * num_replicas != n:
-        raise ValueError(
+        raise ConfigError(
             f"num_stages*num_replicas = {num_stages}*{num_replicas} = {num_stages * num_replicas} "
             f"but world_size = {n}; choose factors of {n}"
         )

@@ -38,7 +38,7 @@ import numpy as np
 
 from frugal import FrugalError
 from frugal._typing import I64, Bool
-from frugal.config import check_types
+from frugal.config import ConfigError, check_types
 from frugal.data import TemporalEvents
 from frugal.disk import guard_write
 from frugal.registry import Registry
@@ -337,7 +337,7 @@ def build_split(events: TemporalEvents, config: ProtocolConfig) -> TemporalSplit
         The split.
 
     Raises:
-        ValueError: If a split would be empty (too few distinct timestamps).
+        ConfigError: (a `ValueError`) If a split would be empty (too few distinct timestamps).
     """
     num_events = events.num_events
     t = events.t
@@ -345,7 +345,7 @@ def build_split(events: TemporalEvents, config: ProtocolConfig) -> TemporalSplit
     if not 0 < val_start < test_start < num_events:
         if config.split_cut == "time_quantile":
             val_time, test_time = np.quantile(t, [config.val_quantile, config.test_quantile])
-            raise ValueError(
+            raise ConfigError(
                 f"Benchtemp's split cuts at the time quantiles {config.val_quantile}/"
                 f"{config.test_quantile}, here t={val_time:g} and t={test_time:g}: train is "
                 f"events [0, {val_start}), val [{val_start}, {test_start}), test "
@@ -353,9 +353,12 @@ def build_split(events: TemporalEvents, config: ProtocolConfig) -> TemporalSplit
                 "is not defined on this data; use --protocol frugal (cuts at timestamp "
                 "boundaries, split_cut='timestamp_boundary')"
             )
-        raise ValueError(
-            f"the split of {num_events} events at positions val={val_start}, test={test_start} "
-            "leaves a split empty; the data needs more distinct timestamps or other quantiles"
+        distinct = len(np.unique(t))
+        raise ConfigError(
+            f"the split of {num_events} events ({distinct} distinct timestamps) at positions "
+            f"val={val_start}, test={test_start} leaves a split empty: train, val and test "
+            "each need events at times of their own; give data with more events at more "
+            "distinct times (or other val_quantile/test_quantile)"
         )
     masked = _MASK_SAMPLERS[config.mask_sampler](events, val_start, config)
     is_masked = np.zeros(events.num_nodes, dtype=bool)

@@ -35,8 +35,10 @@ from frugal.tgraph.models.registry import (
     ModelProtocolError,
     ModelSpec,
     check_learned_model,
+    check_model_builds,
     heuristic_names,
     model_names,
+    model_source_sha256,
     register_model,
 )
 from frugal.tgraph.models.tgnn import TemporalGNN
@@ -78,7 +80,9 @@ __all__ = [
     "TimeEncoder",
     "TimeProjectionEmbedding",
     "check_learned_model",
+    "check_model_builds",
     "heuristic_names",
     "model_names",
+    "model_source_sha256",
     "register_model",
 ]

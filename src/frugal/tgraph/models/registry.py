@@ -23,8 +23,11 @@ code: the attribute is a `ModelSpec`, a `HeuristicModel` subclass (built as
 
 from __future__ import annotations
 
+import hashlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -46,8 +49,10 @@ __all__ = [
     "ModelProtocolError",
     "ModelSpec",
     "check_learned_model",
+    "check_model_builds",
     "heuristic_names",
     "model_names",
+    "model_source_sha256",
     "register_model",
 ]
 
@@ -166,6 +171,71 @@ def check_learned_model(model: object, name: str) -> None:
         )
 
 
+def check_model_builds(name: str, inputs: ModelInputs) -> None:
+    """Build a model once and check that the trainer can run it (before any training run).
+
+    A learned model must pass `check_learned_model`; a heuristic must score a pair.
+
+    Args:
+        name: A registered model or a `package.module:attribute` reference.
+        inputs: What its builder gets (the first dataset's, under the bench's protocol).
+
+    Raises:
+        ConfigError: If the name does not resolve, the builder fails (the message names the
+            exception and how a model is built), or the model cannot be run.
+    """
+    from frugal.tgraph.models.heuristics import HeuristicModel
+
+    spec = MODELS.get(name)
+    try:
+        model = spec.build(inputs)
+    except Exception as exc:
+        raise ConfigError(
+            f"model={name!r}: building it from ModelInputs failed with {type(exc).__name__}: "
+            f"{exc}; a model class needs a classmethod from_inputs(inputs) (a TemporalGNN "
+            "subclass must pass its parts to TemporalGNN.from_inputs, as "
+            "examples/tgraph_own_model.py does) or an __init__(inputs); a builder takes the "
+            "ModelInputs and returns the model"
+        ) from exc
+    if spec.kind == "learned":
+        check_learned_model(model, name)
+        return
+    if not isinstance(model, HeuristicModel):
+        raise ModelProtocolError(
+            f"model={name!r} is registered as kind='heuristic' but its builder returned a "
+            f"{type(model).__name__}; return a HeuristicModel, or register it as 'learned'"
+        )
+    one = np.zeros(1, dtype=np.int64)
+    try:
+        model.score(one, one, one + inputs.time_origin)
+    except Exception as exc:
+        raise ModelProtocolError(
+            f"model={name!r} ({type(model).__name__}) cannot score a pair: "
+            f"{type(exc).__name__}: {exc}; a HeuristicModel subclass defines "
+            "_score(src, dst, t) -> scores"
+        ) from exc
+
+
+def model_source_sha256(name: str) -> str | None:
+    """sha256 of the file of the module a `package.module:attribute` model lives in.
+
+    Results of a model named by reference are keyed by it, so editing your model's module
+    makes a bench run it again instead of reusing its earlier runs (a change in another
+    module it imports is not seen). None for a registered name.
+
+    Raises:
+        ConfigError: If the reference does not resolve (see `MODELS.get`).
+    """
+    if ":" not in name or name in _REGISTERED_BY_NAME:
+        return None
+    MODELS.get(name)  # imports the module
+    module = sys.modules.get(name.partition(":")[0])
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def _resolve_reference(reference: str) -> ModelSpec:
     """The `ModelSpec` of a `package.module:attribute` model reference (see the module doc).
 
@@ -194,6 +264,8 @@ def _resolve_reference(reference: str) -> ModelSpec:
         )
     return ModelSpec(build, "learned", described)
 
+
+_REGISTERED_BY_NAME: set[str] = set()  # names given to register_model (not references)
 
 MODELS: Registry[ModelSpec] = Registry("tgraph model", field="model", resolver=_resolve_reference)
 """Every model `run_link_prediction` and `frugal tgraph bench --model` accept (also
@@ -228,6 +300,7 @@ def register_model(
         ValueError: If `name` is taken and `replace` is False.
     """
     spec = ModelSpec(build, kind, description, native_neighbor_strategy)
+    _REGISTERED_BY_NAME.add(name)
     return MODELS.register(name, spec, replace=replace)
 
 
