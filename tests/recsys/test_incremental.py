@@ -264,7 +264,8 @@ def test_an_incremental_export_since_a_folder_off_the_chain_exits_2_naming_the_v
     args = ["recsys", "export", str(directory / "step-10"), "--out", str(out)]
     assert main([*args, "--incremental-since", str(tmp_path / since)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"--incremental-since {tmp_path / since} is not" in err[0]
+    assert len(err) == 1 and f"--incremental-since {tmp_path / since}" in err[0]
+    assert "is not an earlier checkpoint" in err[0]
     # step-10's chain is step-5 (full) -> step-10: only step-5 is an earlier checkpoint of it
     assert f"give one of {directory / 'step-5'} (the changes since it)" in err[0]
     assert "step-15" not in err[0].split("give one of")[1]
@@ -275,6 +276,8 @@ def test_an_incremental_export_since_a_folder_off_the_chain_exits_2_naming_the_v
     assert "step-5 is a full checkpoint, the first of its chain" in capsys.readouterr().err
     # the checkpoint itself: no changes since itself (it wrote an empty export before)
     args = ["recsys", "export", str(directory / "step-10"), "--out", str(out)]
+    assert main([*args, "--incremental-since", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere does not exist, so it is not an earlier" in capsys.readouterr().err
     assert main([*args, "--incremental-since", str(directory / "step-10")]) == 2
     err_text = capsys.readouterr().err
     assert "is the checkpoint being exported" in err_text and str(directory / "step-5") in err_text

@@ -671,9 +671,10 @@ def export_tables(checkpoint: Path, out_path: Path, *, since: Path | None = None
                     f"--incremental-since {since}: {folder} is a full checkpoint, the first of "
                     "its chain, so no other checkpoint is its base; export it in full"
                 )
+            missing = "" if since.exists() else " does not exist, so it"
             raise ConfigError(
-                f"--incremental-since {since} is not an earlier checkpoint of the chain of "
-                f"{folder}: give one of {valid} (the changes since it), or export in full "
+                f"--incremental-since {since}{missing} is not an earlier checkpoint of the "
+                f"chain of {folder}: give one of {valid} (the changes since it), or export in full "
                 f"(changes from before the chain's full checkpoint, {names[0]}, are only in "
                 "a full export)"
             )
