@@ -504,7 +504,7 @@ class Protocol:
         return tuple(sorted({key.split("/")[2] for key in self.negatives}))
 
     def describe(self) -> dict[str, object]:
-        """JSON-ready summary: hash, cut positions, realised fractions, mask and checks."""
+        """JSON-ready summary: hash, cut positions, fractions, mask, sampled ranking, checks."""
         return {
             "protocol": self.config.name,
             "protocol_hash": self.protocol_hash,
@@ -515,6 +515,7 @@ class Protocol:
             "num_masked_nodes": len(self.split.masked_nodes),
             "negative_sha256": self.negative_sha256,
             "negative_collisions": self.negative_collisions,
+            "sampled_ranking": self.sampled_ranking,
             "checks": self.checks,
         }
 

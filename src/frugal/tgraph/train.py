@@ -210,7 +210,11 @@ def evaluate_split(
             neg[key][offsets] = np.where(arr[offsets] >= 0, score, np.nan)
         rank_began = time.perf_counter()
         if ranks is not None:
-            assert not isinstance(model, CAWN)
+            if isinstance(model, CAWN):
+                raise TypeError(
+                    "evaluate_split got a pair-scoring CAWN with scoring='node'; pass "
+                    "scoring='pair' (its ModelSpec.scoring)"
+                )
             cand_BC = _candidate_scores(model, src, t, bound, candidates, finder, rng)
             ranks[offsets] = _filtered_ranks(
                 cand_BC, dst, candidates, true_keys, group[offsets], events.num_nodes
@@ -224,6 +228,8 @@ def evaluate_split(
                     cand_BC[rows, dst - offset], np.where(picked >= 0, sampled_BN, np.nan)
                 )
         elif sampled is not None and sampled_ranks is not None:
+            # The true destination is scored again beside its candidates, with the same
+            # draws for all, so its rank compares like with like.
             pair_model = cast(CAWN, model)  # or any model with PAIR_MODEL_METHODS
             picked = sampled[offsets]
             columns = np.concatenate([dst[:, None], np.where(picked >= 0, picked, dst[:, None])], 1)

@@ -81,11 +81,30 @@ class _LastStepBiLSTM(nn.Module):
 
     def forward(self, x_WLS: Tensor, length_W: Tensor) -> Tensor:
         """Concatenated forward and backward states at each walk's last real step."""
+        num = x_WLS.shape[0]
+        # The number of walks changes every batch (distinct walks only), and oneDNN caches
+        # one LSTM primitive (with its memory, tens of MiB) per input shape: a CollegeMsg
+        # run grew by ~20 MiB a step to over 10 GiB. Padding to one of 8 sizes per octave
+        # keeps the shapes few, for at most 12.5 % more rows (zeros, never read back).
+        padded = _bucket(num)
+        if padded > num:
+            x_WLS = torch.cat([x_WLS, x_WLS.new_zeros(padded - num, *x_WLS.shape[1:])])
         out_WLH, _ = self.forward_lstm(x_WLS)
-        rows = torch.arange(x_WLS.shape[0])
+        rows = torch.arange(num)
         last = length_W - 1
-        backward_W1H, _ = self.backward_lstm(x_WLS[rows, last][:, None, :])
-        return torch.cat([out_WLH[rows, last], backward_W1H[:, 0]], dim=1)
+        last_WS = x_WLS[rows, last]
+        if padded > num:
+            last_WS = torch.cat([last_WS, last_WS.new_zeros(padded - num, last_WS.shape[1])])
+        backward_W1H, _ = self.backward_lstm(last_WS[:, None, :])
+        return torch.cat([out_WLH[rows, last], backward_W1H[:num, 0]], dim=1)
+
+
+def _bucket(num: int) -> int:
+    """`num` rounded up to a multiple of 2^(floor(log2 num) - 3) (8 sizes per octave)."""
+    if num <= 64:
+        return 64
+    step = 1 << (num.bit_length() - 4)
+    return -(-num // step) * step
 
 
 class WalkEncoder(nn.Module):
