@@ -54,6 +54,8 @@ def tgraph_summary(**changes: Any) -> TgraphSummary:
         auc=0.9,
         ap=0.88,
         mrr=None,
+        ranking=None,
+        sampled_mrr=None,
         inductive_auc=0.85,
         historical_auc=0.7,
         s_per_epoch=1.5,

@@ -73,17 +73,17 @@ def test_unknown_names_list_every_registered_entry(stream: TemporalEvents) -> No
     from frugal.bench.tgraph import TgraphBenchConfig
 
     with pytest.raises(ValueError, match="choose one of") as error:
-        MODELS.get("cawn")
+        MODELS.get("neurtw")
     message = str(error.value)
-    assert message.startswith("model='cawn' is not a registered tgraph model; choose one of ")
+    assert message.startswith("model='neurtw' is not a registered tgraph model; choose one of ")
     assert all(name in message for name in BUILT_IN)
     with pytest.raises(ValueError, match=r"protocol='tgb' is not a registered tgraph protocol; "
                        r"choose one of frugal, benchtemp"):  # fmt: skip
         protocol_preset("tgb")
-    with pytest.raises(ValueError, match=r"models\[1\] = 'cawn' is not allowed: .* tgat, "
-                       r"graphmixer, or register it .* \(or name it as "
+    with pytest.raises(ValueError, match=r"models\[1\] = 'neurtw' is not allowed: .* graphmixer, "
+                       r"cawn, or register it .* \(or name it as "
                        r"package\.module:attribute\)"):  # fmt: skip
-        TgraphBenchConfig(models=("tgn", "cawn"))
+        TgraphBenchConfig(models=("tgn", "neurtw"))
     protocol = build_protocol(stream, "synthetic", _tiny())
     with pytest.raises(ValueError, match=r"model='nat' is not a registered tgraph model"):
         run_link_prediction("nat", protocol, 0)
@@ -107,6 +107,7 @@ def test_presets_hold_the_published_choices() -> None:
         "val_quantile": 0.70, "test_quantile": 0.85, "mask_fraction": 0.1, "mask_seed": 2020,
         "negative_seed": 0, "train_batch_size": 200, "eval_batch_size": 200, "max_epochs": 50,
         "learning_rate": 1e-4, "dropout": 0.1, "num_neighbors": 10, "use_ranking": True,
+        "num_ranking_candidates": 100,
     }  # fmt: skip
     assert frugal == {
         **shared,

@@ -19,7 +19,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 
@@ -265,11 +265,13 @@ def _execute(run: _Run) -> dict[str, Any]:
     protocol = build_protocol(events, run.dataset, run.config.protocol, Path(run.cache_dir))
     result = run_link_prediction(run.model, protocol, run.seed, num_threads=run.config.num_threads)
     extra: dict[str, Any] = {}
-    if run.config.task == "nc" and MODELS.get(run.model).kind != "heuristic":
-        from frugal.tgraph.models import HeuristicModel
+    spec = MODELS.get(run.model)
+    # A pair-scoring model (CAWN) has no node embedding to classify: its rows carry no nc_*.
+    if run.config.task == "nc" and spec.kind != "heuristic" and spec.scoring == "node":
+        from frugal.tgraph.models import HeuristicModel, TemporalGNN
 
         assert not isinstance(result.model, HeuristicModel)
-        extra = run_node_classification(result.model, protocol, run.seed)
+        extra = run_node_classification(cast(TemporalGNN, result.model), protocol, run.seed)
     elif run.config.task == "nc" and run.model == NC_FLOOR_MODEL:
         extra = node_classification_floor(protocol, run.seed)
     return {
@@ -489,6 +491,8 @@ def _summary(
                 auc=mean("auc"),
                 ap=mean("ap"),
                 mrr=mean("mrr"),
+                ranking=next((r.get("ranking") for r in mine if r.get("ranking")), None),
+                sampled_mrr=mean("sampled_mrr"),
                 inductive_auc=_mean_of(rows, dataset, model, "inductive", "auc"),
                 historical_auc=_mean_of(rows, dataset, model, "transductive", "auc", "historical"),
                 s_per_epoch=mean("s_per_epoch"),
@@ -526,6 +530,12 @@ class TgraphModelSummary(Summary):
     auc: float | None
     ap: float | None
     mrr: float | None
+    """MRR under `ranking`."""
+    ranking: str | None
+    """What `mrr` ranks against: 'all' candidates, 'sampled:N' (pair-scoring models), or
+    None without ranking."""
+    sampled_mrr: float | None
+    """MRR against the protocol's sampled candidates (every model; None if not sampled)."""
     inductive_auc: float | None
     historical_auc: float | None
     """Test AUC against historical negatives (transductive)."""

@@ -43,7 +43,9 @@ def add_actions(children: Any) -> None:
                        "repeatable; default collegemsg")  # fmt: skip
     bench.add_argument("--model", action="append", default=None, metavar="NAME",
                        help="registered model (repeatable): edgebank, edgebank_window, recency, "
-                       "popularity, jodie, dyrep, tgn, tgat, graphmixer, one added with "
+                       "popularity, jodie, dyrep, tgn, tgat, graphmixer, cawn (pair-scoring: "
+                       "its MRR ranks the protocol's num_ranking_candidates sampled "
+                       "destinations, rows say ranking=sampled:N), one added with "
                        "register_model, or your own as package.module:attribute; default "
                        "all")  # fmt: skip
     bench.add_argument("--protocol", choices=("frugal", "benchtemp"), default=None,
@@ -62,8 +64,11 @@ def add_actions(children: Any) -> None:
                        help="folder with results.json files and bench journals "
                        "(runs.jsonl; searched at any depth)")  # fmt: skip
     board.add_argument("--metric", default="auc", choices=("auc", "ap", "mrr", "hits_at_10",
-                       "auc_per_batch", "ap_per_batch", "nc_auc"),
-                       help="metric of the tables (nc_auc: node classification only)")  # fmt: skip
+                       "sampled_mrr", "sampled_hits_at_10", "auc_per_batch", "ap_per_batch",
+                       "nc_auc"),
+                       help="metric of the tables (nc_auc: node classification only; mrr and "
+                       "hits_at_10 get one table per ranking, all or sampled:N; sampled_mrr "
+                       "ranks every model on the same sampled candidates)")  # fmt: skip
     board.set_defaults(handler=_leaderboard)
 
 

@@ -11,6 +11,14 @@ run under the same protocol settings (listing each dataset's protocol hash); a r
 counts once. Runs with `--task nc` add one node-classification table per protocol (`nc_auc`,
 macro AUC for more than two classes). A last section gives the compute time of the runs (each
 run's `run_s`: training, validation, test, node classification).
+
+MRR and Hits@10 are only comparable under one ranking: a row's `mrr` / `hits_at_10` rank
+against every candidate (`ranking="all"`, node-scoring models and heuristics) or against
+the protocol's sampled candidates (`"sampled:N"`, pair-scoring models such as CAWN). For
+those two metrics the tables are split by ranking as well (the heading names it), so an
+"all" and a "sampled:N" MRR never share a table; rows written before rankings were
+labelled count as "all". `sampled_mrr` / `sampled_hits_at_10` rank every model against the
+same sampled candidates: one table compares them all.
 """
 
 from __future__ import annotations
@@ -28,10 +36,12 @@ from frugal.config import ConfigError
 from frugal.tgraph.models import heuristic_names
 
 __all__ = [
+    "RANKED_METRICS",
     "collect_rows",
     "mean_ci95",
     "render_compute_time",
     "render_leaderboard",
+    "row_ranking",
     "write_leaderboard",
 ]
 
@@ -48,6 +58,8 @@ _NUMBER_KEYS = (
     "ap_per_batch",
     "mrr",
     "hits_at_10",
+    "sampled_mrr",
+    "sampled_hits_at_10",
     "nc_auc",
     "s_per_epoch",
     "train_events_per_s",
@@ -191,6 +203,28 @@ def mean_ci95(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), half
 
 
+RANKED_METRICS = ("mrr", "hits_at_10")
+"""Metrics whose values depend on the row's `ranking` ('all' or 'sampled:N')."""
+
+
+def row_ranking(row: dict[str, Any]) -> str:
+    """What a row's mrr / hits_at_10 rank against: 'all', 'sampled:N' or 'none'.
+
+    Rows without the field predate pair models, when every ranking was over all candidates.
+
+    Raises:
+        ConfigError: If the field is neither a string nor null.
+    """
+    if "ranking" not in row:
+        return "all"
+    value = row["ranking"]
+    if value is None:
+        return "none"
+    if not isinstance(value, str):
+        raise ConfigError(f"ranking must be a string or null, got {value!r}; re-run its bench")
+    return value
+
+
 def _cell(mean: float, half: float, count: int) -> str:
     if count == 1:
         return f"{mean:.4f} (n=1)"
@@ -237,7 +271,7 @@ def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
     if not any(isinstance(r.get(metric), int | float) for r in rows):
         hint = " (run the bench with --task nc and a learned model)" if metric == "nc_auc" else ""
         raise ConfigError(f"no result row has a value of {metric!r}{hint}")
-    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[str, str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
     if metric == "nc_auc":
         first: dict[tuple[Any, ...], dict[str, Any]] = {}
         for row in rows:
@@ -246,12 +280,15 @@ def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
                 first.setdefault(run, row)  # one row per run: the first negative strategy's
         for row in first.values():
             settings = row.get("protocol_settings", row["protocol_hash"])
-            groups[(row["protocol"], settings, "node classification", "")].append(row)
+            groups[(row["protocol"], settings, "node classification", "", "")].append(row)
         title = "# tgraph leaderboard (node classification AUC, test, mean ± 95% CI over seeds)\n"
     else:
         for row in rows:
             settings = row.get("protocol_settings", row["protocol_hash"])
-            key = (row["protocol"], settings, row["setting"], row["negatives"])
+            ranking = row_ranking(row) if metric in RANKED_METRICS else ""
+            if ranking == "none":
+                continue
+            key = (row["protocol"], settings, row["setting"], row["negatives"], ranking)
             groups[key].append(row)
         title = f"# tgraph leaderboard ({metric}, test split, mean ± 95% CI over seeds)\n"
     parts = [
@@ -260,13 +297,15 @@ def render_leaderboard(rows: list[dict[str, Any]], metric: str = "auc") -> str:
         "learned model run with one seed has no interval, so it is never bold).\n",
     ]
     deterministic = frozenset(heuristic_names())
-    for (protocol, settings, view, negatives), group in sorted(groups.items()):
+    for (protocol, settings, view, negatives, ranking), group in sorted(groups.items()):
         hashes = sorted({(r["dataset"], r["protocol_hash"]) for r in group})
         names = [d for d, _ in hashes]
         # a dataset under two protocol hashes (other negatives) is two rows, never merged
         label = {(d, h): d if names.count(d) == 1 else f"{d} ({h[:8]})" for d, h in hashes}
         models = list(dict.fromkeys(r["system"] for r in group))
         heading = f"{view} / {negatives} negatives" if negatives else view
+        if ranking:
+            heading += f" / ranking {ranking}"
         parts.append(f"\n## {heading} — protocol `{protocol}` (settings {settings[:12]})\n")
         parts.append("| dataset | " + " | ".join(models) + " |")
         parts.append("|---" * (len(models) + 1) + "|")
@@ -382,7 +421,10 @@ def _plot(rows: list[dict[str, Any]], metric: str, path: Path) -> None:
     head = [
         r
         for r in rows
-        if r["setting"] == "transductive" and r["negatives"] == "random" and r.get(metric)
+        if r["setting"] == "transductive"
+        and r["negatives"] == "random"
+        and r.get(metric)
+        and (metric not in RANKED_METRICS or row_ranking(r) == "all")  # one ranking per axis
     ]
     figure, axis = plt.subplots(figsize=(6, 4))
     for model in dict.fromkeys(r["system"] for r in head):
@@ -396,7 +438,8 @@ def _plot(rows: list[dict[str, Any]], metric: str, path: Path) -> None:
         axis.text(0.5, 0.5, f"no transductive rows with {metric}", ha="center")
     axis.set_xscale("log")
     axis.set_xlabel("train s per epoch (log)")
-    axis.set_ylabel(f"test {metric} (transductive, random negatives)")
+    ranked = ", ranking all" if metric in RANKED_METRICS else ""
+    axis.set_ylabel(f"test {metric} (transductive, random negatives{ranked})")
     if head:
         axis.legend(fontsize=7)
     figure.tight_layout()

@@ -172,7 +172,16 @@ class ProtocolConfig:
     num_neighbors: int = 10
     """Temporal neighbours per attention layer (TGN family; TGAT uses twice this)."""
     use_ranking: bool = True
-    """Compute MRR / Hits@k against all candidate destinations."""
+    """Compute MRR / Hits@k on the test split: node-scoring models and heuristics against all
+    candidate destinations (`ranking="all"`), pair-scoring models against the sampled set
+    below (`ranking="sampled:N"`)."""
+    num_ranking_candidates: int = 100
+    """N, the fixed sample of candidate destinations per test query that pair-scoring models
+    (CAWN) are ranked against, and every other model as well (`sampled_mrr`), >= 0 (0: no
+    sampled ranking; pair models then get no MRR). Drawn once per protocol without
+    replacement, uniformly from the candidate destinations (items if bipartite) minus every
+    true destination of the same (src, t), stored and hashed with the negatives. 100 is the
+    number of negatives per query of TGB's `NegativeEdgeGenerator` (`num_neg_e`)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -202,6 +211,11 @@ class ProtocolConfig:
             raise ValueError("patience and tolerance must be >= 0 and learning_rate > 0")
         if not 0 <= self.dropout < 1 or self.num_neighbors < 1:
             raise ValueError("dropout must lie in [0, 1) and num_neighbors be >= 1")
+        if self.num_ranking_candidates < 0:
+            raise ValueError(
+                f"num_ranking_candidates={self.num_ranking_candidates} must be >= 0 (0 turns "
+                "the sampled ranking off)"
+            )
 
     @classmethod
     def benchtemp(cls) -> ProtocolConfig:
@@ -449,6 +463,11 @@ class Protocol:
             could not be redrawn, per key.
         protocol_hash: SHA-256 of the canonical JSON of config, dataset, cut and negatives.
         checks: Results of `check_protocol`.
+        ranking_candidates: The sampled ranking's candidates per split ('test'), (S, N):
+            `num_ranking_candidates` distinct destinations per query, none a true
+            destination of the same (src, t); -1 pads a row when fewer exist. Stored in the
+            negatives file and part of `negative_sha256`. Empty when the sampled ranking is
+            off.
     """
 
     dataset: str
@@ -459,6 +478,14 @@ class Protocol:
     negative_collisions: dict[str, int]
     protocol_hash: str
     checks: dict[str, object]
+    ranking_candidates: dict[str, I64] = field(default_factory=dict)
+
+    @property
+    def sampled_ranking(self) -> str | None:
+        """The label of the sampled ranking ('sampled:N'), or None when there is none."""
+        if "test" not in self.ranking_candidates:
+            return None
+        return f"sampled:{self.config.num_ranking_candidates}"
 
     def negatives_for(self, split: str, view: str, strategy: str) -> I64:
         """Negatives of (split, view, strategy), aligned with the split's events (-1 = none).
@@ -480,7 +507,7 @@ class Protocol:
         return tuple(sorted({key.split("/")[2] for key in self.negatives}))
 
     def describe(self) -> dict[str, object]:
-        """JSON-ready summary: hash, cut positions, realised fractions, mask and checks."""
+        """JSON-ready summary: hash, cut positions, fractions, mask, sampled ranking, checks."""
         return {
             "protocol": self.config.name,
             "protocol_hash": self.protocol_hash,
@@ -491,6 +518,7 @@ class Protocol:
             "num_masked_nodes": len(self.split.masked_nodes),
             "negative_sha256": self.negative_sha256,
             "negative_collisions": self.negative_collisions,
+            "sampled_ranking": self.sampled_ranking,
             "checks": self.checks,
         }
 
@@ -617,6 +645,56 @@ def _rand_edge_sampler_negatives(
     return negatives, collisions
 
 
+_RANKING_PREFIX = "ranking/"
+_RANKING_ROWS_PER_CHUNK = 256  # rows of the (rows, candidates) random-key matrix at once
+
+
+def _ranking_candidates(
+    events: TemporalEvents, split: TemporalSplit, config: ProtocolConfig
+) -> dict[str, I64]:
+    """`num_ranking_candidates` distinct candidates per test query, none a true destination.
+
+    Each query gets a random key per candidate destination; the keys of every true
+    destination of the query's (src, t) are set above all others and the N smallest are
+    kept (uniform sampling without replacement). -1 pads rows with fewer than N left.
+
+    Returns:
+        {'test': (S, N) int64}, or {} when ranking or the sampled ranking is off.
+    """
+    n = config.num_ranking_candidates
+    if not config.use_ranking or n == 0:
+        return {}
+    pool = _candidates(events)
+    offset = int(pool[0])
+    start, end = split.bounds("test")
+    dst = events.dst[start:end]
+    _, group = true_destination_keys(events, start, end)
+    order = np.argsort(group, kind="stable")
+    group_start = np.searchsorted(group[order], np.arange(group.max() + 1))
+    group_size = np.bincount(group)
+    rng = np.random.default_rng([config.negative_seed, 0x72616E6B])
+    out = np.full((end - start, n), -1, dtype=np.int64)
+    for lo in range(0, end - start, _RANKING_ROWS_PER_CHUNK):  # one chunk of queries each
+        rows = np.arange(lo, min(lo + _RANKING_ROWS_PER_CHUNK, end - start))
+        key = rng.random((len(rows), len(pool)))
+        # Every (row, true destination of its group): a ragged arange over the groups.
+        size = group_size[group[rows]]
+        row_rep = np.repeat(np.arange(len(rows)), size)
+        within = np.arange(size.sum()) - np.repeat(np.cumsum(size) - size, size)
+        member = order[np.repeat(group_start[group[rows]], size) + within]
+        key[row_rep, dst[member] - offset] = 2.0  # never among the N smallest valid keys
+        take = min(n, len(pool))
+        if take < len(pool):
+            pick = np.argpartition(key, take - 1, axis=1)[:, :take]
+        else:
+            pick = np.broadcast_to(np.arange(len(pool)), key.shape)
+        picked_key = np.take_along_axis(key, pick, axis=1)
+        # Ascending ids, -1 padding last (an id past every node sorts the padding last).
+        chosen = np.sort(np.where(picked_key < 1.0, pool[pick], events.num_nodes), axis=1)
+        out[rows, :take] = np.where(chosen < events.num_nodes, chosen, -1)
+    return {"test": out}
+
+
 _NEGATIVE_SAMPLERS = {
     "shared": _shared_negatives,
     "rand_edge_sampler": _rand_edge_sampler_negatives,
@@ -639,9 +717,10 @@ def build_protocol(
 ) -> Protocol:
     """Split `events`, generate (or reload) the negatives, hash everything and run the checks.
 
-    Negatives are written once to `cache_dir/negatives-DATASET-HASH.npz`; a later call with
-    the same inputs reloads that file and verifies its SHA-256, so every model of every run
-    evaluates against the same negatives.
+    Negatives (and the sampled ranking's candidates) are written once to
+    `cache_dir/negatives-DATASET-HASH.npz`; a later call with the same inputs reloads that
+    file and verifies its SHA-256, so every model of every run evaluates against the same
+    negatives and candidates.
 
     Args:
         events: The dataset's events.
@@ -670,21 +749,29 @@ def build_protocol(
     builder = _NEGATIVE_SAMPLERS[config.negative_sampler]
     if path is not None and path.exists():
         with np.load(path) as stored:
-            negatives = {key.replace("__", "/"): stored[key] for key in stored.files}
+            arrays_read = {key.replace("__", "/"): stored[key] for key in stored.files}
+        negatives = {k: v for k, v in arrays_read.items() if not k.startswith(_RANKING_PREFIX)}
+        ranking = {
+            k.removeprefix(_RANKING_PREFIX): v
+            for k, v in arrays_read.items()
+            if k.startswith(_RANKING_PREFIX)
+        }
         expected = path.with_suffix(".sha256").read_text().strip()
-        if _arrays_sha256(negatives) != expected:
+        if _arrays_sha256(arrays_read) != expected:
             raise ProtocolError(
                 f"{path} does not match its recorded SHA-256 {expected}; delete it to regenerate"
             )
         _, collisions = builder(events, split, config)
     else:
         negatives, collisions = builder(events, split, config)
+        ranking = _ranking_candidates(events, split, config)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             # One temporary file per process: benches sharing a folder may build at once. The
             # digest lands first, so a reader that finds the .npz also finds its .sha256.
             tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-            arrays: dict[str, Any] = {key.replace("/", "__"): v for key, v in negatives.items()}
+            stored_arrays = {**negatives, **_prefixed(ranking)}
+            arrays: dict[str, Any] = {key.replace("/", "__"): v for key, v in stored_arrays.items()}
             with guard_write(
                 path,
                 what=f"the negatives cache of {dataset}",
@@ -693,13 +780,15 @@ def build_protocol(
                 partial=[tmp],
             ):
                 np.savez(tmp, **arrays)
-                write_text_atomically(path.with_suffix(".sha256"), _arrays_sha256(negatives) + "\n")
+                write_text_atomically(
+                    path.with_suffix(".sha256"), _arrays_sha256(stored_arrays) + "\n"
+                )
                 tmp.replace(path)
-    negative_sha256 = _arrays_sha256(negatives)
+    negative_sha256 = _arrays_sha256({**negatives, **_prefixed(ranking)})
     protocol_hash = hashlib.sha256(
         json.dumps({**setup, "negatives": negative_sha256}, sort_keys=True).encode()
     ).hexdigest()
-    checks = check_protocol(split, negatives)
+    checks = check_protocol(split, negatives, ranking)
     return Protocol(
         dataset=dataset,
         config=config,
@@ -709,20 +798,32 @@ def build_protocol(
         negative_collisions=collisions,
         protocol_hash=protocol_hash,
         checks=checks,
+        ranking_candidates=ranking,
     )
 
 
-def check_protocol(split: TemporalSplit, negatives: dict[str, I64]) -> dict[str, object]:
+def _prefixed(ranking: dict[str, I64]) -> dict[str, I64]:
+    return {_RANKING_PREFIX + key: value for key, value in ranking.items()}
+
+
+def check_protocol(
+    split: TemporalSplit,
+    negatives: dict[str, I64],
+    ranking_candidates: dict[str, I64] | None = None,
+) -> dict[str, object]:
     """Verify the leakage invariants of a split and its negatives.
 
     Checks: training events all precede the validation events in time; val and test are
     disjoint and ordered; no masked node occurs in a training event; every negative array has
-    one entry per split event and valid node ids. Collisions of negatives with true events
-    are counted (not fatal; `Protocol.negative_collisions`).
+    one entry per split event and valid node ids; every sampled ranking candidate is a valid
+    id and never a true destination of its query's (src, t), with no repeat in a row.
+    Collisions of negatives with true events are counted (not fatal;
+    `Protocol.negative_collisions`).
 
     Args:
         split: The split.
         negatives: Negatives keyed 'split/view/strategy'.
+        ranking_candidates: The sampled ranking's candidates per split, (S, N) each.
 
     Returns:
         {check name: True or a count}.
@@ -756,6 +857,22 @@ def check_protocol(split: TemporalSplit, negatives: dict[str, I64]) -> dict[str,
             )
         if negative.max(initial=-1) >= events.num_nodes or negative.min(initial=0) < -1:
             raise ProtocolError(f"negatives {key} hold ids outside [-1, {events.num_nodes})")
+    for split_name, candidates in (ranking_candidates or {}).items():
+        start, end = split.bounds(split_name)
+        if candidates.ndim != 2 or candidates.shape[0] != end - start:
+            raise ProtocolError(
+                f"ranking candidates of {split_name} have shape {candidates.shape}, not "
+                f"({end - start}, N)"
+            )
+        if candidates.max(initial=-1) >= events.num_nodes or candidates.min(initial=0) < -1:
+            raise ProtocolError(f"ranking candidates of {split_name} hold ids outside the nodes")
+        keys, group = true_destination_keys(events, start, end)
+        if _collides(keys, np.repeat(group, candidates.shape[1]), candidates.ravel(),
+                     events.num_nodes).any():  # fmt: skip
+            raise ProtocolError(f"a ranking candidate of {split_name} is a true destination")
+        ordered = np.sort(candidates, axis=1)
+        if ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any():
+            raise ProtocolError(f"a query of {split_name} has a ranking candidate twice")
     return {
         "train_before_val": True,
         "val_test_disjoint": True,

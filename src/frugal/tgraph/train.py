@@ -2,7 +2,8 @@
 
 Every model goes through the same loop: chronological batches, a negative per positive from
 the training graph, one evaluation pass per split that scores the true events, every fixed
-negative set and (test) every candidate destination, then updates the model's state with the
+negative set and (test) every candidate destination (pair-scoring models: the protocol's
+sampled candidates), then updates the model's state with the
 split's true events (with `ProtocolConfig.use_tie_holdback`, the `frugal` default, only once
 no later query shares their time). The views are masks over that pass, so they all start
 from the same state; with `use_view_passes` (`benchtemp`) each inductive view gets a pass of
@@ -48,9 +49,11 @@ from frugal.tgraph.models import (
     HeuristicModel,
     ModelInputs,
     ModelSpec,
+    Scoring,
     TemporalGNN,
     check_learned_model,
 )
+from frugal.tgraph.models.cawn import CAWN
 from frugal.tgraph.neighbors import NeighborFinder
 from frugal.tgraph.protocol import VIEWS, Protocol, true_destination_keys
 
@@ -66,14 +69,20 @@ class SplitScores:
     Attributes:
         pos: Score of every true event, (S,).
         neg: Score of every negative, keyed like `Protocol.negatives`, (S,) (NaN = none).
-        ranks: Tie-aware rank of the true destination among all candidates, (S,), or None.
+        ranks: Tie-aware rank of the true destination among all candidates, (S,), or None
+            (no ranking, or a pair-scoring model).
         seconds: Wall-clock of the pass without the ranking work.
+        sampled_ranks: Its rank among the protocol's sampled candidates
+            (`Protocol.ranking_candidates`), (S,), or None.
+        sampled_ranking: The label of `sampled_ranks` ('sampled:N'), or None.
     """
 
     pos: F64
     neg: dict[str, F64]
     ranks: F64 | None
     seconds: float
+    sampled_ranks: F64 | None = None
+    sampled_ranking: str | None = None
 
 
 @dataclass
@@ -82,7 +91,7 @@ class LinkPredictionResult:
 
     rows: list[dict[str, Any]]
     efficiency: dict[str, Any]
-    model: TemporalGNN | HeuristicModel
+    model: TemporalGNN | HeuristicModel | CAWN
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -121,7 +130,7 @@ def _candidates(protocol: Protocol) -> I64:
 
 
 def evaluate_split(
-    model: TemporalGNN | HeuristicModel,
+    model: TemporalGNN | HeuristicModel | CAWN,
     protocol: Protocol,
     split: str,
     finder: NeighborFinder,
@@ -129,6 +138,7 @@ def evaluate_split(
     use_ranking: bool,
     view: str | None = None,
     rng: np.random.Generator | None = None,
+    scoring: Scoring = "node",
 ) -> SplitScores:
     """Score a split's true events and negatives in time order, then observe each batch.
 
@@ -145,11 +155,15 @@ def evaluate_split(
         protocol: The protocol (negatives, batch size).
         split: 'val' or 'test'.
         finder: Neighbour finder over the events the evaluation may see.
-        use_ranking: Also rank each true destination among all candidates (filtered).
+        use_ranking: Also rank each true destination (filtered): a node model or heuristic
+            among all candidates and, where the protocol has them for `split`, among the
+            sampled candidates too; a pair model among the sampled candidates only.
         view: Run the pass over this view's events only (Benchtemp scores each inductive
             view in a pass of its own); None = every event of the split.
         rng: Generator for uniform neighbour sampling (None: the model samples the most
-            recent neighbours).
+            recent neighbours). A pair model's ranking draws from a child of it
+            (`rng.spawn`), so its event and negative scores do not depend on `use_ranking`.
+        scoring: The model's `ModelSpec.scoring` ('node' or 'pair').
 
     Returns:
         The scores, aligned with the split's events (NaN outside `view`).
@@ -166,7 +180,11 @@ def evaluate_split(
     )
     pos = np.full(size, np.nan)
     neg = {key: np.full(size, np.nan) for key in keys}
-    ranks = np.full(size, np.nan) if use_ranking else None
+    pair = scoring == "pair"
+    ranks = np.full(size, np.nan) if use_ranking and not pair else None
+    sampled = protocol.ranking_candidates.get(split) if use_ranking else None
+    sampled_ranks = None if sampled is None else np.full(size, np.nan)
+    rank_rng = rng.spawn(1)[0] if rng is not None and pair else None
     candidates = _candidates(protocol)
     true_keys, group = true_destination_keys(events, start, end)
     batch = protocol.config.eval_batch_size
@@ -190,20 +208,47 @@ def evaluate_split(
         pos[offsets] = scores[0]
         for key, arr, score in zip(keys, neg_arrays, scores[1:], strict=True):
             neg[key][offsets] = np.where(arr[offsets] >= 0, score, np.nan)
+        rank_began = time.perf_counter()
         if ranks is not None:
-            rank_began = time.perf_counter()
+            if isinstance(model, CAWN):
+                raise TypeError(
+                    "evaluate_split got a pair-scoring CAWN with scoring='node'; pass "
+                    "scoring='pair' (its ModelSpec.scoring)"
+                )
             cand_BC = _candidate_scores(model, src, t, bound, candidates, finder, rng)
             ranks[offsets] = _filtered_ranks(
                 cand_BC, dst, candidates, true_keys, group[offsets], events.num_nodes
             )
-            rank_s += time.perf_counter() - rank_began
+            if sampled is not None and sampled_ranks is not None:  # gathered from the matrix
+                offset = int(candidates[0])
+                rows = np.arange(len(ids))
+                picked = sampled[offsets]
+                sampled_BN = cand_BC[rows[:, None], np.maximum(picked, offset) - offset]
+                sampled_ranks[offsets] = tie_aware_ranks(
+                    cand_BC[rows, dst - offset], np.where(picked >= 0, sampled_BN, np.nan)
+                )
+        elif sampled is not None and sampled_ranks is not None:
+            # The true destination is scored again beside its candidates, with the same
+            # draws for all, so its rank compares like with like.
+            pair_model = cast(CAWN, model)  # or any model with PAIR_MODEL_METHODS
+            picked = sampled[offsets]
+            columns = np.concatenate([dst[:, None], np.where(picked >= 0, picked, dst[:, None])], 1)
+            scored = pair_model.score_pairs(src, columns, t, bound, finder, rank_rng).numpy()
+            scored = scored.astype(np.float64)
+            sampled_ranks[offsets] = tie_aware_ranks(
+                scored[:, 0], np.where(picked >= 0, scored[:, 1:], np.nan)
+            )
+        rank_s += time.perf_counter() - rank_began
         if not isinstance(model, HeuristicModel):
             model.write_staged()
         held.append((ids, other_vec))
         if not hold_ties:
             held = _store_held(model, events, held, before_t=None)
     _store_held(model, events, held, before_t=None)  # the next split starts at a later time
-    return SplitScores(pos, neg, ranks, time.perf_counter() - began - rank_s)
+    return SplitScores(
+        pos, neg, ranks, time.perf_counter() - began - rank_s, sampled_ranks,
+        None if sampled_ranks is None else protocol.sampled_ranking,
+    )  # fmt: skip
 
 
 def _candidate_scores(
@@ -235,7 +280,7 @@ def _candidate_scores(
 
 
 def _store_held(
-    model: TemporalGNN | HeuristicModel,
+    model: TemporalGNN | HeuristicModel | CAWN,
     events: TemporalEvents,
     held: list[tuple[I64, Tensor | None]],
     before_t: int | None,
@@ -305,7 +350,9 @@ def view_metrics(
 
     Returns:
         One dict per (view, strategy) with num_events, auc, ap, auc_per_batch, ap_per_batch,
-        and mrr / hits@k when ranking was computed.
+        `ranking` ('all', 'sampled:N', or None without ranking) and the mrr / hits_at_10
+        of that ranking, plus sampled_mrr / sampled_hits_at_10 whenever the sampled
+        ranking was computed (for every model, so all are comparable on it).
     """
     rows = []
     for view in VIEWS:
@@ -323,6 +370,7 @@ def view_metrics(
                 "view": view,
                 "negatives": strategy,
                 "num_events": int(mask.sum()),
+                "ranking": _ranking_label(pass_scores),
             }
             if mask.sum() == 0:
                 rows.append(row)
@@ -330,11 +378,26 @@ def view_metrics(
             pos, neg = pass_scores.pos[mask], pass_scores.neg[key][mask]
             row.update(link_prediction_metrics(pos, neg))
             row.update(per_batch_metrics(pos, neg, protocol.config.eval_batch_size))
-            if pass_scores.ranks is not None:
-                ranking = rank_metrics(pass_scores.ranks[view_mask])
+            if pass_scores.sampled_ranks is not None:
+                ranking = rank_metrics(pass_scores.sampled_ranks[view_mask])
+                row.update(
+                    {"sampled_mrr": ranking["mrr"], "sampled_hits_at_10": ranking["hits@10"]}
+                )
+            main_ranks = (
+                pass_scores.ranks if pass_scores.ranks is not None else pass_scores.sampled_ranks
+            )
+            if main_ranks is not None:
+                ranking = rank_metrics(main_ranks[view_mask])
                 row.update({"mrr": ranking["mrr"], "hits_at_10": ranking["hits@10"]})
             rows.append(row)
     return rows
+
+
+def _ranking_label(scores: SplitScores) -> str | None:
+    """What a row's mrr / hits_at_10 rank against: 'all', 'sampled:N' or None (no ranking)."""
+    if scores.ranks is not None:
+        return "all"
+    return scores.sampled_ranking
 
 
 def _primary_val_ap(protocol: Protocol, scores: SplitScores) -> float:
@@ -472,14 +535,15 @@ def run_link_prediction(
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     inputs = model_inputs(protocol, spec)
-    uniform = inputs.neighbor_strategy == "uniform"
+    built = spec.build(inputs)
+    check_learned_model(built, model_name, spec.scoring)
+    model = cast(TemporalGNN, built)  # or another class with every LEARNED_MODEL_METHODS
+    # (a pair model has PAIR_MODEL_METHODS: the loop below calls only what both have)
+    uniform = model.neighbor_strategy == "uniform"  # random sampling (a pair model's walks)
 
     def eval_rng() -> np.random.Generator | None:  # the same draws in every eval pass
         return np.random.default_rng([seed, 1]) if uniform else None
 
-    built = spec.build(inputs)
-    check_learned_model(built, model_name)
-    model = cast(TemporalGNN, built)  # or another class with every LEARNED_MODEL_METHODS
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, fused=True)
     train_finder = NeighborFinder(
         events.src[train_index], events.dst[train_index], events.t[train_index],
@@ -546,9 +610,12 @@ def run_link_prediction(
     model.eval()
     with torch.no_grad():
         test = evaluate_split(
-            model, protocol, "test", full_finder, use_ranking=config.use_ranking, rng=eval_rng()
+            model, protocol, "test", full_finder, use_ranking=config.use_ranking, rng=eval_rng(),
+            scoring=spec.scoring,
+        )  # fmt: skip
+        view_scores = _view_passes(
+            model, protocol, full_finder, best["after_val"], eval_rng, spec.scoring
         )
-        view_scores = _view_passes(model, protocol, full_finder, best["after_val"], eval_rng)
     rows = view_metrics(protocol, "test", test, view_scores)
     efficiency = _efficiency(history, best, len(train_index), protocol, test, model)
     return LinkPredictionResult(rows, efficiency, model, history)
@@ -595,6 +662,7 @@ def _view_passes(
     finder: NeighborFinder,
     state: Any,
     eval_rng: Callable[[], np.random.Generator | None],
+    scoring: Scoring = "node",
 ) -> dict[str, SplitScores]:
     """With `use_view_passes`: each inductive test view in a pass of its own from `state`.
 
@@ -617,7 +685,7 @@ def _view_passes(
             raise FrugalError(f"the state was not restored before the {view} test pass")
         passes[view] = evaluate_split(
             model, protocol, "test", finder, use_ranking=protocol.config.use_ranking,
-            view=view, rng=eval_rng(),
+            view=view, rng=eval_rng(), scoring=scoring,
         )  # fmt: skip
     return passes
 
@@ -737,8 +805,14 @@ def run_node_classification(
         {"nc_auc", "nc_val_auc", "nc_accuracy", "num_classes", "num_labelled_nodes"}.
 
     Raises:
-        ValueError: If the dataset has no node labels.
+        ValueError: If the dataset has no node labels, or the model has no node embeddings
+            (a pair-scoring model such as CAWN).
     """
+    if not (hasattr(model, "embed") and hasattr(model, "peek_memory")):
+        raise ValueError(
+            f"node classification needs node embeddings, and a {type(model).__name__} "
+            "scores (src, dst) pairs only; run --task nc with a node-scoring model"
+        )
     events = protocol.split.events
     nodes = _labelled_nodes(events)
     finder = NeighborFinder(events.src, events.dst, events.t, events.num_nodes)

@@ -6,7 +6,8 @@ from exchangeable parts (`frugal.tgraph.models.components`); a new model is one 
 builder and one `register_model` call (its import below), or a `register_model` call in your
 own code, or a `package.module:attribute` reference (`--model my_pkg.models:MyTGNN`). A model
 that fits no part implements the calls the runner makes (`LEARNED_MODEL_METHODS`;
-`check_learned_model` names any that is missing).
+`check_learned_model` names any that is missing); a pair-scoring model such as `CAWN`
+implements `PAIR_MODEL_METHODS` and registers with `scoring='pair'`.
 """
 
 from frugal.tgraph.models.blocks import TemporalAttention, TimeEncoder
@@ -30,10 +31,12 @@ from frugal.tgraph.models.heuristics import (
 from frugal.tgraph.models.registry import (
     LEARNED_MODEL_METHODS,
     MODELS,
+    PAIR_MODEL_METHODS,
     ModelInputs,
     ModelKind,
     ModelProtocolError,
     ModelSpec,
+    Scoring,
     check_learned_model,
     check_model_builds,
     heuristic_names,
@@ -50,13 +53,17 @@ from frugal.tgraph.models import dyrep as dyrep
 from frugal.tgraph.models import tgn as tgn
 from frugal.tgraph.models import tgat as tgat
 from frugal.tgraph.models import graphmixer as graphmixer
+from frugal.tgraph.models import cawn as cawn
 
 # isort: on
-from frugal.tgraph.models.graphmixer import MixerEmbedding, MixerLayer  # after the order above
+from frugal.tgraph.models.cawn import CAWN  # after the order above
+from frugal.tgraph.models.graphmixer import MixerEmbedding, MixerLayer
 
 __all__ = [
+    "CAWN",
     "LEARNED_MODEL_METHODS",
     "MODELS",
+    "PAIR_MODEL_METHODS",
     "AttentionMessage",
     "EdgeBank",
     "EdgeBankWindow",
@@ -75,6 +82,7 @@ __all__ = [
     "ModelSpec",
     "Popularity",
     "Recency",
+    "Scoring",
     "TemporalAttention",
     "TemporalGNN",
     "TimeEncoder",

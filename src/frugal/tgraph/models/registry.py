@@ -19,6 +19,13 @@ code: the attribute is a `ModelSpec`, a `HeuristicModel` subclass (built as
 `TemporalGNN` subclass has one), or any callable `(ModelInputs) -> model`. A learned model is a
 `torch.nn.Module` with the methods of `LEARNED_MODEL_METHODS` (`TemporalGNN` has them all);
 `check_learned_model` names any that is missing.
+
+A model declares how it scores (`ModelSpec.scoring`): 'node' models (every `TemporalGNN`) embed
+nodes, so the evaluator ranks each query against every candidate destination from one
+embedding per node; 'pair' models (CAWN) score (src, dst, t) jointly through
+`score_pairs` (`PAIR_MODEL_METHODS`), and are ranked against the protocol's fixed sample of
+`num_ranking_candidates` destinations per query (rows say `ranking="sampled:N"`). A
+referenced class or builder declares 'pair' with a `scoring = "pair"` attribute.
 """
 
 from __future__ import annotations
@@ -38,16 +45,19 @@ from frugal.registry import Registry, import_object
 from frugal.tgraph.neighbors import NeighborStrategy
 
 if TYPE_CHECKING:
+    from frugal.tgraph.models.cawn import CAWN
     from frugal.tgraph.models.heuristics import HeuristicModel
     from frugal.tgraph.models.tgnn import TemporalGNN
 
 __all__ = [
     "LEARNED_MODEL_METHODS",
     "MODELS",
+    "PAIR_MODEL_METHODS",
     "ModelInputs",
     "ModelKind",
     "ModelProtocolError",
     "ModelSpec",
+    "Scoring",
     "check_learned_model",
     "check_model_builds",
     "heuristic_names",
@@ -57,6 +67,7 @@ __all__ = [
 ]
 
 ModelKind = Literal["heuristic", "learned"]
+Scoring = Literal["node", "pair"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -107,12 +118,25 @@ class ModelSpec:
         description: One line for `--help` and the docs.
         native_neighbor_strategy: The neighbour sampler of the model's published code, used
             under a protocol with `neighbor_sampling='native'` (TGAT: 'uniform').
+        scoring: 'node' (embeds nodes: `embed` + `score_all`, full candidate ranking) or
+            'pair' (scores (src, dst, t) jointly with `score_pairs`, ranked against the
+            protocol's sampled candidates). Heuristics score any pair matrix: 'node'.
     """
 
-    build: Callable[[ModelInputs], TemporalGNN | HeuristicModel]
+    build: Callable[[ModelInputs], TemporalGNN | HeuristicModel | CAWN]
     kind: ModelKind
     description: str = ""
     native_neighbor_strategy: NeighborStrategy = "recent"
+    scoring: Scoring = "node"
+
+    def __post_init__(self) -> None:
+        if self.scoring not in ("node", "pair"):
+            raise ValueError(f"scoring={self.scoring!r} must be 'node' or 'pair'")
+        if self.scoring == "pair" and self.kind != "learned":
+            raise ValueError(
+                f"scoring='pair' with kind={self.kind!r}: a heuristic scores any (src, dst) "
+                "matrix; register it with scoring='node'"
+            )
 
 
 LEARNED_MODEL_METHODS: tuple[str, ...] = (
@@ -129,25 +153,43 @@ LEARNED_MODEL_METHODS: tuple[str, ...] = (
     "score_all",  # (z_src (B, D), z_cand (C, D)) -> (B, C) logits
     "neighbor_strategy",  # attribute: 'recent' or 'uniform'
 )
-"""What the trainer and evaluator call on a learned model besides `torch.nn.Module`'s own
-(`parameters`, `train`, `eval`, `state_dict`). `TemporalGNN` documents each signature."""
+"""What the trainer and evaluator call on a learned node-scoring model besides
+`torch.nn.Module`'s own (`parameters`, `train`, `eval`, `state_dict`). `TemporalGNN`
+documents each signature."""
+
+PAIR_MODEL_METHODS: tuple[str, ...] = (
+    "reset_state",
+    "state",
+    "load_state",
+    "forward_batch",  # as a node model's; the memory and last_update it returns may be empty
+    "commit_numpy",
+    "store_events",
+    "write_staged",
+    "score_pairs",  # (src (B,), dst (B, C), t (B,), first_eid, finder, rng) -> (B, C) logits,
+    #                  side-effect free (no state is read from or written to the batch)
+    "neighbor_strategy",
+)
+"""What the trainer and evaluator call on a learned pair-scoring model (`scoring='pair'`):
+no `embed`, `score_all` or `peek_memory`; `score_pairs` instead. `CAWN` documents each."""
 
 
 class ModelProtocolError(ConfigError, TypeError):
     """A model's builder returned something the trainer cannot run (bad input: CLI exit 2)."""
 
 
-def check_learned_model(model: object, name: str) -> None:
+def check_learned_model(model: object, name: str, scoring: Scoring = "node") -> None:
     """Check that a learned model's builder returned what the trainer can run.
 
     Args:
         model: What the builder returned.
         name: The model's registered name, for messages.
+        scoring: The spec's scoring: 'node' checks `LEARNED_MODEL_METHODS`, 'pair'
+            `PAIR_MODEL_METHODS`.
 
     Raises:
         ModelProtocolError: (a `TypeError` and a `ConfigError`) If `model` is a
-            `HeuristicModel`, is not a `torch.nn.Module`, or lacks any of
-            `LEARNED_MODEL_METHODS` (the message names every missing one).
+            `HeuristicModel`, is not a `torch.nn.Module`, or lacks any of the methods its
+            scoring needs (the message names every missing one).
     """
     from torch import nn
 
@@ -159,11 +201,17 @@ def check_learned_model(model: object, name: str) -> None:
             f"model={name!r} is registered as kind='learned' but its builder returned a "
             f"{kind} (a HeuristicModel); register it with kind='heuristic'"
         )
-    missing = [m for m in LEARNED_MODEL_METHODS if not hasattr(model, m)]
+    methods = PAIR_MODEL_METHODS if scoring == "pair" else LEARNED_MODEL_METHODS
+    missing = [m for m in methods if not hasattr(model, m)]
     if not isinstance(model, nn.Module) or missing:
         what = "is not a torch.nn.Module" if not isinstance(model, nn.Module) else ""
         if missing:
             what += (" and " if what else "") + f"lacks {', '.join(missing)}"
+        if scoring == "pair":
+            raise ModelProtocolError(
+                f"model={name!r} built a {kind}, which {what}: a pair-scoring tgraph model "
+                "implements frugal.tgraph.models.PAIR_MODEL_METHODS (see CAWN)"
+            )
         raise ModelProtocolError(
             f"model={name!r} built a {kind}, which {what}: a learned tgraph model implements "
             "frugal.tgraph.models.LEARNED_MODEL_METHODS; subclass TemporalGNN (or assemble "
@@ -198,7 +246,7 @@ def check_model_builds(name: str, inputs: ModelInputs) -> None:
             "ModelInputs and returns the model"
         ) from exc
     if spec.kind == "learned":
-        check_learned_model(model, name)
+        check_learned_model(model, name, spec.scoring)
         return
     if not isinstance(model, HeuristicModel):
         raise ModelProtocolError(
@@ -262,6 +310,13 @@ def _resolve_reference(reference: str) -> ModelSpec:
             "HeuristicModel or TemporalGNN subclass, a builder function (ModelInputs) -> "
             "model, or a ModelSpec"
         )
+    scoring = getattr(value, "scoring", "node")
+    if scoring == "pair":
+        return ModelSpec(build, "learned", described, scoring="pair")
+    if scoring != "node":
+        raise ConfigError(
+            f"model={reference!r} has scoring={scoring!r}; set it to 'node' or 'pair'"
+        )
     return ModelSpec(build, "learned", described)
 
 
@@ -274,11 +329,12 @@ MODELS: Registry[ModelSpec] = Registry("tgraph model", field="model", resolver=_
 
 def register_model(
     name: str,
-    build: Callable[[ModelInputs], TemporalGNN | HeuristicModel],
+    build: Callable[[ModelInputs], TemporalGNN | HeuristicModel | CAWN],
     *,
     kind: ModelKind = "learned",
     description: str = "",
     native_neighbor_strategy: NeighborStrategy = "recent",
+    scoring: Scoring = "node",
     replace: bool = False,
 ) -> ModelSpec:
     """Make `name` a model of `run_link_prediction` and `TgraphBenchConfig.models`.
@@ -291,15 +347,18 @@ def register_model(
         description: One line saying what the model is.
         native_neighbor_strategy: The published code's neighbour sampler ('recent' or
             'uniform').
+        scoring: 'node' (embeds nodes; full candidate ranking) or 'pair' (implements
+            `score_pairs`; ranked against the protocol's sampled candidates).
         replace: Whether to replace a model registered under the same name.
 
     Returns:
         The registered spec.
 
     Raises:
-        ValueError: If `name` is taken and `replace` is False.
+        ValueError: If `name` is taken and `replace` is False, or scoring is 'pair' for a
+            heuristic.
     """
-    spec = ModelSpec(build, kind, description, native_neighbor_strategy)
+    spec = ModelSpec(build, kind, description, native_neighbor_strategy, scoring)
     _REGISTERED_BY_NAME.add(name)
     return MODELS.register(name, spec, replace=replace)
 
