@@ -53,7 +53,7 @@ from frugal.tgraph.models import (
     TemporalGNN,
     check_learned_model,
 )
-from frugal.tgraph.models.cawn import CAWN
+from frugal.tgraph.models.pair import PairScoringModel
 from frugal.tgraph.neighbors import NeighborFinder
 from frugal.tgraph.protocol import VIEWS, Protocol, true_destination_keys
 
@@ -91,7 +91,7 @@ class LinkPredictionResult:
 
     rows: list[dict[str, Any]]
     efficiency: dict[str, Any]
-    model: TemporalGNN | HeuristicModel | CAWN
+    model: TemporalGNN | HeuristicModel | PairScoringModel
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -130,7 +130,7 @@ def _candidates(protocol: Protocol) -> I64:
 
 
 def evaluate_split(
-    model: TemporalGNN | HeuristicModel | CAWN,
+    model: TemporalGNN | HeuristicModel | PairScoringModel,
     protocol: Protocol,
     split: str,
     finder: NeighborFinder,
@@ -210,7 +210,7 @@ def evaluate_split(
             neg[key][offsets] = np.where(arr[offsets] >= 0, score, np.nan)
         rank_began = time.perf_counter()
         if ranks is not None:
-            assert not isinstance(model, CAWN)
+            assert not isinstance(model, PairScoringModel)
             cand_BC = _candidate_scores(model, src, t, bound, candidates, finder, rng)
             ranks[offsets] = _filtered_ranks(
                 cand_BC, dst, candidates, true_keys, group[offsets], events.num_nodes
@@ -224,7 +224,7 @@ def evaluate_split(
                     cand_BC[rows, dst - offset], np.where(picked >= 0, sampled_BN, np.nan)
                 )
         elif sampled is not None and sampled_ranks is not None:
-            pair_model = cast(CAWN, model)  # or any model with PAIR_MODEL_METHODS
+            pair_model = cast(PairScoringModel, model)  # or any model with PAIR_MODEL_METHODS
             picked = sampled[offsets]
             columns = np.concatenate([dst[:, None], np.where(picked >= 0, picked, dst[:, None])], 1)
             scored = pair_model.score_pairs(src, columns, t, bound, finder, rank_rng).numpy()
@@ -274,7 +274,7 @@ def _candidate_scores(
 
 
 def _store_held(
-    model: TemporalGNN | HeuristicModel | CAWN,
+    model: TemporalGNN | HeuristicModel | PairScoringModel,
     events: TemporalEvents,
     held: list[tuple[I64, Tensor | None]],
     before_t: int | None,
