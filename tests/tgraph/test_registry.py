@@ -81,7 +81,7 @@ def test_unknown_names_list_every_registered_entry(stream: TemporalEvents) -> No
                        r"choose one of frugal, benchtemp"):  # fmt: skip
         protocol_preset("tgb")
     with pytest.raises(ValueError, match=r"models\[1\] = 'neurtw' is not allowed: .* graphmixer, "
-                       r"cawn, or register it .* \(or name it as "
+                       r"cawn, dygformer, or register it .* \(or name it as "
                        r"package\.module:attribute\)"):  # fmt: skip
         TgraphBenchConfig(models=("tgn", "neurtw"))
     protocol = build_protocol(stream, "synthetic", _tiny())

@@ -53,7 +53,7 @@ from frugal.tgraph.models import (
     TemporalGNN,
     check_learned_model,
 )
-from frugal.tgraph.models.cawn import CAWN
+from frugal.tgraph.models.pair import PairScoringModel
 from frugal.tgraph.neighbors import NeighborFinder
 from frugal.tgraph.protocol import VIEWS, Protocol, true_destination_keys
 
@@ -91,7 +91,7 @@ class LinkPredictionResult:
 
     rows: list[dict[str, Any]]
     efficiency: dict[str, Any]
-    model: TemporalGNN | HeuristicModel | CAWN
+    model: TemporalGNN | HeuristicModel | PairScoringModel
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -130,7 +130,7 @@ def _candidates(protocol: Protocol) -> I64:
 
 
 def evaluate_split(
-    model: TemporalGNN | HeuristicModel | CAWN,
+    model: TemporalGNN | HeuristicModel | PairScoringModel,
     protocol: Protocol,
     split: str,
     finder: NeighborFinder,
@@ -210,9 +210,9 @@ def evaluate_split(
             neg[key][offsets] = np.where(arr[offsets] >= 0, score, np.nan)
         rank_began = time.perf_counter()
         if ranks is not None:
-            if isinstance(model, CAWN):
+            if isinstance(model, PairScoringModel):
                 raise TypeError(
-                    "evaluate_split got a pair-scoring CAWN with scoring='node'; pass "
+                    "evaluate_split got a pair-scoring model with scoring='node'; pass "
                     "scoring='pair' (its ModelSpec.scoring)"
                 )
             cand_BC = _candidate_scores(model, src, t, bound, candidates, finder, rng)
@@ -230,7 +230,7 @@ def evaluate_split(
         elif sampled is not None and sampled_ranks is not None:
             # The true destination is scored again beside its candidates, with the same
             # draws for all, so its rank compares like with like.
-            pair_model = cast(CAWN, model)  # or any model with PAIR_MODEL_METHODS
+            pair_model = cast(PairScoringModel, model)  # or any model with PAIR_MODEL_METHODS
             picked = sampled[offsets]
             columns = np.concatenate([dst[:, None], np.where(picked >= 0, picked, dst[:, None])], 1)
             scored = pair_model.score_pairs(src, columns, t, bound, finder, rank_rng).numpy()
@@ -280,7 +280,7 @@ def _candidate_scores(
 
 
 def _store_held(
-    model: TemporalGNN | HeuristicModel | CAWN,
+    model: TemporalGNN | HeuristicModel | PairScoringModel,
     events: TemporalEvents,
     held: list[tuple[I64, Tensor | None]],
     before_t: int | None,

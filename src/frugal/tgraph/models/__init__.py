@@ -7,7 +7,8 @@ builder and one `register_model` call (its import below), or a `register_model` 
 own code, or a `package.module:attribute` reference (`--model my_pkg.models:MyTGNN`). A model
 that fits no part implements the calls the runner makes (`LEARNED_MODEL_METHODS`;
 `check_learned_model` names any that is missing); a pair-scoring model such as `CAWN`
-implements `PAIR_MODEL_METHODS` and registers with `scoring='pair'`.
+or `DyGFormer` implements `PAIR_MODEL_METHODS` (subclass `PairScoringModel`) and registers
+with `scoring='pair'`.
 """
 
 from frugal.tgraph.models.blocks import TemporalAttention, TimeEncoder
@@ -28,6 +29,7 @@ from frugal.tgraph.models.heuristics import (
     Popularity,
     Recency,
 )
+from frugal.tgraph.models.pair import PairScoringModel
 from frugal.tgraph.models.registry import (
     LEARNED_MODEL_METHODS,
     MODELS,
@@ -54,9 +56,11 @@ from frugal.tgraph.models import tgn as tgn
 from frugal.tgraph.models import tgat as tgat
 from frugal.tgraph.models import graphmixer as graphmixer
 from frugal.tgraph.models import cawn as cawn
+from frugal.tgraph.models import dygformer as dygformer
 
 # isort: on
 from frugal.tgraph.models.cawn import CAWN  # after the order above
+from frugal.tgraph.models.dygformer import DyGFormer
 from frugal.tgraph.models.graphmixer import MixerEmbedding, MixerLayer
 
 __all__ = [
@@ -65,6 +69,7 @@ __all__ = [
     "MODELS",
     "PAIR_MODEL_METHODS",
     "AttentionMessage",
+    "DyGFormer",
     "EdgeBank",
     "EdgeBankWindow",
     "EmbeddingModule",
@@ -80,6 +85,7 @@ __all__ = [
     "ModelKind",
     "ModelProtocolError",
     "ModelSpec",
+    "PairScoringModel",
     "Popularity",
     "Recency",
     "Scoring",

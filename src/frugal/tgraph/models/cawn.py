@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from frugal._typing import I64
 from frugal.tgraph.models.blocks import TimeEncoder
+from frugal.tgraph.models.pair import PairScoringModel
 from frugal.tgraph.models.registry import ModelInputs, register_model
 from frugal.tgraph.neighbors import NeighborFinder, NeighborStrategy
 from frugal.tgraph.walks import TemporalWalks, hitting_counts, sample_walks
@@ -210,12 +211,11 @@ class WalkEncoder(nn.Module):
         return out
 
 
-class CAWN(nn.Module):
+class CAWN(PairScoringModel):
     """Causal Anonymous Walk Network link predictor (see the module docstring).
 
-    Implements the pair-model calls of the trainer (`PAIR_MODEL_METHODS`). It keeps no
-    event state: the walks read the neighbour finder, so `reset_state`, `load_state`,
-    `commit_numpy`, `store_events` and `write_staged` do nothing and `state()` is empty.
+    Implements the pair-model calls of the trainer (`PAIR_MODEL_METHODS`) on
+    `PairScoringModel`: it keeps no event state (the walks read the neighbour finder).
 
     Args:
         num_nodes: N.
@@ -233,7 +233,6 @@ class CAWN(nn.Module):
         ValueError: On a setting out of range.
     """
 
-    scoring = "pair"
     edge_msg: Tensor
 
     def __init__(
@@ -293,27 +292,6 @@ class CAWN(nn.Module):
     def neighbor_strategy(self) -> NeighborStrategy:
         """'uniform': the walks are random draws, so the trainer passes an rng."""
         return "uniform"
-
-    # -- event state: none ---------------------------------------------------------------
-    def reset_state(self) -> None:
-        """Nothing to forget: the walks read the neighbour finder."""
-
-    def state(self) -> dict[str, Tensor]:
-        """The event state: empty."""
-        return {}
-
-    def load_state(self, state: dict[str, Tensor]) -> None:
-        """Nothing to restore."""
-
-    def commit_numpy(
-        self, src: I64, dst: I64, t: I64, eid: I64, other_vec: Tensor | None = None
-    ) -> None:
-        """Nothing to store: the finder holds the events."""
-
-    store_events = commit_numpy
-
-    def write_staged(self) -> None:
-        """Nothing staged."""
 
     # -- scoring -------------------------------------------------------------------------
     def _walks(
@@ -420,24 +398,6 @@ class CAWN(nn.Module):
             for lo in range(0, pairs, chunk)  # one iteration per chunk of pairs
         ]
         return torch.cat(parts).reshape(b, c)
-
-    def forward_batch(
-        self,
-        src: I64,
-        dst_sets: list[I64],
-        t: I64,
-        first_eid: int,
-        finder: NeighborFinder,
-        rng: np.random.Generator | None = None,
-    ) -> tuple[list[Tensor], Tensor, Tensor, None]:
-        """Logits of each destination set (the trainer's call), through `score_pairs`.
-
-        Returns:
-            (logits per destination set, each (B,), an empty memory (0, 0), an empty
-            last_update (0,), None): CAWN has no memory and no message vectors.
-        """
-        logits_BC = self.score_pairs(src, np.stack(dst_sets, axis=1), t, first_eid, finder, rng)
-        return list(logits_BC.unbind(dim=1)), torch.zeros(0, 0), torch.zeros(0), None
 
 
 def build_cawn(inputs: ModelInputs, **options: object) -> CAWN:

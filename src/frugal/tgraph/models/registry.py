@@ -22,7 +22,7 @@ code: the attribute is a `ModelSpec`, a `HeuristicModel` subclass (built as
 
 A model declares how it scores (`ModelSpec.scoring`): 'node' models (every `TemporalGNN`) embed
 nodes, so the evaluator ranks each query against every candidate destination from one
-embedding per node; 'pair' models (CAWN) score (src, dst, t) jointly through
+embedding per node; 'pair' models (CAWN, DyGFormer) score (src, dst, t) jointly through
 `score_pairs` (`PAIR_MODEL_METHODS`), and are ranked against the protocol's fixed sample of
 `num_ranking_candidates` destinations per query (rows say `ranking="sampled:N"`). A
 referenced class or builder declares 'pair' with a `scoring = "pair"` attribute.
@@ -45,8 +45,8 @@ from frugal.registry import Registry, import_object
 from frugal.tgraph.neighbors import NeighborStrategy
 
 if TYPE_CHECKING:
-    from frugal.tgraph.models.cawn import CAWN
     from frugal.tgraph.models.heuristics import HeuristicModel
+    from frugal.tgraph.models.pair import PairScoringModel
     from frugal.tgraph.models.tgnn import TemporalGNN
 
 __all__ = [
@@ -123,7 +123,7 @@ class ModelSpec:
             protocol's sampled candidates). Heuristics score any pair matrix: 'node'.
     """
 
-    build: Callable[[ModelInputs], TemporalGNN | HeuristicModel | CAWN]
+    build: Callable[[ModelInputs], TemporalGNN | HeuristicModel | PairScoringModel]
     kind: ModelKind
     description: str = ""
     native_neighbor_strategy: NeighborStrategy = "recent"
@@ -170,7 +170,8 @@ PAIR_MODEL_METHODS: tuple[str, ...] = (
     "neighbor_strategy",
 )
 """What the trainer and evaluator call on a learned pair-scoring model (`scoring='pair'`):
-no `embed`, `score_all` or `peek_memory`; `score_pairs` instead. `CAWN` documents each."""
+no `embed`, `score_all` or `peek_memory`; `score_pairs` instead. `PairScoringModel`
+documents each and implements all but `score_pairs` and `neighbor_strategy`."""
 
 
 class ModelProtocolError(ConfigError, TypeError):
@@ -210,7 +211,7 @@ def check_learned_model(model: object, name: str, scoring: Scoring = "node") -> 
         if scoring == "pair":
             raise ModelProtocolError(
                 f"model={name!r} built a {kind}, which {what}: a pair-scoring tgraph model "
-                "implements frugal.tgraph.models.PAIR_MODEL_METHODS (see CAWN)"
+                "implements frugal.tgraph.models.PAIR_MODEL_METHODS (subclass PairScoringModel)"
             )
         raise ModelProtocolError(
             f"model={name!r} built a {kind}, which {what}: a learned tgraph model implements "
@@ -329,7 +330,7 @@ MODELS: Registry[ModelSpec] = Registry("tgraph model", field="model", resolver=_
 
 def register_model(
     name: str,
-    build: Callable[[ModelInputs], TemporalGNN | HeuristicModel | CAWN],
+    build: Callable[[ModelInputs], TemporalGNN | HeuristicModel | PairScoringModel],
     *,
     kind: ModelKind = "learned",
     description: str = "",
