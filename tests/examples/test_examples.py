@@ -75,7 +75,14 @@ def test_tgraph_benchmark_scores_models() -> None:
 
 
 def test_tgraph_own_model_and_csv_run_beside_tgn(tmp_path: Path) -> None:
-    rows = load("tgraph_own_model").main(["--tiny", "--out", str(tmp_path / "bench")])
+    from frugal.tgraph.models import MODELS
+
+    before = set(MODELS.names())
+    try:
+        rows = load("tgraph_own_model").main(["--tiny", "--out", str(tmp_path / "bench")])
+    finally:  # the reference it resolved stays out of other tests' registry
+        for name in set(MODELS.names()) - before:
+            MODELS.unregister(name)
     own = rows["tgraph_own_model:NormedMemoryTGN"]
     # The heuristic floors run beside every bench's models.
     assert set(rows) == {"tgraph_own_model:NormedMemoryTGN", "tgn", "edgebank",
