@@ -280,14 +280,6 @@ class CAWN(PairScoringModel):
         nn.init.xavier_normal_(self.fc1.weight)
         nn.init.xavier_normal_(self.fc2.weight)
 
-    @classmethod
-    def from_inputs(cls, inputs: ModelInputs, **options: object) -> CAWN:
-        """CAWN over the graph, width and dropout of `inputs`; `options` override defaults."""
-        return cls(
-            inputs.num_nodes, inputs.msg, embedding_dim=inputs.embedding_dim,
-            dropout=inputs.dropout, **options,  # type: ignore[arg-type]  # keyword options
-        )  # fmt: skip
-
     @property
     def neighbor_strategy(self) -> NeighborStrategy:
         """'uniform': the walks are random draws, so the trainer passes an rng."""

@@ -312,14 +312,6 @@ class DyGFormer(PairScoringModel):
         self.fc1 = nn.Linear(2 * embedding_dim, embedding_dim)
         self.fc2 = nn.Linear(embedding_dim, 1)
 
-    @classmethod
-    def from_inputs(cls, inputs: ModelInputs, **options: object) -> DyGFormer:
-        """DyGFormer over the graph, width and dropout of `inputs`; `options` override."""
-        return cls(
-            inputs.num_nodes, inputs.msg, embedding_dim=inputs.embedding_dim,
-            dropout=inputs.dropout, **options,  # type: ignore[arg-type]  # keyword options
-        )  # fmt: skip
-
     @property
     def neighbor_strategy(self) -> NeighborStrategy:
         """'recent': the sequences are each node's most recent events (no randomness)."""

@@ -9,11 +9,14 @@ implements `score_pairs` and `neighbor_strategy` only.
 
 from __future__ import annotations
 
+from typing import Self
+
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from frugal._typing import I64
+from frugal.tgraph.models.registry import ModelInputs
 from frugal.tgraph.neighbors import NeighborFinder
 
 __all__ = ["PairScoringModel"]
@@ -31,6 +34,17 @@ class PairScoringModel(nn.Module):
     scoring = "pair"
 
     # -- event state: none ---------------------------------------------------------------
+    @classmethod
+    def from_inputs(cls, inputs: ModelInputs, **options: object) -> Self:
+        """The model over the graph, width and dropout of `inputs`; `options` override.
+
+        A subclass takes `(num_nodes, msg, *, embedding_dim, dropout, ...)`.
+        """
+        return cls(
+            inputs.num_nodes, inputs.msg, embedding_dim=inputs.embedding_dim,
+            dropout=inputs.dropout, **options,
+        )  # fmt: skip
+
     def reset_state(self) -> None:
         """Nothing to forget: the model reads the neighbour finder."""
 
