@@ -23,6 +23,8 @@ from frugal.cli.options import (
 from frugal.config import ConfigError
 
 if TYPE_CHECKING:
+    from frugal.parallel.plan import Plan
+    from frugal.planner.plan import PlannerConfig
     from frugal.planner.topology import Topology
 
 __all__ = ["add_arguments"]
@@ -41,6 +43,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", metavar="FILE", default=None, help="write the plan as JSON (and a PNG beside it)"
     )
     add_overwrite_argument(parser, "the plan file")
+    parser.add_argument(
+        "--replan",
+        metavar="PLAN",
+        default=None,
+        help="re-plan this running plan after hosts leave (--without) or join (--with): "
+        "warm-started, moving as few stages as the cost allows",
+    )
+    parser.add_argument(
+        "--without",
+        metavar="HOST",
+        action="append",
+        default=[],
+        help="with --replan: a host that left (repeat for several)",
+    )
+    parser.add_argument(
+        "--with",
+        dest="with_hosts",
+        metavar="HOST",
+        action="append",
+        default=[],
+        help="with --replan: a host of the cluster that joined (repeat for several)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="with --replan: accept a plan this fraction slower than the fastest found to "
+        "move fewer stages (default 0.05)",
+    )
     add_config_arguments(parser)
     parser.set_defaults(handler=_plan)
     children = parser.add_subparsers(dest="plan_command", metavar="[ACTION]")
@@ -103,7 +134,14 @@ def _plan(args: argparse.Namespace) -> int:
         return 0
     if topology is None:
         raise ConfigError("give --scenario NAME or --cluster FILE (or use `frugal plan bench`)")
-    plan = build_plan(topology, config)
+    if args.replan:
+        plan = _replan(args, topology, config)
+    else:
+        if args.without or args.with_hosts:
+            raise ConfigError(
+                "--without and --with apply to --replan PLAN; give the plan to change"
+            )
+        plan = build_plan(topology, config)
     print(plan.table())
     if plan.stop_reason == "time_limit":
         print(
@@ -122,6 +160,28 @@ def _plan(args: argparse.Namespace) -> int:
         draw_plan(plan, out.with_suffix(".png"))
         print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)
     return 0
+
+
+def _replan(args: argparse.Namespace, topology: Topology, config: PlannerConfig) -> Plan:
+    """`--replan PLAN --without HOST --with HOST`: print the report, return the new plan."""
+    from frugal.parallel import plan as plan_format
+    from frugal.planner.replan import replan
+
+    path = Path(args.replan)
+    if not path.is_file():
+        raise ConfigError(
+            f"--replan {path}: no such plan file; give the JSON `frugal plan --out` wrote"
+        )
+    try:
+        old = plan_format.Plan.from_json(path.read_text())
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--replan {path} is not a readable plan: {exc}") from exc
+    result = replan(
+        old, topology, config, without=args.without, with_hosts=args.with_hosts,
+        tolerance=args.tolerance,
+    )  # fmt: skip
+    print(result.table(), file=sys.stderr)
+    return result.plan
 
 
 def _no_cluster_flags(args: argparse.Namespace, action: str, instead: str) -> None:

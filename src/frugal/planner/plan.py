@@ -26,6 +26,7 @@ __all__ = [
     "PlannerError",
     "build_plan",
     "check_memory",
+    "price_mesh",
 ]
 
 
@@ -197,8 +198,6 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
     """
     import numpy as np
 
-    from frugal.planner.cost import paper_cost, paper_lower_bound
-    from frugal.planner.iteration import iteration_cost
     from frugal.planner.methods import METHODS, SearchRequest
     from frugal.planner.search import check_grid
 
@@ -270,18 +269,71 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
     speeds = {d.speed for d in topology.devices}
     if config.objective == "iteration" and len(speeds) > 1:
         layers = _balance_layers(topology, mesh_rows, config.workload.num_layers)
-    check_memory(topology, mesh_rows, layers, config.workload)
+    return price_mesh(
+        topology,
+        config,
+        mesh_rows,
+        layers,
+        stage_order=stage_order,
+        balance_microbatches=method.balance_microbatches,
+        num_candidates=outcome.num_candidates,
+        stop_reason=outcome.stop_reason,
+    )
+
+
+def price_mesh(
+    topology: Topology,
+    config: PlannerConfig,
+    mesh: tuple[tuple[int, ...], ...],
+    layers: tuple[int, ...],
+    *,
+    stage_order: tuple[int, ...] | None = None,
+    balance_microbatches: bool = True,
+    num_candidates: int = 0,
+    stop_reason: str = "",
+) -> Plan:
+    """The `Plan` of a given placement, priced under `config`'s objective.
+
+    `build_plan` calls it on the mesh its search found; re-planning (`frugal.planner.replan`)
+    calls it on warm-started meshes.
+
+    Args:
+        topology: Devices and links; `mesh` indexes its devices.
+        config: Objective, workload, method name and seed recorded in the plan.
+        mesh: `mesh[j][i]` = device of pipeline j at stage i, (num_replicas, num_stages).
+        layers: Layers of each stage (sum = workload.num_layers).
+        stage_order: Group id along the pipeline path per stage (identity if None).
+        balance_microbatches: Share micro-batches in proportion to pipeline speed.
+        num_candidates: Placements the search scored (recorded).
+        stop_reason: Why the search stopped (recorded).
+
+    Raises:
+        InfeasiblePlanError: If a stage does not fit its device's memory.
+        ValueError: If the mesh, layers and batch disagree.
+    """
+    import numpy as np
+
+    from frugal.planner.cost import paper_cost, paper_lower_bound
+    from frugal.planner.iteration import iteration_cost
+
+    d_dp, d_pp = len(mesh), len(mesh[0])
+    if (config.num_stages, config.num_replicas) != (d_pp, d_dp):
+        from dataclasses import replace
+
+        config = replace(config, num_stages=d_pp, num_replicas=d_dp)
+    mesh_array = np.asarray(mesh, dtype=np.int64)
+    check_memory(topology, mesh, layers, config.workload)
     breakdown: tuple[tuple[str, float], ...]
     microbatches = (config.workload.microbatches_per_step,) * d_dp
     collectives: tuple[str, ...] = ()
     if config.objective == "paper":
-        scored = paper_cost(topology, np.ascontiguousarray(mesh.T))
+        scored = paper_cost(topology, np.ascontiguousarray(mesh_array.T))
         predicted = scored.total_s
         breakdown = (("dp_s", scored.dp_s), ("pp_s", scored.pp_s))
         bound = paper_lower_bound(topology, d_pp, d_dp)
     else:
-        it = iteration_cost(topology, mesh, layers, config.workload,
-                            balance_microbatches=method.balance_microbatches)  # fmt: skip
+        it = iteration_cost(topology, mesh_array, layers, config.workload,
+                            balance_microbatches=balance_microbatches)  # fmt: skip
         microbatches = it.microbatches
         collectives = it.collective if d_dp > 1 else ()
         predicted = it.total_s
@@ -291,7 +343,12 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
 
             counts = np.array(microbatches, dtype=np.int64)
             sim = simulate_iteration(
-                topology, mesh, layers, config.workload, microbatches_J=counts, schedule="1f1b"
+                topology,
+                mesh_array,
+                layers,
+                config.workload,
+                microbatches_J=counts,
+                schedule="1f1b",
             )
             predicted = sim.total_s
             breakdown = (("pipeline_s", max(sim.pipeline_s)), ("dp_exposed_s", sim.dp_exposed_s))
@@ -303,8 +360,8 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         num_replicas=config.num_replicas,
         num_layers_per_stage=layers,
         num_microbatches_per_replica=microbatches,
-        mesh=mesh_rows,
-        stage_order=stage_order,
+        mesh=mesh,
+        stage_order=stage_order if stage_order is not None else tuple(range(d_pp)),
         devices=tuple((d.name, d.host, d.site) for d in topology.devices),
         objective=config.objective,
         method=config.method,
@@ -320,6 +377,6 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         schedule=config.workload.schedule,
         microbatch_size=config.workload.microbatch_size,
         dp_collective=collectives,
-        num_candidates=outcome.num_candidates,
-        stop_reason=outcome.stop_reason,
+        num_candidates=num_candidates,
+        stop_reason=stop_reason,
     )
