@@ -17,8 +17,18 @@ writes `COMPLETE` (the job's fingerprint) and only then removes the older checkp
 crash at any moment leaves the last complete checkpoint intact and an incomplete one is never
 read. A job (re)started with the same settings resumes from the newest complete checkpoint:
 on CPU its loss curve equals the uninterrupted one bit for bit (a test checks it under a
-`kill -9` and torchrun's `--max-restarts`). A checkpoint of another model, plan, codec or
-batch is refused by name (`CheckpointMismatchError`).
+`kill -9` and torchrun's `--max-restarts`). A checkpoint of another model, codec or batch is
+refused by name (`CheckpointMismatchError`).
+
+**Another plan** (after `frugal plan --replan`: hosts left or joined, so other ranks, replicas
+or world size) resumes too, when it splits the layers into the same stages and keeps the
+global batch: `COMPLETE` records the layout that wrote the checkpoint, and each new rank
+(replica j, stage i) loads its stage's weights, optimizer state, RNG and statistics from the
+old rank of stage i in replica min(j, old replicas - 1) (replicas of a stage hold the same
+weights and optimizer state), and merges the per-example buffers of *every* old rank of stage
+i (each example's AQ-SGD buffers were on one old replica; after the change another replica
+may see it). A data-parallel method's own state (error-feedback residuals) is per replica and
+starts afresh. The data cursor is the step, so the sample order goes on unchanged.
 """
 
 from __future__ import annotations
@@ -45,14 +55,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "RELAYOUT_SETTINGS",
     "RESUMABLE_SETTINGS",
     "CheckpointMismatchError",
     "commit_checkpoint",
     "fingerprint",
     "latest_checkpoint",
     "load_stage",
+    "relayout_sources",
     "remove_incomplete",
     "save_stage",
+    "saved_layout",
 ]
 
 CHECKPOINT_FORMAT = 1
@@ -76,6 +89,9 @@ RESUMABLE_SETTINGS = frozenset(
     }
 )
 """Settings a resumed job may change: train longer, other links, buffers elsewhere."""
+
+RELAYOUT_SETTINGS = frozenset({"layout", "plan"})
+"""Fingerprint entries a job on another plan may change (`relayout_sources` checks the rest)."""
 
 _CHUNK_ROWS = 4096
 _LINKS = ("act_out", "act_in", "grad_out", "grad_in")
@@ -107,8 +123,16 @@ def _step_folders(root: Path) -> Iterator[tuple[int, Path]]:
                 yield int(suffix), path
 
 
-def latest_checkpoint(root: Path, expected: dict[str, str]) -> tuple[int, Path] | None:
+def latest_checkpoint(
+    root: Path, expected: dict[str, str], *, relayout: bool = False
+) -> tuple[int, Path] | None:
     """The newest complete checkpoint under `root` as (step, folder), or None.
+
+    Args:
+        root: The job's checkpoint folder.
+        expected: The resuming job's `fingerprint`.
+        relayout: Accept a checkpoint whose layout and plan differ (`RELAYOUT_SETTINGS`)
+            when it recorded its layout; the caller then maps ranks with `relayout_sources`.
 
     Raises:
         CheckpointMismatchError: If the newest complete checkpoint was made by a job with
@@ -122,12 +146,69 @@ def latest_checkpoint(root: Path, expected: dict[str, str]) -> tuple[int, Path] 
     step, path = complete[-1]
     saved = json.loads((path / "COMPLETE").read_text())["fingerprint"]
     differing = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
+    if differing and relayout and set(differing) <= RELAYOUT_SETTINGS:
+        if saved_layout(path) is not None:
+            return step, path
+        raise CheckpointMismatchError(
+            f"{path} was written on another plan by a frugal that did not record its layout; "
+            "resume it on the plan it was made with, or start fresh in another folder"
+        )
     if differing:
         raise CheckpointMismatchError(
             f"{path} was written by a job with other {', '.join(differing)}; resume with the "
             f"settings it was made with, or start fresh in another folder (or delete {root})"
         )
     return step, path
+
+
+def saved_layout(folder: Path) -> dict[str, Any] | None:
+    """The layout (mesh, layers, num_microbatches) that wrote a complete checkpoint, if known."""
+    layout: dict[str, Any] | None = json.loads((folder / "COMPLETE").read_text()).get("layout")
+    return layout
+
+
+def relayout_sources(
+    saved: dict[str, Any],
+    *,
+    layers: tuple[int, ...],
+    num_microbatches: tuple[int, ...],
+    replica: int,
+    stage: int,
+) -> tuple[int, tuple[int, ...]]:
+    """Where rank (replica, stage) of a job on another plan reads a checkpoint from.
+
+    Args:
+        saved: `saved_layout` of the checkpoint.
+        layers: Layers per stage of the new layout.
+        num_microbatches: Micro-batches per replica of the new layout.
+        replica: The rank's replica j in the new layout.
+        stage: The rank's stage i.
+
+    Returns:
+        (source, buffer_ranks): the old rank whose stage state it loads (stage i of replica
+        min(j, old replicas - 1)) and every old rank of stage i (their buffers are merged).
+
+    Raises:
+        CheckpointMismatchError: If the stages split the layers differently or the global
+            batch (micro-batches per step summed over replicas) changed.
+    """
+    old_layers = tuple(saved["layers"])
+    if old_layers != tuple(layers):
+        raise CheckpointMismatchError(
+            f"the checkpoint's stages hold {list(old_layers)} layers but the new plan's "
+            f"{list(layers)}; a job resumes on another plan only with the same stages: re-plan "
+            "with `frugal plan --replan` (it keeps the split when speeds are equal) or set the "
+            "plan's num_layers_per_stage"
+        )
+    if sum(saved["num_microbatches"]) != sum(num_microbatches):
+        raise CheckpointMismatchError(
+            f"the checkpoint's step has {sum(saved['num_microbatches'])} micro-batches over its "
+            f"replicas but the new plan's {sum(num_microbatches)}; keep the global batch "
+            "(workload.global_batch_size) when re-planning, or start fresh"
+        )
+    mesh = [list(row) for row in saved["mesh"]]
+    source = mesh[min(replica, len(mesh) - 1)][stage]
+    return int(source), tuple(int(row[stage]) for row in mesh)
 
 
 def _atomic(path: Path, write: Any) -> None:
@@ -173,16 +254,25 @@ def _save_buffer(buffer: ActivationBuffer, stem: Path) -> None:
     _atomic(stem.with_name(stem.name + ".rows.npy"), write_rows)
 
 
-def _load_buffer(part: Any, stem: Path, step: int) -> None:
+def _load_buffer(
+    part: Any, stem: Path, step: int, buffer: ActivationBuffer | None = None
+) -> ActivationBuffer | None:
+    """Write a saved buffer's rows into `buffer` (a fresh one from `part` if None).
+
+    Returns the buffer written to (None if nothing was saved and none was given), so the
+    buffers of several ranks merge into one.
+    """
     ids = np.load(stem.with_name(stem.name + ".ids.npy"))
     rows = np.load(stem.with_name(stem.name + ".rows.npy"), mmap_mode="r")
     if len(ids) == 0:
-        return
-    buffer = part.restore_buffer(tuple(rows.shape[1:]))
+        return buffer
+    if buffer is None:
+        buffer = part.restore_buffer(tuple(rows.shape[1:]))
     for start in range(0, len(ids), _CHUNK_ROWS):
         chunk = torch.from_numpy(np.ascontiguousarray(ids[start : start + _CHUNK_ROWS]))
         values = torch.from_numpy(np.array(rows[start : start + _CHUNK_ROWS], dtype=np.float32))
         buffer.write(chunk, values, step)
+    return buffer
 
 
 def save_stage(
@@ -220,8 +310,18 @@ def save_stage(
             _save_buffer(buffer, folder / f"rank{rank}.{name}")
 
 
-def load_stage(folder: Path, rank: int, runner: StageRunner) -> tuple[int, dict[str, Any]]:
+def load_stage(
+    folder: Path, rank: int, runner: StageRunner, *, buffer_ranks: tuple[int, ...] | None = None
+) -> tuple[int, dict[str, Any]]:
     """Restore rank `rank`'s state from `folder` into a fresh runner.
+
+    Args:
+        folder: The checkpoint's `step-<N>` folder.
+        rank: The rank whose state is read (on another plan: `relayout_sources`' source).
+        runner: The fresh stage runner to restore into.
+        buffer_ranks: On another plan, the old ranks whose per-example buffers are merged
+            (their ids are disjoint); the data-parallel method's state is then not restored
+            (it is per replica). None: this rank's own, all of it.
 
     Returns:
         (step, extra): the optimizer steps done and the `extra` values saved.
@@ -253,23 +353,34 @@ def load_stage(folder: Path, rank: int, runner: StageRunner) -> tuple[int, dict[
         for name, value in saved.items():
             params[name].copy_(value)
     runner.optimizer.load_state_dict(state["optimizer"])
-    if runner.dp_sync is not None:
+    if runner.dp_sync is not None and buffer_ranks is None:
         runner.dp_sync.spec.load_state_dict(runner.dp_sync, state["dp"])
     torch.set_rng_state(state["rng"])
     runner.stats = StageStats(**state["stats"])
     step = int(state["step"])
     parts = dict(_buffers(runner))
     for name in state["buffers"]:
-        _load_buffer(parts[name], folder / f"rank{rank}.{name}", step)
+        merged: ActivationBuffer | None = None
+        for owner in (rank,) if buffer_ranks is None else buffer_ranks:
+            stem = folder / f"rank{owner}.{name}"
+            if stem.with_name(stem.name + ".ids.npy").is_file():
+                merged = _load_buffer(parts[name], stem, step, merged)
     return step, json.loads(state["extra"])
 
 
 def commit_checkpoint(
-    root: Path, step: int, world_size: int, expected: dict[str, str], *, keep: int = 1
+    root: Path,
+    step: int,
+    world_size: int,
+    expected: dict[str, str],
+    *,
+    keep: int = 1,
+    layout: dict[str, Any] | None = None,
 ) -> None:
     """Mark `root/step-<step>` complete and remove all but the `keep` newest complete ones.
 
     Called by rank 0 once every rank's `save_stage` has returned (after a barrier).
+    `layout` ({"mesh", "layers", "num_microbatches"}) lets a job on another plan resume it.
 
     Raises:
         FileNotFoundError: If a rank's file is missing (nothing is marked complete then).
@@ -279,6 +390,8 @@ def commit_checkpoint(
     if missing:
         raise FileNotFoundError(f"{folder}: ranks {missing} wrote no checkpoint")
     marker = {"step": step, "world_size": world_size, "fingerprint": expected}
+    if layout is not None:
+        marker["layout"] = layout
     _atomic(folder / "COMPLETE", lambda p: p.write_text(json.dumps(marker)))
     complete = sorted(s for s, p in _step_folders(root) if (p / "COMPLETE").is_file())
     for old, path in _step_folders(root):

@@ -19,7 +19,12 @@ from frugal.comm.gradcomp import DP_METHODS
 from frugal.config import ConfigError
 from frugal.disk import guard_write
 from frugal.launch.guards import MemoryEstimate
-from frugal.pipeline.checkpoint import fingerprint, latest_checkpoint
+from frugal.pipeline.checkpoint import (
+    fingerprint,
+    latest_checkpoint,
+    relayout_sources,
+    saved_layout,
+)
 from frugal.pipeline.device import resolve_device
 from frugal.pipeline.train import Layout, PipelineTrainConfig, RunSpec, launch_torchrun, make_layout
 from frugal.results import write_text_atomically
@@ -330,7 +335,18 @@ def run_training(
 
     if config.checkpoint_every > 0:  # another job's checkpoints are refused before launching
         root = Path(config.checkpoint_dir) if config.checkpoint_dir else out_dir / "checkpoints"
-        latest_checkpoint(root, fingerprint(config, run.label, str(job.layout)))
+        found = latest_checkpoint(
+            root, fingerprint(config, run.label, str(job.layout)), relayout=True
+        )
+        saved = saved_layout(found[1]) if found is not None else None
+        if saved is not None:  # another plan: the stages and batch must match (refused here)
+            relayout_sources(
+                saved,
+                layers=job.layout.layers,
+                num_microbatches=job.layout.num_microbatches,
+                replica=0,
+                stage=0,
+            )
 
     def on_progress(event: dict[str, Any]) -> None:
         if on_step is not None and event["run"] == run.label:

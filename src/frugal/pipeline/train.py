@@ -46,8 +46,10 @@ from frugal.pipeline.checkpoint import (
     fingerprint,
     latest_checkpoint,
     load_stage,
+    relayout_sources,
     remove_incomplete,
     save_stage,
+    saved_layout,
 )
 from frugal.pipeline.device import (
     DTYPES,
@@ -861,6 +863,7 @@ class _Checkpoints:
     every: int
     expected: dict[str, str]
     timeout_s: float
+    layout: Layout
 
     @classmethod
     def of(
@@ -874,17 +877,47 @@ class _Checkpoints:
             config.checkpoint_every,
             fingerprint(config, run.label, str(layout)),
             config.comm_timeout_s,
+            layout,
         )
 
+    def _saved(self) -> dict[str, Any]:
+        """This layout as `COMPLETE` records it (what a job on another plan maps from)."""
+        return {
+            "mesh": [list(row) for row in self.layout.mesh],
+            "layers": list(self.layout.layers),
+            "num_microbatches": list(self.layout.num_microbatches),
+        }
+
     def resume(self, rank: int, runner: StageRunner) -> tuple[int, dict[str, Any]]:
-        """Load the newest complete checkpoint, if any: (steps done, its extra values)."""
-        found = latest_checkpoint(self.root, self.expected)
-        step, extra = (0, {}) if found is None else load_stage(found[1], rank, runner)
+        """Load the newest complete checkpoint, if any: (steps done, its extra values).
+
+        A checkpoint written on another plan (same stages and global batch) is mapped onto
+        this layout by `relayout_sources`.
+        """
+        found = latest_checkpoint(self.root, self.expected, relayout=True)
+        step, relaid = 0, False
+        extra: dict[str, Any] = {}
+        if found is not None:
+            saved = saved_layout(found[1])
+            if saved is None or saved == self._saved():
+                step, extra = load_stage(found[1], rank, runner)
+            else:
+                replica, stage = self.layout.position(rank)
+                source, owners = relayout_sources(
+                    saved,
+                    layers=self.layout.layers,
+                    num_microbatches=self.layout.num_microbatches,
+                    replica=replica,
+                    stage=stage,
+                )
+                step, extra = load_stage(found[1], source, runner, buffer_ranks=owners)
+                relaid = True
         _barrier(self.timeout_s)  # every rank has read before rank 0 tidies the folder
         if rank == 0:
             remove_incomplete(self.root, step)
             if found is not None:
-                print(f"rank 0: resumed from {found[1]} (step {step})", file=sys.stderr)
+                other = " (written on another plan: state mapped by stage)" if relaid else ""
+                print(f"rank 0: resumed from {found[1]} (step {step}){other}", file=sys.stderr)
         return step, extra
 
     def due(self, steps_done: int, total_steps: int) -> bool:
@@ -895,7 +928,13 @@ class _Checkpoints:
         save_stage(self.root / f"step-{steps_done:08d}", rank, runner, step=steps_done, extra=extra)
         _barrier(self.timeout_s)
         if rank == 0:
-            commit_checkpoint(self.root, steps_done, dist.get_world_size(), self.expected)
+            commit_checkpoint(
+                self.root,
+                steps_done,
+                dist.get_world_size(),
+                self.expected,
+                layout=self._saved(),
+            )
 
 
 def _run_one(
