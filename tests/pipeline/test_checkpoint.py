@@ -291,3 +291,36 @@ def test_a_job_resumes_on_a_replanned_layout_with_every_buffer(tmp_path: Path) -
     assert sender["activation_bytes"][4] == [delta] * 4
     logs = "\n".join(p.read_text() for p in tmp_path.rglob("*.log"))
     assert "written on another plan" in logs
+
+
+def test_relayout_maps_each_new_rank_to_its_stage_in_the_old_layout() -> None:
+    from frugal.pipeline.checkpoint import relayout_sources
+
+    # Old: 3 replicas x 2 stages; mesh[j][i] = rank.
+    saved = {"mesh": [[0, 3], [1, 4], [2, 5]], "layers": [2, 2], "num_microbatches": [2, 2, 2]}
+    new = {"layers": (2, 2), "num_microbatches": (3, 3)}  # 2 replicas, same global batch
+    assert relayout_sources(saved, **new, replica=0, stage=1) == (3, (3, 4, 5))
+    assert relayout_sources(saved, **new, replica=1, stage=0) == (1, (0, 1, 2))
+    grown = {"layers": (2, 2), "num_microbatches": (1, 1, 1, 1, 1, 1)}  # 6 replicas
+    assert relayout_sources(saved, **grown, replica=5, stage=0) == (2, (0, 1, 2))
+    with pytest.raises(CheckpointMismatchError, match=r"hold \[2, 2\] layers but the new plan's"):
+        relayout_sources(saved, layers=(3, 1), num_microbatches=(3, 3), replica=0, stage=0)
+    with pytest.raises(CheckpointMismatchError, match=r"6 micro-batches .* new plan's 4"):
+        relayout_sources(saved, layers=(2, 2), num_microbatches=(2, 2), replica=0, stage=0)
+
+
+def test_another_plan_is_accepted_only_with_a_recorded_layout(tmp_path: Path) -> None:
+    job, expected = _saved(tmp_path, 1)  # committed without a layout (as before this version)
+    job.buffers.close()
+    moved = expected | {"layout": "other", "plan": "other"}
+    with pytest.raises(CheckpointMismatchError, match="did not record its layout"):
+        latest_checkpoint(tmp_path, moved, relayout=True)
+    with pytest.raises(CheckpointMismatchError, match="other layout, plan"):
+        latest_checkpoint(tmp_path, moved)  # without relayout: refused as before
+    marker = json.loads((tmp_path / "step-00000001" / "COMPLETE").read_text())
+    marker["layout"] = {"mesh": [[0, 1, 2]], "layers": [1, 1, 1], "num_microbatches": [3]}
+    (tmp_path / "step-00000001" / "COMPLETE").write_text(json.dumps(marker))
+    assert latest_checkpoint(tmp_path, moved, relayout=True) == (1, tmp_path / "step-00000001")
+    other_model = moved | {"gpt": "x"}
+    with pytest.raises(CheckpointMismatchError, match="other gpt, layout, plan"):
+        latest_checkpoint(tmp_path, other_model, relayout=True)
