@@ -49,8 +49,12 @@ PINNED_SURFACE = {
         "--out",
         "--overwrite",
         "--print-config",
+        "--replan",
         "--scenario",
         "--set",
+        "--tolerance",
+        "--with",
+        "--without",
         "-h",
     ],
     "plan bench": [

@@ -193,9 +193,10 @@ def test_the_codec_wire_size_prices_pipeline_messages() -> None:
                                        seed=2022, workload=WorkloadConfig(codec="q2")))  # fmt: skip
     assert WorkloadConfig(codec="q2").activation_bytes == 128 + 2048 * (8 + 512)  # header + rows
     assert WorkloadConfig().activation_bytes == 128 + 2048 * 2048 * 2
-    # aqsgd:fw2,bw4 prices each direction at its own bits (channel scales: 2 x 2048 bytes).
-    aq = WorkloadConfig(codec="aqsgd:fw2,bw4")
-    assert aq.activation_bytes == 128 + 2 * 2048 + 2048 * 2048 * 2 // 8
+    # aqsgd:fw2,bw4 prices each direction at its own bits (channel scales: 2 x 2048 bytes);
+    # its steady-state forward (every example seen before) is the 2-bit delta.
+    aq = WorkloadConfig(codec="aqsgd:fw2,bw4", num_epochs=10**9)
+    assert aq.activation_bytes == pytest.approx(128 + 2 * 2048 + 2048 * 2048 * 2 // 8)
     assert aq.gradient_bytes == 128 + 2 * 2048 + 2048 * 2048 * 4 // 8
     assert q2.predicted_cost_s < 0.7 * fp16.predicted_cost_s
     with pytest.raises(ValueError, match="codec 'q9'"):
@@ -220,3 +221,38 @@ def test_best_ring_equals_brute_force() -> None:
         for r in itertools.permutations(members.tolist())
     )  # fmt: skip
     assert _ring_seconds(members, top, size) == pytest.approx(brute)
+
+
+def test_aqsgd_first_visits_and_warmup_are_spread_over_the_epochs_by_hand() -> None:
+    # h = 64, seq 8, micro-batch 2: a message holds 2 x 8 x 64 = 1024 float32 values, rows =
+    # 16, columns = 64. aqsgd:fw2,bw4 (channel scales, fp16 abs-max per column = 128 B):
+    #   first visit (both examples new, fp32): 128 + 4 x 1024        = 4224 B
+    #   steady (2-bit deltas):                 128 + 128 + 1024 / 4  =  512 B
+    #   gradient (4-bit DirectQ):              128 + 128 + 1024 / 2  =  768 B
+    #   warm-up (fp32 both ways):              128 + 4 x 1024        = 4224 B
+    base = {"hidden_size": 64, "seq_len": 8, "microbatch_size": 2, "global_batch_size": 8,
+            "codec": "aqsgd:fw2,bw4"}  # fmt: skip
+    one = WorkloadConfig(**base)  # type: ignore[arg-type]
+    assert one.message_fractions == (1.0, 0.0)
+    assert one.activation_bytes == 4224  # one epoch: every forward is a first visit
+    assert one.gradient_bytes == 768
+    # 4 epochs: 1/4 first visits -> (4224 + 3 x 512) / 4 = 1440 B; the gradient is unchanged.
+    four = WorkloadConfig(**base, num_epochs=4)  # type: ignore[arg-type]
+    assert four.activation_bytes == pytest.approx(1440.0)
+    assert four.gradient_bytes == 768
+    # 4 epochs of 80 samples = 10 iterations each (N = 40), 2 warm-up iterations: 2/40 warm-up
+    # messages, 8/40 first visits (the warm-up filled the buffers), 30/40 steady.
+    # forward: (2 x 4224 + 8 x 4224 + 30 x 512) / 40 = 1440 B (warm-up forwards are first
+    # visits anyway); backward: (2 x 4224 + 38 x 768) / 40 = 940.8 B.
+    warm = WorkloadConfig(**base, num_epochs=4, warmup_iterations=2,  # type: ignore[arg-type]
+                          num_train_samples=80)  # fmt: skip
+    assert warm.message_fractions == pytest.approx((8 / 40, 2 / 40))
+    assert warm.activation_bytes == pytest.approx(1440.0)
+    assert warm.gradient_bytes == pytest.approx(940.8)
+    # fp16 has no first visits: 128 + 2 x 1024 = 2176 B, warm-up only in fp32.
+    fp16 = WorkloadConfig(**{**base, "codec": "fp16"}, num_epochs=4)  # type: ignore[arg-type]
+    assert fp16.activation_bytes == fp16.gradient_bytes == 2176
+    with pytest.raises(ValueError, match=r"warmup_iterations=2 needs .* num_train_samples"):
+        WorkloadConfig(**base, warmup_iterations=2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match='codec = "auto" has no wire size'):
+        _ = WorkloadConfig(codec="auto").activation_bytes

@@ -474,6 +474,9 @@ class GradientSync:
         self.shaped = shaped
         self.spec = DP_METHODS.get(method)
         self.collective = COLLECTIVES.get(collective or "ring")
+        own = sorted(self.spec.collectives or ())
+        self.collective_name = collective or (own[0] if own else "ring")
+        """The collective this exchange runs (the planned one, else its own or a ring)."""
         if collective:
             self.spec.check_collective(method, collective)
         if isinstance(bits, bool) or not 1 <= bits <= 8:

@@ -41,6 +41,7 @@ __all__ = [
     "CodecSpec",
     "MethodName",
     "ScaleName",
+    "mean_message_wire_bytes",
     "message_wire_bytes",
     "payload_bytes",
     "quantized_bytes",
@@ -218,3 +219,48 @@ def message_wire_bytes(
         ValueError: As `payload_bytes`.
     """
     return HEADER_BYTES + payload_bytes(spec, kind, shape, num_new, warmup)
+
+
+def mean_message_wire_bytes(
+    spec: CodecSpec,
+    kind: int,
+    shape: tuple[int, ...],
+    *,
+    first_visit_fraction: float = 0.0,
+    warmup_fraction: float = 0.0,
+) -> float:
+    """Mean exact wire bytes of one message over a run, by `message_wire_bytes`.
+
+    A run's messages are of three kinds: a `warmup_fraction` of them travel in the warm-up
+    (fp32, or AQ-SGD's first-visit form), a `first_visit_fraction` carry examples on their
+    first visit after it (AQ-SGD activations: every example new, its buffer still empty),
+    and the rest are steady-state messages. Only AQ-SGD activations differ between the
+    last two.
+
+    Args:
+        spec: The link's codec.
+        kind: KIND_ACTIVATION or KIND_GRADIENT.
+        shape: Shape of one message's float32 tensor, first dimension = examples.
+        first_visit_fraction: Share of the run's messages whose examples are all new, in
+            [0, 1].
+        warmup_fraction: Share of the run's messages in the warm-up, in [0, 1].
+
+    Returns:
+        The weighted mean of the three sizes, bytes (header included).
+
+    Raises:
+        ValueError: If a fraction is outside [0, 1] or they sum past 1, or as
+            `payload_bytes`.
+    """
+    if not (0.0 <= first_visit_fraction <= 1.0 and 0.0 <= warmup_fraction <= 1.0) or (
+        first_visit_fraction + warmup_fraction > 1.0 + 1e-12
+    ):
+        raise ValueError(
+            f"first_visit_fraction={first_visit_fraction} and warmup_fraction="
+            f"{warmup_fraction} must each lie in [0, 1] and sum to at most 1"
+        )
+    steady = message_wire_bytes(spec, kind, shape)
+    first = message_wire_bytes(spec, kind, shape, num_new=shape[0])
+    warm = message_wire_bytes(spec, kind, shape, warmup=True)
+    # As offsets from the steady size: exact (no rounding) where a kind equals it.
+    return steady + first_visit_fraction * (first - steady) + warmup_fraction * (warm - steady)

@@ -136,6 +136,15 @@ class Plan:
                 f"plan format_version {self.format_version}; this frugal writes "
                 f"{PLAN_FORMAT_VERSION} and reads 1 and 2: make the plan again with this version"
             )
+        if self.codec:
+            try:
+                CodecSpec.parse(self.codec)
+            except ValueError as exc:
+                raise ValueError(
+                    f"the plan's codec {self.codec!r} is not one the pipeline runs ({exc}); "
+                    'plan again with workload.codec set to one of them (or "auto" to let '
+                    'the planner choose), or edit the plan\'s "codec"'
+                ) from exc
         if self.codec and CodecSpec.parse(self.codec).label != self.codec:
             raise ValueError(
                 f"plan codec {self.codec!r} is not canonical; write "
@@ -313,9 +322,12 @@ class Plan:
         parts = ", ".join(f"{k} {v:.3f} s" for k, v in self.breakdown)
         if self.is_recorded:
             collective = ", ".join(dict.fromkeys(self.dp_collective)) or "none"
+            counts = sorted(set(self.num_microbatches_per_replica))
+            per_step = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
             lines.append(
                 f"codec {self.codec}, schedule {self.schedule}, micro-batch size "
-                f"{self.microbatch_size}, DP collective {collective}"
+                f"{self.microbatch_size}, {per_step} micro-batches per step, DP collective "
+                f"{collective}"
             )
         if self.stop_reason:
             lines.append(f"search: {self.num_candidates} candidates, stopped on {self._stopped()}")

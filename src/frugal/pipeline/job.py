@@ -26,6 +26,7 @@ from frugal.pipeline.checkpoint import (
     saved_layout,
 )
 from frugal.pipeline.device import resolve_device
+from frugal.pipeline.runtime import PipelineError
 from frugal.pipeline.train import Layout, PipelineTrainConfig, RunSpec, launch_torchrun, make_layout
 from frugal.results import write_text_atomically
 
@@ -65,7 +66,17 @@ class TrainingSummary:
     """The outcome of a training job, as `frugal pipeline train` prints it."""
 
     codec: str
-    """The activation codec of the run."""
+    """The activation codec the ranks ran (`CodecSpec.label`)."""
+    schedule: str
+    """The pipeline schedule the ranks ran."""
+    num_microbatches_per_replica: tuple[int, ...]
+    """Micro-batches per step each replica ran (the plan's, or `num_microbatches`)."""
+    dp_collective_per_stage: tuple[str, ...]
+    """Per stage, the gradient collective its replicas ran; () without data parallelism."""
+    device: str
+    """Where global rank 0 ran ("cpu", "cuda:0"), resolved from `device`."""
+    dtype: str
+    """The compute and activation dtype the ranks ran."""
     world_size: int
     """Processes launched."""
     steps: int
@@ -367,8 +378,19 @@ def run_training(
     if not ranks:
         return None  # global rank 0 is on another machine: it writes the results
     last = next(r for r in ranks if r["runs"][0]["eval_loss"] is not None)["runs"][0]
+    ran = [r["runs"][0] for r in sorted(ranks, key=lambda r: (r["replica"], r["stage"]))]
+    layout = job.layout
     summary = TrainingSummary(
-        codec=config.codec,
+        codec=_agreed(ran, "ran_codec"),
+        schedule=_agreed(ran, "schedule"),
+        num_microbatches_per_replica=tuple(
+            ran[j * layout.num_stages]["num_microbatches"] for j in range(layout.num_replicas)
+        ),
+        dp_collective_per_stage=tuple(ran[i]["dp_collective"] for i in range(layout.num_stages))
+        if layout.num_replicas > 1
+        else (),
+        device=next(r for r in ranks if r["rank"] == 0)["runs"][0]["device"],
+        dtype=_agreed(ran, "dtype"),
         world_size=job.world_size,
         steps=config.steps,
         final_train_loss=last["losses"][-1],
@@ -392,6 +414,14 @@ def run_training(
     document = {"summary": asdict(summary), "losses": last["losses"]}
     write_text_atomically(out_dir / "train.json", json.dumps(document))
     return summary
+
+
+def _agreed(runs: list[dict[str, Any]], key: str) -> Any:
+    """The value every rank reports for `key` (they agree: the job checked it at start)."""
+    values = {run[key] for run in runs}
+    if len(values) != 1:
+        raise PipelineError(f"the ranks ran different {key}: {sorted(values)}")
+    return values.pop()
 
 
 def _plot_losses(losses: list[float], label: str, path: Path) -> None:

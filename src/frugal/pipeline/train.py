@@ -1071,6 +1071,12 @@ def _run_one(
         "activation_bytes": stats.activation_bytes,
         "gradient_bytes": stats.gradient_bytes,
         "num_microbatches": m,
+        # What ran, as the runner resolved it (train.json reports it against the plan's).
+        "ran_codec": runner.spec.label,
+        "schedule": config.schedule,
+        "dp_collective": runner.dp_sync.collective_name if runner.dp_sync is not None else "",
+        "device": str(precision.device),
+        "dtype": str(precision.dtype).removeprefix("torch."),
         "dp_bytes": stats.dp_bytes,
         "buffer_bytes": buffer_bytes,
     }

@@ -45,17 +45,18 @@ import numpy as np
 from frugal._typing import F64, I64
 from frugal.config import check_types
 from frugal.parallel.codec import (
-    HEADER_BYTES,
     KIND_ACTIVATION,
     KIND_GRADIENT,
     CodecSpec,
-    message_wire_bytes,
+    mean_message_wire_bytes,
 )
 from frugal.parallel.plan import DP_COLLECTIVES
 from frugal.parallel.schedule import SCHEDULES, build_schedule, peak_in_flight
 from frugal.planner.topology import Topology
 
 __all__ = [
+    "AUTO",
+    "DEFAULT_CODEC_CANDIDATES",
     "IterationCost",
     "WorkloadConfig",
     "accumulation_steps",
@@ -71,6 +72,11 @@ TAU_REF_S = 0.0206
 the DT-FM authors' data-center log through a GPipe model (planner.md, section 6)."""
 _BITS_PER_BYTE = 8.0
 _GBIT = 1e9
+AUTO = "auto"
+"""The value of `WorkloadConfig.codec` and `.schedule` that leaves the choice to the planner."""
+DEFAULT_CODEC_CANDIDATES = ("fp16", "bf16", "fp32")
+"""`codec_candidates` by default: the uncompressed codecs, fp16 first (the DT-FM runs').
+"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,11 +94,22 @@ class WorkloadConfig:
     microbatch_size: int = 1
     """Sequences per micro-batch, >= 1."""
     microbatches_per_step: int = 64
-    """Micro-batches per pipeline between two accumulation boundaries (M), >= 1."""
+    """Micro-batches per pipeline between two accumulation boundaries (M), >= 1; 0 =
+    `build_plan` chooses, among the divisors of the micro-batches a replica runs per
+    iteration, the cheapest that fits device memory (the search runs with the largest
+    divisor <= 64, the DT-FM runs' M)."""
     codec: str = "fp16"
     """Codec of the pipeline messages (`frugal.parallel.CodecSpec`: fp32, fp16, bf16,
-    directq:fwK,bwJ, aqsgd:fwK,bwJ, ...; qK = directq:fwK,bwK:row); the exact wire size of
-    each direction (128-byte header + payload, steady state) prices every message."""
+    directq:fwK,bwJ, aqsgd:fwK,bwJ, ...; qK = directq:fwK,bwK:row), or "auto": `build_plan`
+    chooses the cheapest of `codec_candidates` for the placement and records it. Each
+    direction's message is priced at its exact wire size (128-byte header + payload),
+    averaged over the run: AQ-SGD's first visits and every codec's warm-up included (see
+    `num_epochs`)."""
+    codec_candidates: tuple[str, ...] = DEFAULT_CODEC_CANDIDATES
+    """The codecs `codec = "auto"` chooses from (CodecSpec texts). The default holds only
+    the uncompressed codecs, whose quality does not depend on the choice; list lossy ones to
+    opt in, e.g. ["fp16", "aqsgd:fw2,bw4", "aqsgd:fw4,bw8"] (AQ-SGD's paper reports fp32
+    quality at 2-4 bits, but that is a claim about its fine-tuning runs, not yours)."""
     gradient_bytes_per_value: float = 2.0
     """Wire bytes per gradient value in the DP exchange, > 0."""
     tau_ref_s: float = TAU_REF_S
@@ -108,23 +125,62 @@ class WorkloadConfig:
     schedule: str = "gpipe"
     """Pipeline schedule the plan runs (`frugal.parallel.schedule`); it sets the activations
     each stage keeps in flight (GPipe: every micro-batch of a step; 1F1B: at most
-    num_stages - stage)."""
+    num_stages - stage). "auto": `build_plan` prices every registered schedule (GPipe in
+    closed form, the others in the event simulator) and records the cheapest that fits."""
     dp_collectives: tuple[str, ...] = DP_COLLECTIVES
     """Gradient exchanges the planner may choose for a stage's DP group (of
     `frugal.parallel.DP_COLLECTIVES`: seq_peer, ring, central_ps). The pipeline runs the one
     the plan records, so restrict this to what the job's DP method can run: `["ring"]` for
     fp16 or powersgd (they all-reduce), `["seq_peer"]` for ef-kbit or qadam (sharded)."""
+    num_epochs: int = 1
+    """Passes over the training set, >= 1: AQ-SGD sends an example's activation in full on
+    its first visit (its buffer is empty) and k-bit deltas on later ones, so its forward
+    bytes are the first visit's spread over this many epochs. The default 1 is a
+    pretraining run (the default workload: every example seen once, so AQ-SGD's forward
+    costs fp32); set the fine-tuning run's epochs to price AQ-SGD's savings."""
+    warmup_iterations: int = 0
+    """Iterations sent uncompressed first (the pipeline's `warmup_steps`), >= 0; their
+    bytes are spread over the run (needs `num_train_samples`)."""
+    num_train_samples: int = 0
+    """Sequences in one epoch, >= global_batch_size when `warmup_iterations` > 0 (it sets the
+    run's length, num_epochs x num_train_samples / global_batch_size iterations); 0 = not
+    given."""
 
     def __post_init__(self) -> None:
         check_types(self)
         for name in ("num_layers", "hidden_size", "seq_len", "global_batch_size",
-                     "microbatch_size", "microbatches_per_step"):  # fmt: skip
+                     "microbatch_size", "num_epochs"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.microbatches_per_step < 0:
+            raise ValueError(
+                f"microbatches_per_step={self.microbatches_per_step} must be >= 1, or 0 to let "
+                "the planner choose"
+            )
         if min(self.gradient_bytes_per_value, self.tau_ref_s) <= 0:
             raise ValueError("gradient_bytes_per_value and tau_ref_s must be > 0")
-        CodecSpec.parse(self.codec)
-        SCHEDULES.check(self.schedule)
+        if not self.codec_candidates:
+            raise ValueError(
+                'codec_candidates is empty; list the codecs codec = "auto" may choose, e.g. '
+                '["fp16", "aqsgd:fw2,bw4"]'
+            )
+        for codec in self.codec_candidates:
+            CodecSpec.parse(codec)
+        if self.codec != AUTO:
+            CodecSpec.parse(self.codec)
+        if self.schedule != AUTO:
+            SCHEDULES.check(self.schedule)
+        if self.warmup_iterations < 0 or self.num_train_samples < 0:
+            raise ValueError(
+                f"warmup_iterations={self.warmup_iterations} and num_train_samples="
+                f"{self.num_train_samples} must be >= 0"
+            )
+        if self.warmup_iterations and self.num_train_samples < self.global_batch_size:
+            raise ValueError(
+                f"warmup_iterations={self.warmup_iterations} needs the epoch's length to spread "
+                f"its bytes over the run: set num_train_samples (sequences per epoch, >= "
+                f"global_batch_size={self.global_batch_size}), or warmup_iterations=0"
+            )
         unknown = [c for c in self.dp_collectives if c not in DP_COLLECTIVES]
         if not self.dp_collectives or unknown:
             raise ValueError(
@@ -138,26 +194,65 @@ class WorkloadConfig:
         return 12.0 * self.hidden_size**2
 
     @property
+    def message_fractions(self) -> tuple[float, float]:
+        """(first-visit, warm-up) shares of the run's pipeline messages.
+
+        With W warm-up iterations, I = num_train_samples / global_batch_size iterations per
+        epoch and E epochs (N = E I in all): the warm-up is min(W, N) / N of the messages
+        and fills AQ-SGD's buffers, so the first visits are the rest of the first epoch,
+        max(0, I - W) / N; without warm-up they are 1 / E.
+        """
+        if not self.warmup_iterations:
+            return 1.0 / self.num_epochs, 0.0
+        per_epoch = self.num_train_samples / self.global_batch_size
+        total = self.num_epochs * per_epoch
+        warm = min(self.warmup_iterations, total)
+        return max(0.0, per_epoch - warm) / total, warm / total
+
+    @property
     def activation_bytes(self) -> float:
-        """Wire bytes of one micro-batch's activation message (b s tokens x h) under `codec`."""
-        shape = (self.microbatch_size, self.seq_len, self.hidden_size)
-        return float(_message_bytes(self.codec, KIND_ACTIVATION, shape))
+        """Mean wire bytes of one micro-batch's activation message (b s tokens x h).
+
+        Under `codec`, over the run (`message_fractions`).
+
+        Raises:
+            ValueError: If `codec` is "auto" (`build_plan` resolves it first).
+        """
+        return self._mean_bytes(KIND_ACTIVATION)
 
     @property
     def gradient_bytes(self) -> float:
-        """Wire bytes of one micro-batch's gradient message (the backward direction)."""
+        """Mean wire bytes of one micro-batch's gradient message (the backward direction).
+
+        Raises:
+            ValueError: If `codec` is "auto" (`build_plan` resolves it first).
+        """
+        return self._mean_bytes(KIND_GRADIENT)
+
+    def _mean_bytes(self, kind: int) -> float:
+        if self.codec == AUTO:
+            raise ValueError(
+                'codec = "auto" has no wire size: build_plan chooses the codec first; price a '
+                "WorkloadConfig with a codec of codec_candidates"
+            )
         shape = (self.microbatch_size, self.seq_len, self.hidden_size)
-        return float(_message_bytes(self.codec, KIND_GRADIENT, shape))
+        return _mean_message_bytes(self.codec, kind, shape, *self.message_fractions)
 
 
-@functools.lru_cache(maxsize=64)
-def _message_bytes(codec: str, kind: int, shape: tuple[int, int, int]) -> int:
-    return message_wire_bytes(CodecSpec.parse(codec), kind, shape)
+@functools.lru_cache(maxsize=256)
+def _mean_message_bytes(
+    codec: str, kind: int, shape: tuple[int, int, int], first_visit: float, warmup: float
+) -> float:
+    return mean_message_wire_bytes(
+        CodecSpec.parse(codec), kind, shape, first_visit_fraction=first_visit,
+        warmup_fraction=warmup,
+    )  # fmt: skip
 
 
 _GIB = float(1 << 30)
 _TRAINING_BYTES_PER_PARAM = 4.0  # fp16 weights + fp16 gradients on the GPU (fp32 master on CPU)
 _ACTIVATION_BUFFERS = 4  # per micro-batch: checkpointed input, send, receive, recompute
+_ACTIVATION_VALUE_BYTES = 2.0  # fp16 activations, as in the DT-FM runs (planner.md, section 6)
 
 
 def microbatches_in_flight(workload: WorkloadConfig, stage: int, num_stages: int) -> int:
@@ -196,7 +291,9 @@ def stage_memory_gib(
     """
     weights = layers * workload.params_per_layer * _TRAINING_BYTES_PER_PARAM
     in_flight = microbatches_in_flight(workload, stage, num_stages)
-    activations = in_flight * (workload.activation_bytes - HEADER_BYTES) * _ACTIVATION_BUFFERS
+    # The buffers hold activations in the compute dtype (fp16), whatever the link's codec.
+    values = workload.microbatch_size * workload.seq_len * workload.hidden_size
+    activations = in_flight * values * _ACTIVATION_VALUE_BYTES * _ACTIVATION_BUFFERS
     return (weights + activations) / _GIB
 
 
@@ -381,6 +478,11 @@ def accumulation_steps(
             num_layers, or the global batch does not split into whole steps per replica.
     """
     num_replicas, num_stages = mesh_JI.shape
+    if workload.microbatches_per_step == 0:
+        raise ValueError(
+            "microbatches_per_step=0 (the planner chooses) has no accumulation steps: "
+            "build_plan chooses it first; price a WorkloadConfig with microbatches_per_step >= 1"
+        )
     if len(layers_per_stage) != num_stages or sum(layers_per_stage) != workload.num_layers:
         raise ValueError(
             f"layers_per_stage={layers_per_stage} must have {num_stages} entries summing to "

@@ -7,15 +7,17 @@ re-exported here.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
 from frugal import FrugalError
+from frugal._typing import I64
 from frugal.config import ConfigError, check_types
 from frugal.parallel.codec import CodecSpec
 from frugal.parallel.partition import partition_layers, split_layers
 from frugal.parallel.plan import PLAN_FORMAT_VERSION, Plan
-from frugal.planner.iteration import WorkloadConfig
+from frugal.planner.iteration import AUTO, DEFAULT_CODEC_CANDIDATES, WorkloadConfig
 from frugal.planner.topology import Topology
 
 __all__ = [
@@ -142,7 +144,7 @@ def _grids(topology: Topology, config: PlannerConfig) -> list[tuple[int, int]]:
     if config.num_replicas:
         return [(n // config.num_replicas, config.num_replicas)]
     w = config.workload
-    step = w.microbatch_size * w.microbatches_per_step
+    step = w.microbatch_size * (w.microbatches_per_step or 1)  # 0: the planner chooses M
     return [
         (d_pp, n // d_pp)
         for d_pp in range(1, min(n, w.num_layers) + 1)
@@ -196,9 +198,8 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         ConfigError: If the grid does not match the device count or links are asymmetric.
         InfeasiblePlanError: If a stage does not fit its device's memory.
     """
-    import numpy as np
-
-    from frugal.planner.methods import METHODS, SearchRequest
+    from frugal.planner.choice import choose, is_open, reference_workload
+    from frugal.planner.methods import METHODS
     from frugal.planner.search import check_grid
 
     grids = _grids(topology, config)
@@ -208,7 +209,7 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
             raise ConfigError(
                 f"no (num_stages, num_replicas) factor pair of {topology.num_devices} devices "
                 f"splits global_batch_size={w.global_batch_size} into whole steps of "
-                f"microbatches_per_step={w.microbatches_per_step} x microbatch_size="
+                f"microbatches_per_step={w.microbatches_per_step or 1} x microbatch_size="
                 f"{w.microbatch_size}; change those or set num_stages and num_replicas"
             )
         from dataclasses import replace
@@ -240,44 +241,41 @@ def build_plan(topology: Topology, config: PlannerConfig) -> Plan:
         from dataclasses import replace
 
         config = replace(config, num_stages=config_grid[0], num_replicas=config_grid[1])
-    layers = split_layers(config.workload.num_layers, config.num_stages)
     d_pp, d_dp = config.num_stages, config.num_replicas
-    stage_order: tuple[int, ...] = tuple(range(d_pp))
     method = METHODS.get(config.method)
-    outcome = method.search(
-        SearchRequest(
-            topology=topology,
-            num_stages=d_pp,
-            num_replicas=d_dp,
-            layers_per_stage=layers,
-            objective=config.objective,
-            workload=config.workload,
-            budget=config.budget,
-            seed=config.seed,
-            time_limit_s=config.time_limit_s,
+    workload = config.workload
+    if workload.codec != AUTO and workload.codec_candidates != DEFAULT_CODEC_CANDIDATES:
+        warnings.warn(
+            f"workload.codec_candidates={list(workload.codec_candidates)} is ignored: "
+            f'workload.codec = "{workload.codec}" pins the codec; set it to "auto" to choose',
+            stacklevel=2,
         )
-    )
-    mesh = np.asarray(outcome.mesh, dtype=np.int64)
-    if mesh.shape != (d_dp, d_pp):
-        raise PlannerError(
-            f"method {config.method!r} returned a mesh of shape {mesh.shape}; expected "
-            f"(num_replicas, num_stages) = ({d_dp}, {d_pp})"
-        )
-    if outcome.stage_order is not None:
-        stage_order = outcome.stage_order
-    mesh_rows = tuple(tuple(int(r) for r in row) for row in mesh)
-    speeds = {d.speed for d in topology.devices}
-    if config.objective == "iteration" and len(speeds) > 1:
-        layers = _balance_layers(topology, mesh_rows, config.workload.num_layers)
+    reference = reference_workload(workload, d_dp)
+    searched = _search(topology, config, reference)
+    num_candidates, stop = searched.num_candidates, searched.stop_reason
+    balance = method.balance_microbatches
+    if config.objective == "iteration" and is_open(workload):
+        chosen = choose(topology, searched.mesh, searched.layers, workload,
+                        balance_microbatches=balance)  # fmt: skip
+        if chosen.workload != reference:
+            # The choice changes the trade-off the placement was searched for: search again
+            # under it and keep the faster plan.
+            again = _search(topology, config, chosen.workload)
+            rechosen = choose(topology, again.mesh, again.layers, workload,
+                              balance_microbatches=balance)  # fmt: skip
+            num_candidates += again.num_candidates
+            stop = "time_limit" if "time_limit" in (stop, again.stop_reason) else stop
+            if rechosen.total_s < chosen.total_s:
+                searched = again
     return price_mesh(
         topology,
         config,
-        mesh_rows,
-        layers,
-        stage_order=stage_order,
-        balance_microbatches=method.balance_microbatches,
-        num_candidates=outcome.num_candidates,
-        stop_reason=outcome.stop_reason,
+        searched.mesh_rows,
+        searched.layers,
+        stage_order=searched.stage_order,
+        balance_microbatches=balance,
+        num_candidates=num_candidates,
+        stop_reason=stop,
     )
 
 
@@ -292,10 +290,11 @@ def price_mesh(
     num_candidates: int = 0,
     stop_reason: str = "",
 ) -> Plan:
-    """The `Plan` of a given placement, priced under `config`'s objective.
+    """The `Plan` of a given placement, priced (and its open choices made) under `config`.
 
     `build_plan` calls it on the mesh its search found; re-planning (`frugal.planner.replan`)
-    calls it on warm-started meshes.
+    calls it on warm-started meshes. Under the iteration objective the workload's open codec,
+    schedule and micro-batch count are chosen for this mesh (`frugal.planner.choice.choose`).
 
     Args:
         topology: Devices and links; `mesh` indexes its devices.
@@ -313,8 +312,8 @@ def price_mesh(
     """
     import numpy as np
 
+    from frugal.planner.choice import choose, reference_workload
     from frugal.planner.cost import paper_cost, paper_lower_bound
-    from frugal.planner.iteration import iteration_cost
 
     d_dp, d_pp = len(mesh), len(mesh[0])
     if (config.num_stages, config.num_replicas) != (d_pp, d_dp):
@@ -322,37 +321,24 @@ def price_mesh(
 
         config = replace(config, num_stages=d_pp, num_replicas=d_dp)
     mesh_array = np.asarray(mesh, dtype=np.int64)
-    check_memory(topology, mesh, layers, config.workload)
     breakdown: tuple[tuple[str, float], ...]
-    microbatches = (config.workload.microbatches_per_step,) * d_dp
-    collectives: tuple[str, ...] = ()
     if config.objective == "paper":
+        # the paper's cost prices no codec, schedule or micro-batch
+        resolved = reference_workload(config.workload, d_dp)
+        check_memory(topology, mesh, layers, resolved)
         scored = paper_cost(topology, np.ascontiguousarray(mesh_array.T))
         predicted = scored.total_s
         breakdown = (("dp_s", scored.dp_s), ("pp_s", scored.pp_s))
         bound = paper_lower_bound(topology, d_pp, d_dp)
+        microbatches: tuple[int, ...] = (resolved.microbatches_per_step,) * d_dp
+        collectives: tuple[str, ...] = ()
     else:
-        it = iteration_cost(topology, mesh_array, layers, config.workload,
-                            balance_microbatches=balance_microbatches)  # fmt: skip
-        microbatches = it.microbatches
-        collectives = it.collective if d_dp > 1 else ()
-        predicted = it.total_s
-        breakdown = (("pipeline_s", it.pipeline_s), ("dp_exposed_s", it.dp_exposed_s))
-        if config.workload.schedule == "1f1b":  # the closed form is GPipe's: simulate 1F1B
-            from frugal.planner.sim import simulate_iteration
-
-            counts = np.array(microbatches, dtype=np.int64)
-            sim = simulate_iteration(
-                topology,
-                mesh_array,
-                layers,
-                config.workload,
-                microbatches_J=counts,
-                schedule="1f1b",
-            )
-            predicted = sim.total_s
-            breakdown = (("pipeline_s", max(sim.pipeline_s)), ("dp_exposed_s", sim.dp_exposed_s))
-            collectives = sim.collective if d_dp > 1 else ()
+        chosen = choose(topology, mesh_array, layers, config.workload,
+                        balance_microbatches=balance_microbatches)  # fmt: skip
+        resolved = chosen.workload
+        microbatches, collectives = chosen.microbatches, chosen.collective
+        predicted = chosen.total_s
+        breakdown = (("pipeline_s", chosen.pipeline_s), ("dp_exposed_s", chosen.dp_exposed_s))
         bound = _compute_lower_bound(topology, config)
     return Plan(
         world_size=topology.num_devices,
@@ -373,10 +359,62 @@ def price_mesh(
         seed=config.seed,
         cluster=topology.name,
         cluster_sha256=topology.sha256(),
-        codec=CodecSpec.parse(config.workload.codec).label,
-        schedule=config.workload.schedule,
-        microbatch_size=config.workload.microbatch_size,
+        codec=CodecSpec.parse(resolved.codec).label,
+        schedule=resolved.schedule,
+        microbatch_size=resolved.microbatch_size,
         dp_collective=collectives,
         num_candidates=num_candidates,
         stop_reason=stop_reason,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Searched:
+    """One placement search's result, with its layers balanced to the device speeds."""
+
+    mesh: I64
+    mesh_rows: tuple[tuple[int, ...], ...]
+    stage_order: tuple[int, ...]
+    layers: tuple[int, ...]
+    num_candidates: int
+    stop_reason: str
+
+
+def _search(topology: Topology, config: PlannerConfig, workload: WorkloadConfig) -> _Searched:
+    """Search a placement on the config's grid under a resolved `workload`."""
+    import numpy as np
+
+    from frugal.planner.methods import METHODS, SearchRequest
+
+    d_pp, d_dp = config.num_stages, config.num_replicas
+    layers = split_layers(workload.num_layers, d_pp)
+    outcome = METHODS.get(config.method).search(
+        SearchRequest(
+            topology=topology,
+            num_stages=d_pp,
+            num_replicas=d_dp,
+            layers_per_stage=layers,
+            objective=config.objective,
+            workload=workload,
+            budget=config.budget,
+            seed=config.seed,
+            time_limit_s=config.time_limit_s,
+        )
+    )
+    mesh = np.asarray(outcome.mesh, dtype=np.int64)
+    if mesh.shape != (d_dp, d_pp):
+        raise PlannerError(
+            f"method {config.method!r} returned a mesh of shape {mesh.shape}; expected "
+            f"(num_replicas, num_stages) = ({d_dp}, {d_pp})"
+        )
+    mesh_rows = tuple(tuple(int(r) for r in row) for row in mesh)
+    if config.objective == "iteration" and len({d.speed for d in topology.devices}) > 1:
+        layers = _balance_layers(topology, mesh_rows, workload.num_layers)
+    return _Searched(
+        mesh=mesh,
+        mesh_rows=mesh_rows,
+        stage_order=outcome.stage_order if outcome.stage_order is not None else tuple(range(d_pp)),
+        layers=layers,
+        num_candidates=outcome.num_candidates,
+        stop_reason=outcome.stop_reason,
     )

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from frugal.config import ConfigError
+from frugal.planner.iteration import WorkloadConfig
 from frugal.planner.plan import (
     InfeasiblePlanError,
     Plan,
@@ -170,6 +171,23 @@ def _check_request(
         )
 
 
+def _running_workload(old: Plan, config: PlannerConfig) -> WorkloadConfig:
+    """The workload the running plan chose: its codec, schedule and micro-batches per step.
+
+    The job keeps what it runs; a choice the settings leave open ("auto", 0) is pinned to the
+    plan's (a plan without them keeps the settings').
+    """
+    workload = config.workload
+    if old.codec:
+        workload = replace(workload, codec=old.codec)
+    if old.schedule:
+        workload = replace(workload, schedule=old.schedule)
+    if workload.microbatches_per_step == 0:
+        per_step = sum(old.num_microbatches_per_replica) // old.num_replicas
+        workload = replace(workload, microbatches_per_step=max(1, per_step))
+    return workload
+
+
 def _replicas(num_devices: int, num_stages: int, config: PlannerConfig) -> tuple[int, str]:
     """Largest replica count the devices allow whose batch splits into whole steps, and a note."""
     w = config.workload
@@ -226,6 +244,7 @@ def replan(
     if not tolerance >= 0:
         raise ConfigError(f"replan tolerance={tolerance} must be >= 0 (0.05 = 5 % slower)")
     _check_request(old, cluster, config, without, with_hosts)
+    config = replace(config, workload=_running_workload(old, config))
     start = time.perf_counter()
     by_name = {d.name: i for i, d in enumerate(cluster.devices)}
     gone = set(without)
