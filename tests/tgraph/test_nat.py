@@ -173,12 +173,9 @@ def test_nat_is_registered_and_runs_under_both_protocols(
     result = run_link_prediction("nat", build_protocol(stream, "synthetic", config), 0,
                                  num_threads=1)  # fmt: skip
     assert isinstance(result.model, NAT)
-    for row in result.rows:
-        assert row["ranking"] == "sampled:6"
-        if row["num_events"] == 0:  # benchtemp's masks leave this stream no New-New event
-            continue
-        assert row["mrr"] == row["sampled_mrr"] and 1 / 7 <= row["mrr"] <= 1
-        assert 0 <= row["auc"] <= 1
+    assert {row["ranking"] for row in result.rows} == {"sampled:6"}
+    scored = [row for row in result.rows if row["num_events"] > 0]  # benchtemp: no New-New
+    assert all(1 / 7 <= row["mrr"] == row["sampled_mrr"] <= 1 for row in scored)
 
 
 def test_settings_out_of_range_are_refused() -> None:
