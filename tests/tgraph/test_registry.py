@@ -81,12 +81,12 @@ def test_unknown_names_list_every_registered_entry(stream: TemporalEvents) -> No
                        r"choose one of frugal, benchtemp"):  # fmt: skip
         protocol_preset("tgb")
     with pytest.raises(ValueError, match=r"models\[1\] = 'neurtw' is not allowed: .* graphmixer, "
-                       r"cawn, dygformer, or register it .* \(or name it as "
+                       r"cawn, dygformer, nat, or register it .* \(or name it as "
                        r"package\.module:attribute\)"):  # fmt: skip
         TgraphBenchConfig(models=("tgn", "neurtw"))
     protocol = build_protocol(stream, "synthetic", _tiny())
-    with pytest.raises(ValueError, match=r"model='nat' is not a registered tgraph model"):
-        run_link_prediction("nat", protocol, 0)
+    with pytest.raises(ValueError, match=r"model='neurtw' is not a registered tgraph model"):
+        run_link_prediction("neurtw", protocol, 0)
 
 
 def test_protocol_name_of_an_unregistered_preset_is_refused_by_the_cli() -> None:

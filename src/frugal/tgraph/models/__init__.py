@@ -6,8 +6,8 @@ from exchangeable parts (`frugal.tgraph.models.components`); a new model is one 
 builder and one `register_model` call (its import below), or a `register_model` call in your
 own code, or a `package.module:attribute` reference (`--model my_pkg.models:MyTGNN`). A model
 that fits no part implements the calls the runner makes (`LEARNED_MODEL_METHODS`;
-`check_learned_model` names any that is missing); a pair-scoring model such as `CAWN`
-or `DyGFormer` implements `PAIR_MODEL_METHODS` (subclass `PairScoringModel`) and registers
+`check_learned_model` names any that is missing); a pair-scoring model such as `CAWN`,
+`DyGFormer` or `NAT` implements `PAIR_MODEL_METHODS` (subclass `PairScoringModel`) and registers
 with `scoring='pair'`.
 """
 
@@ -57,16 +57,19 @@ from frugal.tgraph.models import tgat as tgat
 from frugal.tgraph.models import graphmixer as graphmixer
 from frugal.tgraph.models import cawn as cawn
 from frugal.tgraph.models import dygformer as dygformer
+from frugal.tgraph.models import nat as nat
 
 # isort: on
 from frugal.tgraph.models.cawn import CAWN  # after the order above
 from frugal.tgraph.models.dygformer import DyGFormer
 from frugal.tgraph.models.graphmixer import MixerEmbedding, MixerLayer
+from frugal.tgraph.models.nat import NAT
 
 __all__ = [
     "CAWN",
     "LEARNED_MODEL_METHODS",
     "MODELS",
+    "NAT",
     "PAIR_MODEL_METHODS",
     "AttentionMessage",
     "DyGFormer",

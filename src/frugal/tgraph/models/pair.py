@@ -1,10 +1,11 @@
-"""The base of stateless pair-scoring models (CAWN, DyGFormer): `PairScoringModel`.
+"""The base of pair-scoring models (CAWN, DyGFormer, NAT): `PairScoringModel`.
 
 A pair-scoring model (`ModelSpec.scoring='pair'`) scores (src, dst, t) jointly with
-`score_pairs` and keeps no event state of its own: everything it reads comes from the
-neighbour finder the trainer passes in. This base gives the event-state calls of
-`PAIR_MODEL_METHODS` (all no-ops) and `forward_batch` (through `score_pairs`), so a subclass
-implements `score_pairs` and `neighbor_strategy` only.
+`score_pairs`. This base gives the event-state calls of `PAIR_MODEL_METHODS` as no-ops (a
+model that reads only the neighbour finder the trainer passes in, as CAWN and DyGFormer do)
+and `forward_batch` (through `score_pairs`), so such a subclass implements `score_pairs`
+and `neighbor_strategy` only; a model with event state of its own (NAT's caches) overrides
+`reset_state`, `state`, `load_state`, `commit_numpy` and `store_events` too.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ code: the attribute is a `ModelSpec`, a `HeuristicModel` subclass (built as
 
 A model declares how it scores (`ModelSpec.scoring`): 'node' models (every `TemporalGNN`) embed
 nodes, so the evaluator ranks each query against every candidate destination from one
-embedding per node; 'pair' models (CAWN, DyGFormer) score (src, dst, t) jointly through
+embedding per node; 'pair' models (CAWN, DyGFormer, NAT) score (src, dst, t) jointly through
 `score_pairs` (`PAIR_MODEL_METHODS`), and are ranked against the protocol's fixed sample of
 `num_ranking_candidates` destinations per query (rows say `ranking="sampled:N"`). A
 referenced class or builder declares 'pair' with a `scoring = "pair"` attribute.
