@@ -67,6 +67,18 @@ PINNED_SURFACE = {
         "--set",
         "-h",
     ],
+    "plan probe": [
+        "--config",
+        "--help",
+        "--nnodes",
+        "--nproc-per-node",
+        "--out",
+        "--overwrite",
+        "--print-config",
+        "--rdzv-endpoint",
+        "--set",
+        "-h",
+    ],
     "plan validate": [
         "--config",
         "--help",

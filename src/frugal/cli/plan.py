@@ -86,6 +86,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             args, "bench", "choose scenarios with --set 'scenarios=[\"world\"]'"
         ),
     )
+    probe = children.add_parser(
+        "probe",
+        help="measure delay, bandwidth and speed between the ranks of a torchrun job and "
+        "write the cluster file",
+        description="Launch --nproc-per-node ranks here (and as many on each of --nnodes "
+        "machines running the same command), probe every pair one at a time and write the "
+        "cluster TOML that `frugal plan --cluster` reads.",
+    )
+    probe.add_argument("--out", metavar="FILE", required=True, help="the cluster TOML to write")
+    probe.add_argument("--nproc-per-node", type=int, default=2, help="ranks on this machine")
+    probe.add_argument("--nnodes", type=int, default=1, help="machines in the job")
+    probe.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        help="rendezvous HOST:PORT every machine reaches (with --nnodes > 1)",
+    )
+    add_overwrite_argument(probe, "the cluster file")
+    add_config_arguments(probe)
+    probe.set_defaults(handler=_probe)
     add_bench(
         children,
         _validate,
@@ -182,6 +201,46 @@ def _replan(args: argparse.Namespace, topology: Topology, config: PlannerConfig)
     )  # fmt: skip
     print(result.table(), file=sys.stderr)
     return result.plan
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from frugal.planner.probe import ProbeConfig, run_probe
+
+    config = config_from_args(ProbeConfig, args)
+    if print_config(args, config):
+        return 0
+    out = Path(args.out)
+    if out.suffix != ".toml":
+        raise ConfigError(f"--out {out}: give a .toml path (the raw measurements go beside it)")
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; give a file name such as cluster.toml")
+    output_file(args.out)
+    refuse_earlier_output(out, args)
+    if args.nproc_per_node < 1 or args.nnodes < 1:
+        raise ConfigError(
+            f"--nproc-per-node {args.nproc_per_node} and --nnodes {args.nnodes} must be >= 1"
+        )
+    if args.nproc_per_node * args.nnodes < 2:
+        raise ConfigError("a probe needs at least 2 ranks (--nproc-per-node 2 or --nnodes 2)")
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        raise ConfigError(
+            f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, an address every machine "
+            "reaches"
+        )
+    written = run_probe(
+        config,
+        out,
+        nproc=args.nproc_per_node,
+        nnodes=args.nnodes,
+        rdzv_endpoint=args.rdzv_endpoint,
+    )
+    if written is None:
+        print("this machine's ranks finished; the machine of global rank 0 writes the file")
+    else:
+        print(written.read_text(), end="")
+        print(f"wrote {written} (raw measurements: {written.with_suffix('.json')})",
+              file=sys.stderr)  # fmt: skip
+    return 0
 
 
 def _no_cluster_flags(args: argparse.Namespace, action: str, instead: str) -> None:
