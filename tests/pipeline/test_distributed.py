@@ -103,14 +103,32 @@ def test_plan_with_two_replicas_all_reduces_like_one_pipeline(tmp_path: Path) ->
     ranks = launch_torchrun(config, runs, tmp_path / "out", nproc=4, timeout_s=240)
     reporter = next(r for r in ranks if r["runs"][0]["eval_loss"] is not None)
     assert (reporter["replica"], reporter["stage"]) == (0, 1)
-    # 2 replicas x 2 micro-batches, gradients all-reduced = one 2-stage pipeline of 4.
-    local = train_local(replace(CONFIG, num_stages=2, steps=4))
+    # 2 replicas x 2 micro-batches, gradients all-reduced = one 2-stage pipeline of 4 reading
+    # the steps in the replicas' order (each replica keeps its own shard of the windows).
+    local = train_local(replace(CONFIG, num_stages=2, steps=4), replicas=(2, 2))
     assert reporter["runs"][0]["eval_loss"] == pytest.approx(local.eval_loss, rel=1e-5)
     # fp16 all-reduce (torch's fp16_compress_hook arithmetic): half the bytes, nearly the
     # same model.
     fp32_bytes, fp16_bytes = reporter["runs"][0]["dp_bytes"], reporter["runs"][1]["dp_bytes"]
     assert len(fp32_bytes) == 4 and fp16_bytes == [b // 2 for b in fp32_bytes]
     assert reporter["runs"][1]["eval_loss"] == pytest.approx(local.eval_loss, rel=1e-2)
+
+
+def test_each_replica_keeps_its_examples_so_aqsgd_sends_deltas_after_epoch_0(
+    tmp_path: Path,
+) -> None:
+    # 64 windows, 2 replicas x 2 micro-batches of 8: 2 steps an epoch. Each replica keeps its
+    # shard of 32 windows, so from epoch 1 on every example it sends has a buffer on its
+    # pipeline: only 2-bit deltas leave stage 0 (an example moving to the other replica would
+    # go out in full precision again).
+    config = replace(CONFIG, plan=str(_dp_plan(tmp_path)), steps=6)
+    runs = [RunSpec(label="aq", codec="aqsgd:fw2,bw4", steps=6)]
+    ranks = launch_torchrun(config, runs, tmp_path / "out", nproc=4, timeout_s=240)
+    delta = message_wire_bytes(CodecSpec.parse("aqsgd:fw2,bw4"), 0, (8, 64, 128))
+    first = message_wire_bytes(CodecSpec.parse("aqsgd:fw2,bw4"), 0, (8, 64, 128), num_new=8)
+    for rank in (r for r in ranks if r["stage"] == 0):
+        sent = rank["runs"][0]["activation_bytes"]
+        assert sent[:2] == [[first] * 2] * 2 and sent[2:] == [[delta] * 2] * 4, sent
 
 
 @pytest.mark.timeout(300)  # four torch imports on a loaded 2-core machine can take a minute

@@ -67,7 +67,8 @@ def test_central_ps_and_seq_peer_plans_train_like_one_pipeline(tmp_path: Path) -
     runs = [RunSpec(label="dp", codec="fp32", steps=4)]
     ranks = launch_torchrun(config, runs, tmp_path / "out", nproc=4, timeout_s=240)
     reporter = next(r for r in ranks if r["runs"][0]["eval_loss"] is not None)
-    # Two replicas: a sum of two is the same in any order, so the loss is the one pipeline's.
-    local = train_local(dataclasses.replace(CONFIG, num_stages=2, steps=4))
+    # Two replicas: a sum of two is the same in any order, so the loss is the one pipeline's
+    # reading the steps in the replicas' order (each replica keeps its shard).
+    local = train_local(dataclasses.replace(CONFIG, num_stages=2, steps=4), replicas=(2, 2))
     assert reporter["runs"][0]["eval_loss"] == pytest.approx(local.eval_loss, rel=1e-5)
     assert all(len(r["runs"][0]["dp_bytes"]) == 4 for r in ranks)

@@ -28,7 +28,8 @@ old rank of stage i in replica min(j, old replicas - 1) (replicas of a stage hol
 weights and optimizer state), and merges the per-example buffers of *every* old rank of stage
 i (each example's AQ-SGD buffers were on one old replica; after the change another replica
 may see it). A data-parallel method's own state (error-feedback residuals) is per replica and
-starts afresh. The data cursor is the step, so the sample order goes on unchanged.
+starts afresh. The data cursor is the step; each replica of the new layout reads its own
+shard from there (the same shards when the replica count is the same).
 """
 
 from __future__ import annotations

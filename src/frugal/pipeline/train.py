@@ -462,8 +462,22 @@ def load_windows(config: PipelineTrainConfig) -> TextWindows:
 
 
 def _step_ids(
-    data: TextWindows, config: PipelineTrainConfig, step: int, per_step: int, repeat: bool
+    data: TextWindows,
+    config: PipelineTrainConfig,
+    step: int,
+    per_step: int,
+    repeat: bool,
+    replicas: Sequence[int] = (),
 ) -> torch.Tensor:
+    """The windows of one step, replica after replica (`replicas[j]` micro-batches each).
+
+    One pipeline (`replicas` of one entry or empty) reads a fresh seeded permutation of the
+    training windows each epoch. With data parallelism every replica keeps its own shard for
+    the whole run (a contiguous share of epoch 0's permutation, in proportion to its
+    micro-batches) and permutes only that shard each epoch, so an example always meets the
+    same pipeline: AQ-SGD's per-example buffers live on that pipeline's ranks, and an
+    example that moved to another replica would be sent in full precision again.
+    """
     if repeat:
         return data.epoch_order(0, config.seed)[:per_step]
     per_epoch = len(data.train_ids) // per_step
@@ -473,7 +487,18 @@ def _step_ids(
             f"{len(data.train_ids)}; raise num_train or use a smaller global batch"
         )
     epoch, k = divmod(step, per_epoch)
-    return data.epoch_order(epoch, config.seed)[k * per_step : (k + 1) * per_step]
+    if len(replicas) <= 1:
+        return data.epoch_order(epoch, config.seed)[k * per_step : (k + 1) * per_step]
+    base = data.epoch_order(0, config.seed)
+    parts, start = [], 0
+    for j, count in enumerate(replicas):
+        take = count * config.micro_batch_size
+        shard = base[start : start + take * per_epoch]
+        start += take * per_epoch
+        gen = torch.Generator().manual_seed((config.seed * 1_000_003 + epoch) * 1_009 + j)
+        order = shard[torch.randperm(len(shard), generator=gen)]
+        parts.append(order[k * take : (k + 1) * take])
+    return torch.cat(parts)
 
 
 def _microbatches(data: TextWindows, ids: torch.Tensor, size: int) -> list[Microbatch]:
@@ -519,10 +544,15 @@ def train_local(
     config: PipelineTrainConfig,
     progress: Callable[[int, float], None] | None = None,
     data: TextWindows | None = None,
+    *,
+    replicas: Sequence[int] = (),
 ) -> LocalResult:
     """Train with every stage in this process (LocalTransport, no shaping).
 
     The stages run on `config.device` (one process: "cuda" is `cuda:0`) in `config.dtype`.
+    `replicas` (micro-batches per replica, summing to `num_microbatches`) reads the steps in
+    the order a data-parallel job of those replicas does (`_step_ids`), so one pipeline
+    reproduces it (its gradients are the replicas' all-reduced ones).
 
     Raises:
         NonFiniteError: On NaN/inf.
@@ -557,9 +587,9 @@ def train_local(
     losses = []
     try:
         for step in range(config.steps):
-            ids = _step_ids(data, config, step, per_step, repeat=False)
+            ids = _step_ids(data, config, step, per_step, False, replicas)
             if step + 1 < config.steps:  # the loader knows the order: read the next rows ahead
-                upcoming = _step_ids(data, config, step + 1, per_step, repeat=False)
+                upcoming = _step_ids(data, config, step + 1, per_step, False, replicas)
                 for runner in runners:
                     runner.prefetch(upcoming, step + 1)
             loss = run_local_step(
@@ -991,6 +1021,7 @@ def _run_one(
     actions = build_schedule(config.schedule, layout.num_stages, stage, m)
     offset = sum(layout.num_microbatches[:replica]) * config.micro_batch_size
     per_step = total_mbs * config.micro_batch_size
+    shards = layout.num_microbatches  # each replica keeps its own shard (`_step_ids`)
     reporter = stage == layout.num_stages - 1 and replica == 0
     checkpoints = _Checkpoints.of(config, run, layout, out_dir)
     first_step, initial_eval_loss = 0, None
@@ -1003,10 +1034,12 @@ def _run_one(
     try:
         _barrier(config.comm_timeout_s)
         for step in range(first_step, run.steps):
-            ids = _step_ids(data, config, step, per_step, run.repeat_examples)
+            ids = _step_ids(data, config, step, per_step, run.repeat_examples, shards)
             mine = ids[offset : offset + m * config.micro_batch_size]
             if step + 1 < run.steps:  # read the next step's rows ahead (sample order)
-                upcoming = _step_ids(data, config, step + 1, per_step, run.repeat_examples)
+                upcoming = _step_ids(
+                    data, config, step + 1, per_step, run.repeat_examples, shards
+                )
                 runner.prefetch(upcoming[offset : offset + m * config.micro_batch_size], step + 1)
             t0 = time.perf_counter()
             runner.begin_step(step, _microbatches(data, mine, config.micro_batch_size))
