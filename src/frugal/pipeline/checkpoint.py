@@ -76,6 +76,7 @@ RESUMABLE_SETTINGS = frozenset(
     {
         "steps",
         "checkpoint_every",
+        "checkpoint_dir",
         "max_restarts",
         "comm_timeout_s",
         "bandwidth_mbps",
@@ -89,7 +90,8 @@ RESUMABLE_SETTINGS = frozenset(
         "drift_check_every",
     }
 )
-"""Settings a resumed job may change: train longer, other links, buffers elsewhere."""
+"""Settings a resumed job may change: train longer, other links, buffers elsewhere, the
+checkpoint folder moved or copied."""
 
 RELAYOUT_SETTINGS = frozenset({"layout", "plan"})
 """Fingerprint entries a job on another plan may change (`relayout_sources` checks the rest)."""
