@@ -57,11 +57,13 @@ from frugal.tgraph.models import tgat as tgat
 from frugal.tgraph.models import graphmixer as graphmixer
 from frugal.tgraph.models import cawn as cawn
 from frugal.tgraph.models import dygformer as dygformer
+from frugal.tgraph.models import neurtw as neurtw
 
 # isort: on
 from frugal.tgraph.models.cawn import CAWN  # after the order above
 from frugal.tgraph.models.dygformer import DyGFormer
 from frugal.tgraph.models.graphmixer import MixerEmbedding, MixerLayer
+from frugal.tgraph.models.neurtw import NeurTW
 
 __all__ = [
     "CAWN",
@@ -85,6 +87,7 @@ __all__ = [
     "ModelKind",
     "ModelProtocolError",
     "ModelSpec",
+    "NeurTW",
     "PairScoringModel",
     "Popularity",
     "Recency",
