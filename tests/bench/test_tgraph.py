@@ -203,8 +203,8 @@ def test_leaderboard_cli_writes_markdown_and_png(tmp_path: Path) -> None:
 
 
 def test_cli_rejects_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert main(["tgraph", "bench", "--model", "neurtw", "--out", str(tmp_path)]) == 2
-    assert "models[0] = 'neurtw' is not allowed" in capsys.readouterr().err
+    assert main(["tgraph", "bench", "--model", "apan", "--out", str(tmp_path)]) == 2
+    assert "models[0] = 'apan' is not allowed" in capsys.readouterr().err
     out = str(tmp_path)
     assert main(["tgraph", "bench", "--dataset", "collegemsg", "--task", "nc", "--out", out]) == 2
     assert "needs node labels" in capsys.readouterr().err

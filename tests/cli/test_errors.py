@@ -16,7 +16,7 @@ from frugal.cli.main import main
     ("args", "fragment"),
     [
         (["data", "show", "nope"], "unknown dataset 'nope'"),
-        (["tgraph", "bench", "--model", "neurtw"], "neurtw"),
+        (["tgraph", "bench", "--model", "apan"], "apan"),
         (["tgraph", "bench", "--dataset", "nope"], "nope"),
         (["pipeline", "train", "--codec", "nope"], "codec 'nope'"),
         (["pipeline", "train", "--set", "num_train=-1"], "num_train=-1"),

@@ -164,8 +164,8 @@ def test_node_classification_needs_labels(stream: TemporalEvents) -> None:
     protocol = build_protocol(unlabelled, "synthetic", ProtocolConfig())
     with pytest.raises(ValueError, match="needs node labels"):
         run_node_classification(_model("tgn", stream), protocol, 0)
-    with pytest.raises(ValueError, match=r"model='neurtw' is not a registered tgraph model"):
-        run_link_prediction("neurtw", protocol, 0)
+    with pytest.raises(ValueError, match=r"model='apan' is not a registered tgraph model"):
+        run_link_prediction("apan", protocol, 0)
 
 
 def test_early_stopping_stops_after_patience_epochs_without_gain(

@@ -230,7 +230,7 @@ def test_walk_encoder_gives_the_same_numbers_as_without_deduplication(
     dst_walks = model._walks(dst.ravel(), np.repeat(t, 3), 600, finder, rng)
     src_rows = np.repeat(np.arange(5), 3)  # each source serves its 3 pairs
     counts, _ = hitting_counts(src_walks.node[src_rows], dst_walks.node)
-    steps, length = model._steps(src_walks, np.arange(5))
+    steps, length, _ = model._steps(src_walks, np.arange(5))  # CAWN: no time gaps
     walk_pm = src_rows[:, None] * 6 + np.arange(6)
     encoder = model.walk_encoder
     with torch.no_grad():

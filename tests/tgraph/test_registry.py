@@ -73,20 +73,20 @@ def test_unknown_names_list_every_registered_entry(stream: TemporalEvents) -> No
     from frugal.bench.tgraph import TgraphBenchConfig
 
     with pytest.raises(ValueError, match="choose one of") as error:
-        MODELS.get("neurtw")
+        MODELS.get("apan")
     message = str(error.value)
-    assert message.startswith("model='neurtw' is not a registered tgraph model; choose one of ")
+    assert message.startswith("model='apan' is not a registered tgraph model; choose one of ")
     assert all(name in message for name in BUILT_IN)
     with pytest.raises(ValueError, match=r"protocol='tgb' is not a registered tgraph protocol; "
                        r"choose one of frugal, benchtemp"):  # fmt: skip
         protocol_preset("tgb")
-    with pytest.raises(ValueError, match=r"models\[1\] = 'neurtw' is not allowed: .* graphmixer, "
-                       r"cawn, dygformer, nat, or register it .* \(or name it as "
+    with pytest.raises(ValueError, match=r"models\[1\] = 'apan' is not allowed: .* graphmixer, "
+                       r"cawn, dygformer, nat, neurtw, or register it .* \(or name it as "
                        r"package\.module:attribute\)"):  # fmt: skip
-        TgraphBenchConfig(models=("tgn", "neurtw"))
+        TgraphBenchConfig(models=("tgn", "apan"))
     protocol = build_protocol(stream, "synthetic", _tiny())
-    with pytest.raises(ValueError, match=r"model='neurtw' is not a registered tgraph model"):
-        run_link_prediction("neurtw", protocol, 0)
+    with pytest.raises(ValueError, match=r"model='apan' is not a registered tgraph model"):
+        run_link_prediction("apan", protocol, 0)
 
 
 def test_protocol_name_of_an_unregistered_preset_is_refused_by_the_cli() -> None:

@@ -43,8 +43,8 @@ def add_actions(children: Any) -> None:
                        "repeatable; default collegemsg")  # fmt: skip
     bench.add_argument("--model", action="append", default=None, metavar="NAME",
                        help="registered model (repeatable): edgebank, edgebank_window, recency, "
-                       "popularity, jodie, dyrep, tgn, tgat, graphmixer, cawn, dygformer, nat "
-                       "(the last three pair-scoring: their MRR ranks the protocol's "
+                       "popularity, jodie, dyrep, tgn, tgat, graphmixer, cawn, dygformer, nat, "
+                       "neurtw (the last four pair-scoring: their MRR ranks the protocol's "
                        "num_ranking_candidates sampled destinations, rows say ranking=sampled:N), "
                        "one added with register_model, or your own as package.module:attribute; "
                        "default all")  # fmt: skip

@@ -1037,9 +1037,7 @@ def _run_one(
             ids = _step_ids(data, config, step, per_step, run.repeat_examples, shards)
             mine = ids[offset : offset + m * config.micro_batch_size]
             if step + 1 < run.steps:  # read the next step's rows ahead (sample order)
-                upcoming = _step_ids(
-                    data, config, step + 1, per_step, run.repeat_examples, shards
-                )
+                upcoming = _step_ids(data, config, step + 1, per_step, run.repeat_examples, shards)
                 runner.prefetch(upcoming[offset : offset + m * config.micro_batch_size], step + 1)
             t0 = time.perf_counter()
             runner.begin_step(step, _microbatches(data, mine, config.micro_batch_size))

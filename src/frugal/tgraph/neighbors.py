@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from frugal._typing import I64
+from frugal._typing import F64, I64
 
 __all__ = ["NeighborFinder", "NeighborStrategy", "Neighbors"]
 
@@ -97,7 +97,7 @@ class NeighborFinder:
         counts = np.bincount(node, minlength=num_nodes)
         self._indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._stride = stride
-        self._log_prefix: dict[float, npt.NDArray[np.float64]] = {}
+        self._log_prefix: dict[tuple[str, float], npt.NDArray[np.float64]] = {}
 
     def cutoff_before(self, t_B: I64, max_eid_B: I64 | None = None) -> I64:
         """Positions of the first event at time >= t (and with global id >= max_eid).
@@ -175,24 +175,68 @@ class NeighborFinder:
         t = np.where(mask, self._t[pos], 0)
         return Neighbors(nbr, eid, t, mask)
 
-    def _log_cumulative_weights(self, alpha: float) -> npt.NDArray[np.float64]:
-        """Per-node running log-sum of exp(alpha * t) over each CSR row, cached per alpha.
+    def _running_log_sums(self, a: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Per-node running log-sum of exp(a) over each CSR row (a: one log-weight per entry).
 
-        Entry i holds log(sum of exp(alpha * t_j) for j from its row's start to i), so
-        the mass of a row's range [s, e) is exp(L[e-1]) - exp(L[s-1]) without overflow or
-        underflow at any time scale (t in seconds times alpha can exceed 700).
+        Entry i holds log(sum of exp(a_j) for j from its row's start to i), so the mass of a
+        row's range [s, e) is exp(L[e-1]) - exp(L[s-1]) without overflow or underflow at any
+        scale (t in seconds times alpha can exceed 700).
         """
-        cached = self._log_prefix.get(alpha)
-        if cached is not None:
-            return cached
-        a = alpha * self._t[self._pos].astype(np.float64)
         out = np.empty_like(a)
-        # One accumulate per node with events: setup, once per (finder, alpha), not per walk.
+        # One accumulate per node with events: setup, once per (finder, bias), not per walk.
         for u in np.flatnonzero(np.diff(self._indptr)):  # one iteration per active node
             lo, hi = self._indptr[u], self._indptr[u + 1]
             out[lo:hi] = np.logaddexp.accumulate(a[lo:hi])
-        self._log_prefix[alpha] = out
-        return out  # type: ignore[no-any-return]  # numpy stub: empty_like of float64
+        return out
+
+    def _log_cumulative_weights(self, alpha: float) -> npt.NDArray[np.float64]:
+        """Running log-sums of exp(alpha * t) per CSR row (`_running_log_sums`), per alpha."""
+        cached = self._log_prefix.get(("time", alpha))
+        if cached is None:
+            cached = self._running_log_sums(alpha * self._t[self._pos].astype(np.float64))
+            self._log_prefix[("time", alpha)] = cached
+        return cached
+
+    def _log_cumulative_degree_weights(self, spatial_bias: float) -> npt.NDArray[np.float64]:
+        """Running log-sums of exp(-spatial_bias / (d + 0.01)) per CSR row, per spatial_bias.
+
+        d is the degree of the entry's neighbour at the entry's event: how many of the
+        neighbour's events in this finder are strictly earlier (NeurTW's `find_before(ngh,
+        ngh_ts, e_idx)`). Those events precede the entry itself, so the weight reads nothing
+        a query that may see the entry could not.
+        """
+        cached = self._log_prefix.get(("degree", spatial_bias))
+        if cached is None:
+            first_at_t = np.searchsorted(self._t, self._t[self._pos], side="left")
+            end = np.searchsorted(self._key, self._nbr * self._stride + first_at_t, side="left")
+            degree = (end - self._indptr[self._nbr]).astype(np.float64)
+            cached = self._running_log_sums(-spatial_bias / (degree + 0.01))
+            self._log_prefix[("degree", spatial_bias)] = cached
+        return cached
+
+    @staticmethod
+    def _invert_log_cdf(
+        log_cum: npt.NDArray[np.float64], start: I64, last: I64, uniform_BK: F64
+    ) -> I64:
+        """Per draw, the first position of [start, last] whose running log-sum reaches its share.
+
+        A query's range always starts at its row's start (the cutoff only ends it), so the
+        target of uniform number u is L[last] + log(u): a binary search over the log-sums.
+        """
+        with np.errstate(divide="ignore"):
+            target_BK = log_cum[last][:, None] + np.log(uniform_BK)
+        b, k = uniform_BK.shape
+        lo = np.broadcast_to(start[:, None], (b, k)).copy()
+        hi = np.broadcast_to(last[:, None], (b, k)).copy()
+        while True:  # O(log max degree) rounds over all B K draws at once
+            open_ = lo < hi
+            if not open_.any():
+                break
+            mid = (lo + hi) // 2
+            right = log_cum[mid] < target_BK
+            lo = np.where(open_ & right, mid + 1, lo)
+            hi = np.where(open_ & ~right, mid, hi)
+        return lo
 
     def sample_time_biased(
         self,
@@ -202,15 +246,20 @@ class NeighborFinder:
         *,
         alpha: float,
         rng: np.random.Generator,
+        spatial_bias: float = 0.0,
     ) -> Neighbors:
         """K draws with replacement among each query's events before cutoff, P ~ exp(alpha t).
 
         The probability of an earlier event at time t' for a query at time t is
         exp(alpha (t' - t)) / sum over the query's earlier events, as CAW's temporal walk
-        sampler (alpha = 0: uniform). Each draw inverts the cumulative weights of the
-        query's range with one uniform number and a binary search over the running log-sums
-        (`rng.random((B, K))`, in that order; draws of a query without earlier events are
-        masked). Draws are sorted by position, as CAW's `np.sort(np.random.choice(...))`.
+        sampler (alpha = 0: uniform). With `spatial_bias` beta > 0 it is NeurTW's
+        spatio-temporal mixture (P_time + P_degree) / 2, P_degree of an event to neighbour
+        w proportional to exp(-beta / (d_w + 0.01)), d_w the number of w's events before that
+        event (NeurTW's `get_temporal_neighbor` with `ee_bias` 0). Each draw inverts the
+        cumulative weights of the query's range with one uniform number and a binary search
+        over the running log-sums (`rng.random((B, K))`, in that order; draws of a query
+        without earlier events are masked). Draws are sorted by position, as CAW's
+        `np.sort(np.random.choice(...))`.
 
         Args:
             node_B: Query nodes, shape (B,).
@@ -218,21 +267,25 @@ class NeighborFinder:
             num_neighbors: K, >= 1.
             alpha: Recency bias alpha >= 0, per unit of t.
             rng: Random generator.
+            spatial_bias: NeurTW's structural bias beta >= 0 (0: the time bias alone).
 
         Returns:
             Neighbors with arrays of shape (B, K).
 
         Raises:
-            ValueError: If K < 1 or alpha < 0.
+            ValueError: If K < 1, alpha < 0 or spatial_bias < 0.
 
         References:
             Inductive Representation Learning in Temporal Networks via Causal Anonymous
             Walks, ICLR 2021, arXiv 2101.05974 (section 4.1, temporal walk sampling).
+            Neural Temporal Walks: Motif-Aware Representation Learning on Continuous-Time
+            Dynamic Graphs, NeurIPS 2022 (section 3.1, spatiotemporal-biased walks;
+            reference code KimMeen/Neural-Temporal-Walks, `graph.py`).
         """
         if num_neighbors < 1:
             raise ValueError(f"num_neighbors={num_neighbors} must be >= 1")
-        if not alpha >= 0:
-            raise ValueError(f"alpha={alpha} must be >= 0")
+        if not alpha >= 0 or not spatial_bias >= 0:
+            raise ValueError(f"alpha={alpha} and spatial_bias={spatial_bias} must be >= 0")
         node = np.asarray(node_B, dtype=np.int64)
         cutoff = np.asarray(cutoff_B, dtype=np.int64)
         k = num_neighbors
@@ -245,26 +298,22 @@ class NeighborFinder:
         if len(self._nbr) == 0 or not has.any():
             zeros = np.zeros((len(node), k), np.int64)
             return Neighbors(zeros, zeros.copy(), zeros.copy(), np.zeros((len(node), k), bool))
-        log_cum = self._log_cumulative_weights(float(alpha))
         last = np.where(has, end - 1, 0)
-        top = log_cum[last][:, None]
-        below = np.where(has & (start > self._indptr[node]), start - 1, -1)
-        # exp(L[s-1] - L[e-1]): the share of the row's mass before the range (0 at the row start)
-        before = np.where(below >= 0, np.exp(log_cum[np.maximum(below, 0)] - log_cum[last]), 0.0)
-        before = before[:, None]
-        with np.errstate(divide="ignore"):
-            target_BK = top + np.log(before + uniform_BK * (1.0 - before))
-        # First position in [s, e) whose running log-sum reaches the target (binary search).
-        lo = np.broadcast_to(start[:, None], (len(node), k)).copy()
-        hi = np.broadcast_to(last[:, None], (len(node), k)).copy()
-        while True:  # O(log max degree) rounds over all B K draws at once
-            open_ = lo < hi
-            if not open_.any():
-                break
-            mid = (lo + hi) // 2
-            right = log_cum[mid] < target_BK
-            lo = np.where(open_ & right, mid + 1, lo)
-            hi = np.where(open_ & ~right, mid, hi)
+        time_cum = self._log_cumulative_weights(float(alpha))
+        if spatial_bias == 0:
+            lo = self._invert_log_cdf(time_cum, start, last, uniform_BK)
+        else:
+            # The mixture (P_time + P_degree) / 2, one uniform number a draw: u < 1/2 picks
+            # the time-biased half and inverts it with 2 u, else the degree-biased half with
+            # 2 u - 1 (both exact in floating point, and each uniform on [0, 1)).
+            degree_cum = self._log_cumulative_degree_weights(float(spatial_bias))
+            by_degree = uniform_BK >= 0.5
+            u_BK = np.where(by_degree, 2.0 * uniform_BK - 1.0, 2.0 * uniform_BK)
+            lo = np.where(
+                by_degree,
+                self._invert_log_cdf(degree_cum, start, last, u_BK),
+                self._invert_log_cdf(time_cum, start, last, u_BK),
+            )
         idx = np.sort(lo, axis=1)
         mask = np.broadcast_to(has[:, None], idx.shape).copy()
         safe = np.where(mask, idx, 0)

@@ -1,8 +1,9 @@
 """Temporal walks backwards in time and their set-based anonymisation (CAW's hitting counts).
 
 `sample_walks` draws M walks of L steps from each query node, every step to an earlier
-event of the current node with probability proportional to exp(alpha (t' - t)), vectorised
-over queries x walks (one `NeighborFinder.sample_time_biased` call per step).
+event of the current node with probability proportional to exp(alpha (t' - t)) (with
+`spatial_bias`, NeurTW's mixture of that and a bias towards neighbours of higher degree),
+vectorised over queries x walks (one `NeighborFinder.sample_time_biased` call per step).
 `hitting_counts` replaces each node on a pair's walks by how often it occupies each walk
 position in the source's and in the destination's walk set. `sample_walks_loop` is the
 per-walk Python reference of the sampler, kept for the tests and the speed comparison
@@ -64,14 +65,17 @@ def sample_walks(
     walk_length: int,
     alpha: float,
     rng: np.random.Generator,
+    spatial_bias: float = 0.0,
 ) -> TemporalWalks:
     """M walks of L steps backwards in time from each query (node, t), no event at or after t.
 
     Step 1 draws M events of the start node strictly before t (and with id < max_eid);
     step i > 1 draws one event of the walk's current node strictly before the time of the
     event taken at step i - 1 (CAW's `find_k_hop` with n_degree [M, 1, ..., 1]). Each draw
-    is proportional to exp(alpha (t' - t_ref)), t_ref the current node's time on the walk.
-    The uniform numbers are `rng.random((Q, M))` per step, step 1 first.
+    is proportional to exp(alpha (t' - t_ref)), t_ref the current node's time on the walk;
+    with `spatial_bias` > 0, NeurTW's spatio-temporal mixture of that and a bias towards
+    neighbours of higher degree (`NeighborFinder.sample_time_biased`). The uniform numbers
+    are `rng.random((Q, M))` per step, step 1 first.
 
     Args:
         finder: Neighbour finder over the events the walks may use.
@@ -83,12 +87,13 @@ def sample_walks(
         walk_length: L >= 1.
         alpha: Recency bias alpha >= 0 per unit of t.
         rng: Random generator.
+        spatial_bias: NeurTW's structural bias >= 0 (0, CAW's sampler: time bias alone).
 
     Returns:
         The walks.
 
     Raises:
-        ValueError: If num_walks or walk_length < 1.
+        ValueError: If num_walks or walk_length < 1, or a bias < 0.
     """
     if num_walks < 1 or walk_length < 1:
         raise ValueError(f"num_walks={num_walks} and walk_length={walk_length} must be >= 1")
@@ -103,9 +108,8 @@ def sample_walks(
     node_QML[:, :, 0] = node[:, None]
     t_QML[:, :, 0] = t[:, None]
     mask_QML[:, :, 0] = True
-    first = finder.sample_time_biased(
-        node, finder.cutoff_before(t, max_eid), m, alpha=alpha, rng=rng
-    )
+    biases = {"alpha": alpha, "spatial_bias": spatial_bias}
+    first = finder.sample_time_biased(node, finder.cutoff_before(t, max_eid), m, rng=rng, **biases)
     node_QML[:, :, 1] = np.where(first.mask, first.nbr, -1)
     eid_QML[:, :, 1], t_QML[:, :, 1], mask_QML[:, :, 1] = first.eid, first.t, first.mask
     bound_QM = np.broadcast_to(max_eid[:, None], (q, m)).ravel()
@@ -113,7 +117,7 @@ def sample_walks(
         alive = mask_QML[:, :, step - 1].ravel()
         current = np.where(alive, node_QML[:, :, step - 1].ravel(), 0)
         cutoff = finder.cutoff_before(t_QML[:, :, step - 1].ravel(), bound_QM)
-        drawn = finder.sample_time_biased(current, cutoff, 1, alpha=alpha, rng=rng)
+        drawn = finder.sample_time_biased(current, cutoff, 1, rng=rng, **biases)
         ok = drawn.mask[:, 0] & alive
         node_QML[:, :, step] = np.where(ok, drawn.nbr[:, 0], -1).reshape(q, m)
         eid_QML[:, :, step] = np.where(ok, drawn.eid[:, 0], 0).reshape(q, m)
@@ -134,12 +138,15 @@ def sample_walks_loop(
     walk_length: int,
     alpha: float,
     rng: np.random.Generator,
+    spatial_bias: float = 0.0,
 ) -> TemporalWalks:
     """The per-walk Python reference of `sample_walks` (slow; for tests and the speed check).
 
     Walks per-node adjacency lists (global ids = positions) as CAW's `get_temporal_neighbor`
     does, one query and one walk at a time: the current node's events strictly before the
-    reference time and with id < max_eid, weights exp(alpha (t' - t_ref)) normalised,
+    reference time and with id < max_eid, weights exp(alpha (t' - t_ref)) normalised (with
+    `spatial_bias` beta > 0, averaged with exp(-beta / (d + 0.01)) normalised, d the
+    neighbour's number of events before the event, as NeurTW's `get_temporal_neighbor`),
     inverse-CDF draw with the same uniform numbers as `sample_walks` (so the two return
     the same walks up to floating-point ties), M draws sorted for step 1.
 
@@ -154,6 +161,7 @@ def sample_walks_loop(
         walk_length: L.
         alpha: Recency bias.
         rng: Random generator.
+        spatial_bias: NeurTW's structural bias (0: none).
 
     Returns:
         The walks, as `sample_walks` returns them.
@@ -181,8 +189,14 @@ def sample_walks_loop(
         return adjacency[u][:cut]
 
     def draw(events: list[tuple[int, int, int]], t_ref: int, r: float) -> int:
-        times = np.array([e[2] for e in events], dtype=np.float64)
-        weight = np.exp(alpha * (times - t_ref))
+        at = np.array([e[2] for e in events], dtype=np.float64)
+        weight = np.exp(alpha * (at - t_ref))
+        if spatial_bias > 0 and r >= 0.5:  # the degree-biased half of the mixture, as 2 r - 1
+            r = 2.0 * r - 1.0
+            degree = np.array([bisect_left(times[w], te) for w, _, te in events], np.float64)
+            weight = np.exp(-spatial_bias / (degree + 0.01))
+        elif spatial_bias > 0:
+            r = 2.0 * r
         cdf = np.cumsum(weight / weight.sum())
         return min(int(np.searchsorted(cdf, r, side="right")), len(events) - 1)
 

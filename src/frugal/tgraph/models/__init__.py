@@ -58,12 +58,14 @@ from frugal.tgraph.models import graphmixer as graphmixer
 from frugal.tgraph.models import cawn as cawn
 from frugal.tgraph.models import dygformer as dygformer
 from frugal.tgraph.models import nat as nat
+from frugal.tgraph.models import neurtw as neurtw
 
 # isort: on
 from frugal.tgraph.models.cawn import CAWN  # after the order above
 from frugal.tgraph.models.dygformer import DyGFormer
 from frugal.tgraph.models.graphmixer import MixerEmbedding, MixerLayer
 from frugal.tgraph.models.nat import NAT
+from frugal.tgraph.models.neurtw import NeurTW
 
 __all__ = [
     "CAWN",
@@ -88,6 +90,7 @@ __all__ = [
     "ModelKind",
     "ModelProtocolError",
     "ModelSpec",
+    "NeurTW",
     "PairScoringModel",
     "Popularity",
     "Recency",

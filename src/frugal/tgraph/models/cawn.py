@@ -42,7 +42,8 @@ References:
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -56,9 +57,12 @@ from frugal.tgraph.models.registry import ModelInputs, register_model
 from frugal.tgraph.neighbors import NeighborFinder, NeighborStrategy
 from frugal.tgraph.walks import TemporalWalks, hitting_counts, sample_walks
 
-__all__ = ["CAWN", "WalkEncoder", "build_cawn"]
+__all__ = ["CAWN", "AnonymousWalkModel", "WalkEncoder", "build_cawn"]
 
 WalkPool = Literal["sum", "attn"]
+SequenceEncoderFactory = Callable[[int, int], nn.Module]
+"""Builds a walk's sequence encoder from (input width, hidden width): a module with an
+`out_features` attribute, called as (x (W, L + 1, S), length (W,)[, gap (W, L)]) -> (W, H)."""
 _WALKS_PER_CHUNK = 16384  # walks encoded at once when scoring many pairs (memory bound)
 
 
@@ -120,6 +124,9 @@ class WalkEncoder(nn.Module):
             the mean; CAW's default).
         num_heads: Heads of the 'attn' transformer layer.
         dropout: Dropout.
+        sequence_encoder: Builds the encoders of a walk's steps and of its position
+            encodings (default CAW's bi-LSTM read at the last real step; NeurTW passes its
+            GRU-ODE, which also reads the time gaps between steps).
 
     Raises:
         ValueError: If 'attn' pooling's width is not divisible by `num_heads`.
@@ -127,7 +134,7 @@ class WalkEncoder(nn.Module):
     Shapes:
         forward: counts (P, M, L + 1, 2, L + 1) int (the raw hitting counts; divided by M
             here), walk (P, M) (each pair walk's row in steps), steps (W, L + 1, S) (the
-            features of W distinct walks), length (W,) -> (P, D).
+            features of W distinct walks), length (W,), gap (W, L) or None -> (P, D).
     """
 
     def __init__(
@@ -140,6 +147,7 @@ class WalkEncoder(nn.Module):
         walk_pool: WalkPool = "sum",
         num_heads: int = 8,
         dropout: float = 0.1,
+        sequence_encoder: SequenceEncoderFactory | None = None,
     ) -> None:
         super().__init__()
         self.walk_pool = walk_pool
@@ -147,10 +155,13 @@ class WalkEncoder(nn.Module):
             nn.Linear(walk_length + 1, pos_dim), nn.ReLU(), nn.Linear(pos_dim, pos_dim)
         )
         model_dim = step_features + pos_dim
-        self.feature_encoder = _LastStepBiLSTM(model_dim, model_dim)
-        self.position_encoder = _LastStepBiLSTM(pos_dim, pos_dim)
+        build = _LastStepBiLSTM if sequence_encoder is None else sequence_encoder
+        self.feature_encoder = build(model_dim, model_dim)
+        self.position_encoder = build(pos_dim, pos_dim)
         attn_dim = model_dim // 2
-        width = self.feature_encoder.out_features + self.position_encoder.out_features
+        width = cast(int, self.feature_encoder.out_features) + cast(
+            int, self.position_encoder.out_features
+        )
         self.projector = nn.Sequential(nn.Linear(width, attn_dim), nn.ReLU(), nn.Dropout(dropout))
         self.attention: nn.Module | None = None
         if walk_pool == "attn":
@@ -167,7 +178,12 @@ class WalkEncoder(nn.Module):
         )
 
     def forward(
-        self, counts_PMLKL: I64, walk_PM: I64, steps_WLS: Tensor, length_W: Tensor
+        self,
+        counts_PMLKL: I64,
+        walk_PM: I64,
+        steps_WLS: Tensor,
+        length_W: Tensor,
+        gap_WL: Tensor | None = None,
     ) -> Tensor:
         """One vector per pair from its M walks (see the class docstring for shapes)."""
         p, m, length = counts_PMLKL.shape[:3]
@@ -189,18 +205,23 @@ class WalkEncoder(nn.Module):
         landing_ULKL = torch.from_numpy(patterns_UX.reshape(num_patterns, length, 2, length))
         landing_ULKL = landing_ULKL.float() / m  # counts / M: CAW's landing probabilities
         position_ULQ = self.position_mlp(landing_ULKL).sum(dim=2)  # src set + dst set
-        # A real step is hit at least once in its own set; null steps have no counts.
-        real_UL = patterns_UX.reshape(num_patterns, length, -1).sum(axis=2) > 0
-        position_walk_UQ = self.position_encoder(
-            position_ULQ, torch.from_numpy(real_UL.sum(axis=1))
-        )  # fmt: skip
+        if gap_WL is None:
+            # A real step is hit at least once in its own set; null steps have no counts.
+            real_UL = patterns_UX.reshape(num_patterns, length, -1).sum(axis=2) > 0
+            position_walk_UQ = self.position_encoder(
+                position_ULQ, torch.from_numpy(real_UL.sum(axis=1))
+            )  # fmt: skip
+            position_walk_KQ = position_walk_UQ[pattern_K]
+            gaps: tuple[Tensor, ...] = ()
+        else:  # the encoders read the walk's time gaps too: one run per (walk, pattern)
+            gaps = (gap_WL[walk_K],)
+            position_walk_KQ = self.position_encoder(
+                position_ULQ[pattern_K], length_W[walk_K], *gaps
+            )  # fmt: skip
         combined_KLS = torch.cat([steps_WLS[walk_K], position_ULQ[pattern_K]], dim=2)
         walk_KA = self.projector(
             torch.cat(
-                [
-                    self.feature_encoder(combined_KLS, length_W[walk_K]),
-                    position_walk_UQ[pattern_K],
-                ],
+                [self.feature_encoder(combined_KLS, length_W[walk_K], *gaps), position_walk_KQ],
                 dim=1,
             )
         )
@@ -211,43 +232,42 @@ class WalkEncoder(nn.Module):
         return out
 
 
-class CAWN(PairScoringModel):
-    """Causal Anonymous Walk Network link predictor (see the module docstring).
+class AnonymousWalkModel(PairScoringModel):
+    """The walk pair scorer CAWN and NeurTW share: walks, anonymisation, encoder, merge layer.
 
-    Implements the pair-model calls of the trainer (`PAIR_MODEL_METHODS`) on
-    `PairScoringModel`: it keeps no event state (the walks read the neighbour finder).
+    For a query (src, dst, t) it samples M walks of L steps from each endpoint
+    (`sample_walks`), replaces their nodes by hitting counts in both walk sets
+    (`hitting_counts`), encodes each side's walk set with `walk_encoder` (a `WalkEncoder`)
+    and scores the two vectors with CAW's `MergeLayer`. A subclass builds `walk_encoder`
+    after this `__init__`, then calls `_build_merge_layer` (so parameters are created, and
+    initialised, in CAWN's order), and implements `_steps`.
 
     Args:
         num_nodes: N.
         msg: Edge features of every event, (E, F) float32 (F may be 0).
-        embedding_dim: D, time-encoding and output width.
         num_walks: M walks per node, >= 1.
         walk_length: L steps per walk, >= 1.
         alpha: Recency bias of the walk sampler per unit of t, >= 0 (0: uniform).
         pos_dim: Width of the anonymisation encoding, >= 1.
-        walk_pool: 'sum' or 'attn'.
-        num_heads: Heads of 'attn' pooling.
-        dropout: Dropout.
+        spatial_bias: NeurTW's structural bias of the walk sampler, >= 0 (0: none).
 
     Raises:
         ValueError: On a setting out of range.
     """
 
     edge_msg: Tensor
+    walk_encoder: WalkEncoder
 
     def __init__(
         self,
         num_nodes: int,
         msg: npt.NDArray[np.float32],
         *,
-        embedding_dim: int = 100,
-        num_walks: int = 32,
-        walk_length: int = 2,
-        alpha: float = 1e-5,
-        pos_dim: int = 108,
-        walk_pool: WalkPool = "sum",
-        num_heads: int = 8,
-        dropout: float = 0.1,
+        num_walks: int,
+        walk_length: int,
+        alpha: float,
+        pos_dim: int,
+        spatial_bias: float = 0.0,
     ) -> None:
         super().__init__()
         if num_walks < 1 or walk_length < 1 or pos_dim < 1 or not alpha >= 0:
@@ -255,26 +275,24 @@ class CAWN(PairScoringModel):
                 f"num_walks={num_walks}, walk_length={walk_length} and pos_dim={pos_dim} must "
                 f"be >= 1 and alpha={alpha} >= 0"
             )
-        if walk_pool not in ("sum", "attn"):
-            raise ValueError(f"walk_pool={walk_pool!r} must be 'sum' or 'attn'")
+        if not spatial_bias >= 0:
+            raise ValueError(f"spatial_bias={spatial_bias} must be >= 0 (0: no structural bias)")
         if msg.ndim != 2:
             raise ValueError(f"msg has shape {msg.shape}; edge features must be (E, F)")
         self.num_nodes = num_nodes
         self.num_walks = num_walks
         self.walk_length = walk_length
         self.alpha = float(alpha)
+        self.spatial_bias = float(spatial_bias)
         # Zero edge features (featureless data, Benchtemp's 172 zero columns) are left out.
         self.use_edge_features = int(msg.shape[1]) > 0 and bool(np.any(msg))
-        edge_width = int(msg.shape[1]) if self.use_edge_features else 0
+        self.edge_width = int(msg.shape[1]) if self.use_edge_features else 0
         self.register_buffer(
             "edge_msg", torch.from_numpy(np.ascontiguousarray(msg)).float(), persistent=False
         )
-        self.time_encoder = TimeEncoder(embedding_dim)
-        self.walk_encoder = WalkEncoder(
-            embedding_dim + edge_width, walk_length, pos_dim, embedding_dim,
-            walk_pool=walk_pool, num_heads=num_heads, dropout=dropout,
-        )  # fmt: skip
-        # CAW's MergeLayer(D, D, D, 1): fc1 (2 D -> D), ReLU, fc2 (D -> 1), Xavier-normal.
+
+    def _build_merge_layer(self, embedding_dim: int) -> None:
+        """CAW's MergeLayer(D, D, D, 1): fc1 (2 D -> D), ReLU, fc2 (D -> 1), Xavier-normal."""
         self.fc1 = nn.Linear(2 * embedding_dim, embedding_dim)
         self.fc2 = nn.Linear(embedding_dim, 1)
         nn.init.xavier_normal_(self.fc1.weight)
@@ -297,28 +315,27 @@ class CAWN(PairScoringModel):
         return sample_walks(
             finder, node, t, np.full(len(node), first_eid, dtype=np.int64),
             num_walks=self.num_walks, walk_length=self.walk_length, alpha=self.alpha, rng=rng,
+            spatial_bias=self.spatial_bias,
         )  # fmt: skip
 
-    def _steps(self, walks: TemporalWalks, rows: I64) -> tuple[Tensor, Tensor]:
-        """[phi(t_0 - t_i) || edge features] per step of the walks of sets `rows`, and lengths.
+    def _edge_features(self, walks: TemporalWalks, rows: I64) -> Tensor:
+        """Features of the event each position of the walks of sets `rows` was reached over.
 
         Shapes:
-            -> (R M, L + 1, S), (R M,).
+            -> (R, M, L + 1, F), zeros at position 0 (no event) and at null positions.
         """
-        t = walks.t[rows]
-        mask = walks.mask[rows]
-        # Null steps are never read (the LSTMs stop at each walk's last real step); their
-        # dt is set to 0 so they do not depend on the query time.
-        dt = np.where(mask, t[:, :, :1] - t, 0).astype(np.float32)
-        parts = [self.time_encoder(torch.from_numpy(dt))]
-        if self.use_edge_features:
-            eid = torch.from_numpy(walks.eid[rows])
-            real = torch.from_numpy(mask.copy())
-            real[:, :, 0] = False  # the start node arrives over no event
-            parts.append(self.edge_msg[eid] * real[..., None])
-        steps = torch.cat(parts, dim=3)
-        length = torch.from_numpy(mask.sum(axis=2))
-        return steps.reshape(-1, *steps.shape[2:]), length.reshape(-1)
+        eid = torch.from_numpy(walks.eid[rows])
+        real = torch.from_numpy(walks.mask[rows].copy())
+        real[:, :, 0] = False  # the start node arrives over no event
+        return self.edge_msg[eid] * real[..., None]
+
+    def _steps(self, walks: TemporalWalks, rows: I64) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Per-step features of the walks of sets `rows`, their lengths, and time gaps or None.
+
+        Shapes:
+            -> (R M, L + 1, S), (R M,), (R M, L) or None.
+        """
+        raise NotImplementedError
 
     def _score(
         self, src_walks: TemporalWalks, src_rows: I64, dst_walks: TemporalWalks, dst_rows: I64
@@ -334,9 +351,9 @@ class CAWN(PairScoringModel):
             (dst_walks, dst_rows, dst_counts),
         ):
             sets, set_of = np.unique(rows, return_inverse=True)  # a source serves C pairs
-            steps, length = self._steps(walks, sets)
+            steps, length, gap = self._steps(walks, sets)
             walk_PM = set_of.reshape(-1, 1) * m + np.arange(m)
-            z.append(self.walk_encoder(counts, walk_PM, steps, length))
+            z.append(self.walk_encoder(counts, walk_PM, steps, length, gap))
         hidden = torch.relu(self.fc1(torch.cat(z, dim=1)))
         logits_P1: Tensor = self.fc2(hidden)
         return logits_P1[:, 0]
@@ -390,6 +407,74 @@ class CAWN(PairScoringModel):
             for lo in range(0, pairs, chunk)  # one iteration per chunk of pairs
         ]
         return torch.cat(parts).reshape(b, c)
+
+
+class CAWN(AnonymousWalkModel):
+    """Causal Anonymous Walk Network link predictor (see the module docstring).
+
+    Implements the pair-model calls of the trainer (`PAIR_MODEL_METHODS`) on
+    `PairScoringModel`: it keeps no event state (the walks read the neighbour finder).
+
+    Args:
+        num_nodes: N.
+        msg: Edge features of every event, (E, F) float32 (F may be 0).
+        embedding_dim: D, time-encoding and output width.
+        num_walks: M walks per node, >= 1.
+        walk_length: L steps per walk, >= 1.
+        alpha: Recency bias of the walk sampler per unit of t, >= 0 (0: uniform).
+        pos_dim: Width of the anonymisation encoding, >= 1.
+        walk_pool: 'sum' or 'attn'.
+        num_heads: Heads of 'attn' pooling.
+        dropout: Dropout.
+
+    Raises:
+        ValueError: On a setting out of range.
+    """
+
+    def __init__(
+        self,
+        num_nodes: int,
+        msg: npt.NDArray[np.float32],
+        *,
+        embedding_dim: int = 100,
+        num_walks: int = 32,
+        walk_length: int = 2,
+        alpha: float = 1e-5,
+        pos_dim: int = 108,
+        walk_pool: WalkPool = "sum",
+        num_heads: int = 8,
+        dropout: float = 0.1,
+    ) -> None:
+        if walk_pool not in ("sum", "attn"):
+            raise ValueError(f"walk_pool={walk_pool!r} must be 'sum' or 'attn'")
+        super().__init__(
+            num_nodes, msg, num_walks=num_walks, walk_length=walk_length, alpha=alpha,
+            pos_dim=pos_dim,
+        )  # fmt: skip
+        self.time_encoder = TimeEncoder(embedding_dim)
+        self.walk_encoder = WalkEncoder(
+            embedding_dim + self.edge_width, walk_length, pos_dim, embedding_dim,
+            walk_pool=walk_pool, num_heads=num_heads, dropout=dropout,
+        )  # fmt: skip
+        self._build_merge_layer(embedding_dim)
+
+    def _steps(self, walks: TemporalWalks, rows: I64) -> tuple[Tensor, Tensor, None]:
+        """[phi(t_0 - t_i) || edge features] per step of the walks of sets `rows`, and lengths.
+
+        Shapes:
+            -> (R M, L + 1, S), (R M,), None (the LSTMs read no time gaps).
+        """
+        t = walks.t[rows]
+        mask = walks.mask[rows]
+        # Null steps are never read (the LSTMs stop at each walk's last real step); their
+        # dt is set to 0 so they do not depend on the query time.
+        dt = np.where(mask, t[:, :, :1] - t, 0).astype(np.float32)
+        parts = [self.time_encoder(torch.from_numpy(dt))]
+        if self.use_edge_features:
+            parts.append(self._edge_features(walks, rows))
+        steps = torch.cat(parts, dim=3)
+        length = torch.from_numpy(mask.sum(axis=2))
+        return steps.reshape(-1, *steps.shape[2:]), length.reshape(-1), None
 
 
 def build_cawn(inputs: ModelInputs, **options: object) -> CAWN:
