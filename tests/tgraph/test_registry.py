@@ -255,3 +255,33 @@ def test_a_builder_of_the_wrong_kind_is_a_type_error(
         run_link_prediction("not_learned", protocol, 0)
     with pytest.raises(ValueError, match=r"'tgn' is already registered"):
         register_model("tgn", _tgn_with_rnn_memory)
+
+
+def test_a_model_trains_with_its_own_settings_under_its_protocol(
+    stream: TemporalEvents, user_models: list[str]
+) -> None:
+    from frugal.tgraph.models import ModelSpec
+    from frugal.tgraph.models.tgn import build_tgn
+
+    user_models.append("tgn_short")
+    register_model("tgn_short", build_tgn, training={"frugal": {"max_epochs": 1, "patience": 0}})
+    spec = MODELS.get("tgn_short")
+    frugal, benchtemp = _tiny(max_epochs=3), replace(_tiny(max_epochs=3), name="benchtemp")
+    assert spec.training_config(frugal).max_epochs == 1
+    assert spec.training_config(benchtemp) is benchtemp  # another protocol: untouched
+    protocol = build_protocol(stream, "synthetic", frugal)
+    short = run_link_prediction("tgn_short", protocol, 0)
+    plain = run_link_prediction("tgn", protocol, 0)
+    assert short.efficiency["epochs"] == 1 and plain.efficiency["epochs"] == 3
+    assert short.efficiency["training_overrides"] == {"max_epochs": 1, "patience": 0}
+    assert plain.efficiency["training_overrides"] == {}
+    # The built-in walk and cache models carry Benchtemp's scripts' settings.
+    assert MODELS.get("cawn").training_overrides("benchtemp") == {
+        "train_batch_size": 32,
+        "tolerance": 0.0,
+    }
+    assert MODELS.get("nat").training_overrides("benchtemp")["train_batch_size"] == 100
+    assert MODELS.get("neurtw").training_overrides("benchtemp")["max_epochs"] == 30
+    assert MODELS.get("cawn").training_overrides("frugal") == {}
+    with pytest.raises(ValueError, match=r"sets \['eval_batch_size'\]; a model may change only"):
+        ModelSpec(build_tgn, "learned", training={"benchtemp": {"eval_batch_size": 30}})

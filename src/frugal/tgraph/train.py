@@ -527,7 +527,7 @@ def run_link_prediction(
     torch.set_num_threads(num_threads)
     spec = MODELS.get(model_name)
     events = protocol.split.events
-    config = protocol.config
+    config = spec.training_config(protocol.config)  # the model's own training settings
     train_index = protocol.split.train_index
     full_finder = _evaluation_finder(protocol)
     if spec.kind == "heuristic":
@@ -618,6 +618,7 @@ def run_link_prediction(
         )
     rows = view_metrics(protocol, "test", test, view_scores)
     efficiency = _efficiency(history, best, len(train_index), protocol, test, model)
+    efficiency["training_overrides"] = spec.training_overrides(protocol.config.name)
     return LinkPredictionResult(rows, efficiency, model, history)
 
 

@@ -490,4 +490,6 @@ register_model(
     "(ranked on the protocol's sampled candidates)",
     native_neighbor_strategy="uniform",
     scoring="pair",
+    # Benchtemp's CAWN script: batches of 32, early stopping with tolerance 0.
+    training={"benchtemp": {"train_batch_size": 32, "tolerance": 0.0}},
 )

@@ -540,4 +540,6 @@ register_model(
     "1-head attention, MLP; pair-scoring (ranked on the protocol's sampled candidates)",
     native_neighbor_strategy="recent",
     scoring="pair",
+    # Benchtemp's NAT script: batches of 100, tolerance 1e-3 (relative there, absolute here).
+    training={"benchtemp": {"train_batch_size": 100, "tolerance": 1e-3}},
 )

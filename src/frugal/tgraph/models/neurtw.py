@@ -284,4 +284,6 @@ register_model(
     "pair-scoring (ranked on the protocol's sampled candidates)",
     native_neighbor_strategy="uniform",
     scoring="pair",
+    # Benchtemp's NeurTW script: batches of 32, 30 epochs, tolerance 0.
+    training={"benchtemp": {"train_batch_size": 32, "max_epochs": 30, "tolerance": 0.0}},
 )

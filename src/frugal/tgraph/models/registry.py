@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from dataclasses import replace as _replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -48,11 +49,13 @@ if TYPE_CHECKING:
     from frugal.tgraph.models.heuristics import HeuristicModel
     from frugal.tgraph.models.pair import PairScoringModel
     from frugal.tgraph.models.tgnn import TemporalGNN
+    from frugal.tgraph.protocol import ProtocolConfig
 
 __all__ = [
     "LEARNED_MODEL_METHODS",
     "MODELS",
     "PAIR_MODEL_METHODS",
+    "TRAINING_SETTINGS",
     "ModelInputs",
     "ModelKind",
     "ModelProtocolError",
@@ -121,6 +124,11 @@ class ModelSpec:
         scoring: 'node' (embeds nodes: `embed` + `score_all`, full candidate ranking) or
             'pair' (scores (src, dst, t) jointly with `score_pairs`, ranked against the
             protocol's sampled candidates). Heuristics score any pair matrix: 'node'.
+        training: Per protocol name, training settings (`TRAINING_SETTINGS`) this model
+            trains with instead of the protocol's: the values its reference ran (Benchtemp
+            trains CAWN with batches of 32). The split, negatives and evaluation stay the
+            protocol's, so every model is scored on the same events; rows list what was
+            changed (`training_overrides`).
     """
 
     build: Callable[[ModelInputs], TemporalGNN | HeuristicModel | PairScoringModel]
@@ -128,8 +136,26 @@ class ModelSpec:
     description: str = ""
     native_neighbor_strategy: NeighborStrategy = "recent"
     scoring: Scoring = "node"
+    training: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    def training_overrides(self, protocol_name: str) -> dict[str, float]:
+        """The training settings this model changes under the protocol `protocol_name`."""
+        return dict(self.training.get(protocol_name, {}))
+
+    def training_config(self, config: ProtocolConfig) -> ProtocolConfig:
+        """`config` with this model's training settings for its protocol applied."""
+        overrides: dict[str, Any] = self.training_overrides(config.name)
+        return _replace(config, **overrides) if overrides else config
 
     def __post_init__(self) -> None:
+        for protocol, settings in self.training.items():
+            unknown = sorted(set(settings) - set(TRAINING_SETTINGS))
+            if unknown:
+                raise ValueError(
+                    f"training[{protocol!r}] sets {unknown}; a model may change only the "
+                    f"training settings {', '.join(TRAINING_SETTINGS)} (the split, negatives "
+                    "and evaluation are the protocol's)"
+                )
         if self.scoring not in ("node", "pair"):
             raise ValueError(f"scoring={self.scoring!r} must be 'node' or 'pair'")
         if self.scoring == "pair" and self.kind != "learned":
@@ -137,6 +163,16 @@ class ModelSpec:
                 f"scoring='pair' with kind={self.kind!r}: a heuristic scores any (src, dst) "
                 "matrix; register it with scoring='node'"
             )
+
+
+TRAINING_SETTINGS: tuple[str, ...] = (
+    "train_batch_size",
+    "max_epochs",
+    "patience",
+    "tolerance",
+    "learning_rate",
+)
+"""The `ProtocolConfig` fields a model may set for itself (`ModelSpec.training`)."""
 
 
 LEARNED_MODEL_METHODS: tuple[str, ...] = (
@@ -336,6 +372,7 @@ def register_model(
     description: str = "",
     native_neighbor_strategy: NeighborStrategy = "recent",
     scoring: Scoring = "node",
+    training: Mapping[str, Mapping[str, float]] | None = None,
     replace: bool = False,
 ) -> ModelSpec:
     """Make `name` a model of `run_link_prediction` and `TgraphBenchConfig.models`.
@@ -350,16 +387,20 @@ def register_model(
             'uniform').
         scoring: 'node' (embeds nodes; full candidate ranking) or 'pair' (implements
             `score_pairs`; ranked against the protocol's sampled candidates).
+        training: Per protocol name, training settings the model uses instead of the
+            protocol's (`ModelSpec.training`).
         replace: Whether to replace a model registered under the same name.
 
     Returns:
         The registered spec.
 
     Raises:
-        ValueError: If `name` is taken and `replace` is False, or scoring is 'pair' for a
-            heuristic.
+        ValueError: If `name` is taken and `replace` is False, scoring is 'pair' for a
+            heuristic, or `training` sets more than `TRAINING_SETTINGS`.
     """
-    spec = ModelSpec(build, kind, description, native_neighbor_strategy, scoring)
+    spec = ModelSpec(
+        build, kind, description, native_neighbor_strategy, scoring, dict(training or {})
+    )
     _REGISTERED_BY_NAME.add(name)
     return MODELS.register(name, spec, replace=replace)
 
