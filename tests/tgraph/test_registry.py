@@ -285,3 +285,13 @@ def test_a_model_trains_with_its_own_settings_under_its_protocol(
     assert MODELS.get("cawn").training_overrides("frugal") == {}
     with pytest.raises(ValueError, match=r"sets \['eval_batch_size'\]; a model may change only"):
         ModelSpec(build_tgn, "learned", training={"benchtemp": {"eval_batch_size": 30}})
+
+
+def test_the_bench_runs_every_model_but_the_hours_long_ones_by_default() -> None:
+    from frugal.bench.tgraph import TgraphBenchConfig
+    from frugal.tgraph.models import default_model_names
+
+    slow = {"cawn", "dygformer", "neurtw"}
+    assert set(model_names()) - set(default_model_names()) == slow
+    assert set(TgraphBenchConfig().models) == set(default_model_names())
+    assert "nat" in default_model_names() and "tgn" in default_model_names()

@@ -492,4 +492,5 @@ register_model(
     scoring="pair",
     # Benchtemp's CAWN script: batches of 32, early stopping with tolerance 0.
     training={"benchtemp": {"train_batch_size": 32, "tolerance": 0.0}},
+    in_default=False,  # hours per epoch and evaluation on a CPU: name it with --model
 )

@@ -457,4 +457,5 @@ register_model(
     "on the protocol's sampled candidates)",
     native_neighbor_strategy="recent",
     scoring="pair",
+    in_default=False,  # hours per epoch and evaluation on a CPU: name it with --model
 )

@@ -286,4 +286,5 @@ register_model(
     scoring="pair",
     # Benchtemp's NeurTW script: batches of 32, 30 epochs, tolerance 0.
     training={"benchtemp": {"train_batch_size": 32, "max_epochs": 30, "tolerance": 0.0}},
+    in_default=False,  # hours per epoch and evaluation on a CPU: name it with --model
 )

@@ -63,6 +63,7 @@ __all__ = [
     "Scoring",
     "check_learned_model",
     "check_model_builds",
+    "default_model_names",
     "heuristic_names",
     "model_names",
     "model_source_sha256",
@@ -129,6 +130,8 @@ class ModelSpec:
             trains CAWN with batches of 32). The split, negatives and evaluation stay the
             protocol's, so every model is scored on the same events; rows list what was
             changed (`training_overrides`).
+        in_default: Whether `frugal tgraph bench` runs it when no `--model` is given (False
+            for models whose run takes hours on a CPU: name them with `--model`).
     """
 
     build: Callable[[ModelInputs], TemporalGNN | HeuristicModel | PairScoringModel]
@@ -137,6 +140,7 @@ class ModelSpec:
     native_neighbor_strategy: NeighborStrategy = "recent"
     scoring: Scoring = "node"
     training: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    in_default: bool = True
 
     def training_overrides(self, protocol_name: str) -> dict[str, float]:
         """The training settings this model changes under the protocol `protocol_name`."""
@@ -373,6 +377,7 @@ def register_model(
     native_neighbor_strategy: NeighborStrategy = "recent",
     scoring: Scoring = "node",
     training: Mapping[str, Mapping[str, float]] | None = None,
+    in_default: bool = True,
     replace: bool = False,
 ) -> ModelSpec:
     """Make `name` a model of `run_link_prediction` and `TgraphBenchConfig.models`.
@@ -389,6 +394,7 @@ def register_model(
             `score_pairs`; ranked against the protocol's sampled candidates).
         training: Per protocol name, training settings the model uses instead of the
             protocol's (`ModelSpec.training`).
+        in_default: Whether the bench runs it when no model is named (`ModelSpec.in_default`).
         replace: Whether to replace a model registered under the same name.
 
     Returns:
@@ -399,7 +405,13 @@ def register_model(
             heuristic, or `training` sets more than `TRAINING_SETTINGS`.
     """
     spec = ModelSpec(
-        build, kind, description, native_neighbor_strategy, scoring, dict(training or {})
+        build,
+        kind,
+        description,
+        native_neighbor_strategy,
+        scoring,
+        dict(training or {}),
+        in_default,
     )
     _REGISTERED_BY_NAME.add(name)
     return MODELS.register(name, spec, replace=replace)
@@ -408,6 +420,11 @@ def register_model(
 def model_names() -> tuple[str, ...]:
     """Every registered model's name, built-in ones first."""
     return MODELS.names()
+
+
+def default_model_names() -> tuple[str, ...]:
+    """The models `frugal tgraph bench` runs when none is named (`ModelSpec.in_default`)."""
+    return tuple(name for name in MODELS.names() if MODELS.get(name).in_default)
 
 
 def heuristic_names() -> tuple[str, ...]:
