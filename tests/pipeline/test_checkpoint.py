@@ -281,6 +281,8 @@ def test_a_job_resumes_on_a_replanned_layout_with_every_buffer(tmp_path: Path) -
     # so the run goes on exactly as the uninterrupted one.
     swapped = reporter(launch(moved, 6, tmp_path / "ckpt", 4))
     assert swapped["losses"] == whole["losses"] and swapped["eval_loss"] == whole["eval_loss"]
+    assert (swapped["resumed_from_step"], swapped["resumed_on_another_plan"]) == (4, True)
+    assert (whole["resumed_from_step"], whole["resumed_on_another_plan"]) == (0, False)
     # Onto one replica on 2 ranks, from the copy of the step-4 checkpoint.
     tail_ranks = launch(two, 6, tmp_path / "ckpt2", 2)
     tail = reporter(tail_ranks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +32,9 @@ def _cluster(hosts: list[tuple[str, str, float]]) -> Topology:
     )
 
 
-# 2 stages x 4 replicas; 12 layers; a batch of 3 x 4 x 8 splits into 1..4 replicas (and 3).
-_WORKLOAD = WorkloadConfig(num_layers=12, global_batch_size=96, microbatches_per_step=8)
+# 2 stages x 4 replicas of 6 micro-batches a step (24 in all: they split over 1, 2, 3, 4
+# replicas), 12 layers, a global batch of 96 (4 steps of 24).
+_WORKLOAD = WorkloadConfig(num_layers=12, global_batch_size=96, microbatches_per_step=6)
 _CONFIG = PlannerConfig(num_stages=2, num_replicas=4, budget=200, workload=_WORKLOAD)
 _HOSTS = [(f"a{i}", "A", 1.0) for i in range(4)] + [(f"b{i}", "B", 1.0) for i in range(4)]
 
@@ -61,8 +63,11 @@ def test_a_lost_host_drops_its_pipeline_and_moves_nothing() -> None:
     partner = old.devices[old.mesh[1][1]][0]
     result = replan(old, cluster, _CONFIG, without=[lost], tolerance=0.05)
     plan = result.plan
-    # 7 devices, 2 stages: 3 replicas (96 splits into 3 x 4 steps of 8); one device spare.
+    # 7 devices, 2 stages: 3 replicas of 8 micro-batches (the step's 24 kept, so the job's
+    # checkpoint resumes); one device spare.
     assert (plan.world_size, plan.num_replicas, plan.num_stages) == (6, 3, 2)
+    assert sum(plan.num_microbatches_per_replica) == sum(old.num_microbatches_per_replica)
+    assert plan.global_batch_size == 96
     assert result.removed == (f"{lost}-0",)
     assert result.spare == (partner,)  # the broken pipeline's survivor waits
     assert sorted(r for row in plan.mesh for r in row) == list(range(6))
@@ -167,9 +172,31 @@ def test_a_batch_that_does_not_split_keeps_fewer_replicas_and_says_which_batch_w
     config = PlannerConfig(num_stages=8, num_replicas=8, budget=50)  # batch 1024
     old = build_plan(topology, config)
     result = replan(old, topology, config, without=[topology.devices[0].host])
-    assert result.plan.num_replicas == 4  # 1024 splits into 4, not 7, replicas of 64-steps
+    assert result.plan.num_replicas == 4  # the step's 8 x 64 micro-batches split over 4, not 7
+    assert sum(result.plan.num_microbatches_per_replica) == 512  # the step is kept
     assert len(result.spare) == 63 - 32
-    assert any("multiple of 448 (e.g. 896) keeps 7" in note for note in result.notes)
+    assert any("512 micro-batches do not split over 7 replicas" in n for n in result.notes)
+
+
+def test_the_plans_own_global_batch_and_schedule_are_kept_over_the_settings() -> None:
+    cluster = _cluster(_HOSTS)
+    config = replace(_CONFIG, workload=replace(_WORKLOAD, schedule="1f1b"))
+    old = build_plan(cluster, config)
+    assert (old.global_batch_size, old.schedule) == (96, "1f1b")
+    # Re-planned with the default settings (batch 1,024, GPipe): the plan's own win.
+    plain = PlannerConfig(num_stages=2, budget=100, workload=WorkloadConfig(num_layers=12))
+    result = replan(old, cluster, plain, without=[old.devices[old.mesh[0][0]][1]])
+    assert (result.plan.global_batch_size, result.plan.schedule) == (96, "1f1b")
+    # Candidates are priced as the plan is (1F1B simulated), so the chosen one's price is
+    # the plan's prediction.
+    chosen = {name: s for name, _, s in result.candidates}[result.chosen]
+    assert chosen == pytest.approx(result.plan.predicted_cost_s, rel=1e-9)
+    with pytest.raises(ConfigError, match="num_stages=3 but the plan has 2 stages"):
+        replan(old, cluster, replace(plain, num_stages=3), without=["a0"])
+    odd = replace(old, global_batch_size=0)  # not recorded: the settings' must fit the plan
+    bad = replace(plain, workload=replace(plain.workload, global_batch_size=1000))
+    with pytest.raises(ConfigError, match=r"does not divide workload\.global_batch_size=1000"):
+        replan(odd, cluster, bad, without=["a0"])
 
 
 def test_cli_replan_writes_the_new_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -180,7 +207,7 @@ def test_cli_replan_writes_the_new_plan(tmp_path: Path, capsys: pytest.CaptureFi
     )
     cluster.write_text(
         "planner = {num_stages = 2, num_replicas = 4, budget = 100}\n"
-        "model = {num_layers = 12, global_batch_size = 96, microbatches_per_step = 8}\n"
+        "model = {num_layers = 12, global_batch_size = 96, microbatches_per_step = 6}\n"
         'sites = [{name = "A", delay_ms = 1, bandwidth_gbps = 10},'
         ' {name = "B", delay_ms = 1, bandwidth_gbps = 10}]\n'
         f"hosts = [\n{hosts}\n]\n"

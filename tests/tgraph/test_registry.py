@@ -264,12 +264,16 @@ def test_a_model_trains_with_its_own_settings_under_its_protocol(
     from frugal.tgraph.models.tgn import build_tgn
 
     user_models.append("tgn_short")
-    register_model("tgn_short", build_tgn, training={"frugal": {"max_epochs": 1, "patience": 0}})
+    register_model("tgn_short", build_tgn, training={"tiny3": {"max_epochs": 1, "patience": 0}})
     spec = MODELS.get("tgn_short")
-    frugal, benchtemp = _tiny(max_epochs=3), replace(_tiny(max_epochs=3), name="benchtemp")
-    assert spec.training_config(frugal).max_epochs == 1
-    assert spec.training_config(benchtemp) is benchtemp  # another protocol: untouched
-    protocol = build_protocol(stream, "synthetic", frugal)
+    tiny3 = register_protocol(replace(_tiny(max_epochs=3), name="tiny3"))
+    try:
+        assert spec.training_config(tiny3).max_epochs == 1
+        other = replace(tiny3, name="benchtemp")
+        assert spec.training_config(other) is other  # another protocol: untouched
+        protocol = build_protocol(stream, "synthetic", tiny3)
+    finally:
+        PROTOCOLS.unregister("tiny3")
     short = run_link_prediction("tgn_short", protocol, 0)
     plain = run_link_prediction("tgn", protocol, 0)
     assert short.efficiency["epochs"] == 1 and plain.efficiency["epochs"] == 3
@@ -295,3 +299,13 @@ def test_the_bench_runs_every_model_but_the_hours_long_ones_by_default() -> None
     assert set(model_names()) - set(default_model_names()) == slow
     assert set(TgraphBenchConfig().models) == set(default_model_names())
     assert "nat" in default_model_names() and "tgn" in default_model_names()
+
+
+def test_a_setting_the_user_changed_wins_over_the_models_own() -> None:
+    benchtemp = protocol_preset("benchtemp")
+    nat = MODELS.get("nat")
+    assert nat.applied_training(benchtemp) == {"train_batch_size": 100, "tolerance": 1e-3}
+    mine = replace(benchtemp, train_batch_size=400)  # --set protocol.train_batch_size=400
+    assert nat.applied_training(mine) == {"tolerance": 1e-3}
+    assert nat.training_config(mine).train_batch_size == 400
+    assert nat.training_config(mine).tolerance == 1e-3

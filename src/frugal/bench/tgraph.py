@@ -399,7 +399,7 @@ def run_tgraph_bench(
                 run = _Run(source, model, seed, config, str(cache_dir))
                 code = sources_sha256[model]  # a user's model: its module's digest
                 cell = f"{dataset}/{model}/{seed}" + (f"@{code[:16]}" if code else "")
-                overrides = MODELS.get(model).training_overrides(config.protocol.name)
+                overrides = MODELS.get(model).applied_training(config.protocol)
                 if overrides:  # the model's own training settings: a change re-runs it
                     digest = hashlib.sha256(json.dumps(overrides, sort_keys=True).encode())
                     cell += f"~{digest.hexdigest()[:12]}"

@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tolerance",
         type=float,
-        default=0.05,
+        default=None,
         help="with --replan: accept a plan this fraction slower than the fastest found to "
         "move fewer stages (default 0.05)",
     )
@@ -94,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "machines running the same command), probe every pair one at a time and write the "
         "cluster TOML that `frugal plan --cluster` reads.",
     )
-    probe.add_argument("--out", metavar="FILE", required=True, help="the cluster TOML to write")
+    probe.add_argument("--out", metavar="FILE", help="the cluster TOML to write (required)")
     probe.add_argument("--nproc-per-node", type=int, default=2, help="ranks on this machine")
     probe.add_argument("--nnodes", type=int, default=1, help="machines in the job")
     probe.add_argument(
@@ -197,7 +197,7 @@ def _replan(args: argparse.Namespace, topology: Topology, config: PlannerConfig)
         raise ConfigError(f"--replan {path} is not a readable plan: {exc}") from exc
     result = replan(
         old, topology, config, without=args.without, with_hosts=args.with_hosts,
-        tolerance=args.tolerance,
+        tolerance=0.05 if args.tolerance is None else args.tolerance,
     )  # fmt: skip
     print(result.table(), file=sys.stderr)
     return result.plan
@@ -209,6 +209,8 @@ def _probe(args: argparse.Namespace) -> int:
     config = config_from_args(ProbeConfig, args)
     if print_config(args, config):
         return 0
+    if not args.out:
+        raise ConfigError("give --out FILE.toml, the cluster file to write")
     out = Path(args.out)
     if out.suffix != ".toml":
         raise ConfigError(f"--out {out}: give a .toml path (the raw measurements go beside it)")

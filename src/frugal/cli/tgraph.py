@@ -46,8 +46,9 @@ def add_actions(children: Any) -> None:
                        "popularity, jodie, dyrep, tgn, tgat, graphmixer, cawn, dygformer, nat, "
                        "neurtw (the last four pair-scoring: their MRR ranks the protocol's "
                        "num_ranking_candidates sampled destinations, rows say ranking=sampled:N), "
-                       "one added with register_model, or your own as package.module:attribute; "
-                       "default all")  # fmt: skip
+                       "one added with register_model, or your own as package.module:attribute;"
+                       " default all but cawn, dygformer and neurtw (hours a run on a "
+                       "CPU)")  # fmt: skip
     bench.add_argument("--protocol", choices=("frugal", "benchtemp"), default=None,
                        help="evaluation protocol (default frugal)")  # fmt: skip
     bench.add_argument("--task", choices=("lp", "nc"), default=None,

@@ -44,7 +44,7 @@ DP_COLLECTIVES = ("seq_peer", "ring", "central_ps")
 """Gradient exchanges a plan may name per stage: the DT-FM paper's sequential peer exchange,
 a ring all-reduce, a central parameter server."""
 _NEW_IN_V2 = ("codec", "schedule", "microbatch_size", "dp_collective")
-_ADDED_IN_V2 = ("num_candidates", "stop_reason")
+_ADDED_IN_V2 = ("num_candidates", "stop_reason", "global_batch_size")
 """Fields added to format 2 later: a format-2 plan written before them still loads."""
 STOP_REASONS = ("budget", "time_limit", "converged", "none")
 """Why a plan's search stopped: its candidate budget was spent (the plan is reproducible), its
@@ -101,6 +101,7 @@ class Plan:
             chose the grid); 0 = not recorded or no search.
         stop_reason: Why the search stopped, one of `STOP_REASONS` ("time_limit": a run on
             another machine or load may stop elsewhere and differ); "" = not recorded.
+        global_batch_size: Sequences per iteration it was priced for; 0 = not recorded.
         format_version: Plan format version (2; format-1 JSON is upgraded on load).
     """
 
@@ -127,6 +128,7 @@ class Plan:
     dp_collective: tuple[str, ...] = ()
     num_candidates: int = 0
     stop_reason: str = ""
+    global_batch_size: int = 0
     format_version: int = PLAN_FORMAT_VERSION
 
     def __post_init__(self) -> None:

@@ -97,6 +97,10 @@ class TrainingSummary:
     """How data-parallel replicas agreed on gradients."""
     dp_bytes_last_step_per_rank: tuple[int, ...]
     """Data-parallel gradient bytes each rank sent in the last step."""
+    resumed_from_step: int = 0
+    """The checkpoint's step the job resumed from (0: it started fresh)."""
+    resumed_on_another_plan: bool = False
+    """Whether that checkpoint was written under another plan (state mapped by stage)."""
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -405,6 +409,8 @@ def run_training(
         ),
         dp_compression=config.dp_compression,
         dp_bytes_last_step_per_rank=tuple((r["runs"][0]["dp_bytes"] or [0])[-1] for r in ranks),
+        resumed_from_step=int(last.get("resumed_from_step", 0)),
+        resumed_on_another_plan=bool(last.get("resumed_on_another_plan", False)),
     )
     curve = out_dir / "loss_curve.png"
     with guard_write(curve, what="writing loss_curve.png", partial=[curve]):

@@ -918,11 +918,11 @@ class _Checkpoints:
             "num_microbatches": list(self.layout.num_microbatches),
         }
 
-    def resume(self, rank: int, runner: StageRunner) -> tuple[int, dict[str, Any]]:
-        """Load the newest complete checkpoint, if any: (steps done, its extra values).
+    def resume(self, rank: int, runner: StageRunner) -> tuple[int, dict[str, Any], bool]:
+        """Load the newest complete checkpoint, if any: (steps done, extra values, relaid).
 
         A checkpoint written on another plan (same stages and global batch) is mapped onto
-        this layout by `relayout_sources`.
+        this layout by `relayout_sources` (relaid = True).
         """
         found = latest_checkpoint(self.root, self.expected, relayout=True)
         step, relaid = 0, False
@@ -948,7 +948,7 @@ class _Checkpoints:
             if found is not None:
                 other = " (written on another plan: state mapped by stage)" if relaid else ""
                 print(f"rank 0: resumed from {found[1]} (step {step}){other}", file=sys.stderr)
-        return step, extra
+        return step, extra, relaid
 
     def due(self, steps_done: int, total_steps: int) -> bool:
         return steps_done % self.every == 0 or steps_done == total_steps
@@ -1024,9 +1024,9 @@ def _run_one(
     shards = layout.num_microbatches  # each replica keeps its own shard (`_step_ids`)
     reporter = stage == layout.num_stages - 1 and replica == 0
     checkpoints = _Checkpoints.of(config, run, layout, out_dir)
-    first_step, initial_eval_loss = 0, None
+    first_step, initial_eval_loss, relaid = 0, None, False
     if checkpoints is not None:
-        first_step, saved = checkpoints.resume(rank, runner)
+        first_step, saved, relaid = checkpoints.resume(rank, runner)
         initial_eval_loss = saved.get("initial_eval_loss")
     if first_step == 0 and reporter and run.evaluate:
         # The whole model's eval loss before training (SmolLM2: its perplexity as loaded).
@@ -1090,6 +1090,8 @@ def _run_one(
     stats = runner.stats
     return {
         "steps": run.steps,
+        "resumed_from_step": first_step,
+        "resumed_on_another_plan": relaid,
         "losses": stats.losses,
         "eval_loss": eval_loss,
         "initial_eval_loss": initial_eval_loss,

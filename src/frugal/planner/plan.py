@@ -365,6 +365,7 @@ def price_mesh(
         dp_collective=collectives,
         num_candidates=num_candidates,
         stop_reason=stop_reason,
+        global_batch_size=config.workload.global_batch_size,
     )
 
 

@@ -427,6 +427,11 @@ def run_probe(
     if config.emulate:
         from frugal.planner.cluster import load_cluster
 
+        if not Path(config.emulate).is_file():
+            raise ConfigError(
+                f"emulate={config.emulate}: no such cluster file; give the TOML whose links to "
+                "emulate (one device per rank)"
+            )
         topology, _ = load_cluster(config.emulate)
         if topology.num_devices != nproc * nnodes:
             raise ConfigError(

@@ -172,43 +172,54 @@ def _check_request(
 
 
 def _running_workload(old: Plan, config: PlannerConfig) -> WorkloadConfig:
-    """The workload the running plan chose: its codec, schedule and micro-batches per step.
+    """The workload the running plan was priced for: its codec, schedule and global batch.
 
-    The job keeps what it runs; a choice the settings leave open ("auto", 0) is pinned to the
-    plan's (a plan without them keeps the settings').
+    The job keeps what it runs: the plan's recorded codec, schedule and global batch win over
+    the settings (a plan without them keeps the settings').
+
+    Raises:
+        ConfigError: If the plan's micro-batches per step do not divide the global batch
+            (the settings are not the ones the plan was made with).
     """
     workload = config.workload
     if old.codec:
         workload = replace(workload, codec=old.codec)
     if old.schedule:
         workload = replace(workload, schedule=old.schedule)
-    if workload.microbatches_per_step == 0:
-        per_step = sum(old.num_microbatches_per_replica) // old.num_replicas
-        workload = replace(workload, microbatches_per_step=max(1, per_step))
+    if old.global_batch_size:
+        workload = replace(workload, global_batch_size=old.global_batch_size)
+    if old.microbatch_size:
+        workload = replace(workload, microbatch_size=old.microbatch_size)
+    total = sum(old.num_microbatches_per_replica)
+    if workload.global_batch_size % (total * workload.microbatch_size):
+        raise ConfigError(
+            f"the plan runs {total} micro-batches of {workload.microbatch_size} per step over "
+            f"its replicas, which does not divide workload.global_batch_size="
+            f"{workload.global_batch_size}; re-plan with the settings the plan was made with "
+            "(its global batch)"
+        )
     return workload
 
 
-def _replicas(num_devices: int, num_stages: int, config: PlannerConfig) -> tuple[int, str]:
-    """Largest replica count the devices allow whose batch splits into whole steps, and a note."""
-    w = config.workload
-    step = w.microbatch_size * w.microbatches_per_step
+def _replicas(num_devices: int, num_stages: int, total_microbatches: int) -> tuple[int, str]:
+    """Largest replica count the devices allow that splits the step's micro-batches evenly.
+
+    A resumed job keeps its step (`total_microbatches` over all replicas, so the data and
+    the checkpoint carry on); the note says what a spare device would need.
+    """
     most = num_devices // num_stages
     for k in range(most, 0, -1):
-        if w.global_batch_size % k == 0 and (w.global_batch_size // k) % step == 0:
+        if total_microbatches % k == 0:
             if k == most:
                 return k, ""
-            keep = most * step
             return k, (
-                f"workload.global_batch_size={w.global_batch_size} does not split into {most} "
-                f"replicas of whole steps of {step} sequences, so {k} replicas run and "
-                f"{(most - k) * num_stages} more devices stay spare; a global batch that is a "
-                f"multiple of {keep} (e.g. {max(keep, round(w.global_batch_size / keep) * keep)}) "
-                f"keeps {most}"
+                f"the step's {total_microbatches} micro-batches do not split over {most} "
+                f"replicas, so {k} replica{'s' if k != 1 else ''} run and "
+                f"{(most - k) * num_stages} more devices stay spare; keeping {most} needs a "
+                f"step of a multiple of {most} micro-batches, i.e. another global batch: plan "
+                "afresh (the job then starts over: its checkpoint's step differs)"
             )
-    raise ConfigError(
-        f"workload.global_batch_size={w.global_batch_size} splits into no number of replicas "
-        f"<= {most} of whole steps of {step} sequences; use a multiple of {step}"
-    )
+    raise AssertionError("k = 1 always splits")  # pragma: no cover
 
 
 def replan(
@@ -242,7 +253,14 @@ def replan(
         InfeasiblePlanError: If no candidate fits the devices' memory.
     """
     if not tolerance >= 0:
-        raise ConfigError(f"replan tolerance={tolerance} must be >= 0 (0.05 = 5 % slower)")
+        raise ConfigError(
+            f"replan tolerance={tolerance} must be a number >= 0 (0.05 = up to 5 % slower)"
+        )
+    if config.num_stages and config.num_stages != old.num_stages:
+        raise ConfigError(
+            f"num_stages={config.num_stages} but the plan has {old.num_stages} stages; "
+            "re-planning keeps the stages (so a checkpoint resumes): plan afresh to change them"
+        )
     _check_request(old, cluster, config, without, with_hosts)
     config = replace(config, workload=_running_workload(old, config))
     start = time.perf_counter()
@@ -261,7 +279,9 @@ def replan(
             f"{n_avail} devices remain for num_stages={num_stages}; plan afresh with "
             f"`frugal plan --cluster FILE --set num_stages={n_avail}` (or fewer)"
         )
-    k, note = _replicas(n_avail, num_stages, config)
+    total = sum(old.num_microbatches_per_replica)
+    k, note = _replicas(n_avail, num_stages, total)
+    config = replace(config, workload=replace(config.workload, microbatches_per_step=total // k))
     notes = (note,) if note else ()
 
     # Old stage of each available device (position in `avail`), -1 if joining.
@@ -330,6 +350,23 @@ def replan(
         except InfeasiblePlanError:  # does not fit memory: never chosen
             return float("inf")
 
+    def exact(mesh: np.ndarray, layers: tuple[int, ...]) -> float:
+        """Seconds as `price_mesh` prices the plan (inf if it does not fit)."""
+        from frugal.planner.choice import price
+
+        used_idx = sorted(int(p) for p in mesh.reshape(-1))
+        local = {p: i for i, p in enumerate(used_idx)}
+        sub = subset_topology(avail, used_idx)
+        remapped = np.array([[local[int(p)] for p in row] for row in mesh], dtype=np.int64)
+        if grid.objective == "paper":
+            return score(mesh, layers)
+        try:
+            check_memory(sub, tuple(map(tuple, remapped.tolist())), layers, grid.workload)
+        except InfeasiblePlanError:
+            return float("inf")
+        priced = price(sub, remapped, layers, grid.workload, balance_microbatches=True)
+        return float(priced.total_s)
+
     # (name, mesh, layers, seconds); the warm start keeps the old split (moves nothing more)
     warm_s = score(warm_mesh, old.num_layers_per_stage)
     candidates = [("warm", warm_mesh, old.num_layers_per_stage, warm_s)]
@@ -384,6 +421,9 @@ def replan(
         layers = layers_for(fresh_mesh)  # as build_plan split them
         candidates.append((name, fresh_mesh, layers, score(fresh_mesh, layers)))
 
+    # Compare the candidates as the plan will be priced (its schedule simulated if not GPipe;
+    # the search above used the closed form).
+    candidates = [(name, m, lay, exact(m, lay)) for name, m, lay, _ in candidates]
     best_s = min(c[3] for c in candidates)
     if not np.isfinite(best_s):
         raise InfeasiblePlanError(

@@ -618,7 +618,7 @@ def run_link_prediction(
         )
     rows = view_metrics(protocol, "test", test, view_scores)
     efficiency = _efficiency(history, best, len(train_index), protocol, test, model)
-    efficiency["training_overrides"] = spec.training_overrides(protocol.config.name)
+    efficiency["training_overrides"] = spec.applied_training(protocol.config)
     return LinkPredictionResult(rows, efficiency, model, history)
 
 
@@ -743,7 +743,7 @@ def _run_heuristic(
     view_scores = _view_passes(model, protocol, full_finder, before_test, lambda: None)
     rows = view_metrics(protocol, "test", test, view_scores)
     start, end = protocol.split.bounds("test")
-    efficiency = {
+    efficiency: dict[str, Any] = {
         "s_per_epoch": fit_s,
         "train_events_per_s": len(index) / fit_s if fit_s > 0 else None,
         "infer_events_per_s": (end - start) / test.seconds if test.seconds > 0 else None,
@@ -755,6 +755,7 @@ def _run_heuristic(
         "params": 0,
         "peak_rss_mib": peak_rss_mib(),
         "memory_restored_between_passes": True,
+        "training_overrides": {},  # a heuristic is fitted in one pass: no training settings
     }
     return LinkPredictionResult(rows, efficiency, model)
 

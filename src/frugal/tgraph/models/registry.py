@@ -128,8 +128,9 @@ class ModelSpec:
         training: Per protocol name, training settings (`TRAINING_SETTINGS`) this model
             trains with instead of the protocol's: the values its reference ran (Benchtemp
             trains CAWN with batches of 32). The split, negatives and evaluation stay the
-            protocol's, so every model is scored on the same events; rows list what was
-            changed (`training_overrides`).
+            protocol's, so every model is scored on the same events; a setting the user
+            changed from the preset wins; rows list what was changed
+            (`training_overrides`).
         in_default: Whether `frugal tgraph bench` runs it when no `--model` is given (False
             for models whose run takes hours on a CPU: name them with `--model`).
     """
@@ -143,12 +144,26 @@ class ModelSpec:
     in_default: bool = True
 
     def training_overrides(self, protocol_name: str) -> dict[str, float]:
-        """The training settings this model changes under the protocol `protocol_name`."""
+        """The training settings this model brings for the protocol `protocol_name`."""
         return dict(self.training.get(protocol_name, {}))
 
+    def applied_training(self, config: ProtocolConfig) -> dict[str, float]:
+        """The model's training settings that apply under `config`.
+
+        A setting the user changed from the protocol's preset (`--set protocol.KEY=...`)
+        wins over the model's own value.
+        """
+        from frugal.tgraph.protocol import PROTOCOLS
+
+        overrides = self.training_overrides(config.name)
+        if not overrides or config.name not in PROTOCOLS:
+            return overrides
+        preset = PROTOCOLS.get(config.name)
+        return {k: v for k, v in overrides.items() if getattr(config, k) == getattr(preset, k)}
+
     def training_config(self, config: ProtocolConfig) -> ProtocolConfig:
-        """`config` with this model's training settings for its protocol applied."""
-        overrides: dict[str, Any] = self.training_overrides(config.name)
+        """`config` with this model's applicable training settings (`applied_training`)."""
+        overrides: dict[str, Any] = self.applied_training(config)
         return _replace(config, **overrides) if overrides else config
 
     def __post_init__(self) -> None:
