@@ -226,3 +226,19 @@ def test_cli_replan_writes_the_new_plan(tmp_path: Path, capsys: pytest.CaptureFi
     missing = tmp_path / "missing.json"
     assert main(["plan", "--cluster", str(cluster), "--replan", str(missing), "--with", "b3"]) == 2
     assert "no such plan file" in capsys.readouterr().err
+
+
+def test_a_faster_joining_host_replaces_the_slowest_pipeline_moving_only_itself() -> None:
+    # 2 stages x 2 replicas: a fast pipeline (f0, f1) and a slow one (s0, s1, speed 0.25); a
+    # fast host pair joins, but the step's 16 micro-batches stay on 2 replicas. Putting the
+    # joining pipeline in place of the slow one moves only the 2 joining devices.
+    hosts = [("f0", "A", 1.0), ("f1", "A", 1.0), ("s0", "A", 0.25), ("s1", "A", 0.25)]
+    workload = WorkloadConfig(num_layers=12, global_batch_size=64, microbatches_per_step=8)
+    config = PlannerConfig(num_stages=2, num_replicas=2, budget=100, workload=workload)
+    old = build_plan(_cluster(hosts), config)
+    cluster = _cluster([*hosts, ("n0", "A", 1.0), ("n1", "A", 1.0)])
+    result = replan(old, cluster, config, with_hosts=["n0", "n1"], tolerance=0.05)
+    costs = {name: (moves, s) for name, moves, s in result.candidates}
+    assert costs["warm-joined"][0] == 2 and costs["warm-joined"][1] < 0.7 * costs["warm"][1]
+    assert result.chosen == "warm-joined" and set(result.moved) == {"n0-0", "n1-0"}
+    assert set(result.spare) == {"s0-0", "s1-0"}

@@ -60,9 +60,10 @@ class Replan:
         kept: Device names of the new plan that keep their layers.
         candidates: (name, moves, predicted seconds) of each candidate: "warm" (old layer
             split), "warm-balanced" (layers re-balanced to the devices' speeds, if they
-            differ), "polished" (the best polished state, if a swap helped), "fresh" (a new
-            search on the warm start's devices) and "fresh-fastest" (on the fastest devices,
-            if those differ).
+            differ), "warm-joined" (whole pipelines of joining devices in place of the slowest
+            kept ones, if any are left spare), "polished" (the best polished state, if a
+            swap helped), "fresh" (a new search on the warm start's devices) and
+            "fresh-fastest" (on the fastest devices, if those differ).
         chosen: Name of the candidate returned.
         tolerance: Slowdown accepted to move fewer stages (fraction of the fastest).
         notes: Anything the user should know (e.g. a batch that would keep more replicas).
@@ -373,12 +374,31 @@ def replan(
     if layers_for(warm_mesh) != old.num_layers_per_stage:  # speeds differ: also re-balanced
         balanced = layers_for(warm_mesh)
         candidates.append(("warm-balanced", warm_mesh, balanced, score(warm_mesh, balanced)))
+    # Joining devices left spare form whole pipelines that may replace the slowest kept ones
+    # (a fast host joining a slow job): only the joining devices move.
+    joining_free = [p for p in free if old_stage[p] < 0]
+    extra = len(joining_free) // num_stages
+    if extra:
+        new_rows = [joining_free[r * num_stages : (r + 1) * num_stages] for r in range(extra)]
+        pool = [list(row) for row in warm_mesh] + new_rows
+
+        def slowness(row: list[int]) -> float:
+            return float(np.sum(1.0 / speed[np.asarray(row)]))
+
+        ranked = sorted(range(len(pool)), key=lambda r: (slowness(pool[r]), r))
+        joined_mesh = np.array([pool[r] for r in sorted(ranked[:k])], dtype=np.int64)
+        if not np.array_equal(joined_mesh, warm_mesh):
+            candidates.append(
+                ("warm-joined", joined_mesh, old.num_layers_per_stage,
+                 score(joined_mesh, old.num_layers_per_stage))
+            )  # fmt: skip
 
     # 2. polish: first-improvement swaps (mesh-mesh or mesh-spare), seeded
     rng = np.random.default_rng(config.seed)
     mesh, cost = warm_mesh.copy(), score(warm_mesh)
     polished: list[tuple[str, np.ndarray, tuple[int, ...], float]] = []
-    spare_pool = np.array(free, dtype=np.int64)
+    spare_pool = np.array([p for p in range(n_avail) if p not in set(warm_mesh.reshape(-1))],
+                          dtype=np.int64)  # fmt: skip
     slots = k * num_stages
     rejected, stall = 0, 4 * n_avail
     budget = max(1, config.budget // 2)
