@@ -4,7 +4,7 @@ Runs `frugal.bench.plan_validation.sixteen_ranks` for each cluster (16 torchrun 
 2 ranks per emulated host sharing its NIC, TCP window limit on every link between hosts),
 writes `OUT/CLUSTER/results.json` and prints, per cluster, each method's predicted and
 measured seconds per iteration, the rankings and the speed-ups of ours over Megatron's
-orders (the markdown of benchmarks/planner/RESULTS.md). About 10-25 minutes on 2 cores.
+orders (the markdown of benchmarks/planner/RESULTS.md). About 10 minutes on 2 cores.
 
     OMP_NUM_THREADS=1 python benchmarks/planner/validate_sixteen.py --out reports/validate16
 """

@@ -347,7 +347,7 @@ def _planner_validation(mode: Mode, out: Path, progress: Progress, result: Resul
         plan_validation.preset(mode), out / "validation", progress=progress
     )
     rows = result.rows + [{"validation": True} | row for row in validation.rows]
-    if mode == "full":  # 16 processes on emulated hosts, NICs and TCP windows (~10-25 min)
+    if mode == "full":  # 16 processes on emulated hosts, NICs and TCP windows (~10 min)
         for cluster in ("uniform", "world"):
             sixteen = plan_validation.run_plan_validation(
                 plan_validation.sixteen_ranks(cluster),
