@@ -143,6 +143,35 @@ def test_config_rejects_bad_settings() -> None:
         Config(num_stages=3)
     with pytest.raises(ValueError, match="steps=2"):
         Config(steps=2, warmup_steps=2)
+    with pytest.raises(ValueError, match="at most 16"):
+        Config(num_sites=3, ranks_per_site=6, methods=("ours", "megatron_default"))
+    with pytest.raises(ValueError, match="ranks_per_host=3"):
+        Config(ranks_per_host=3)
+    with pytest.raises(ValueError, match="nic_mbps=-1"):
+        Config(nic_mbps=-1.0)
+
+
+def test_sixteen_rank_clusters_share_host_nics_and_scale_the_world_links() -> None:
+    from frugal.bench.plan_validation import host_rows, sixteen_ranks
+
+    two = sixteen_ranks("uniform")
+    assert (two.world_size, two.num_stages, two.num_replicas) == (16, 4, 4)
+    assert "worst" not in two.methods
+    topology = build_topology(two)
+    hosts = [d.host for d in topology.devices]
+    assert hosts[:4] == ["site0-h0", "site0-h0", "site0-h1", "site0-h1"] and len(set(hosts)) == 8
+    assert host_rows(topology)[8] == ("site1-h0", 20.0)
+    assert workload_for(two, 0.01).tcp_window_bytes == 22_000.0
+    world = build_topology(sixteen_ranks("world"))
+    assert sorted({d.site for d in world.devices}) == ["site0", "site1", "site2", "site3"]
+    # Oregon, Virginia, Tokyo, Frankfurt: the fastest pair (Virginia-Frankfurt, 1.02 Gbps) gets
+    # 20 Mbit/s, the longest delay (Tokyo-Frankfurt, 223 ms) 40 ms; Oregon-Virginia 0.79 Gbps
+    # and 67 ms -> 20 x 0.79 / 1.02 = 15.49 Mbit/s and 40 x 67 / 223 = 12.02 ms.
+    assert world.bandwidth_gbps[4, 12] * 1000 == pytest.approx(20.0)
+    assert world.delay_ms[8, 12] == pytest.approx(40.0)
+    assert world.bandwidth_gbps[0, 4] * 1000 == pytest.approx(20 * 0.79 / 1.02)
+    assert world.delay_ms[4, 0] == pytest.approx(40 * 67 / 223)
+    assert world.bandwidth_gbps[0, 1] == pytest.approx(0.2) and world.is_symmetric()
 
 
 @pytest.mark.slow

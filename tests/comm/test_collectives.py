@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,23 @@ def test_three_gloo_ranks_sum_alike_by_every_collective(tmp_path: Path) -> None:
             )  # fmt: skip
     for method, modes in ranks[0]["shaped_syncs"].items():  # the replicas agree exactly
         assert all(r["shaped_syncs"][method]["shaped"] == modes["shaped"] for r in ranks), method
+
+
+def test_the_shaped_ring_runs_the_ring_the_planner_prices() -> None:
+    from frugal.comm.link import link_table
+    from frugal.comm.shaped import best_ring
+
+    # 4 ranks, 10 Mbit/s and 1 ms everywhere except 0 <-> 2 (1 Mbit/s) and 1 <-> 3 (20 ms):
+    # the group order 0 -> 1 -> 2 -> 3 -> 0 crosses neither, 0 -> 2 -> ... both. With
+    # 10,000-byte chunks: order 0, 1, 2, 3 scores 8 ms + 1 ms; the best ring keeps it.
+    fast = LinkSpec(bandwidth_bits_per_s=10e6, latency_s=0.001)
+    slow = {(0, 2): LinkSpec(bandwidth_bits_per_s=1e6, latency_s=0.001),
+            (1, 3): LinkSpec(bandwidth_bits_per_s=10e6, latency_s=0.02)}  # fmt: skip
+    table = link_table(4, fast, {**slow, **{(b, a): s for (a, b), s in slow.items()}})
+    assert best_ring([0, 1, 2, 3], table, 10_000) == [0, 1, 2, 3]
+    # Given in the order 0, 2, 1, 3 (the mesh's), the ring is reordered around the slow pairs.
+    assert best_ring([0, 2, 1, 3], table, 10_000) == [0, 1, 2, 3]
+    assert best_ring([0, 2], table, 10_000) == [0, 2]  # two members: one ring
+    # A window of 1,250 B over 2 ms RTT (5 Mbit/s) halves every fast link: same choice.
+    windowed = {k: replace(v, window_bytes=1_250.0) for k, v in table.items()}
+    assert best_ring([0, 2, 1, 3], windowed, 10_000) == [0, 1, 2, 3]

@@ -256,3 +256,59 @@ def test_aqsgd_first_visits_and_warmup_are_spread_over_the_epochs_by_hand() -> N
         WorkloadConfig(**base, warmup_iterations=2)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match='codec = "auto" has no wire size'):
         _ = WorkloadConfig(codec="auto").activation_bytes
+
+
+@pytest.mark.parametrize(
+    ("message_latency", "expected_s"), [("serialised", 0.27), ("overlapped", 0.24)]
+)
+def test_a_tcp_window_limits_cross_host_links_in_both_models(
+    message_latency: str, expected_s: float
+) -> None:
+    # The case above on a 3.2 Mbit/s link whose window is 4,000 B: RTT = 2 x 10 ms, so the
+    # connection moves 8 x 4,000 / 0.02 = 1.6 Mbit/s, the bandwidth of the case above, and both
+    # models give its 0.27 / 0.24 s. Without the window the message would take 0.005 s.
+    workload = WorkloadConfig(
+        num_layers=2, hidden_size=936, seq_len=1, global_batch_size=4, microbatches_per_step=4,
+        tau_ref_s=0.04, message_latency=message_latency, tcp_window_bytes=4_000.0,  # type: ignore[arg-type]
+    )  # fmt: skip
+    topology, mesh = _pair(10.0, 0.0032), np.array([[0, 1]])
+    assert iteration_cost(topology, mesh, (1, 1), workload).total_s == pytest.approx(expected_s)
+    assert simulate_iteration(topology, mesh, (1, 1), workload).total_s == pytest.approx(expected_s)
+    unlimited = dataclasses.replace(workload, tcp_window_bytes=0.0)
+    assert iteration_cost(topology, mesh, (1, 1), unlimited).total_s < expected_s
+
+
+def test_window_limited_keeps_links_inside_a_host() -> None:
+    from frugal.planner.iteration import window_limited
+
+    # d0, d1 on host h0, d2 on h1; 1 Gbit/s, 50 ms one way: 6 MiB over RTT 0.1 s = 0.5033 Gbps.
+    devices = tuple(Device(name=f"d{i}", host=f"h{i // 2}", site="s") for i in range(3))
+    topology = Topology(devices=devices, delay_ms=np.full((3, 3), 50.0),
+                        bandwidth_gbps=np.ones((3, 3)))  # fmt: skip
+    limited = window_limited(topology, 6 * 2**20)
+    assert limited.bandwidth_gbps[0, 1] == 1.0  # same host
+    assert limited.bandwidth_gbps[0, 2] == pytest.approx(0.503316480)
+    assert limited.bandwidth_gbps[2, 1] == pytest.approx(0.503316480)
+    assert window_limited(topology, 6 * 2**20) is limited  # cached per topology
+    assert window_limited(topology, 0.0) is topology
+    with pytest.raises(ValueError, match="tcp_window_bytes=-1"):
+        WorkloadConfig(tcp_window_bytes=-1.0)
+
+
+def test_a_window_limit_agrees_between_model_and_simulator_on_two_hosts() -> None:
+    # Two hosts of two devices, 2 pipelines across them, 5 ms one way, 0.1 Gbps links and a
+    # 25 kB window (8 x 25,000 / 0.01 = 0.02 Gbps per connection): every message is
+    # window-limited; both models price the limited links alike.
+    devices = tuple(Device(name=f"d{i}", host=f"h{i // 2}", site="s") for i in range(4))
+    topology = Topology(devices=devices, delay_ms=np.full((4, 4), 5.0),
+                        bandwidth_gbps=np.full((4, 4), 0.1))  # fmt: skip
+    workload = WorkloadConfig(num_layers=2, hidden_size=256, seq_len=64, global_batch_size=16,
+                              microbatches_per_step=8, tau_ref_s=0.002,
+                              message_latency="overlapped", tcp_window_bytes=25_000.0)  # fmt: skip
+    mesh = np.array([[0, 2], [1, 3]])
+    analytic = iteration_cost(topology, mesh, (1, 1), workload)
+    simulated = simulate_iteration(topology, mesh, (1, 1), workload)
+    assert simulated.total_s == pytest.approx(analytic.total_s, rel=1e-9)
+    unlimited = iteration_cost(topology, mesh, (1, 1), dataclasses.replace(workload,
+                               tcp_window_bytes=0.0))  # fmt: skip
+    assert analytic.total_s > 1.2 * unlimited.total_s

@@ -212,3 +212,36 @@ def test_a_schedule_that_deadlocks_is_refused_by_name() -> None:
             )  # fmt: skip
     finally:
         SCHEDULES.unregister("crossed")
+
+
+def test_gpipe_simulation_agrees_with_the_analytic_model_under_a_tcp_window() -> None:
+    # world: 8 cities, 40-240 ms RTT; a 6 MiB window limits the 0.79-1.16 Gbps links.
+    topology = build_scenario("world")
+    workload = WorkloadConfig(tcp_window_bytes=6 * 2**20)
+    config = PlannerConfig(num_stages=8, num_replicas=8, method="megatron_default",
+                           workload=workload)  # fmt: skip
+    plan = build_plan(topology, config)
+    mesh = np.array(plan.mesh, dtype=np.int64)
+    analytic = iteration_cost(topology, mesh, plan.num_layers_per_stage, workload)
+    simulated = simulate_iteration(topology, mesh, plan.num_layers_per_stage, workload)
+    assert simulated.total_s == pytest.approx(analytic.total_s, rel=0.01)
+    free = iteration_cost(topology, mesh, plan.num_layers_per_stage, WorkloadConfig())
+    assert analytic.total_s > free.total_s
+
+
+def test_a_nic_slower_than_the_link_caps_one_message_too() -> None:
+    # One 1 GB message over a 10 Gbps link between hosts whose NIC carries 5 Gbps: 1.6 s, as
+    # the analytic beta_eff = min(beta, NIC / 1).
+    end, _ = simulate_pipelines(
+        np.zeros((1, 2)),
+        np.zeros((1, 2)),
+        np.array([[0, 1]]),
+        1e9,
+        delay_s_NN=np.zeros((2, 2)),
+        bandwidth_bytes_per_s_NN=np.full((2, 2), 1.25e9),
+        host_N=np.array([0, 1]),
+        nic_bytes_per_s_N=np.full(2, 0.625e9),
+        microbatches_J=np.array([1]),
+        backward_message_bytes=0.0,
+    )
+    assert end.tolist() == pytest.approx([1.6])

@@ -339,6 +339,11 @@ def test_the_planner_part_folds_its_validation_into_the_bench_result(
     assert folded.rows == [{"scenario": "world"}, {"validation": True, "method": "ours"}]
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["summary"]["sim_vs_measured_max_error"] == 0.07  # a resumed part reads it back
+    runs.clear()  # full: the 16-rank clusters run too, their rows marked by cluster
+    full = part.extend("full", tmp_path, print, bench)
+    assert runs == [str(tmp_path / p) for p in ("validation", "validation16/uniform",
+                                                 "validation16/world")]  # fmt: skip
+    assert full.rows[-1] == {"validation": True, "cluster16": "world", "method": "ours"}
 
 
 def test_recsys_rows_for_out_of_core_and_bounded_tables_appear_only_when_measured() -> None:

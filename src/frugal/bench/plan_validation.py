@@ -23,8 +23,19 @@ and a `replay_*` prediction re-prices the plan with each rank's speed taken from
 measured median forward/backward seconds, separating the compute calibration's error from the
 schedule and network model's.
 
+Emulated hosts, NICs and TCP windows (`ranks_per_host`, `nic_mbps`, `tcp_window_bytes`):
+several ranks may sit on one emulated host; messages between hosts then also queue on both
+hosts' NICs, shared across the host's processes (`frugal.comm.link.HostNics`, the rule of the
+simulator's NIC queues), and every link between hosts is limited to 8 window / (2 latency),
+the same `frugal.comm.link.window_limited_bits_per_s` the planner's models use
+(`WorkloadConfig.tcp_window_bytes`). `site_links = "world"` gives the sites the world
+scenario's relative delays and bandwidths (`WORLD_SITES`), scaled so that the slowest delay
+is `inter_site_latency_ms` and the fastest bandwidth `inter_site_mbps`. `sixteen_ranks`
+builds the full tier's 16-rank clusters (two sites, world-shaped); the summary reports the
+speed-ups of ours over Megatron's orders, predicted and measured, side by side.
+
 The worst placement's Plan carries method "random" (the Plan format names planner searches
-only); its row says "worst".
+only); its row says "worst" (clusters of at most 8 ranks: it enumerates every placement).
 
 References:
     Decentralized Training of Foundation Models in Heterogeneous Environments, NeurIPS 2022,
@@ -60,24 +71,34 @@ from frugal.pipeline.models import TinyGPT, TinyGPTConfig
 from frugal.pipeline.train import PipelineTrainConfig, RunSpec, launch_torchrun
 from frugal.planner.iteration import WorkloadConfig, iteration_cost
 from frugal.planner.plan import Plan, PlannerConfig, build_plan
+from frugal.planner.scenarios import city_links
 from frugal.planner.sim import simulate_iteration
 from frugal.planner.topology import Device, Topology
 
 __all__ = [
+    "WORLD_SITES",
     "Config",
     "PlanValidationSummary",
     "build_topology",
+    "host_rows",
     "link_rows",
     "measure_tau_s",
     "preset",
     "quick",
     "ranking_agrees",
     "run_plan_validation",
+    "sixteen_ranks",
     "workload_for",
     "worst_plan",
 ]
 
 Method = Literal["ours", "megatron_default", "megatron_random", "worst"]
+
+WORLD_SITES = ("Oregon", "Virginia", "Tokyo", "Frankfurt", "Ohio", "Seoul", "London", "Ireland")
+"""The world scenario's cities in the order `site_links = "world"` takes them (the first
+num_sites; four span three continents)."""
+_MAX_WORLD_SIZE = 16
+_MAX_WORST_WORLD_SIZE = 8  # "worst" enumerates all N! placements
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,8 +108,17 @@ class Config:
     num_sites: int = 2
     """Sites, >= 2; rank r sits at site r // ranks_per_site."""
     ranks_per_site: int = 4
-    """Ranks per site, >= 1; world size = num_sites x ranks_per_site <= 8 (default 8
+    """Ranks per site, >= 1; world size = num_sites x ranks_per_site <= 16 (default 8
     processes: 4 stages x 2 replicas, the brief's validation grid)."""
+    ranks_per_host: int = 1
+    """Ranks per emulated host (divides ranks_per_site); they share the host's NIC."""
+    nic_mbps: float = 0.0
+    """Each host's NIC capacity per direction, Mbit/s, >= 0 (0 = no NIC cap)."""
+    tcp_window_bytes: float = 0.0
+    """TCP window of every link between hosts, bytes, >= 0 (0 = no limit)."""
+    site_links: Literal["uniform", "world"] = "uniform"
+    """Links between sites: all alike (inter_site_*), or the world scenario's relative delays
+    and bandwidths between `WORLD_SITES` (num_sites <= 8), scaled to inter_site_*."""
     num_stages: int = 4
     """Pipeline stages D_pp (divides the world size)."""
     intra_site_mbps: float = 200.0
@@ -127,10 +157,30 @@ class Config:
     def __post_init__(self) -> None:
         check_types(self)
         world = self.num_sites * self.ranks_per_site
-        if self.num_sites < 2 or self.ranks_per_site < 1 or world > 8:
+        if self.num_sites < 2 or self.ranks_per_site < 1 or world > _MAX_WORLD_SIZE:
             raise ValueError(
                 f"num_sites={self.num_sites} must be >= 2 and ranks_per_site="
-                f"{self.ranks_per_site} >= 1 with at most 8 ranks (got {world})"
+                f"{self.ranks_per_site} >= 1 with at most {_MAX_WORLD_SIZE} ranks (got {world})"
+            )
+        if "worst" in self.methods and world > _MAX_WORST_WORLD_SIZE:
+            raise ValueError(
+                f"methods includes worst, which enumerates every placement of the {world} "
+                f"ranks; leave it out of methods or use at most {_MAX_WORST_WORLD_SIZE} ranks"
+            )
+        if self.ranks_per_host < 1 or self.ranks_per_site % self.ranks_per_host:
+            raise ValueError(
+                f"ranks_per_host={self.ranks_per_host} must be >= 1 and divide ranks_per_site="
+                f"{self.ranks_per_site}"
+            )
+        if min(self.nic_mbps, self.tcp_window_bytes) < 0:
+            raise ValueError(
+                f"nic_mbps={self.nic_mbps} and tcp_window_bytes={self.tcp_window_bytes} must be "
+                ">= 0 (0 = off)"
+            )
+        if self.site_links == "world" and self.num_sites > len(WORLD_SITES):
+            raise ValueError(
+                f'site_links = "world" has {len(WORLD_SITES)} cities; num_sites='
+                f"{self.num_sites} is too many"
             )
         if self.num_stages < 1 or world % self.num_stages or self.num_stages > self.gpt.num_layers:
             raise ValueError(
@@ -172,6 +222,41 @@ def quick() -> Config:
     )
 
 
+def sixteen_ranks(site_links: Literal["uniform", "world"]) -> Config:
+    """The full tier's 16-rank clusters: 4 stages x 4 replicas, 2 ranks per emulated host.
+
+    "uniform": two sites of 8 ranks (200 Mbit/s and 1 ms inside, 20 Mbit/s and 20 ms
+    between); "world": four sites of 4 ranks (Oregon, Virginia, Tokyo, Frankfurt) with the
+    world scenario's relative links, the fastest 20 Mbit/s and the longest delay 40 ms. Each
+    host's NIC carries 20 Mbit/s per direction, so its two ranks' concurrent messages to other
+    hosts share it. The TCP window is Linux's default maximum (6 MiB) scaled like the links
+    (6 MiB x 20 Mbit/s / 1,020 Mbit/s x 40 ms / 223 ms = 22 kB for the world, the same
+    bandwidth-delay ratio as 6 MiB on the real links): it binds on the long links, as 6 MiB
+    does over the real ones (503 Mbit/s at 100 ms RTT). The smallest settings that fit 16
+    processes on 2 cores: micro-batches of 4, two rounds of 5 steps (each method keeps its
+    faster), the three methods without "worst" (16! placements cannot be enumerated).
+    """
+    world = site_links == "world"
+    return Config(
+        num_sites=4 if world else 2,
+        ranks_per_site=4 if world else 8,
+        num_stages=4,
+        ranks_per_host=2,
+        nic_mbps=20.0,
+        tcp_window_bytes=22_000.0,
+        site_links=site_links,
+        inter_site_mbps=20.0,
+        inter_site_latency_ms=40.0 if world else 20.0,
+        micro_batch_size=4,
+        methods=("ours", "megatron_default", "megatron_random"),
+        steps=5,
+        warmup_steps=2,
+        calibrate_repeats=5,
+        rounds=2,
+        timeout_s=900.0,
+    )
+
+
 def preset(name: Preset) -> Config:
     """The sizes `frugal reproduce` runs.
 
@@ -182,27 +267,56 @@ def preset(name: Preset) -> Config:
 
 
 def build_topology(config: Config) -> Topology:
-    """The emulated cluster: `num_sites` sites of `ranks_per_site` devices (one host each).
+    """The emulated cluster: `num_sites` sites of `ranks_per_site` devices.
 
-    Device r is "site{s}-{k}" at site s = r // ranks_per_site; links inside a site run at
-    intra_site_mbps with intra_site_latency_ms, links between sites at inter_site_mbps with
-    inter_site_latency_ms (Topology holds Gbit/s: Mbit/s / 1000). Speeds are all 1.0: every
-    rank runs on the same CPU.
+    Device r is "site{s}-{k}" at site s = r // ranks_per_site, on host "site{s}-{r}" (one rank
+    per host) or "site{s}-h{k // ranks_per_host}", whose NIC runs at nic_mbps (0: uncapped);
+    links inside a site run at intra_site_mbps with intra_site_latency_ms, links between sites
+    at inter_site_mbps with inter_site_latency_ms, or their world-scenario shares
+    (`site_links`; Topology holds Gbit/s: Mbit/s / 1000). Speeds are all 1.0: every rank
+    runs on the same CPU.
     """
     site = np.arange(config.world_size) // config.ranks_per_site
     same = site[:, None] == site[None, :]
+    nic_gbps = config.nic_mbps / 1000.0 if config.nic_mbps > 0 else math.inf
     devices = tuple(
-        Device(name=f"site{s}-{r % config.ranks_per_site}", host=f"site{s}-{r}", site=f"site{s}")
+        Device(
+            name=f"site{s}-{r % config.ranks_per_site}",
+            host=f"site{s}-{r}"
+            if config.ranks_per_host == 1
+            else f"site{s}-h{r % config.ranks_per_site // config.ranks_per_host}",
+            site=f"site{s}",
+            nic_gbps=nic_gbps,
+        )
         for r, s in enumerate(site.tolist())
     )
-    bandwidth = np.where(same, config.intra_site_mbps, config.inter_site_mbps) / 1000.0
-    delay = np.where(same, config.intra_site_latency_ms, config.inter_site_latency_ms)
+    inter_mbps = np.full((config.num_sites,) * 2, config.inter_site_mbps)
+    inter_ms = np.full((config.num_sites,) * 2, config.inter_site_latency_ms)
+    if config.site_links == "world":
+        links = city_links()
+        cities = WORLD_SITES[: config.num_sites]
+        pairs = [(a, b) for a in range(config.num_sites) for b in range(config.num_sites) if a != b]
+        ms = {p: links[frozenset((cities[p[0]], cities[p[1]]))][0] for p in pairs}
+        gbps = {p: links[frozenset((cities[p[0]], cities[p[1]]))][1] for p in pairs}
+        for p in pairs:
+            inter_ms[p] = config.inter_site_latency_ms * ms[p] / max(ms.values())
+            inter_mbps[p] = config.inter_site_mbps * gbps[p] / max(gbps.values())
+    bandwidth = np.where(same, config.intra_site_mbps, inter_mbps[np.ix_(site, site)]) / 1000.0
+    delay = np.where(same, config.intra_site_latency_ms, inter_ms[np.ix_(site, site)])
     np.fill_diagonal(delay, 0.0)
     return Topology(
         devices,
         delay.astype(np.float64),
         bandwidth.astype(np.float64),
         name=f"validate-{config.num_sites}x{config.ranks_per_site}",
+    )
+
+
+def host_rows(topology: Topology) -> tuple[tuple[str, float], ...]:
+    """(host, nic_mbps) of every rank (device index) for `RunSpec.hosts`; 0 = no NIC cap."""
+    return tuple(
+        (d.host, d.nic_gbps * 1000.0 if math.isfinite(d.nic_gbps) else 0.0)
+        for d in topology.devices
     )
 
 
@@ -275,6 +389,7 @@ def workload_for(config: Config, tau_ref_s: float) -> WorkloadConfig:
         gradient_bytes_per_value=4.0 * params / (gpt.num_layers * 12.0 * gpt.hidden**2),
         tau_ref_s=tau_ref_s,
         message_latency="overlapped",  # frugal.comm.link's shaper overlaps delay and transfer
+        tcp_window_bytes=config.tcp_window_bytes,
     )
 
 
@@ -372,6 +487,17 @@ def _ranking(values: dict[str, float]) -> list[str]:
     return sorted(values, key=lambda k: values[k])
 
 
+def _speedups(seconds: dict[str, float]) -> dict[str, float]:
+    """Baseline seconds over ours, per Megatron baseline that ran (> 1: ours faster)."""
+    if "ours" not in seconds:
+        return {}
+    return {
+        f"vs_{b}": seconds[b] / seconds["ours"]
+        for b in ("megatron_default", "megatron_random")
+        if b in seconds
+    }
+
+
 def ranking_agrees(
     predicted: dict[str, float], measured: dict[str, float], *, tie_rel: float = 0.05
 ) -> bool:
@@ -426,7 +552,7 @@ def run_plan_validation(
     shared = _with_speeds(topology, [share] * len(topology.devices))
     chosen, other = (shared, topology) if config.compute_sharing == "cores" else (topology, shared)
     plans = _plans(config, chosen, workload)  # the planner sees the compute model chosen
-    links = link_rows(topology)
+    links, hosts = link_rows(topology), host_rows(topology)
     trains: dict[str, PipelineTrainConfig] = {}
     for method, plan in plans.items():
         plan.validate(chosen)
@@ -452,7 +578,13 @@ def run_plan_validation(
     for k in range(config.rounds):
         for method, plan in plans.items():
             run = RunSpec(
-                label=method, codec="fp32", steps=config.steps, repeat_examples=True, links=links
+                label=method,
+                codec="fp32",
+                steps=config.steps,
+                repeat_examples=True,
+                links=links,
+                hosts=hosts if config.nic_mbps > 0 else (),
+                tcp_window_bytes=config.tcp_window_bytes,
             )
             folder = out_dir / "runs" / method / f"round{k}"
             results = launch_torchrun(
@@ -510,6 +642,11 @@ def run_plan_validation(
         return float(max(abs(r[key]) for r in rows))
 
     summary = PlanValidationSummary(
+        world_size=config.world_size,
+        rel_error_by_method={r["method"]: r["sim_rel_error"] for r in rows},
+        speedup_predicted=_speedups(simulated),
+        speedup_measured=_speedups(measured),
+        speedup_replayed=_speedups({r["method"]: r["replay_simulated_s"] for r in rows}),
         tau_ref_s=tau_s,
         compute_share=share,
         compute_sharing=config.compute_sharing,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
@@ -204,6 +204,17 @@ class PlanValidationSummary(Summary):
     """The measured times order every pair the simulator separates by > 5%."""
     analytic_ranking_matches: bool
     all_executed_as_planned: bool
+    world_size: int | None = None
+    """Ranks of the emulated cluster."""
+    rel_error_by_method: dict[str, float] = field(default_factory=dict)
+    """(simulated - measured) / measured per method."""
+    speedup_predicted: dict[str, float] = field(default_factory=dict)
+    """`vs_megatron_default` / `vs_megatron_random`: the baseline's simulated seconds per
+    iteration over ours (> 1: ours faster), from the a-priori calibration."""
+    speedup_measured: dict[str, float] = field(default_factory=dict)
+    """The same ratio of the emulated runs' measured seconds."""
+    speedup_replayed: dict[str, float] = field(default_factory=dict)
+    """The same ratio of the replayed predictions (each rank at its measured pace)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

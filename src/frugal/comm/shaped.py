@@ -10,8 +10,11 @@ formula on one bottleneck link.
 Exchanges (K members in group order, this member i, each message one `exchange` round: every
 member posts its receives, then its sends through the shapers, then waits for all):
 
-- `ring_sum_`: reduce-scatter then all-gather around the ring i -> i + 1, 2 (K - 1) rounds of
-  one 1/K chunk each (the ring all-reduce of gloo and NCCL, and the planner's `ring`).
+- `ring_sum_`: reduce-scatter then all-gather around a ring, 2 (K - 1) rounds of one 1/K
+  chunk each (the ring all-reduce of gloo and NCCL). The ring is the planner's `ring`: of
+  the rings through the members (up to 8), the one with the least chunk transfer over its
+  slowest link plus its largest latency (`best_ring`), so the exchange runs the ring the
+  plan was priced on; larger groups go in group order.
 - `reduce_broadcast_`: every member's vector to the lowest rank, summed there in member
   order, the sum sent back (the planner's `central_ps`).
 - `all_to_all_single`, `all_gather`: every ordered pair once (the `seq_peer` exchange and the
@@ -27,6 +30,7 @@ References:
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -36,7 +40,40 @@ from torch import Tensor
 
 from frugal.comm.link import LinkShaper, LinkSpec
 
-__all__ = ["DirectGroup", "ShapedGroup"]
+__all__ = ["DirectGroup", "ShapedGroup", "best_ring"]
+
+_MAX_RING_SEARCH = 8  # (K - 1)! rings are scored up to K = 8, as the planner does
+
+
+def best_ring(
+    members: Sequence[int], links: Mapping[tuple[int, int], LinkSpec], chunk_bytes: float
+) -> list[int]:
+    """The order of the ring all-reduce through `members` that the planner prices.
+
+    Rings start at members[0]; each is scored 8 chunk / (slowest link's bandwidth, window
+    included) + its largest latency, and the lowest score wins (the first in permutation
+    order on ties, so every member picks the same). Groups over 8 keep their order.
+
+    Args:
+        members: Global ranks of the group.
+        links: LinkSpec of every directed pair.
+        chunk_bytes: Bytes of one ring message (a 1/K chunk).
+
+    Returns:
+        The members in ring order (each sends to the next, the last to the first).
+    """
+    k = len(members)
+    if k < 3 or k > _MAX_RING_SEARCH:
+        return list(members)
+
+    def score(ring: Sequence[int]) -> float:
+        edges = [links[(a, b)] for a, b in zip(ring, [*ring[1:], ring[0]], strict=True)]
+        bandwidth = min(e.effective_bits_per_s for e in edges)
+        transfer = 8.0 * chunk_bytes / bandwidth if math.isfinite(bandwidth) else 0.0
+        return transfer + max(e.latency_s for e in edges)
+
+    rings = ([members[0], *rest] for rest in itertools.permutations(members[1:]))
+    return min(rings, key=score)
 
 
 class ShapedGroup:
@@ -64,6 +101,7 @@ class ShapedGroup:
         self.members = [dist.get_global_rank(group, i) for i in range(self.size)]
         self.rank = self.members[self.index]
         self.timeout_s = timeout_s
+        self._links = links
         self._shapers = {
             dst: LinkShaper(links[(self.rank, dst)], name=f"dp{self.rank}->{dst}")
             for dst in self.members
@@ -113,15 +151,17 @@ class ShapedGroup:
                 raise DPSyncError(f"{what} (to rank {dst}): {exc}") from exc
 
     def ring_sum_(self, flat: Tensor, what: str) -> None:
-        """Replace `flat` (n,) by its sum over the group: a shaped ring all-reduce."""
-        k, i = self.size, self.index
+        """Replace `flat` (n,) by its sum over the group: a shaped ring all-reduce (`best_ring`)."""
+        k = self.size
         if k == 1:
             return
         c = max(1, math.ceil(flat.numel() / k))
         padded = torch.zeros(k * c, dtype=flat.dtype)
         padded[: flat.numel()] = flat
         chunks = padded.view(k, c)
-        right, left = self.members[(i + 1) % k], self.members[(i - 1) % k]
+        ring = best_ring(self.members, self._links, c * flat.element_size())
+        i = ring.index(self.rank)
+        right, left = ring[(i + 1) % k], ring[(i - 1) % k]
         incoming = torch.empty(c, dtype=flat.dtype)
         for r in range(k - 1):  # reduce-scatter: chunk (i - r - 1) accumulates from the left
             send_chunk, recv_chunk = (i - r) % k, (i - r - 1) % k

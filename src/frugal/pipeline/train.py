@@ -23,7 +23,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 import frugal
 from frugal.comm.collectives import COLLECTIVES, bottleneck_link
 from frugal.comm.gradcomp import DP_METHODS
-from frugal.comm.link import RHO_POINTS, LinkSpec, bandwidth_from_rho
+from frugal.comm.link import RHO_POINTS, LinkSpec, NicRoute, bandwidth_from_rho
 from frugal.config import ConfigError, check_types, config_from_dict, config_to_dict
 from frugal.launch import MemoryEstimate, TorchrunJob, check_job, run_torchrun
 from frugal.launch.group import init_group
@@ -338,6 +338,14 @@ class RunSpec:
     """Per directed pair of ranks (src, dst, bandwidth_mbps, latency_ms), overriding
     bandwidth_mbps / latency_ms for that pair (bandwidth 0 = unshaped); a topology's link
     table. When set, the DP all-reduce is shaped too (see `rank_links`)."""
+    tcp_window_bytes: float = 0.0
+    """TCP window of every link between two hosts, bytes, >= 0 (0 = no limit): such a link
+    moves at most 8 window / (2 latency) bit/s (`frugal.comm.link.window_limited_bits_per_s`)."""
+    hosts: tuple[tuple[str, float], ...] = ()
+    """(host, nic_mbps) of each rank, in rank order: the emulated host it sits on and that
+    host's NIC capacity per direction (0 = no cap). Messages between hosts also queue on both
+    hosts' NICs, shared by the host's processes (`frugal.comm.link.HostNics`; one machine
+    only); empty = every rank its own host, no NIC."""
     calibrate: bool = False
     """Measure c (an unshaped FP32 calibration run) right before this run; this run and the
     next ones use it until the next run that calibrates. Without any such run, a launch
@@ -733,15 +741,17 @@ def _resolve_bandwidth(run: RunSpec, boundary_bytes: int, compute_s: float) -> f
 
 
 def rank_links(
-    run: RunSpec, world_size: int, default_bandwidth: float
+    run: RunSpec, world_size: int, default_bandwidth: float, nic_state_path: str = ""
 ) -> dict[tuple[int, int], LinkSpec]:
     """The LinkSpec of every directed pair of ranks for `run` (`frugal.comm.link.link_table`).
 
-    Pairs not in `run.links` get (default_bandwidth bit/s, run.latency_ms).
+    Pairs not in `run.links` get (default_bandwidth bit/s, run.latency_ms). Pairs on two
+    hosts (`run.hosts`; every pair without it) get `run.tcp_window_bytes`, and, with
+    `nic_state_path` and a NIC cap on either host, a route through both hosts' NICs.
 
     Raises:
-        ValueError: If a pair names a rank outside [0, world_size), src == dst, or a
-            bandwidth / latency is negative.
+        ValueError: If a pair names a rank outside [0, world_size), src == dst, a
+            bandwidth / latency is negative, or `run.hosts` does not list every rank.
     """
     from frugal.comm.link import link_table  # here, not above: keeps the import block as main's
 
@@ -757,7 +767,36 @@ def rank_links(
             latency_s=latency_ms / 1e3,
         )
     default = LinkSpec(bandwidth_bits_per_s=default_bandwidth, latency_s=run.latency_ms / 1e3)
-    return link_table(world_size, default, overrides)
+    table = link_table(world_size, default, overrides)
+    if run.hosts and len(run.hosts) != world_size:
+        raise ValueError(f"run.hosts lists {len(run.hosts)} ranks; the job has {world_size}")
+    if run.tcp_window_bytes < 0 or any(mbps < 0 for _, mbps in run.hosts):
+        raise ValueError("tcp_window_bytes and every host's nic_mbps must be >= 0 (0 = no limit)")
+    names = [host for host, _ in run.hosts] or [str(rank) for rank in range(world_size)]
+    host_ids = {name: k for k, name in enumerate(dict.fromkeys(names))}
+    nic_bits = [mbps * 1e6 if mbps > 0 else math.inf for _, mbps in run.hosts]
+    window = run.tcp_window_bytes or math.inf
+    for (src, dst), spec in table.items():
+        if names[src] == names[dst]:
+            continue
+        nic = None
+        if nic_state_path and run.hosts and min(nic_bits[src], nic_bits[dst]) < math.inf:
+            nic = NicRoute(
+                state_path=nic_state_path,
+                num_hosts=len(host_ids),
+                src_host=host_ids[names[src]],
+                dst_host=host_ids[names[dst]],
+                out_bits_per_s=nic_bits[src],
+                in_bits_per_s=nic_bits[dst],
+            )
+        if nic is not None or window < math.inf:
+            table[(src, dst)] = replace(spec, window_bytes=window, nic=nic)
+    return table
+
+
+NIC_STATE_FILE = "host_nics.f64"
+"""The job's shared NIC state (`frugal.comm.link.HostNics`) in its output folder; the
+launcher removes it when the job ends."""
 
 
 def ring_bottleneck(
@@ -985,7 +1024,7 @@ def _run_one(
     module = build_model_stages(config, model, layout.layers)[stage]
     row = layout.mesh[replica]
     peers = {s: row[s] for s in (stage - 1, stage + 1) if 0 <= s < layout.num_stages}
-    links = rank_links(run, dist.get_world_size(), bandwidth)
+    links = rank_links(run, dist.get_world_size(), bandwidth, str(out_dir / NIC_STATE_FILE))
     collective = layout.stage_collective(stage)
     # The DP exchange goes through the emulated links too (each message its pair's shaper).
     dp_links = links if (run.links or run.shape_dp) and dp_group is not None else None
@@ -1166,7 +1205,7 @@ def launch_torchrun(
     job.write_text(
         json.dumps({"config": config_to_dict(config), "runs": [asdict(r) for r in runs]})
     )
-    for old in [*out_dir.glob("rank*.json"), out_dir / RANKS_FILE]:
+    for old in [*out_dir.glob("rank*.json"), out_dir / RANKS_FILE, out_dir / NIC_STATE_FILE]:
         old.unlink(missing_ok=True)
 
     def on_line(local_rank: int, line: str) -> None:
@@ -1174,6 +1213,7 @@ def launch_torchrun(
             on_progress(event)
 
     result = run_torchrun(launch, on_line=on_line)
+    (out_dir / NIC_STATE_FILE).unlink(missing_ok=True)  # the emulated NICs end with the job
     if not result.ok:
         raise PipelineError(f"pipeline launch failed: {result.failure_message()}")
     if (out_dir / RANKS_FILE).exists():
@@ -1206,7 +1246,14 @@ def config_from_job(path: Path) -> tuple[PipelineTrainConfig, list[RunSpec]]:
     job = json.loads(path.read_text())
     config = config_from_dict(PipelineTrainConfig, job["config"], source=str(path))
     return config, [
-        RunSpec(**{**r, "links": tuple(tuple(x) for x in r.get("links", ()))}) for r in job["runs"]
+        RunSpec(
+            **{
+                **r,
+                "links": tuple(tuple(x) for x in r.get("links", ())),
+                "hosts": tuple(tuple(x) for x in r.get("hosts", ())),
+            }
+        )
+        for r in job["runs"]
     ]
 
 

@@ -20,6 +20,12 @@ per stage group. For pipeline j with stages i (device d = `mesh[j][i]`, l_i laye
 
 - NIC sharing: a cross-host message gets beta_eff = min(beta, NIC_out / n_out, NIC_in / n_in),
   n = the host's concurrent cross-host pipeline messages in that direction.
+- NIC sharing in the gradient exchange: every stage's DP group exchanges at once after the
+  last backward, so a host's n devices share its NIC: the collectives see cross-host links
+  capped at min(beta, NIC(a) / n(a), NIC(b) / n(b)) (`collective_links`).
+- TCP window (`WorkloadConfig.tcp_window_bytes` W > 0): every cross-host link's beta is first
+  limited to 8 W / RTT, RTT = 2 alpha (`frugal.comm.link.window_limited_bits_per_s`, the
+  shaper's formula), for pipeline messages and collectives alike (`window_limited`).
 
 This closed form is GPipe's. `frugal.planner.sim` simulates a plan op by op with link and NIC
 queues under GPipe (it reproduces this model) or 1F1B (which overlaps forward and backward
@@ -37,12 +43,14 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 
 from frugal._typing import F64, I64
+from frugal.comm.link import window_limited_bits_per_s
 from frugal.config import check_types
 from frugal.parallel.codec import (
     KIND_ACTIVATION,
@@ -60,10 +68,12 @@ __all__ = [
     "IterationCost",
     "WorkloadConfig",
     "accumulation_steps",
+    "collective_links",
     "iteration_cost",
     "microbatches_in_flight",
     "stage_collective",
     "stage_memory_gib",
+    "window_limited",
 ]
 
 
@@ -145,6 +155,13 @@ class WorkloadConfig:
     """Sequences in one epoch, >= global_batch_size when `warmup_iterations` > 0 (it sets the
     run's length, num_epochs x num_train_samples / global_batch_size iterations); 0 = not
     given."""
+    tcp_window_bytes: float = 0.0
+    """Largest TCP window of a cross-host connection, bytes, >= 0; 0 = no limit (the links'
+    bandwidths as given). A connection moves at most one window per round trip, so each
+    cross-host link runs at min(bandwidth, 8 W / (2 x delay)) (`window_limited`). Set it to
+    the hosts' receive-window maximum: Linux's default `net.ipv4.tcp_rmem` max is 6291456
+    (6 MiB: 503 Mbit/s at 100 ms RTT); a cluster file's measured bandwidths (`frugal plan
+    probe`) already include the window, so leave it 0 for those."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -170,6 +187,11 @@ class WorkloadConfig:
             CodecSpec.parse(self.codec)
         if self.schedule != AUTO:
             SCHEDULES.check(self.schedule)
+        if self.tcp_window_bytes < 0:
+            raise ValueError(
+                f"tcp_window_bytes={self.tcp_window_bytes} must be >= 0 (0 = no window limit; "
+                "Linux's default tcp_rmem max is 6291456)"
+            )
         if self.warmup_iterations < 0 or self.num_train_samples < 0:
             raise ValueError(
                 f"warmup_iterations={self.warmup_iterations} and num_train_samples="
@@ -391,6 +413,70 @@ def _central_ps_seconds(members: I64, topology: Topology, size_bytes: float) -> 
     return float(best)
 
 
+_WINDOW_LIMITED: weakref.WeakKeyDictionary[Topology, dict[float, Topology]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def window_limited(topology: Topology, tcp_window_bytes: float) -> Topology:
+    """`topology` with every cross-host link limited by a TCP window of `tcp_window_bytes`.
+
+    beta'(a, b) = `window_limited_bits_per_s`(beta, 2 delay(a, b), W) for devices on
+    different hosts (RTT assumed twice the one-way delay, as `frugal.comm.link`'s shaper);
+    links inside a host are kept. W = 0 returns `topology` itself. Results are cached per
+    topology object, so a search pays for the matrix once.
+
+    Raises:
+        ValueError: If tcp_window_bytes < 0.
+    """
+    if tcp_window_bytes < 0:
+        raise ValueError(f"tcp_window_bytes={tcp_window_bytes} must be >= 0 (0 = no limit)")
+    if tcp_window_bytes == 0:
+        return topology
+    cache = _WINDOW_LIMITED.setdefault(topology, {})
+    if tcp_window_bytes not in cache:
+        hosts = [d.host for d in topology.devices]
+        bandwidth = topology.bandwidth_gbps.astype(np.float64)
+        for a, b in itertools.permutations(range(topology.num_devices), 2):
+            if hosts[a] != hosts[b]:
+                bandwidth[a, b] = (
+                    window_limited_bits_per_s(
+                        bandwidth[a, b] * _GBIT,
+                        2.0 * topology.delay_ms[a, b] / 1000.0,
+                        tcp_window_bytes,
+                    )
+                    / _GBIT
+                )
+        cache[tcp_window_bytes] = replace(topology, bandwidth_gbps=bandwidth)
+    return cache[tcp_window_bytes]
+
+
+_COLLECTIVE_LINKS: weakref.WeakKeyDictionary[Topology, Topology] = weakref.WeakKeyDictionary()
+
+
+def collective_links(topology: Topology) -> Topology:
+    """The links the DP collectives see: cross-host bandwidths shared by the hosts' devices.
+
+    beta'(a, b) = min(beta, NIC(a) / n(a), NIC(b) / n(b)) for devices on different hosts, n =
+    the devices of that host (each stage's group exchanges at the same time, after the last
+    backward, so every device of a host sends and receives through its NIC at once). Without
+    NIC caps (inf, the default) this is `topology` itself. Cached per topology object.
+    """
+    if topology not in _COLLECTIVE_LINKS:
+        hosts = [d.host for d in topology.devices]
+        nic = np.array([d.nic_gbps for d in topology.devices])
+        if not np.isfinite(nic).any():
+            _COLLECTIVE_LINKS[topology] = topology
+        else:
+            count = {h: hosts.count(h) for h in hosts}
+            share = nic / np.array([count[h] for h in hosts])
+            cross = np.array(hosts)[:, None] != np.array(hosts)[None, :]
+            capped = np.minimum(topology.bandwidth_gbps, np.minimum.outer(share, share))
+            bandwidth = np.where(cross, capped, topology.bandwidth_gbps)
+            _COLLECTIVE_LINKS[topology] = replace(topology, bandwidth_gbps=bandwidth)
+    return _COLLECTIVE_LINKS[topology]
+
+
 def _effective_gbps(topology: Topology, src: I64, dst: I64) -> F64:
     """Bandwidth of concurrent messages src -> dst (same shapes) after NIC sharing.
 
@@ -538,6 +624,7 @@ def iteration_cost(
     """
     num_replicas, num_stages = mesh_JI.shape
     accumulation = accumulation_steps(mesh_JI, layers_per_stage, workload)
+    topology = window_limited(topology, workload.tcp_window_bytes)
     m = workload.microbatches_per_step
     layers = np.array(layers_per_stage, dtype=np.float64)
     speed = np.array([d.speed for d in topology.devices])
@@ -574,15 +661,16 @@ def iteration_cost(
     exposed_I = np.zeros(num_stages)
     exposed = 0.0
     choices = []
+    shared = collective_links(topology)
     for i in range(num_stages):
         size = layers[i] * workload.params_per_layer * workload.gradient_bytes_per_value
         if collective_cache is None:
-            name, seconds = stage_collective(mesh_JI[:, i], topology, size, workload.dp_collectives)
+            name, seconds = stage_collective(mesh_JI[:, i], shared, size, workload.dp_collectives)
         else:  # a group's collective depends on its member set only: re-score changed groups
             key = (np.sort(mesh_JI[:, i]).tobytes(), size)
             if key not in collective_cache:
                 collective_cache[key] = stage_collective(
-                    mesh_JI[:, i], topology, size, workload.dp_collectives
+                    mesh_JI[:, i], shared, size, workload.dp_collectives
                 )
             name, seconds = collective_cache[key]
         choices.append(name)

@@ -39,6 +39,7 @@ from frugal.planner.iteration import (
     WorkloadConfig,
     iteration_cost,
     stage_memory_gib,
+    window_limited,
 )
 from frugal.planner.topology import Topology
 
@@ -638,11 +639,13 @@ def _wire(groups_GK: I64, hop_NN: F64) -> I64:
 def message_seconds(topology: Topology, workload: WorkloadConfig) -> F64:
     """Seconds of one activation message between every pair, the larger of both directions.
 
-    A message costs delay + bytes / bandwidth (the workload codec's wire bytes).
+    A message costs delay + bytes / bandwidth (the workload codec's wire bytes; cross-host
+    bandwidths limited by the workload's TCP window).
 
     Shapes:
         returns (N, N); the diagonal is 0.
     """
+    topology = window_limited(topology, workload.tcp_window_bytes)
     bits = workload.activation_bytes * 8.0
     with np.errstate(divide="ignore"):
         one_way = topology.delay_ms / 1000.0 + bits / (topology.bandwidth_gbps * 1e9)

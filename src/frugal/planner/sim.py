@@ -9,13 +9,15 @@ search; this simulator scores a final plan op by op. Each device runs its stage'
 schedule order (GPipe: every forward, then every backward; 1F1B: warm-up forwards, then one
 forward / one backward, then cool-down backwards). A forward of micro-batch m at stage i waits
 for the activation from stage i-1, a backward for the gradient from stage i+1. Every message
-queues, first come first served, on three resources: its directed link, the sender host's NIC
-(out) and the receiver host's NIC (in), when the two devices sit on different hosts. It starts
-when all three are free, arrives `bytes / link bandwidth + delay` later, holds its link for
-`bytes / link bandwidth` (the delay is propagation and overlaps the next message, as in
-`frugal.comm.link`'s shaper; with `latency_holds_link` the link is held until the arrival, a
-stop-and-wait transport) and each NIC for `bytes / NIC capacity`, so n messages through one NIC
-of capacity C take at least n bytes / C (FIFO sharing).
+queues, first come first served, on its directed link and, when the two devices sit on
+different hosts, on the sender host's NIC (out) and the receiver host's NIC (in), each a FIFO
+queue of its own. It starts on its link when the link is free and holds it for `bytes / link
+bandwidth` (the delay is propagation and overlaps the next message, as in `frugal.comm.link`'s
+shaper; with `latency_holds_link` the link is held until the arrival, a stop-and-wait
+transport); each capped NIC carries it from max(start, NIC free) for `bytes / NIC capacity`,
+so n messages through one NIC of capacity C take at least n bytes / C; it arrives `delay`
+after the last of the three is done (the emulated NICs of `frugal.comm.link.HostNics` follow
+the same rule).
 After the last backward of the last accumulation step, each stage's DP group runs its cheapest
 collective (`stage_collective`); the iteration ends when the last collective does.
 
@@ -40,7 +42,13 @@ import numpy as np
 
 from frugal._typing import F64, I64
 from frugal.parallel.schedule import build_schedule
-from frugal.planner.iteration import WorkloadConfig, accumulation_steps, stage_collective
+from frugal.planner.iteration import (
+    WorkloadConfig,
+    accumulation_steps,
+    collective_links,
+    stage_collective,
+    window_limited,
+)
 from frugal.planner.topology import Topology
 
 __all__ = [
@@ -250,21 +258,22 @@ def _simulate(
         a, b = int(mesh_JI[j, src_stage]), int(mesh_JI[j, dst_stage])
         size = (forward_bytes if kind == _FWD else backward_bytes)(j, src_stage, m)
         rate = float(bandwidth_bytes_per_s_NN[a, b])
-        cross_host = host_N[a] != host_N[b]
         begin = max(t, link_free.get((a, b), 0.0))
-        if cross_host:
-            begin = max(begin, nic_out_free.get(int(host_N[a]), 0.0))
-            begin = max(begin, nic_in_free.get(int(host_N[b]), 0.0))
-        arrival = begin + size / rate + float(delay_s_NN[a, b])
+        done = begin + size / rate
+        if host_N[a] != host_N[b]:  # each capped NIC is a FIFO queue of its own
+            for free, host, capacity in (
+                (nic_out_free, int(host_N[a]), float(nic_bytes_per_s_N[a])),
+                (nic_in_free, int(host_N[b]), float(nic_bytes_per_s_N[b])),
+            ):
+                if math.isfinite(capacity):
+                    free[host] = max(begin, free.get(host, 0.0)) + size / capacity
+                    done = max(done, free[host])
+        arrival = done + float(delay_s_NN[a, b])
         # The link is busy for the transfer; the delay is propagation, which the next message's
         # transfer overlaps (the link shaper's and tc netem's semantics), unless the transport
-        # is stop-and-wait. Each NIC is busy only for its own share.
+        # is stop-and-wait.
         link_free[(a, b)] = arrival if latency_holds_link else begin + size / rate
         link_busy[(a, b)] = link_busy.get((a, b), 0.0) + size / rate
-        if cross_host:
-            host_a, host_b = int(host_N[a]), int(host_N[b])
-            nic_out_free[host_a] = begin + size / float(nic_bytes_per_s_N[a])
-            nic_in_free[host_b] = begin + size / float(nic_bytes_per_s_N[b])
         landed[j, src_stage] = max(landed[j, src_stage], arrival)
         heapq.heappush(events, (arrival, sequence, 1, j, dst_stage, kind, m))
         sequence += 1
@@ -326,7 +335,8 @@ def simulate_iteration(
 
     Compute times follow `frugal.planner.iteration`: tau(d) = tau_ref / speed(d) per layer and
     micro-batch, forward : backward = 1 : 3; messages carry the workload codec's wire bytes;
-    hosts' NICs cap cross-host messages (`Device.nic_gbps`).
+    hosts' NICs cap cross-host messages (`Device.nic_gbps`); cross-host links are limited by
+    the workload's TCP window (`frugal.planner.iteration.window_limited`).
 
     Args:
         topology: Devices and links.
@@ -344,6 +354,7 @@ def simulate_iteration(
     """
     num_replicas, num_stages = mesh_JI.shape
     accumulation = accumulation_steps(mesh_JI, layers_per_stage, workload)
+    topology = window_limited(topology, workload.tcp_window_bytes)
     if microbatches_J is None:
         microbatches_J = np.full(num_replicas, workload.microbatches_per_step, dtype=np.int64)
     speed = np.array([d.speed for d in topology.devices])
@@ -375,9 +386,10 @@ def simulate_iteration(
     pipeline_J = accumulation * end_J
     total = float(pipeline_J.max())
     choices = []
+    shared = collective_links(topology)  # the hosts' NICs, shared by their devices' exchanges
     for i in range(num_stages):
         size = layers[i] * workload.params_per_layer * workload.gradient_bytes_per_value
-        name, seconds = stage_collective(mesh_JI[:, i], topology, size, workload.dp_collectives)
+        name, seconds = stage_collective(mesh_JI[:, i], shared, size, workload.dp_collectives)
         choices.append(name)
         total = max(total, float((offset_J + last_bwd[:, i]).max()) + seconds)
     busy = (forward + backward) * microbatches_J[:, None] * accumulation

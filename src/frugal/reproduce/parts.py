@@ -347,6 +347,14 @@ def _planner_validation(mode: Mode, out: Path, progress: Progress, result: Resul
         plan_validation.preset(mode), out / "validation", progress=progress
     )
     rows = result.rows + [{"validation": True} | row for row in validation.rows]
+    if mode == "full":  # 16 processes on emulated hosts, NICs and TCP windows (~10 min)
+        for cluster in ("uniform", "world"):
+            sixteen = plan_validation.run_plan_validation(
+                plan_validation.sixteen_ranks(cluster),
+                out / "validation16" / cluster,
+                progress=progress,
+            )
+            rows += [{"validation": True, "cluster16": cluster} | r for r in sixteen.rows]
     if not isinstance(result.summary, PlannerSummary):
         raise TypeError(f"the plan bench returned a {type(result.summary).__name__}")
     summary = replace(
