@@ -167,8 +167,11 @@ def test_settings_checkpoints_cannot_honour_are_refused() -> None:
         replace(CONFIG, checkpoint_every=2, dp_compression="powersgd", plan="x.json")
 
 
-def _worker_pids(rank: int) -> list[int]:
-    """Pids of live frugal pipeline workers whose RANK is `rank`."""
+def _worker_pids(rank: int, out_dir: Path) -> list[int]:
+    """Pids of this test's pipeline workers (writing to `out_dir`) whose RANK is `rank`.
+
+    Other jobs on the machine are left alone.
+    """
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -178,7 +181,8 @@ def _worker_pids(rank: int) -> list[int]:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"frugal.pipeline.worker" in cmdline and f"RANK={rank}".encode() in environ:
+        mine = b"frugal.pipeline.worker" in cmdline and str(out_dir).encode() in cmdline
+        if mine and f"RANK={rank}".encode() in environ:
             pids.append(int(proc.name))
     return pids
 
@@ -199,7 +203,7 @@ def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_curve(tmp_path:
 
     def kill_rank_1_after_step_6(step: int, loss: float) -> None:
         if step == 6 and not killed:
-            for pid in _worker_pids(1):
+            for pid in _worker_pids(1, tmp_path / "restarted"):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
 
