@@ -91,6 +91,12 @@ def test_check_runnable_names_the_field_and_both_fixes() -> None:
         plan.check_runnable(codecs=(), schedule="1f1b", microbatch_size=8)
     with pytest.raises(PlanMismatchError, match="set micro_batch_size=8 or plan again"):
         plan.check_runnable(codecs=(), schedule="gpipe", microbatch_size=4)
+    # Every mismatch at once: one run shows them all.
+    with pytest.raises(PlanMismatchError) as every:
+        plan.check_runnable(codecs=("fp32",), schedule="1f1b", microbatch_size=4)
+    message = str(every.value)
+    assert "codec 'aqsgd:fw2,bw4'" in message and "schedule 'gpipe'" in message
+    assert "microbatch_size=8" in message and message.count("; and ") == 2
 
 
 def test_the_pipeline_refuses_a_plan_priced_for_another_codec(tmp_path: Path) -> None:

@@ -260,30 +260,33 @@ class Plan:
             microbatch_size: The job's examples per micro-batch.
 
         Raises:
-            PlanMismatchError: Naming the field, both values and the two fixes.
+            PlanMismatchError: Naming, for every field that differs, both values and the two
+                fixes.
             ValueError: If a codec text does not parse.
         """
-        for codec in codecs:
-            label = CodecSpec.parse(codec).label
-            if self.codec and label != self.codec:
-                raise PlanMismatchError(
-                    f"the plan was priced for codec {self.codec!r} but the job runs {label!r}; "
+        problems: list[str] = []
+        for codec in dict.fromkeys(CodecSpec.parse(c).label for c in codecs):
+            if self.codec and codec != self.codec:
+                problems.append(
+                    f"the plan was priced for codec {self.codec!r} but the job runs {codec!r}; "
                     f"run with --codec {self.codec} or plan again with workload.codec="
-                    f'"{label}"'
+                    f'"{codec}"'
                 )
         if self.schedule and schedule != self.schedule:
-            raise PlanMismatchError(
+            problems.append(
                 f"the plan was priced for schedule {self.schedule!r} but the job runs "
                 f'{schedule!r}; set schedule="{self.schedule}" or plan again with '
                 f'workload.schedule="{schedule}"'
             )
         if self.microbatch_size and microbatch_size != self.microbatch_size:
-            raise PlanMismatchError(
+            problems.append(
                 f"the plan was priced for microbatch_size={self.microbatch_size} but the job "
                 f"runs micro_batch_size={microbatch_size}; set micro_batch_size="
                 f"{self.microbatch_size} or plan again with workload.microbatch_size="
                 f"{microbatch_size}"
             )
+        if problems:  # every mismatch at once, so one run shows them all
+            raise PlanMismatchError("; and ".join(problems))
 
     def validate(self, topology: ClusterDigest) -> None:
         """Check the plan was made for `topology` (a `frugal.planner.Topology`).
