@@ -89,6 +89,7 @@ def _recsys(out: Path, checkpoints: Path) -> list[str]:
     )  # fmt: skip
 
 
+@full_tier  # about 40 s: CI keeps the store's full-disk tests
 def test_recsys_checkpoint_on_a_full_disk_keeps_the_last_one_and_resumes(
     tmp_path: Path, disk: SmallDisk
 ) -> None:

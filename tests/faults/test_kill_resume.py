@@ -146,6 +146,7 @@ def _store_rows(out: Path) -> list[dict[str, Any]]:
     )
 
 
+@full_tier  # about 30 s: CI keeps the recsys and tgraph kill/resume tests
 def test_store_bench_resumes_to_the_uninterrupted_tables(tmp_path: Path) -> None:
     _kill_and_resume("store bench", tmp_path, _store, _store_rows, seed=3)
 
