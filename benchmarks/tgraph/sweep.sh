@@ -10,6 +10,8 @@
 #
 #   make install && benchmarks/tgraph/sweep.sh     # both protocols (hours)
 #   PROTOCOLS=frugal benchmarks/tgraph/sweep.sh
+#   MODELS="nat cawn" benchmarks/tgraph/sweep.sh  # these models only (default: the bench's
+#                                                 # default set, all but cawn/dygformer/neurtw)
 #   .venv/bin/frugal tgraph leaderboard benchmarks/tgraph
 #
 # FRUGAL (the frugal executable) and OUT (the results folder) are relative to the
@@ -23,6 +25,7 @@ PROTOCOLS=${PROTOCOLS:-frugal benchtemp}
 RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-14400}  # TGAT on sp_primary takes well over an hour a seed
 WORKERS=${WORKERS:-2}  # benches at a time, one core each
 SEEDS=${SEEDS:-3}  # seeds 0 .. SEEDS-1 of every learned model (heuristics run once)
+MODELS=${MODELS:-}  # space-separated model names; empty = the bench's default model set
 if ! [[ $WORKERS =~ ^[1-9][0-9]*$ ]]; then
     echo "sweep.sh: WORKERS=$WORKERS must be a positive integer (one bench per core)" >&2
     exit 2
@@ -72,7 +75,14 @@ bench() {  # protocol group what [frugal tgraph bench options...]; returns the b
 }
 
 GROUPS_ORDER=(collegemsg sociopatterns pubmed movielens100k)  # cheapest first
-group_options() {  # name: the bench options of one group
+model_options() {  # --model NAME for each of MODELS (none: the bench's default set)
+    local model
+    for model in $MODELS; do
+        printf -- '--model %s ' "$model"
+    done
+}
+group_options() {  # name: the bench options of one group (with MODELS' --model options)
+    model_options
     case $1 in
         collegemsg) echo "--dataset collegemsg" ;;
         sociopatterns) echo "--task nc --dataset sp_hospital --dataset sp_highschool" \

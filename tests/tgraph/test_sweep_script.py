@@ -26,6 +26,7 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift ;;
         --first-seed) first=$2; shift ;;
         --seeds) seeds=$2; shift ;;
+        --model) echo "$2" >> "$TRACE.models"; shift ;;
     esac
     shift
 done
@@ -157,3 +158,12 @@ def test_unknown_protocol_is_refused_before_any_bench(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "PROTOCOLS names 'benchtmp'; each must be frugal or benchtemp" in proc.stderr
     assert lines == []
+
+
+@pytest.mark.slow
+def test_models_names_the_models_every_bench_runs(tmp_path: Path) -> None:
+    proc, lines = _run(tmp_path, MODELS="nat cawn", SEEDS="1", PROTOCOLS="frugal", WORKERS="1")
+    assert proc.returncode == 0, proc.stderr
+    benches = [line for line in lines if line.startswith("start ")]
+    models = (tmp_path / "trace.models").read_text().split()
+    assert len(benches) > 0 and models == ["nat", "cawn"] * len(benches)
